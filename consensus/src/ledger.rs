@@ -1,0 +1,423 @@
+//! The ledger state machine. `apply` is a pure function of the state and the
+//! command: no clock reads, no randomness, no I/O. Time enters as `now_ms`,
+//! stamped by the leader when it proposes the command (DESIGN invariant 7), so
+//! every replica computes the same result.
+
+use serde::{Deserialize, Serialize};
+use shoal_sdk::{GpuInfo, MemberState};
+use std::collections::BTreeMap;
+
+use crate::types::NodeId;
+
+/// Cluster-wide facts fixed at bootstrap.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ClusterInfo {
+    pub cluster_id: String,
+    pub region: String,
+    /// The cluster CA. Its key is in the ledger so that any member can sign a
+    /// joiner's certificate (no master); the ledger is only readable by
+    /// CA-authenticated members, and the API never returns it.
+    pub ca_cert_pem: String,
+    pub ca_key_pem: String,
+    pub created_at_ms: u64,
+}
+
+/// What a node tells the cluster about itself.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct MemberSpec {
+    pub name: String,
+    pub rpc_addr: String,
+    pub api_addr: String,
+    pub labels: BTreeMap<String, String>,
+    pub gpus: Vec<GpuInfo>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub id: NodeId,
+    pub spec: MemberSpec,
+    pub state: MemberState,
+    pub joined_at_ms: u64,
+    pub state_since_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct JoinToken {
+    pub expires_at_ms: u64,
+    pub created_at_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ApiToken {
+    pub name: String,
+    pub created_at_ms: u64,
+}
+
+/// A command with the leader's timestamp.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LedgerRequest {
+    pub now_ms: u64,
+    pub cmd: Command,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// First command of a cluster: its identity, CA, admin token and first member.
+    Bootstrap {
+        cluster_id: String,
+        region: String,
+        ca_cert_pem: String,
+        ca_key_pem: String,
+        admin_token_hash: String,
+        first_member: NodeId,
+        spec: MemberSpec,
+    },
+    /// Admits a node that proved a join token; the answer is its new id.
+    AddMember { spec: MemberSpec, token_hash: String },
+    /// A member restarted with new addresses, labels or inventory.
+    UpdateMember { id: NodeId, spec: MemberSpec },
+    SetMemberState { id: NodeId, state: MemberState },
+    CreateJoinToken { hash: String, expires_at_ms: u64 },
+    CreateApiToken { hash: String, name: String },
+    /// A small cluster attribute (operator annotations; the ledger benchmark's unit of write).
+    PutAttr { key: String, value: String },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum LedgerResponse {
+    Ok,
+    NodeId(NodeId),
+    /// The command was valid Raft input but the ledger refused it; the
+    /// message is for a human.
+    Rejected(String),
+}
+
+/// Limits that keep the ledger (and therefore every snapshot) small.
+pub const MAX_ATTR_KEY: usize = 256;
+pub const MAX_ATTR_VALUE: usize = 4096;
+pub const MAX_NAME: usize = 63;
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    pub cluster: Option<ClusterInfo>,
+    pub members: BTreeMap<NodeId, Member>,
+    pub next_node_id: NodeId,
+    pub join_tokens: BTreeMap<String, JoinToken>,
+    pub api_tokens: BTreeMap<String, ApiToken>,
+    pub attrs: BTreeMap<String, String>,
+    /// The largest leader timestamp applied; time never runs backwards in
+    /// the ledger even if a new leader's clock is behind.
+    pub clock_ms: u64,
+}
+
+/// Checks a node name: DNS-label-like so it is safe in paths, labels and
+/// metrics.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(format!("node name must be 1-{MAX_NAME} characters, got {}", name.len()));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+    {
+        return Err(format!(
+            "node name '{name}' may only contain letters, digits, '-', '_' and '.'"
+        ));
+    }
+    Ok(())
+}
+
+impl Ledger {
+    pub fn new() -> Self {
+        Ledger {
+            next_node_id: 1,
+            ..Default::default()
+        }
+    }
+
+    /// Applies one command. Deterministic: the result depends only on `self`
+    /// and `req`.
+    pub fn apply(&mut self, req: &LedgerRequest) -> LedgerResponse {
+        self.clock_ms = self.clock_ms.max(req.now_ms);
+        let now = self.clock_ms;
+        match &req.cmd {
+            Command::Bootstrap {
+                cluster_id,
+                region,
+                ca_cert_pem,
+                ca_key_pem,
+                admin_token_hash,
+                first_member,
+                spec,
+            } => {
+                if self.cluster.is_some() {
+                    return LedgerResponse::Rejected("the cluster is already bootstrapped".into());
+                }
+                self.cluster = Some(ClusterInfo {
+                    cluster_id: cluster_id.clone(),
+                    region: region.clone(),
+                    ca_cert_pem: ca_cert_pem.clone(),
+                    ca_key_pem: ca_key_pem.clone(),
+                    created_at_ms: now,
+                });
+                self.api_tokens.insert(
+                    admin_token_hash.clone(),
+                    ApiToken {
+                        name: "admin".into(),
+                        created_at_ms: now,
+                    },
+                );
+                self.insert_member(*first_member, spec.clone(), now);
+                self.next_node_id = self.next_node_id.max(first_member + 1);
+                LedgerResponse::NodeId(*first_member)
+            }
+            Command::AddMember { spec, token_hash } => {
+                if self.cluster.is_none() {
+                    return LedgerResponse::Rejected("the cluster is not bootstrapped yet".into());
+                }
+                match self.join_tokens.get(token_hash) {
+                    None => return LedgerResponse::Rejected("unknown join token".into()),
+                    Some(t) if t.expires_at_ms <= now => {
+                        return LedgerResponse::Rejected("the join token has expired".into())
+                    }
+                    Some(_) => {}
+                }
+                if let Err(e) = validate_name(&spec.name) {
+                    return LedgerResponse::Rejected(e);
+                }
+                if let Some(m) = self
+                    .members
+                    .values()
+                    .find(|m| m.spec.name == spec.name && m.state != MemberState::Left)
+                {
+                    return LedgerResponse::Rejected(format!(
+                        "a node named '{}' is already a member (id {})",
+                        spec.name, m.id
+                    ));
+                }
+                let id = self.next_node_id;
+                self.next_node_id += 1;
+                self.insert_member(id, spec.clone(), now);
+                LedgerResponse::NodeId(id)
+            }
+            Command::UpdateMember { id, spec } => match self.members.get_mut(id) {
+                Some(m) if m.spec.name == spec.name => {
+                    m.spec = spec.clone();
+                    LedgerResponse::Ok
+                }
+                Some(m) => LedgerResponse::Rejected(format!(
+                    "node {id} is named '{}', not '{}'",
+                    m.spec.name, spec.name
+                )),
+                None => LedgerResponse::Rejected(format!("no member with id {id}")),
+            },
+            Command::SetMemberState { id, state } => match self.members.get_mut(id) {
+                Some(m) if m.state == MemberState::Left => {
+                    LedgerResponse::Rejected(format!("node {id} has left the cluster"))
+                }
+                Some(m) => {
+                    if m.state != *state {
+                        m.state = *state;
+                        m.state_since_ms = now;
+                    }
+                    LedgerResponse::Ok
+                }
+                None => LedgerResponse::Rejected(format!("no member with id {id}")),
+            },
+            Command::CreateJoinToken { hash, expires_at_ms } => {
+                // Expired tokens are dropped here, deterministically, so the
+                // table cannot grow without bound.
+                self.join_tokens.retain(|_, t| t.expires_at_ms > now);
+                self.join_tokens.insert(
+                    hash.clone(),
+                    JoinToken {
+                        expires_at_ms: *expires_at_ms,
+                        created_at_ms: now,
+                    },
+                );
+                LedgerResponse::Ok
+            }
+            Command::CreateApiToken { hash, name } => {
+                self.api_tokens.insert(
+                    hash.clone(),
+                    ApiToken {
+                        name: name.clone(),
+                        created_at_ms: now,
+                    },
+                );
+                LedgerResponse::Ok
+            }
+            Command::PutAttr { key, value } => {
+                if key.is_empty() || key.len() > MAX_ATTR_KEY || value.len() > MAX_ATTR_VALUE {
+                    return LedgerResponse::Rejected(format!(
+                        "attribute keys are 1-{MAX_ATTR_KEY} bytes and values at most {MAX_ATTR_VALUE} bytes"
+                    ));
+                }
+                self.attrs.insert(key.clone(), value.clone());
+                LedgerResponse::Ok
+            }
+        }
+    }
+
+    fn insert_member(&mut self, id: NodeId, spec: MemberSpec, now: u64) {
+        self.members.insert(
+            id,
+            Member {
+                id,
+                spec,
+                state: MemberState::Alive,
+                joined_at_ms: now,
+                state_since_ms: now,
+            },
+        );
+    }
+
+    /// Whether a join token (by hash) is valid at `now_ms`. Used by the node to
+    /// refuse early with a clear message; `apply` checks again.
+    pub fn join_token_valid(&self, hash: &str, now_ms: u64) -> Result<(), String> {
+        match self.join_tokens.get(hash) {
+            None => Err("unknown join token".into()),
+            Some(t) if t.expires_at_ms <= now_ms => Err("the join token has expired".into()),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Members that have not left, in id order.
+    pub fn active_members(&self) -> impl Iterator<Item = &Member> {
+        self.members.values().filter(|m| m.state != MemberState::Left)
+    }
+
+    pub fn member_by_name_or_id(&self, key: &str) -> Option<&Member> {
+        if let Ok(id) = key.parse::<NodeId>() {
+            if let Some(m) = self.members.get(&id) {
+                return Some(m);
+            }
+        }
+        self.members.values().find(|m| m.spec.name == key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn spec(name: &str) -> MemberSpec {
+        MemberSpec {
+            name: name.into(),
+            rpc_addr: "127.0.0.1:7071".into(),
+            api_addr: "127.0.0.1:7070".into(),
+            labels: BTreeMap::new(),
+            gpus: vec![],
+        }
+    }
+
+    fn bootstrapped() -> Ledger {
+        let mut l = Ledger::new();
+        let r = l.apply(&LedgerRequest {
+            now_ms: 1000,
+            cmd: Command::Bootstrap {
+                cluster_id: "c".into(),
+                region: "r".into(),
+                ca_cert_pem: "cert".into(),
+                ca_key_pem: "key".into(),
+                admin_token_hash: "admin".into(),
+                first_member: 1,
+                spec: spec("n1"),
+            },
+        });
+        assert_eq!(r, LedgerResponse::NodeId(1));
+        l
+    }
+
+    #[test]
+    fn join_requires_a_live_token_and_a_unique_name() {
+        let mut l = bootstrapped();
+        let add = |name: &str| Command::AddMember {
+            spec: spec(name),
+            token_hash: "t".into(),
+        };
+        let r = l.apply(&LedgerRequest { now_ms: 1100, cmd: add("n2") });
+        assert_eq!(r, LedgerResponse::Rejected("unknown join token".into()));
+        l.apply(&LedgerRequest {
+            now_ms: 1200,
+            cmd: Command::CreateJoinToken {
+                hash: "t".into(),
+                expires_at_ms: 5000,
+            },
+        });
+        assert_eq!(l.apply(&LedgerRequest { now_ms: 1300, cmd: add("n2") }), LedgerResponse::NodeId(2));
+        assert!(matches!(
+            l.apply(&LedgerRequest { now_ms: 1400, cmd: add("n2") }),
+            LedgerResponse::Rejected(_)
+        ));
+        assert_eq!(
+            l.apply(&LedgerRequest { now_ms: 6000, cmd: add("n3") }),
+            LedgerResponse::Rejected("the join token has expired".into())
+        );
+    }
+
+    #[test]
+    fn ledger_clock_never_runs_backwards() {
+        let mut l = bootstrapped();
+        l.apply(&LedgerRequest {
+            now_ms: 500,
+            cmd: Command::PutAttr {
+                key: "k".into(),
+                value: "v".into(),
+            },
+        });
+        assert_eq!(l.clock_ms, 1000);
+    }
+
+    fn arb_cmd() -> impl Strategy<Value = LedgerRequest> {
+        let name = prop::sample::select(vec!["a", "b", "c", "bad name", ""]);
+        let cmd = prop_oneof![
+            (name.clone(), prop::sample::select(vec!["t1", "t2"])).prop_map(|(n, t)| Command::AddMember {
+                spec: spec(n),
+                token_hash: t.into()
+            }),
+            (0u64..6, prop::sample::select(vec![
+                MemberState::Alive,
+                MemberState::Suspect,
+                MemberState::Down,
+                MemberState::Left
+            ]))
+                .prop_map(|(id, state)| Command::SetMemberState { id, state }),
+            (prop::sample::select(vec!["t1", "t2"]), 0u64..20_000).prop_map(|(h, e)| Command::CreateJoinToken {
+                hash: h.into(),
+                expires_at_ms: e
+            }),
+            ("[a-z]{0,3}", "[a-z]{0,3}").prop_map(|(key, value)| Command::PutAttr { key, value }),
+        ];
+        (0u64..20_000, cmd).prop_map(|(now_ms, cmd)| LedgerRequest { now_ms, cmd })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Determinism (invariant 7): two replicas applying the same log end in
+        /// the same state with the same answers; and names stay unique among
+        /// active members; node ids are never reused.
+        #[test]
+        fn replicas_applying_the_same_log_agree(cmds in prop::collection::vec(arb_cmd(), 0..60)) {
+            let mut a = bootstrapped();
+            let mut b = bootstrapped();
+            let mut seen_ids = std::collections::BTreeSet::from([1u64]);
+            for c in &cmds {
+                let ra = a.apply(c);
+                let rb = b.apply(c);
+                prop_assert_eq!(&ra, &rb);
+                if let LedgerResponse::NodeId(id) = ra {
+                    prop_assert!(seen_ids.insert(id), "node id {} reused", id);
+                }
+                let mut names: Vec<_> = a.active_members().map(|m| m.spec.name.clone()).collect();
+                let n = names.len();
+                names.sort();
+                names.dedup();
+                prop_assert_eq!(names.len(), n);
+            }
+            prop_assert_eq!(a, b);
+        }
+    }
+}

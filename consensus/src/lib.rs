@@ -1,0 +1,13 @@
+//! The replicated brain of Shoal: the ledger state machine (pure), the voter
+//! selection policy (pure), and the openraft plumbing — redb-backed log and
+//! state-machine stores, and a network adapter over a transport trait that
+//! the node crate implements (this crate never touches sockets).
+
+pub mod ledger;
+pub mod network;
+pub mod store;
+pub mod types;
+pub mod voters;
+
+pub use ledger::{Command, Ledger, LedgerRequest, LedgerResponse, Member, MemberSpec};
+pub use types::{NodeId, TypeConfig};

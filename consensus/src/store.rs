@@ -1,0 +1,422 @@
+//! openraft storage on redb: one database file per node holding the log, the
+//! vote, the committed index and the latest state-machine snapshot.
+//!
+//! The state machine itself lives in memory (the ledger is small: members,
+//! tenants, jobs, manifests' ids — never bulk data). It is rebuilt at start-up
+//! from the last snapshot plus the committed log, which openraft replays
+//! because we persist the committed index.
+//!
+//! Every redb write transaction commits with fsync (redb's default
+//! durability), and openraft batches appends, so one fsync covers many
+//! client writes under load.
+
+use crate::ledger::{Ledger, LedgerResponse};
+use crate::types::{Entry, LogId, NodeId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote};
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftLogReader, RaftSnapshotBuilder, StorageIOError};
+use redb::{Database, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::ops::RangeBounds;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+const LOGS: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
+const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
+
+const KEY_VOTE: &str = "vote";
+const KEY_COMMITTED: &str = "committed";
+const KEY_PURGED: &str = "last_purged";
+const KEY_SNAP_META: &str = "meta";
+const KEY_SNAP_DATA: &str = "data";
+
+/// Version byte in front of every snapshot so that an old binary refuses a
+/// newer snapshot with a clear error instead of misreading it.
+const SNAPSHOT_VERSION: u8 = 1;
+/// Decoding bound for snapshots and log entries.
+const MAX_DECODE: u64 = 1 << 30;
+
+fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+    StorageIOError::new(subject, verb, openraft::AnyError::error(e.to_string())).into()
+}
+
+fn read_err(e: impl std::fmt::Display) -> StorageError {
+    io_err(ErrorSubject::Store, ErrorVerb::Read, e)
+}
+
+fn write_err(e: impl std::fmt::Display) -> StorageError {
+    io_err(ErrorSubject::Store, ErrorVerb::Write, e)
+}
+
+fn bincode_opts() -> impl bincode::Options {
+    use bincode::Options;
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit(MAX_DECODE)
+}
+
+pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, bincode::Error> {
+    use bincode::Options;
+    bincode_opts().serialize(v)
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, bincode::Error> {
+    use bincode::Options;
+    bincode_opts().deserialize(b)
+}
+
+/// Opens (or creates) the node's Raft database.
+pub fn open_db(path: &Path) -> Result<Arc<Database>, redb::DatabaseError> {
+    Ok(Arc::new(Database::create(path)?))
+}
+
+/// The log store. Clones share the database, which is how openraft's
+/// replication tasks get their readers.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<Database>,
+}
+
+impl LogStore {
+    pub fn new(db: Arc<Database>) -> Result<Self, StorageError> {
+        let tx = db.begin_write().map_err(write_err)?;
+        tx.open_table(LOGS).map_err(write_err)?;
+        tx.open_table(META).map_err(write_err)?;
+        tx.commit().map_err(write_err)?;
+        Ok(LogStore { db })
+    }
+
+    fn get_meta<T: for<'de> Deserialize<'de>>(&self, key: &str) -> Result<Option<T>, StorageError> {
+        let tx = self.db.begin_read().map_err(read_err)?;
+        let t = tx.open_table(META).map_err(read_err)?;
+        match t.get(key).map_err(read_err)? {
+            Some(v) => Ok(Some(decode(v.value()).map_err(read_err)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put_meta<T: Serialize>(&self, key: &str, v: &T) -> Result<(), StorageError> {
+        let bytes = encode(v).map_err(write_err)?;
+        let tx = self.db.begin_write().map_err(write_err)?;
+        {
+            let mut t = tx.open_table(META).map_err(write_err)?;
+            t.insert(key, bytes.as_slice()).map_err(write_err)?;
+        }
+        tx.commit().map_err(write_err)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let tx = self.db.begin_read().map_err(read_err)?;
+        let t = tx.open_table(LOGS).map_err(read_err)?;
+        let mut out = Vec::new();
+        for item in t.range(range).map_err(read_err)? {
+            let (_, v) = item.map_err(read_err)?;
+            out.push(decode(v.value()).map_err(read_err)?);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged: Option<LogId> = self.get_meta(KEY_PURGED)?;
+        let tx = self.db.begin_read().map_err(read_err)?;
+        let t = tx.open_table(LOGS).map_err(read_err)?;
+        let last = match t.last().map_err(read_err)? {
+            Some((_, v)) => {
+                let e: Entry = decode(v.value()).map_err(read_err)?;
+                Some(e.log_id)
+            }
+            None => last_purged,
+        };
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        self.put_meta(KEY_VOTE, vote)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        self.get_meta(KEY_VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        self.put_meta(KEY_COMMITTED, &committed)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(self.get_meta::<Option<LogId>>(KEY_COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let tx = self.db.begin_write().map_err(write_err)?;
+        {
+            let mut t = tx.open_table(LOGS).map_err(write_err)?;
+            for e in entries {
+                let bytes = encode(&e).map_err(write_err)?;
+                t.insert(e.log_id.index, bytes.as_slice()).map_err(write_err)?;
+            }
+        }
+        let res = tx.commit().map_err(|e| std::io::Error::other(e.to_string()));
+        let failed = res.as_ref().err().map(|e| e.to_string());
+        callback.log_io_completed(res);
+        match failed {
+            Some(e) => Err(write_err(e)),
+            None => Ok(()),
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let tx = self.db.begin_write().map_err(write_err)?;
+        {
+            let mut t = tx.open_table(LOGS).map_err(write_err)?;
+            t.retain_in(log_id.index.., |_, _| false).map_err(write_err)?;
+        }
+        tx.commit().map_err(write_err)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let bytes = encode(&log_id).map_err(write_err)?;
+        let tx = self.db.begin_write().map_err(write_err)?;
+        {
+            let mut meta = tx.open_table(META).map_err(write_err)?;
+            meta.insert(KEY_PURGED, bytes.as_slice()).map_err(write_err)?;
+            let mut t = tx.open_table(LOGS).map_err(write_err)?;
+            t.retain_in(..=log_id.index, |_, _| false).map_err(write_err)?;
+        }
+        tx.commit().map_err(write_err)
+    }
+}
+
+/// What the state machine holds: the ledger plus the Raft bookkeeping that
+/// must be snapshotted with it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct StateMachineData {
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+    pub ledger: Ledger,
+}
+
+/// Shared read access to the applied ledger for the rest of the node.
+pub type LedgerHandle = Arc<RwLock<StateMachineData>>;
+
+/// The state-machine store: the in-memory ledger and its durable snapshot.
+pub struct StateMachineStore {
+    db: Arc<Database>,
+    data: LedgerHandle,
+    snapshot_seq: u64,
+}
+
+fn encode_snapshot(data: &StateMachineData) -> Result<Vec<u8>, StorageError> {
+    let plain = encode(data).map_err(write_err)?;
+    let mut out = vec![SNAPSHOT_VERSION];
+    out.extend(zstd::encode_all(plain.as_slice(), 3).map_err(write_err)?);
+    Ok(out)
+}
+
+fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
+    match bytes.split_first() {
+        Some((&SNAPSHOT_VERSION, body)) => {
+            let mut plain = Vec::new();
+            let mut dec = zstd::Decoder::new(body).map_err(read_err)?;
+            std::io::Read::read_to_end(&mut std::io::Read::take(&mut dec, MAX_DECODE), &mut plain).map_err(read_err)?;
+            decode(&plain).map_err(read_err)
+        }
+        Some((v, _)) => Err(read_err(format!(
+            "snapshot format version {v} is newer than this binary understands ({SNAPSHOT_VERSION})"
+        ))),
+        None => Err(read_err("empty snapshot")),
+    }
+}
+
+impl StateMachineStore {
+    /// Opens the store and loads the last snapshot, if any.
+    pub fn new(db: Arc<Database>) -> Result<Self, StorageError> {
+        let tx = db.begin_write().map_err(write_err)?;
+        tx.open_table(SNAPSHOT).map_err(write_err)?;
+        tx.commit().map_err(write_err)?;
+        let mut data = StateMachineData {
+            ledger: Ledger::new(),
+            ..Default::default()
+        };
+        let mut snapshot_seq = 0;
+        if let Some((meta, bytes)) = read_snapshot(&db)? {
+            data = decode_snapshot(&bytes)?;
+            snapshot_seq = meta.last_log_id.map(|l| l.index).unwrap_or(0);
+        }
+        Ok(StateMachineStore {
+            db,
+            data: Arc::new(RwLock::new(data)),
+            snapshot_seq,
+        })
+    }
+
+    pub fn handle(&self) -> LedgerHandle {
+        self.data.clone()
+    }
+
+    fn write_snapshot(&self, meta: &SnapshotMeta, bytes: &[u8]) -> Result<(), StorageError> {
+        let m = encode(meta).map_err(write_err)?;
+        let tx = self.db.begin_write().map_err(write_err)?;
+        {
+            let mut t = tx.open_table(SNAPSHOT).map_err(write_err)?;
+            t.insert(KEY_SNAP_META, m.as_slice()).map_err(write_err)?;
+            t.insert(KEY_SNAP_DATA, bytes).map_err(write_err)?;
+        }
+        tx.commit().map_err(write_err)
+    }
+}
+
+fn read_snapshot(db: &Database) -> Result<Option<(SnapshotMeta, Vec<u8>)>, StorageError> {
+    let tx = db.begin_read().map_err(read_err)?;
+    let t = tx.open_table(SNAPSHOT).map_err(read_err)?;
+    let meta = t.get(KEY_SNAP_META).map_err(read_err)?;
+    let data = t.get(KEY_SNAP_DATA).map_err(read_err)?;
+    match (meta, data) {
+        (Some(m), Some(d)) => Ok(Some((decode(m.value()).map_err(read_err)?, d.value().to_vec()))),
+        _ => Ok(None),
+    }
+}
+
+/// Builds snapshots from a copy of the state taken under the lock, so the
+/// state machine keeps applying while the snapshot is encoded.
+pub struct SnapshotBuilder {
+    db: Arc<Database>,
+    data: LedgerHandle,
+    seq: u64,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let copy = self.data.read().map_err(|e| read_err(e.to_string()))?.clone();
+        let bytes = encode_snapshot(&copy)?;
+        let snapshot_id = match copy.last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, self.seq),
+            None => format!("--{}", self.seq),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: copy.last_applied,
+            last_membership: copy.membership.clone(),
+            snapshot_id,
+        };
+        let store = StateMachineStore {
+            db: self.db.clone(),
+            data: self.data.clone(),
+            snapshot_seq: self.seq,
+        };
+        store.write_snapshot(&meta, &bytes)?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let d = self.data.read().map_err(|e| read_err(e.to_string()))?;
+        Ok((d.last_applied, d.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<LedgerResponse>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut d = self.data.write().map_err(|e| write_err(e.to_string()))?;
+        let mut out = Vec::new();
+        for e in entries {
+            d.last_applied = Some(e.log_id);
+            match e.payload {
+                EntryPayload::Blank => out.push(LedgerResponse::Ok),
+                EntryPayload::Normal(req) => out.push(d.ledger.apply(&req)),
+                EntryPayload::Membership(m) => {
+                    d.membership = StoredMembership::new(Some(e.log_id), m);
+                    out.push(LedgerResponse::Ok);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.snapshot_seq += 1;
+        SnapshotBuilder {
+            db: self.db.clone(),
+            data: self.data.clone(),
+            seq: self.snapshot_seq,
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
+        let bytes = snapshot.into_inner();
+        let mut new = decode_snapshot(&bytes)?;
+        new.last_applied = meta.last_log_id;
+        new.membership = meta.last_membership.clone();
+        self.write_snapshot(meta, &bytes)?;
+        *self.data.write().map_err(|e| write_err(e.to_string()))? = new;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        Ok(read_snapshot(&self.db)?.map(|(meta, bytes)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::testing::{StoreBuilder, Suite};
+
+    struct RedbBuilder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for RedbBuilder {
+        async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
+            let dir = tempfile::tempdir().map_err(write_err)?;
+            let db = open_db(&dir.path().join("raft.redb")).map_err(write_err)?;
+            Ok((dir, LogStore::new(db.clone())?, StateMachineStore::new(db)?))
+        }
+    }
+
+    /// openraft's own conformance suite against our redb stores.
+    #[test]
+    fn openraft_storage_suite_passes() -> Result<(), StorageError> {
+        Suite::test_all(RedbBuilder)
+    }
+
+    #[test]
+    fn snapshot_with_unknown_version_is_refused() {
+        let err = decode_snapshot(&[9, 1, 2, 3]).expect_err("must refuse");
+        assert!(err.to_string().contains("version 9"), "{err}");
+    }
+}

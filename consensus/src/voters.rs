@@ -1,0 +1,191 @@
+//! Which members vote. Raft's fault tolerance comes from an odd number of
+//! voters spread across failure domains: 3 voters survive one loss, 5 survive
+//! two, and voters in distinct zones (then racks) survive a zone outage.
+//! Everyone else is a learner that receives the log but does not vote.
+//!
+//! This module is pure: the leader feeds it the members it knows and how
+//! healthy they are, and gets the voter set it should converge to.
+
+use crate::types::NodeId;
+use std::collections::BTreeSet;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VoterCandidate {
+    pub id: NodeId,
+    pub zone: Option<String>,
+    pub rack: Option<String>,
+    /// Reachable recently enough to be trusted with a vote.
+    pub healthy: bool,
+    pub is_voter: bool,
+}
+
+/// How many voters a cluster with `healthy` reachable members should have, or
+/// `None` when the membership should be left alone (too few healthy members
+/// to form a better configuration than the current one).
+pub fn target_voter_count(healthy: usize, total: usize) -> Option<usize> {
+    match healthy {
+        h if h >= 5 => Some(5),
+        h if h >= 3 => Some(3),
+        _ if total <= 2 => Some(1),
+        _ => None,
+    }
+}
+
+/// (distinct zones, distinct racks) covered by a set.
+fn coverage<'a>(set: impl Iterator<Item = &'a VoterCandidate>) -> (usize, usize) {
+    let mut zones = BTreeSet::new();
+    let mut racks = BTreeSet::new();
+    for c in set {
+        zones.insert(c.zone.clone());
+        racks.insert((c.zone.clone(), c.rack.clone()));
+    }
+    (zones.len(), racks.len())
+}
+
+/// The voter set the cluster should converge to. The leader always stays a
+/// voter (removing it would force an election for nothing). The current set is
+/// kept when it is healthy, of the right size, and covers as many failure
+/// domains as the best alternative, so that membership does not churn.
+pub fn choose_voters(candidates: &[VoterCandidate], leader: NodeId) -> Option<BTreeSet<NodeId>> {
+    let healthy: Vec<&VoterCandidate> = candidates.iter().filter(|c| c.healthy || c.id == leader).collect();
+    let target = target_voter_count(healthy.len(), candidates.len())?.min(healthy.len());
+    if target == 0 {
+        return None;
+    }
+
+    let mut chosen: Vec<&VoterCandidate> = Vec::with_capacity(target);
+    if let Some(l) = healthy.iter().find(|c| c.id == leader) {
+        chosen.push(l);
+    }
+    while chosen.len() < target {
+        let zones: BTreeSet<_> = chosen.iter().map(|c| c.zone.clone()).collect();
+        let racks: BTreeSet<_> = chosen.iter().map(|c| (c.zone.clone(), c.rack.clone())).collect();
+        let best = healthy
+            .iter()
+            .filter(|c| !chosen.iter().any(|x| x.id == c.id))
+            .max_by_key(|c| {
+                (
+                    !zones.contains(&c.zone),
+                    !racks.contains(&(c.zone.clone(), c.rack.clone())),
+                    c.is_voter,
+                    std::cmp::Reverse(c.id),
+                )
+            });
+        match best {
+            Some(b) => chosen.push(b),
+            None => break,
+        }
+    }
+
+    let current: Vec<&VoterCandidate> = candidates.iter().filter(|c| c.is_voter).collect();
+    let current_ok = current.len() == target
+        && current.iter().all(|c| c.healthy || c.id == leader)
+        && current.iter().any(|c| c.id == leader)
+        && coverage(current.iter().copied()) >= coverage(chosen.iter().copied());
+    if current_ok {
+        return Some(current.iter().map(|c| c.id).collect());
+    }
+    Some(chosen.iter().map(|c| c.id).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cand(id: NodeId, zone: &str, healthy: bool, is_voter: bool) -> VoterCandidate {
+        VoterCandidate {
+            id,
+            zone: Some(zone.into()),
+            rack: None,
+            healthy,
+            is_voter,
+        }
+    }
+
+    #[test]
+    fn five_nodes_in_three_zones_get_five_voters_spanning_all_zones() {
+        let c = vec![
+            cand(1, "a", true, true),
+            cand(2, "a", true, false),
+            cand(3, "b", true, false),
+            cand(4, "b", true, false),
+            cand(5, "c", true, false),
+        ];
+        let v = choose_voters(&c, 1).expect("a set");
+        assert_eq!(v.len(), 5);
+    }
+
+    #[test]
+    fn four_healthy_of_five_shrink_to_three_voters_in_three_zones() {
+        let c = vec![
+            cand(1, "a", true, true),
+            cand(2, "a", true, true),
+            cand(3, "b", true, true),
+            cand(4, "b", false, true),
+            cand(5, "c", true, true),
+        ];
+        let v = choose_voters(&c, 1).expect("a set");
+        assert_eq!(v.len(), 3);
+        assert!(v.contains(&1) && v.contains(&3) && v.contains(&5), "{v:?}");
+    }
+
+    #[test]
+    fn a_dead_voter_is_replaced_by_a_healthy_learner() {
+        let c = vec![
+            cand(1, "a", true, true),
+            cand(2, "b", false, true),
+            cand(3, "c", true, true),
+            cand(4, "b", true, false),
+        ];
+        let v = choose_voters(&c, 1).expect("a set");
+        assert_eq!(v, BTreeSet::from([1, 3, 4]));
+    }
+
+    #[test]
+    fn three_members_with_one_dead_keep_their_voters() {
+        let c = vec![cand(1, "a", true, true), cand(2, "b", false, true), cand(3, "c", true, true)];
+        assert_eq!(choose_voters(&c, 1), None);
+    }
+
+    #[test]
+    fn a_healthy_diverse_set_does_not_churn() {
+        let c = vec![
+            cand(1, "a", true, true),
+            cand(2, "b", true, true),
+            cand(3, "c", true, true),
+            cand(4, "a", true, false),
+        ];
+        assert_eq!(choose_voters(&c, 1), Some(BTreeSet::from([1, 2, 3])));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn voter_sets_are_odd_healthy_and_include_the_leader(
+            members in prop::collection::vec((0u8..3, 0u8..3, any::<bool>(), any::<bool>()), 1..12),
+            leader_pick in any::<prop::sample::Index>(),
+        ) {
+            let cands: Vec<VoterCandidate> = members.iter().enumerate().map(|(i, (z, r, h, v))| VoterCandidate {
+                id: i as u64 + 1,
+                zone: Some(format!("z{z}")),
+                rack: Some(format!("r{r}")),
+                healthy: *h,
+                is_voter: *v,
+            }).collect();
+            let leader = cands[leader_pick.index(cands.len())].id;
+            if let Some(v) = choose_voters(&cands, leader) {
+                prop_assert!(v.len() % 2 == 1, "even voter count {:?}", v);
+                prop_assert!(v.contains(&leader));
+                for id in &v {
+                    let c = cands.iter().find(|c| c.id == *id).expect("known id");
+                    prop_assert!(c.healthy || c.id == leader);
+                }
+                // Zone coverage is as good as possible for the set size.
+                let zones: BTreeSet<_> = cands.iter().filter(|c| c.healthy || c.id == leader).map(|c| c.zone.clone()).collect();
+                let covered: BTreeSet<_> = v.iter().filter_map(|id| cands.iter().find(|c| c.id == *id)).map(|c| c.zone.clone()).collect();
+                prop_assert_eq!(covered.len(), zones.len().min(v.len()));
+            }
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Request/response RPC over quinn. One bidirectional stream per request:
+//! the request is `[version byte][body]`, the response likewise, each side
+//! finishing its send half. Bodies are opaque here: the node crate decides
+//! what they mean (bincode-encoded messages), which keeps the transport
+//! reusable and the protocol in one place.
+
+use crate::tls::{joiner_client_config, NodeCredentials, TlsError, CLUSTER_SERVER_NAME};
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{ClientConfig, Connection, Endpoint, ServerConfig, TransportConfig};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// Version of the frame layout and of the message encoding inside it.
+pub const WIRE_VERSION: u8 = 1;
+/// Upper bound of any request or response; larger bodies travel in chunks.
+pub const MAX_FRAME: usize = 64 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    #[error("cannot reach {addr}: {reason}")]
+    Unreachable { addr: SocketAddr, reason: String },
+    #[error("request to {addr} failed: {reason}")]
+    Io { addr: SocketAddr, reason: String },
+    #[error("request to {addr} timed out after {after:?}")]
+    Timeout { addr: SocketAddr, after: Duration },
+    #[error("{addr} speaks wire version {got}, this node speaks {WIRE_VERSION}")]
+    Version { addr: SocketAddr, got: u8 },
+    #[error("TLS setup: {0}")]
+    Tls(#[from] TlsError),
+    #[error("cannot bind {addr}: {reason}")]
+    Bind { addr: SocketAddr, reason: String },
+}
+
+/// Who sent a request. `authenticated` is true only when the peer presented a
+/// certificate signed by the cluster CA.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    pub remote: SocketAddr,
+    pub authenticated: bool,
+}
+
+pub type RpcFuture = Pin<Box<dyn Future<Output = Vec<u8>> + Send>>;
+
+/// Serves requests. The answer is opaque bytes; errors are part of the
+/// caller's message type.
+pub trait RpcHandler: Send + Sync + 'static {
+    fn handle(&self, peer: PeerInfo, body: Vec<u8>) -> RpcFuture;
+}
+
+fn transport_config() -> Arc<TransportConfig> {
+    let mut t = TransportConfig::default();
+    // Keep-alives well inside the idle timeout so a quiet but healthy
+    // connection never expires, while a dead peer is noticed in seconds.
+    t.keep_alive_interval(Some(Duration::from_millis(500)));
+    if let Ok(idle) = Duration::from_secs(5).try_into() {
+        t.max_idle_timeout(Some(idle));
+    }
+    t.max_concurrent_bidi_streams(1024u32.into());
+    Arc::new(t)
+}
+
+/// A node's RPC endpoint: serves peers and calls them, reusing one connection
+/// per peer address.
+#[derive(Clone)]
+pub struct RpcEndpoint {
+    endpoint: Endpoint,
+    client: ClientConfig,
+    connections: Arc<Mutex<HashMap<SocketAddr, Connection>>>,
+}
+
+impl RpcEndpoint {
+    /// Binds `addr` with the node's credentials and starts serving `handler`.
+    pub fn serve(addr: SocketAddr, creds: &NodeCredentials, handler: Arc<dyn RpcHandler>) -> Result<Self, RpcError> {
+        let socket = std::net::UdpSocket::bind(addr).map_err(|e| RpcError::Bind {
+            addr,
+            reason: e.to_string(),
+        })?;
+        Self::serve_socket(socket, creds, handler)
+    }
+
+    /// Like [`RpcEndpoint::serve`] on a socket bound earlier, so a node can
+    /// learn its port before it has credentials (a joiner binds, joins, then
+    /// serves).
+    pub fn serve_socket(
+        socket: std::net::UdpSocket,
+        creds: &NodeCredentials,
+        handler: Arc<dyn RpcHandler>,
+    ) -> Result<Self, RpcError> {
+        let addr = socket.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let quic_server = QuicServerConfig::try_from(creds.server_config()?)
+            .map_err(|e| TlsError::Invalid(e.to_string()))?;
+        let mut server = ServerConfig::with_crypto(Arc::new(quic_server));
+        server.transport_config(transport_config());
+        let runtime = quinn::default_runtime().ok_or_else(|| RpcError::Bind {
+            addr,
+            reason: "no async runtime".into(),
+        })?;
+        let endpoint = Endpoint::new(quinn::EndpointConfig::default(), Some(server), socket, runtime).map_err(|e| {
+            RpcError::Bind {
+                addr,
+                reason: e.to_string(),
+            }
+        })?;
+        let client = member_client_config(creds)?;
+        let this = RpcEndpoint {
+            endpoint: endpoint.clone(),
+            client,
+            connections: Arc::new(Mutex::new(HashMap::new())),
+        };
+        tokio::spawn(accept_loop(endpoint, handler));
+        Ok(this)
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.endpoint.local_addr().ok()
+    }
+
+    async fn connection(&self, addr: SocketAddr) -> Result<Connection, RpcError> {
+        let mut conns = self.connections.lock().await;
+        if let Some(c) = conns.get(&addr) {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+            conns.remove(&addr);
+        }
+        drop(conns);
+        let conn = connect(&self.endpoint, self.client.clone(), addr).await?;
+        self.connections.lock().await.insert(addr, conn.clone());
+        Ok(conn)
+    }
+
+    /// Sends one request and waits for its answer, at most `timeout`.
+    pub async fn call(&self, addr: SocketAddr, body: &[u8], timeout: Duration) -> Result<Vec<u8>, RpcError> {
+        let result = tokio::time::timeout(timeout, async {
+            let conn = self.connection(addr).await?;
+            exchange(&conn, addr, body).await
+        })
+        .await;
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                // Drop the cached connection so the next call dials afresh.
+                self.connections.lock().await.remove(&addr);
+                Err(e)
+            }
+            Err(_) => {
+                self.connections.lock().await.remove(&addr);
+                Err(RpcError::Timeout { addr, after: timeout })
+            }
+        }
+    }
+
+    /// Closes every connection and the endpoint.
+    pub async fn shutdown(&self) {
+        self.connections.lock().await.clear();
+        self.endpoint.close(0u32.into(), b"shutdown");
+    }
+}
+
+fn member_client_config(creds: &NodeCredentials) -> Result<ClientConfig, RpcError> {
+    let quic = QuicClientConfig::try_from(creds.client_config()?).map_err(|e| TlsError::Invalid(e.to_string()))?;
+    let mut c = ClientConfig::new(Arc::new(quic));
+    c.transport_config(transport_config());
+    Ok(c)
+}
+
+async fn connect(endpoint: &Endpoint, config: ClientConfig, addr: SocketAddr) -> Result<Connection, RpcError> {
+    let connecting = endpoint
+        .connect_with(config, addr, CLUSTER_SERVER_NAME)
+        .map_err(|e| RpcError::Unreachable {
+            addr,
+            reason: e.to_string(),
+        })?;
+    connecting.await.map_err(|e| RpcError::Unreachable {
+        addr,
+        reason: e.to_string(),
+    })
+}
+
+async fn exchange(conn: &Connection, addr: SocketAddr, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    let io = |e: &dyn std::fmt::Display| RpcError::Io {
+        addr,
+        reason: e.to_string(),
+    };
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| io(&e))?;
+    let mut frame = Vec::with_capacity(body.len() + 1);
+    frame.push(WIRE_VERSION);
+    frame.extend_from_slice(body);
+    send.write_all(&frame).await.map_err(|e| io(&e))?;
+    send.finish().map_err(|e| io(&e))?;
+    let resp = recv.read_to_end(MAX_FRAME).await.map_err(|e| io(&e))?;
+    match resp.split_first() {
+        Some((&WIRE_VERSION, rest)) => Ok(rest.to_vec()),
+        Some((&v, _)) => Err(RpcError::Version { addr, got: v }),
+        None => Err(RpcError::Io {
+            addr,
+            reason: "empty response (peer closed the stream)".into(),
+        }),
+    }
+}
+
+async fn accept_loop(endpoint: Endpoint, handler: Arc<dyn RpcHandler>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(%remote, error = %e, "refused an RPC connection");
+                    return;
+                }
+            };
+            let authenticated = conn
+                .peer_identity()
+                .and_then(|id| id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok())
+                .map(|chain| !chain.is_empty())
+                .unwrap_or(false);
+            let peer = PeerInfo { remote, authenticated };
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                let handler = handler.clone();
+                let peer = peer.clone();
+                tokio::spawn(serve_stream(handler, peer, send, recv));
+            }
+        });
+    }
+}
+
+async fn serve_stream(handler: Arc<dyn RpcHandler>, peer: PeerInfo, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+    let req = match recv.read_to_end(MAX_FRAME).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(remote = %peer.remote, error = %e, "dropped an unreadable request");
+            return;
+        }
+    };
+    let Some((&version, body)) = req.split_first() else {
+        return;
+    };
+    if version != WIRE_VERSION {
+        tracing::warn!(remote = %peer.remote, version, "peer speaks an unknown wire version; closing its stream");
+        let _ = send.reset(1u32.into());
+        return;
+    }
+    let resp = handler.handle(peer, body.to_vec()).await;
+    let mut frame = Vec::with_capacity(resp.len() + 1);
+    frame.push(WIRE_VERSION);
+    frame.extend_from_slice(&resp);
+    if send.write_all(&frame).await.is_ok() {
+        let _ = send.finish();
+        // Wait until the peer has read everything before the stream is dropped.
+        let _ = send.stopped().await;
+    }
+}
+
+/// A one-shot call from a node that is not a member yet (it has no
+/// certificate). The server must prove it holds a certificate from the CA the
+/// token pins. Returns the answer and the CA certificate (DER) it matched.
+pub async fn call_as_joiner(
+    addr: SocketAddr,
+    ca_pin: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(Vec<u8>, Vec<u8>), RpcError> {
+    let (tls, verifier) = joiner_client_config(ca_pin)?;
+    let quic = QuicClientConfig::try_from(tls).map_err(|e| TlsError::Invalid(e.to_string()))?;
+    let mut config = ClientConfig::new(Arc::new(quic));
+    config.transport_config(transport_config());
+    let bind: SocketAddr = if addr.is_ipv4() {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    } else {
+        SocketAddr::from(([0u16; 8], 0))
+    };
+    let endpoint = Endpoint::client(bind).map_err(|e| RpcError::Bind {
+        addr: bind,
+        reason: e.to_string(),
+    })?;
+    let result = tokio::time::timeout(timeout, async {
+        let conn = connect(&endpoint, config, addr).await?;
+        let resp = exchange(&conn, addr, body).await?;
+        conn.close(0u32.into(), b"done");
+        Ok::<_, RpcError>(resp)
+    })
+    .await
+    .map_err(|_| RpcError::Timeout { addr, after: timeout })??;
+    endpoint.close(0u32.into(), b"done");
+    let ca = verifier.matched_ca().map(|c| c.as_ref().to_vec()).unwrap_or_default();
+    Ok((result, ca))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::CaBundle;
+
+    struct Echo;
+    impl RpcHandler for Echo {
+        fn handle(&self, peer: PeerInfo, body: Vec<u8>) -> RpcFuture {
+            Box::pin(async move {
+                let mut v = vec![u8::from(peer.authenticated)];
+                v.extend(body);
+                v
+            })
+        }
+    }
+
+    fn localhost() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+
+    #[tokio::test]
+    async fn members_talk_with_mutual_tls() {
+        let ca = CaBundle::generate("c").expect("ca");
+        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo)).expect("a");
+        let b = RpcEndpoint::serve(localhost(), &ca.issue("b", 2).expect("b"), Arc::new(Echo)).expect("b");
+        let addr = a.local_addr().expect("addr");
+        let resp = b.call(addr, b"hi", Duration::from_secs(5)).await.expect("call");
+        assert_eq!(resp, b"\x01hi");
+    }
+
+    #[tokio::test]
+    async fn a_node_from_another_ca_is_refused() {
+        let ca = CaBundle::generate("c").expect("ca");
+        let other = CaBundle::generate("evil").expect("ca");
+        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo)).expect("a");
+        let evil = RpcEndpoint::serve(localhost(), &other.issue("x", 9).expect("x"), Arc::new(Echo)).expect("x");
+        let addr = a.local_addr().expect("addr");
+        let err = evil.call(addr, b"hi", Duration::from_secs(5)).await;
+        assert!(err.is_err(), "a foreign certificate must not get an answer");
+    }
+
+    #[tokio::test]
+    async fn joiner_is_unauthenticated_and_checks_the_pin() {
+        let ca = CaBundle::generate("c").expect("ca");
+        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo)).expect("a");
+        let addr = a.local_addr().expect("addr");
+        let pin = ca.fingerprint().expect("fp");
+        let (resp, ca_der) = call_as_joiner(addr, &pin, b"join", Duration::from_secs(5)).await.expect("join");
+        assert_eq!(resp, b"\x00join");
+        assert_eq!(crate::tls::fingerprint_der(&ca_der), pin);
+        let wrong = "0".repeat(64);
+        assert!(call_as_joiner(addr, &wrong, b"join", Duration::from_secs(5)).await.is_err());
+    }
+}

@@ -1,0 +1,380 @@
+//! Cluster PKI: the cluster CA, node certificates issued from CSRs, and the
+//! rustls configurations that enforce them.
+//!
+//! Every node certificate carries the DNS name [`CLUSTER_SERVER_NAME`]: peers
+//! are identified by the CA's signature, not by host names, because a mesh
+//! node's address is whatever it advertises.
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
+};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use std::sync::{Arc, Mutex};
+use time::{Duration as TimeDuration, OffsetDateTime};
+
+/// The name every node certificate is valid for and every client dials.
+pub const CLUSTER_SERVER_NAME: &str = "shoal";
+/// ALPN protocol id of Shoal's RPC.
+pub const ALPN: &[u8] = b"shoal/1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("certificate generation failed: {0}")]
+    Rcgen(#[from] rcgen::Error),
+    #[error("TLS configuration failed: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("client verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("invalid PEM: {0}")]
+    Pem(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The process-wide crypto provider choice, made explicit so that rustls never
+/// has to guess (it panics when both ring and aws-lc-rs are linked).
+pub fn crypto_provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The cluster CA: certificate and private key, both PEM.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct CaBundle {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// A node's TLS identity: its key, its certificate, and the CA it trusts.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct NodeCredentials {
+    pub key_pem: String,
+    pub cert_pem: String,
+    pub ca_pem: String,
+}
+
+fn validity(params: &mut CertificateParams, years: i64) {
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - TimeDuration::hours(1);
+    params.not_after = now + TimeDuration::days(365 * years);
+}
+
+impl CaBundle {
+    /// Creates a fresh CA for a new cluster.
+    pub fn generate(cluster_id: &str) -> Result<Self, TlsError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, format!("shoal cluster CA {cluster_id}"));
+        dn.push(DnType::OrganizationName, "shoal");
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        validity(&mut params, 20);
+        let cert = params.self_signed(&key)?;
+        Ok(CaBundle {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// The pin a join token carries: BLAKE3 of the CA certificate's DER.
+    pub fn fingerprint(&self) -> Result<String, TlsError> {
+        Ok(fingerprint_der(&pem_to_der(&self.cert_pem)?))
+    }
+
+    /// Signs a node's CSR. The CA decides the subject and names, not the
+    /// requester: a CSR only contributes its public key.
+    pub fn sign_csr(&self, csr_pem: &str, node_name: &str, node_id: u64) -> Result<String, TlsError> {
+        let ca_key = KeyPair::from_pem(&self.key_pem)?;
+        let ca_params = CertificateParams::from_ca_cert_pem(&self.cert_pem)?;
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, format!("node-{node_id}"));
+        dn.push(DnType::OrganizationName, node_name);
+        csr.params.distinguished_name = dn;
+        csr.params.subject_alt_names = vec![SanType::DnsName(
+            CLUSTER_SERVER_NAME
+                .try_into()
+                .map_err(|e: rcgen::Error| TlsError::Rcgen(e))?,
+        )];
+        csr.params.is_ca = IsCa::ExplicitNoCa;
+        csr.params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        csr.params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        validity(&mut csr.params, 5);
+        let cert = csr.signed_by(&ca_cert, &ca_key)?;
+        Ok(cert.pem())
+    }
+
+    /// Issues credentials for a node directly (the bootstrap node, tests).
+    pub fn issue(&self, node_name: &str, node_id: u64) -> Result<NodeCredentials, TlsError> {
+        let (key_pem, csr_pem) = new_key_and_csr(node_name)?;
+        let cert_pem = self.sign_csr(&csr_pem, node_name, node_id)?;
+        Ok(NodeCredentials {
+            key_pem,
+            cert_pem,
+            ca_pem: self.cert_pem.clone(),
+        })
+    }
+}
+
+/// A new private key and a CSR for it, as a joining node sends them.
+pub fn new_key_and_csr(node_name: &str) -> Result<(String, String), TlsError> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(vec![CLUSTER_SERVER_NAME.to_string()])?;
+    params.distinguished_name.push(DnType::CommonName, node_name);
+    let csr = params.serialize_request(&key)?;
+    Ok((key.serialize_pem(), csr.pem()?))
+}
+
+pub fn fingerprint_der(der: &[u8]) -> String {
+    blake3::hash(der).to_hex().to_string()
+}
+
+fn pem_blocks(pem: &str, label: &str) -> Vec<Vec<u8>> {
+    // A tiny PEM reader: the inputs are our own files, and pulling a PEM crate
+    // in for three call sites is not worth it.
+    let begin = format!("-----BEGIN {label}-----");
+    let end = format!("-----END {label}-----");
+    let mut out = Vec::new();
+    let mut rest = pem;
+    while let Some(start) = rest.find(&begin) {
+        let after = &rest[start + begin.len()..];
+        let Some(stop) = after.find(&end) else { break };
+        let body: String = after[..stop].chars().filter(|c| !c.is_whitespace()).collect();
+        if let Ok(bytes) = base64_decode(&body) {
+            out.push(bytes);
+        }
+        rest = &after[stop + end.len()..];
+    }
+    out
+}
+
+fn base64_decode(s: &str) -> Result<Vec<u8>, ()> {
+    fn val(c: u8) -> Result<u32, ()> {
+        match c {
+            b'A'..=b'Z' => Ok((c - b'A') as u32),
+            b'a'..=b'z' => Ok((c - b'a' + 26) as u32),
+            b'0'..=b'9' => Ok((c - b'0' + 52) as u32),
+            b'+' => Ok(62),
+            b'/' => Ok(63),
+            _ => Err(()),
+        }
+    }
+    let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=').collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= val(c)? << (18 - 6 * i);
+        }
+        let n = match chunk.len() {
+            4 => 3,
+            3 => 2,
+            2 => 1,
+            _ => return Err(()),
+        };
+        for i in 0..n {
+            out.push((acc >> (16 - 8 * i)) as u8);
+        }
+    }
+    Ok(out)
+}
+
+pub fn pem_to_der(pem: &str) -> Result<Vec<u8>, TlsError> {
+    pem_blocks(pem, "CERTIFICATE")
+        .into_iter()
+        .next()
+        .ok_or_else(|| TlsError::Pem("no CERTIFICATE block".into()))
+}
+
+fn certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let v: Vec<_> = pem_blocks(pem, "CERTIFICATE")
+        .into_iter()
+        .map(CertificateDer::from)
+        .collect();
+    if v.is_empty() {
+        return Err(TlsError::Pem("no CERTIFICATE block".into()));
+    }
+    Ok(v)
+}
+
+fn private_key(pem: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let der = pem_blocks(pem, "PRIVATE KEY")
+        .into_iter()
+        .next()
+        .ok_or_else(|| TlsError::Pem("no PRIVATE KEY block".into()))?;
+    PrivateKeyDer::try_from(der).map_err(|e| TlsError::Pem(e.to_string()))
+}
+
+impl NodeCredentials {
+    fn roots(&self) -> Result<RootCertStore, TlsError> {
+        let mut roots = RootCertStore::empty();
+        for c in certs(&self.ca_pem)? {
+            roots.add(c)?;
+        }
+        Ok(roots)
+    }
+
+    /// The chain a node presents: its certificate followed by the CA, so that
+    /// a joiner holding only the CA pin can check it.
+    fn chain(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+        let mut chain = certs(&self.cert_pem)?;
+        chain.extend(certs(&self.ca_pem)?);
+        Ok(chain)
+    }
+
+    /// Server side: clients with a CA-signed certificate are authenticated;
+    /// clients without one are let in only so they can ask to join, which the
+    /// RPC layer enforces via [`crate::PeerInfo::authenticated`]. A client
+    /// presenting a certificate from any other CA fails the handshake.
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        let provider = crypto_provider();
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider.clone())
+            .allow_unauthenticated()
+            .build()?;
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain()?, private_key(&self.key_pem)?)?;
+        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(cfg)
+    }
+
+    /// Client side for members: verify the server against the CA, present our
+    /// own certificate.
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        let mut cfg = rustls::ClientConfig::builder_with_provider(crypto_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(self.roots()?)
+            .with_client_auth_cert(self.chain()?, private_key(&self.key_pem)?)?;
+        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(cfg)
+    }
+}
+
+/// Client config for a node that is not a member yet: no client certificate,
+/// and the server must present a chain whose CA matches `ca_pin` (the BLAKE3
+/// fingerprint from the join token), so an impostor cannot harvest tokens.
+pub fn joiner_client_config(ca_pin: &str) -> Result<(rustls::ClientConfig, Arc<PinnedCaVerifier>), TlsError> {
+    let provider = crypto_provider();
+    let verifier = Arc::new(PinnedCaVerifier {
+        pin: ca_pin.to_ascii_lowercase(),
+        provider: provider.clone(),
+        matched_ca: Mutex::new(None),
+    });
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier.clone())
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    Ok((cfg, verifier))
+}
+
+/// Accepts a server only if its chain includes the pinned CA and its leaf is
+/// validly signed by that CA.
+#[derive(Debug)]
+pub struct PinnedCaVerifier {
+    pin: String,
+    provider: Arc<CryptoProvider>,
+    matched_ca: Mutex<Option<CertificateDer<'static>>>,
+}
+
+impl PinnedCaVerifier {
+    /// The CA certificate (DER) the server proved it is signed by.
+    pub fn matched_ca(&self) -> Option<CertificateDer<'static>> {
+        self.matched_ca.lock().ok().and_then(|g| g.clone())
+    }
+}
+
+impl ServerCertVerifier for PinnedCaVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let ca = intermediates
+            .iter()
+            .find(|c| fingerprint_der(c.as_ref()) == self.pin)
+            .ok_or_else(|| {
+                rustls::Error::General("the server's CA does not match the join token's CA pin".into())
+            })?;
+        let mut roots = RootCertStore::empty();
+        roots.add(ca.clone().into_owned())?;
+        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        inner.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)?;
+        if let Ok(mut g) = self.matched_ca.lock() {
+            *g = Some(ca.clone().into_owned());
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ca_signs_csr_and_fingerprint_is_stable() {
+        let ca = CaBundle::generate("test").expect("ca");
+        let fp1 = ca.fingerprint().expect("fp");
+        assert_eq!(fp1, ca.fingerprint().expect("fp"));
+        assert_eq!(fp1.len(), 64);
+        let creds = ca.issue("n1", 7).expect("issue");
+        assert!(creds.cert_pem.contains("BEGIN CERTIFICATE"));
+        creds.server_config().expect("server config");
+        creds.client_config().expect("client config");
+    }
+
+    #[test]
+    fn garbage_csr_is_an_error_not_a_panic() {
+        let ca = CaBundle::generate("test").expect("ca");
+        assert!(ca.sign_csr("not a csr", "x", 1).is_err());
+    }
+
+    #[test]
+    fn base64_roundtrip_of_known_value() {
+        assert_eq!(base64_decode("aGVsbG8=").expect("b64"), b"hello");
+        assert!(base64_decode("a").is_err());
+    }
+}

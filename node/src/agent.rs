@@ -1,0 +1,816 @@
+//! The node agent: starts (bootstrap, join or restart), wires mesh RPC,
+//! the Raft ledger and the HTTP API together, and routes requests that only
+//! the leader may serve.
+
+use crate::config::Config;
+use crate::identity::{self, Identity, RuntimeInfo};
+use crate::metrics::Metrics;
+use crate::proto::{self, ErrorCode, JoinRequest, JoinResponse, Query, Request, Response, WireError};
+use crate::transport::MeshTransport;
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, ServerState, SnapshotPolicy};
+use shoal_consensus::network::{ContactTracker, NetworkFactory, RaftRpc, RaftRpcReply};
+use shoal_consensus::store::{open_db, LedgerHandle, LogStore, StateMachineStore};
+use shoal_consensus::types::Raft;
+use shoal_consensus::{Command, LedgerRequest, LedgerResponse, MemberSpec, NodeId};
+use shoal_mesh::{CaBundle, NodeCredentials, PeerInfo, RpcEndpoint, RpcHandler};
+use shoal_sdk::{MemberState, MemberSummary, NodeInfo, StatusResponse};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+
+/// How the agent starts.
+#[derive(Clone, Debug)]
+pub enum StartMode {
+    /// Create a new cluster with this node as its first member.
+    Bootstrap,
+    /// Join the cluster that `addr` belongs to.
+    Join { addr: SocketAddr, token: String },
+    /// Restart from the identity in the data dir.
+    Restart,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Io(String),
+    #[error("{0}")]
+    Join(String),
+    #[error("{0}")]
+    Raft(String),
+}
+
+pub fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A running node.
+#[derive(Clone)]
+pub struct Agent {
+    pub(crate) inner: Arc<Inner>,
+    /// Set when this start bootstrapped a cluster.
+    pub bootstrap: Option<BootstrapInfo>,
+}
+
+#[derive(Clone, Debug)]
+pub struct BootstrapInfo {
+    pub admin_token: String,
+    pub join_token: String,
+}
+
+pub struct Inner {
+    pub id: NodeId,
+    pub name: String,
+    pub cfg: Config,
+    pub data_dir: PathBuf,
+    pub raft: Raft,
+    pub ledger: LedgerHandle,
+    pub rpc: RpcEndpoint,
+    pub contacts: ContactTracker,
+    pub rpc_addr: SocketAddr,
+    pub api_addr: SocketAddr,
+    pub spec: MemberSpec,
+    pub metrics: Metrics,
+    pub started: Instant,
+    shutdown: watch::Sender<bool>,
+}
+
+struct NodeRpc {
+    inner: OnceLock<Weak<Inner>>,
+}
+
+impl RpcHandler for NodeRpc {
+    fn handle(&self, peer: PeerInfo, body: Vec<u8>) -> shoal_mesh::rpc::RpcFuture {
+        let inner = self.inner.get().and_then(Weak::upgrade);
+        Box::pin(async move {
+            let Some(inner) = inner else {
+                return proto::encode(&Response::Error(WireError::new(
+                    ErrorCode::Unavailable,
+                    "the node is still starting",
+                )));
+            };
+            let resp = match proto::decode::<Request>(&body) {
+                Ok(req) => inner.serve_rpc(peer, req).await,
+                Err(e) => Response::Error(e),
+            };
+            proto::encode(&resp)
+        })
+    }
+}
+
+fn io(what: &str, e: impl std::fmt::Display) -> AgentError {
+    AgentError::Io(format!("{what}: {e}"))
+}
+
+/// The address peers should use: explicit, else the bound one, else the
+/// interface that routes towards the join address, else loopback.
+fn advertise_ip(cfg: &Config, join: Option<SocketAddr>) -> IpAddr {
+    if let Some(ip) = cfg.advertise {
+        return ip;
+    }
+    if !cfg.rpc_addr.ip().is_unspecified() {
+        return cfg.rpc_addr.ip();
+    }
+    if let Some(target) = join {
+        // connect() on UDP only selects a route; nothing is sent.
+        if let Ok(sock) = std::net::UdpSocket::bind(("0.0.0.0", 0)) {
+            if sock.connect(target).is_ok() {
+                if let Ok(local) = sock.local_addr() {
+                    return local.ip();
+                }
+            }
+        }
+    }
+    IpAddr::V4(Ipv4Addr::LOCALHOST)
+}
+
+impl Agent {
+    pub async fn start(cfg: Config, mode: StartMode) -> Result<Agent, AgentError> {
+        cfg.validate().map_err(AgentError::Config)?;
+        let data_dir = cfg.data_dir();
+        identity::ensure_data_dir(&data_dir).map_err(|e| io(&format!("cannot create data dir {}", data_dir.display()), e))?;
+        let name = cfg.node_name();
+        let gpus = match &cfg.sim_gpus {
+            Some(spec) => crate::gpu::parse_sim_gpus(spec, &name).map_err(AgentError::Config)?,
+            None => {
+                tracing::info!("no accelerators registered: real NVML discovery is not built yet; pass --sim-gpus to simulate some");
+                Vec::new()
+            }
+        };
+
+        let rpc_socket = std::net::UdpSocket::bind(cfg.rpc_addr)
+            .map_err(|e| io(&format!("cannot bind the RPC address {}", cfg.rpc_addr), e))?;
+        let rpc_port = rpc_socket.local_addr().map_err(|e| io("rpc socket", e))?.port();
+        let api_listener = tokio::net::TcpListener::bind(cfg.api_addr)
+            .await
+            .map_err(|e| io(&format!("cannot bind the API address {}", cfg.api_addr), e))?;
+        let api_bound = api_listener.local_addr().map_err(|e| io("api socket", e))?;
+        let join_addr = match &mode {
+            StartMode::Join { addr, .. } => Some(*addr),
+            _ => None,
+        };
+        let adv = advertise_ip(&cfg, join_addr);
+        let rpc_addr = SocketAddr::new(adv, rpc_port);
+        let api_addr = if api_bound.ip().is_unspecified() {
+            SocketAddr::new(adv, api_bound.port())
+        } else {
+            api_bound
+        };
+        let spec = MemberSpec {
+            name: name.clone(),
+            rpc_addr: rpc_addr.to_string(),
+            api_addr: api_addr.to_string(),
+            labels: cfg.labels.clone(),
+            gpus,
+        };
+
+        let existing = identity::load_identity(&data_dir).map_err(AgentError::Config)?;
+        let (ident, new_cluster) = match (mode, existing) {
+            (StartMode::Restart, Some(id)) => (id, None),
+            (StartMode::Restart, None) => {
+                return Err(AgentError::Config(format!(
+                    "{} holds no node identity: pass --bootstrap to create a cluster or --join ADDR --join-token TOKEN to join one",
+                    data_dir.display()
+                )))
+            }
+            (_, Some(id)) => {
+                return Err(AgentError::Config(format!(
+                    "{} already holds node '{}' (id {}) of cluster {}: start without --bootstrap/--join to restart it, or use an empty --data-dir",
+                    data_dir.display(),
+                    id.name,
+                    id.node_id,
+                    id.cluster_id
+                )))
+            }
+            (StartMode::Bootstrap, None) => {
+                let cluster_id = identity::new_cluster_id();
+                let ca = CaBundle::generate(&cluster_id).map_err(|e| AgentError::Config(e.to_string()))?;
+                let credentials = ca.issue(&name, 1).map_err(|e| AgentError::Config(e.to_string()))?;
+                (
+                    Identity {
+                        node_id: 1,
+                        name: name.clone(),
+                        cluster_id: cluster_id.clone(),
+                        credentials,
+                    },
+                    Some((cluster_id, ca)),
+                )
+            }
+            (StartMode::Join { addr, token }, None) => {
+                let id = join_cluster(addr, &token, &spec).await?;
+                identity::save_identity(&data_dir, &id).map_err(AgentError::Io)?;
+                (id, None)
+            }
+        };
+
+        let handler = Arc::new(NodeRpc { inner: OnceLock::new() });
+        let rpc = RpcEndpoint::serve_socket(rpc_socket, &ident.credentials, handler.clone())
+            .map_err(|e| AgentError::Io(e.to_string()))?;
+        let db = open_db(&data_dir.join(identity::RAFT_DB_FILE)).map_err(|e| io("cannot open the Raft database", e))?;
+        let log = LogStore::new(db.clone()).map_err(|e| AgentError::Raft(e.to_string()))?;
+        let sm = StateMachineStore::new(db).map_err(|e| AgentError::Raft(e.to_string()))?;
+        let ledger = sm.handle();
+        let contacts = ContactTracker::default();
+        let network = NetworkFactory::new(Arc::new(MeshTransport { rpc: rpc.clone() }), contacts.clone());
+        let raft_cfg = openraft::Config {
+            cluster_name: "shoal".into(),
+            heartbeat_interval: cfg.raft.heartbeat_ms,
+            election_timeout_min: cfg.raft.election_timeout_min_ms,
+            election_timeout_max: cfg.raft.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.raft.snapshot_every),
+            max_in_snapshot_log_to_keep: 1000,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| AgentError::Config(format!("raft settings: {e}")))?;
+        let raft = Raft::new(ident.node_id, Arc::new(raft_cfg), network, log, sm)
+            .await
+            .map_err(|e| AgentError::Raft(e.to_string()))?;
+
+        let (shutdown, _) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            id: ident.node_id,
+            name: ident.name.clone(),
+            cfg: cfg.clone(),
+            data_dir: data_dir.clone(),
+            raft,
+            ledger,
+            rpc,
+            contacts,
+            rpc_addr,
+            api_addr,
+            spec: MemberSpec {
+                name: ident.name.clone(),
+                ..spec
+            },
+            metrics: Metrics::new(ident.node_id, &ident.name),
+            started: Instant::now(),
+            shutdown,
+        });
+        let _ = handler.inner.set(Arc::downgrade(&inner));
+
+        let bootstrap = match new_cluster {
+            Some((cluster_id, ca)) => Some(inner.bootstrap_cluster(cluster_id, ca).await?),
+            None => None,
+        };
+        if bootstrap.is_some() {
+            identity::save_identity(&data_dir, &ident).map_err(AgentError::Io)?;
+        }
+
+        crate::api::spawn(inner.clone(), api_listener);
+        tokio::spawn(crate::reconcile::run(Arc::downgrade(&inner), inner.shutdown.subscribe()));
+        tokio::spawn(keep_member_record_current(Arc::downgrade(&inner), inner.shutdown.subscribe()));
+
+        let runtime = RuntimeInfo {
+            node_id: inner.id,
+            name: inner.name.clone(),
+            api_url: format!("http://{}", inner.api_addr),
+            rpc_addr: inner.rpc_addr.to_string(),
+            pid: std::process::id(),
+        };
+        if let Ok(bytes) = serde_json::to_vec_pretty(&runtime) {
+            let _ = identity::write_private(&data_dir.join(identity::RUNTIME_FILE), &bytes, 0o600);
+        }
+        tracing::info!(node = inner.id, name = %inner.name, api = %inner.api_addr, rpc = %inner.rpc_addr, "node is up");
+        Ok(Agent { inner, bootstrap })
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.inner.api_addr)
+    }
+
+    pub fn rpc_addr(&self) -> SocketAddr {
+        self.inner.rpc_addr
+    }
+
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.inner.data_dir
+    }
+
+    pub fn current_leader(&self) -> Option<NodeId> {
+        self.inner.raft.metrics().borrow().current_leader
+    }
+
+    /// The voter set as this node knows it.
+    pub fn voters(&self) -> BTreeSet<NodeId> {
+        self.inner.raft.metrics().borrow().membership_config.membership().voter_ids().collect()
+    }
+
+    /// A write through the leader (forwarded when this node is not it).
+    pub async fn write(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
+        self.inner.write(cmd).await
+    }
+
+    pub async fn status(&self) -> Result<StatusResponse, WireError> {
+        self.inner.status().await
+    }
+
+    /// Leaves the cluster cleanly (removal through the leader).
+    pub async fn leave(&self) -> Result<(), WireError> {
+        self.inner.remove_member(self.inner.id).await.map(|_| ())
+    }
+
+    /// Stops the node: API, background loops, Raft and the RPC endpoint.
+    pub async fn shutdown(&self) {
+        let _ = self.inner.shutdown.send(true);
+        let _ = self.inner.raft.shutdown().await;
+        self.inner.rpc.shutdown().await;
+    }
+}
+
+async fn join_cluster(addr: SocketAddr, token: &str, spec: &MemberSpec) -> Result<Identity, AgentError> {
+    let parsed = identity::parse_join_token(token).map_err(AgentError::Join)?;
+    let (key_pem, csr_pem) =
+        shoal_mesh::tls::new_key_and_csr(&spec.name).map_err(|e| AgentError::Join(e.to_string()))?;
+    let req = Request::Join(JoinRequest {
+        secret: parsed.secret.clone(),
+        ca_pin: parsed.ca_pin.clone(),
+        spec: spec.clone(),
+        csr_pem,
+    });
+    let (reply, _ca) = shoal_mesh::rpc::call_as_joiner(addr, &parsed.ca_pin, &proto::encode(&req), Duration::from_secs(30))
+        .await
+        .map_err(|e| AgentError::Join(format!("cannot join via {addr}: {e}")))?;
+    match proto::decode::<Response>(&reply).map_err(|e| AgentError::Join(e.to_string()))? {
+        Response::Join(j) => {
+            let got_pin = shoal_mesh::tls::pem_to_der(&j.ca_pem)
+                .map(|d| shoal_mesh::tls::fingerprint_der(&d))
+                .map_err(|e| AgentError::Join(e.to_string()))?;
+            if got_pin != parsed.ca_pin {
+                return Err(AgentError::Join(format!(
+                    "{addr} answered with a CA that does not match the join token's pin"
+                )));
+            }
+            tracing::info!(node = j.node_id, cluster = %j.cluster_id, "joined the cluster");
+            Ok(Identity {
+                node_id: j.node_id,
+                name: spec.name.clone(),
+                cluster_id: j.cluster_id,
+                credentials: NodeCredentials {
+                    key_pem,
+                    cert_pem: j.cert_pem,
+                    ca_pem: j.ca_pem,
+                },
+            })
+        }
+        Response::Error(e) => Err(AgentError::Join(format!("{addr} refused the join: {}", e.message))),
+        _ => Err(AgentError::Join(format!("{addr} answered the join with something unexpected"))),
+    }
+}
+
+/// On restart the node may come back with other addresses, labels or
+/// accelerators; the ledger must describe it as it is now.
+async fn keep_member_record_current(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = shutdown.changed() => return,
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let recorded = match inner.ledger.read() {
+            Ok(d) => d.ledger.members.get(&inner.id).map(|m| m.spec.clone()),
+            Err(_) => return,
+        };
+        let Some(recorded) = recorded else { continue };
+        let strip = |s: &MemberSpec| {
+            let mut s = s.clone();
+            for g in &mut s.gpus {
+                g.allocated_to = None;
+            }
+            s
+        };
+        if strip(&recorded) == strip(&inner.spec) {
+            return;
+        }
+        let cmd = Command::UpdateMember {
+            id: inner.id,
+            spec: inner.spec.clone(),
+        };
+        match inner.write(cmd).await {
+            Ok(_) => {
+                tracing::info!(node = inner.id, "updated this node's record in the ledger");
+                return;
+            }
+            Err(e) => tracing::debug!(error = %e, "could not update this node's record yet"),
+        }
+    }
+}
+
+fn raft_wire_error<E: std::fmt::Display>(e: RaftError<NodeId, E>) -> WireError {
+    match e {
+        RaftError::Fatal(f) => WireError::new(ErrorCode::Unavailable, format!("raft has stopped: {f}")),
+        RaftError::APIError(e) => WireError::new(ErrorCode::Internal, e.to_string()),
+    }
+}
+
+impl Inner {
+    fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.membership.request_timeout_ms)
+    }
+
+    pub fn leader(&self) -> Option<(NodeId, SocketAddr)> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let id = m.current_leader?;
+        let addr = m.membership_config.membership().get_node(&id)?.addr.parse().ok()?;
+        Some((id, addr))
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.current_leader == Some(self.id) && m.state == ServerState::Leader
+    }
+
+    async fn bootstrap_cluster(self: &Arc<Self>, cluster_id: String, ca: CaBundle) -> Result<BootstrapInfo, AgentError> {
+        let nodes = BTreeMap::from([(self.id, BasicNode::new(self.rpc_addr.to_string()))]);
+        self.raft
+            .initialize(nodes)
+            .await
+            .map_err(|e| AgentError::Raft(format!("cannot initialize the cluster: {e}")))?;
+        self.raft
+            .wait(Some(Duration::from_secs(10)))
+            .current_leader(self.id, "bootstrap")
+            .await
+            .map_err(|e| AgentError::Raft(format!("this node did not become leader: {e}")))?;
+        let (admin_token, admin_hash) = identity::new_api_token();
+        let cmd = Command::Bootstrap {
+            cluster_id,
+            region: self.cfg.region.clone(),
+            ca_cert_pem: ca.cert_pem.clone(),
+            ca_key_pem: ca.key_pem.clone(),
+            admin_token_hash: admin_hash,
+            first_member: self.id,
+            spec: self.spec.clone(),
+        };
+        match self.write(cmd).await {
+            Ok((LedgerResponse::NodeId(_), _)) => {}
+            Ok((other, _)) => return Err(AgentError::Raft(format!("bootstrap refused: {other:?}"))),
+            Err(e) => return Err(AgentError::Raft(format!("bootstrap write failed: {e}"))),
+        }
+        identity::write_private(
+            &self.data_dir.join(identity::ADMIN_TOKEN_FILE),
+            format!("{admin_token}\n").as_bytes(),
+            0o600,
+        )
+        .map_err(|e| io("cannot write the admin token", e))?;
+        let join_token = self
+            .create_join_token(Duration::from_secs(self.cfg.join_token_ttl_s))
+            .await
+            .map_err(|e| AgentError::Raft(e.to_string()))?
+            .0;
+        Ok(BootstrapInfo { admin_token, join_token })
+    }
+
+    pub async fn create_join_token(self: &Arc<Self>, ttl: Duration) -> Result<(String, u64), WireError> {
+        let pin = {
+            let d = self.read_ledger()?;
+            let cluster = d
+                .ledger
+                .cluster
+                .as_ref()
+                .ok_or_else(|| WireError::new(ErrorCode::Unavailable, "the cluster is not bootstrapped yet"))?;
+            CaBundle {
+                cert_pem: cluster.ca_cert_pem.clone(),
+                key_pem: String::new(),
+            }
+            .fingerprint()
+            .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?
+        };
+        let (token, hash) = identity::new_join_token(&pin);
+        let expires_at_ms = wall_ms() + ttl.as_millis() as u64;
+        self.write(Command::CreateJoinToken { hash, expires_at_ms }).await?;
+        Ok((token, expires_at_ms))
+    }
+
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    pub fn read_ledger(&self) -> Result<std::sync::RwLockReadGuard<'_, shoal_consensus::store::StateMachineData>, WireError> {
+        self.ledger
+            .read()
+            .map_err(|_| WireError::new(ErrorCode::Internal, "ledger lock poisoned"))
+    }
+
+    /// Whether `token` is a valid API token (hash known to the ledger).
+    pub fn token_valid(&self, token: &str) -> bool {
+        let hash = identity::hash_secret(token);
+        self.ledger
+            .read()
+            .map(|d| d.ledger.api_tokens.contains_key(&hash))
+            .unwrap_or(false)
+    }
+
+    async fn serve_rpc(self: &Arc<Self>, peer: PeerInfo, req: Request) -> Response {
+        let result = match req {
+            Request::Join(j) if !peer.authenticated => self.route(Request::Join(j)).await,
+            _ if !peer.authenticated => Err(WireError::new(
+                ErrorCode::Unauthenticated,
+                "this request needs a certificate signed by the cluster CA",
+            )),
+            Request::Raft(rpc) => Ok(Response::Raft(self.serve_raft(rpc).await)),
+            other => self.serve_as_leader(other).await,
+        };
+        result.unwrap_or_else(Response::Error)
+    }
+
+    async fn serve_raft(&self, rpc: RaftRpc) -> RaftRpcReply {
+        match rpc {
+            RaftRpc::AppendEntries(r) => RaftRpcReply::AppendEntries(self.raft.append_entries(r).await),
+            RaftRpc::Vote(r) => RaftRpcReply::Vote(self.raft.vote(r).await),
+            RaftRpc::InstallSnapshot(r) => RaftRpcReply::InstallSnapshot(self.raft.install_snapshot(r).await),
+        }
+    }
+
+    /// Sends `req` to the leader (or serves it here when this node leads),
+    /// retrying while there is no leader or the leader is unreachable, up to
+    /// the request timeout.
+    pub async fn route(self: &Arc<Self>, req: Request) -> Result<Response, WireError> {
+        let deadline = Instant::now() + self.request_timeout();
+        let body = proto::encode(&req);
+        let mut local = Some(req);
+        loop {
+            let attempt = match self.leader() {
+                Some((id, _)) if id == self.id => {
+                    let req = match local.take() {
+                        Some(r) => r,
+                        None => proto::decode(&body)?,
+                    };
+                    self.serve_as_leader(req).await
+                }
+                Some((id, addr)) => match self.rpc.call(addr, &body, Duration::from_secs(5)).await {
+                    Ok(reply) => match proto::decode::<Response>(&reply)? {
+                        Response::Error(e) => Err(e),
+                        ok => Ok(ok),
+                    },
+                    Err(e) => Err(WireError::new(ErrorCode::Unavailable, format!("leader {id} unreachable: {e}"))),
+                },
+                None => Err(WireError::new(ErrorCode::NotLeader, "no leader is elected right now")),
+            };
+            match attempt {
+                Err(e) if matches!(e.code, ErrorCode::NotLeader | ErrorCode::Unavailable) && Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "retrying on the leader");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn serve_as_leader(self: &Arc<Self>, req: Request) -> Result<Response, WireError> {
+        match req {
+            Request::Write(cmd) => {
+                let (response, index) = self.write_local(cmd).await?;
+                Ok(Response::Write { response, index })
+            }
+            Request::Query(q) => self.query_local(q).await,
+            Request::Join(j) => self.admit(j).await.map(Response::Join),
+            Request::RemoveMember(id) => self.remove_local(id).await,
+            Request::Raft(_) => Err(WireError::new(ErrorCode::Invalid, "Raft RPCs are not routed")),
+        }
+    }
+
+    pub async fn write(self: &Arc<Self>, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
+        match self.route(Request::Write(cmd)).await? {
+            Response::Write { response, index } => Ok((response, index)),
+            _ => Err(WireError::new(ErrorCode::Internal, "unexpected answer to a write")),
+        }
+    }
+
+    /// Proposes on this node, which must be the leader. The leader stamps the
+    /// time (DESIGN invariant 7).
+    pub async fn write_local(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
+        let started = Instant::now();
+        let req = LedgerRequest { now_ms: wall_ms(), cmd };
+        match self.raft.client_write(req).await {
+            Ok(r) => {
+                self.metrics.observe_proposal(started.elapsed());
+                Ok((r.data, r.log_id.index))
+            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                Err(WireError::new(ErrorCode::NotLeader, format!("node {} is not the leader", self.id)))
+            }
+            Err(e) => Err(raft_wire_error(e)),
+        }
+    }
+
+    async fn ensure_linearizable(&self) -> Result<(), WireError> {
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
+                Err(WireError::new(ErrorCode::NotLeader, format!("node {} is not the leader", self.id)))
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => Err(WireError::new(
+                ErrorCode::Unavailable,
+                format!("the leader cannot reach a quorum: {e}"),
+            )),
+            Err(e) => Err(raft_wire_error(e)),
+        }
+    }
+
+    pub async fn status(self: &Arc<Self>) -> Result<StatusResponse, WireError> {
+        match self.route(Request::Query(Query::Status)).await? {
+            Response::Status(s) => Ok(s),
+            _ => Err(WireError::new(ErrorCode::Internal, "unexpected answer to a status query")),
+        }
+    }
+
+    pub async fn nodes(self: &Arc<Self>) -> Result<Vec<NodeInfo>, WireError> {
+        match self.route(Request::Query(Query::Nodes)).await? {
+            Response::Nodes(n) => Ok(n),
+            _ => Err(WireError::new(ErrorCode::Internal, "unexpected answer to a nodes query")),
+        }
+    }
+
+    async fn query_local(&self, q: Query) -> Result<Response, WireError> {
+        self.ensure_linearizable().await?;
+        let metrics = self.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let d = self.read_ledger()?;
+        match q {
+            Query::Status => {
+                let (cluster_id, region) = d
+                    .ledger
+                    .cluster
+                    .as_ref()
+                    .map(|c| (c.cluster_id.clone(), c.region.clone()))
+                    .unwrap_or_default();
+                Ok(Response::Status(StatusResponse {
+                    cluster_id,
+                    region,
+                    leader: metrics.current_leader,
+                    term: metrics.current_term,
+                    commit_index: metrics.last_applied.map(|l| l.index).unwrap_or(0),
+                    voters: voters.iter().copied().collect(),
+                    learners: membership.learner_ids().collect(),
+                    members: d
+                        .ledger
+                        .active_members()
+                        .map(|m| MemberSummary {
+                            id: m.id,
+                            name: m.spec.name.clone(),
+                            state: m.state,
+                        })
+                        .collect(),
+                    node_id: self.id,
+                }))
+            }
+            Query::Nodes => {
+                let now = Instant::now();
+                let nodes = d
+                    .ledger
+                    .active_members()
+                    .map(|m| {
+                        let last_seen_ms = if m.id == self.id {
+                            Some(0)
+                        } else {
+                            self.contacts
+                                .last_contact(m.id)
+                                .map(|t| now.saturating_duration_since(t).as_millis() as u64)
+                        };
+                        let gpus_total = m.spec.gpus.len() as u32;
+                        let gpus_free = m.spec.gpus.iter().filter(|g| g.allocated_to.is_none()).count() as u32;
+                        NodeInfo {
+                            id: m.id,
+                            name: m.spec.name.clone(),
+                            state: m.state,
+                            addr: m.spec.rpc_addr.clone(),
+                            api_addr: m.spec.api_addr.clone(),
+                            labels: m.spec.labels.clone(),
+                            gpus: m.spec.gpus.clone(),
+                            gpus_free,
+                            gpus_total,
+                            last_seen_ms,
+                            voter: voters.contains(&m.id),
+                            joined_at_ms: m.joined_at_ms,
+                        }
+                    })
+                    .collect();
+                Ok(Response::Nodes(nodes))
+            }
+        }
+    }
+
+    /// Admits a joining node: checks its token and CA pin, records it in the
+    /// ledger (which assigns its id), signs its certificate and adds it to
+    /// Raft as a learner. The reconciler decides later whether it votes.
+    async fn admit(&self, j: JoinRequest) -> Result<JoinResponse, WireError> {
+        let (cluster, token_check) = {
+            let d = self.read_ledger()?;
+            (
+                d.ledger.cluster.clone(),
+                d.ledger.join_token_valid(&identity::hash_secret(&j.secret), wall_ms()),
+            )
+        };
+        let cluster = cluster.ok_or_else(|| WireError::new(ErrorCode::Unavailable, "the cluster is not bootstrapped yet"))?;
+        let ca = CaBundle {
+            cert_pem: cluster.ca_cert_pem.clone(),
+            key_pem: cluster.ca_key_pem.clone(),
+        };
+        let pin = ca.fingerprint().map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
+        if pin != j.ca_pin {
+            return Err(WireError::new(
+                ErrorCode::Forbidden,
+                "the join token was issued by another cluster (CA pin mismatch)",
+            ));
+        }
+        token_check.map_err(|m| WireError::new(ErrorCode::Forbidden, m))?;
+        shoal_consensus::ledger::validate_name(&j.spec.name).map_err(|m| WireError::new(ErrorCode::Invalid, m))?;
+        j.spec
+            .rpc_addr
+            .parse::<SocketAddr>()
+            .map_err(|_| WireError::new(ErrorCode::Invalid, format!("invalid RPC address '{}'", j.spec.rpc_addr)))?;
+        // Check the CSR before anything is committed, so a bad request leaves
+        // no member behind.
+        ca.sign_csr(&j.csr_pem, &j.spec.name, 0)
+            .map_err(|e| WireError::new(ErrorCode::Invalid, format!("invalid certificate request: {e}")))?;
+        let cmd = Command::AddMember {
+            spec: j.spec.clone(),
+            token_hash: identity::hash_secret(&j.secret),
+        };
+        let id = match self.write_local(cmd).await?.0 {
+            LedgerResponse::NodeId(id) => id,
+            LedgerResponse::Rejected(m) => return Err(WireError::new(ErrorCode::Rejected, m)),
+            LedgerResponse::Ok => return Err(WireError::new(ErrorCode::Internal, "the ledger assigned no node id")),
+        };
+        let cert_pem = ca
+            .sign_csr(&j.csr_pem, &j.spec.name, id)
+            .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
+        self.raft
+            .add_learner(id, BasicNode::new(j.spec.rpc_addr.clone()), false)
+            .await
+            .map_err(raft_wire_error)?;
+        tracing::info!(node = id, name = %j.spec.name, addr = %j.spec.rpc_addr, "admitted a new member");
+        Ok(JoinResponse {
+            node_id: id,
+            cluster_id: cluster.cluster_id,
+            region: cluster.region,
+            cert_pem,
+            ca_pem: cluster.ca_cert_pem,
+        })
+    }
+
+    pub async fn remove_member(self: &Arc<Self>, id: NodeId) -> Result<u64, WireError> {
+        match self.route(Request::RemoveMember(id)).await? {
+            Response::Write { index, .. } => Ok(index),
+            _ => Err(WireError::new(ErrorCode::Internal, "unexpected answer to a removal")),
+        }
+    }
+
+    async fn remove_local(&self, id: NodeId) -> Result<Response, WireError> {
+        if !self.is_leader() {
+            return Err(WireError::new(ErrorCode::NotLeader, "not the leader"));
+        }
+        let known = self.read_ledger()?.ledger.members.get(&id).map(|m| m.state);
+        match known {
+            None => return Err(WireError::new(ErrorCode::Invalid, format!("no member with id {id}"))),
+            Some(MemberState::Left) => return Err(WireError::new(ErrorCode::Rejected, format!("node {id} has already left"))),
+            Some(_) => {}
+        }
+        if id == self.id {
+            return Err(WireError::new(
+                ErrorCode::Rejected,
+                format!("node {id} is the current leader: stop it first (another node takes over), then remove it"),
+            ));
+        }
+        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
+        if membership.voter_ids().any(|v| v == id) {
+            self.raft
+                .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+                .await
+                .map_err(raft_wire_error)?;
+        }
+        if membership.get_node(&id).is_some() {
+            self.raft
+                .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+                .await
+                .map_err(raft_wire_error)?;
+        }
+        let (response, index) = self
+            .write_local(Command::SetMemberState {
+                id,
+                state: MemberState::Left,
+            })
+            .await?;
+        tracing::info!(node = id, "removed a member from the cluster");
+        Ok(Response::Write { response, index })
+    }
+}

@@ -1,0 +1,152 @@
+//! `shoal bench ...`: measurements that go into docs/BENCHMARKS.md. They run
+//! real nodes in-process on loopback (QUIC, TLS, fsync), never mocks.
+
+use crate::local_cluster::LocalCluster;
+use clap::Subcommand;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Committed ledger writes/s and latency through the HTTP API of the leader
+    Ledger {
+        /// Cluster size
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Comma-separated numbers of concurrent clients
+        #[arg(long, default_value = "1,16,64")]
+        clients: String,
+        /// How long each client count runs
+        #[arg(long, default_value = "10s")]
+        duration: String,
+        /// Bytes per written value
+        #[arg(long, default_value_t = 64)]
+        value_bytes: usize,
+    },
+}
+
+#[derive(Serialize, Debug)]
+pub struct LedgerBenchRow {
+    pub clients: usize,
+    pub writes: u64,
+    pub errors: u64,
+    pub writes_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Ledger {
+            nodes,
+            clients,
+            duration,
+            value_bytes,
+        } => {
+            let counts: Vec<usize> = clients
+                .split(',')
+                .map(|c| c.trim().parse::<usize>())
+                .collect::<Result<_, _>>()
+                .map_err(|_| anyhow::anyhow!("--clients must be a comma-separated list of numbers, e.g. 1,16,64"))?;
+            if counts.is_empty() || counts.contains(&0) {
+                anyhow::bail!("--clients must list positive numbers");
+            }
+            if *nodes == 0 || *nodes > 7 {
+                anyhow::bail!("--nodes must be 1-7");
+            }
+            let d = crate::duration::parse_duration(duration).map_err(anyhow::Error::msg)?;
+            let rows = bench_ledger(*nodes, &counts, d, *value_bytes).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!(
+                    "ledger writes through the leader's HTTP API, {nodes} nodes on loopback, fsync on, {value_bytes}-byte values, {} per step",
+                    duration
+                );
+                println!("{:>8} {:>10} {:>10} {:>9} {:>9} {:>9}", "clients", "writes", "writes/s", "p50 ms", "p99 ms", "errors");
+                for r in &rows {
+                    println!(
+                        "{:>8} {:>10} {:>10.0} {:>9.2} {:>9.2} {:>9}",
+                        r.clients, r.writes, r.writes_per_s, r.p50_ms, r.p99_ms, r.errors
+                    );
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+pub async fn bench_ledger(
+    nodes: usize,
+    counts: &[usize],
+    step: Duration,
+    value_bytes: usize,
+) -> anyhow::Result<Vec<LedgerBenchRow>> {
+    let cluster = LocalCluster::start(nodes, |_, _| {}).await?;
+    cluster
+        .wait_until("all nodes to agree on a leader", Duration::from_secs(20), |c| {
+            let ok = c.agreed_leader().is_some() && c.agents[0].voters().len() == nodes.min(5) - usize::from(nodes == 2 || nodes == 4);
+            async move { ok }
+        })
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let leader_idx = cluster
+        .agreed_leader()
+        .and_then(|l| cluster.agents.iter().position(|a| a.id() == l.id()))
+        .ok_or_else(|| anyhow::anyhow!("no leader"))?;
+    let value = "v".repeat(value_bytes);
+    let mut rows = Vec::new();
+    for &clients in counts {
+        let deadline = Instant::now() + step;
+        let mut tasks = Vec::new();
+        for c in 0..clients {
+            let client = Arc::new(cluster.client(leader_idx));
+            let value = value.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut errors = 0u64;
+                let mut i = 0u64;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    match client.put_attr(&format!("bench/{c}/{}", i % 1024), &value).await {
+                        Ok(_) => lat.push(t.elapsed().as_secs_f64() * 1000.0),
+                        Err(_) => errors += 1,
+                    }
+                    i += 1;
+                }
+                (lat, errors)
+            }));
+        }
+        let started = Instant::now();
+        let mut all = Vec::new();
+        let mut errors = 0;
+        for t in tasks {
+            let (lat, e) = t.await?;
+            all.extend(lat);
+            errors += e;
+        }
+        let elapsed = started.elapsed().as_secs_f64().max(step.as_secs_f64());
+        all.sort_by(|a, b| a.total_cmp(b));
+        rows.push(LedgerBenchRow {
+            clients,
+            writes: all.len() as u64,
+            errors,
+            writes_per_s: all.len() as f64 / elapsed,
+            p50_ms: percentile(&all, 0.50),
+            p99_ms: percentile(&all, 0.99),
+            max_ms: all.last().copied().unwrap_or(0.0),
+        });
+    }
+    cluster.shutdown().await;
+    Ok(rows)
+}

@@ -1,0 +1,400 @@
+//! The command-line interface: `shoal agent` runs a node; every other
+//! command is a client of some node's HTTP API (INTERFACE.md).
+
+use crate::agent::{Agent, StartMode};
+use crate::config::{default_data_dir, parse_label, Config};
+use clap::{Args, Parser, Subcommand};
+use shoal_sdk::{Client, ClientError, NodeInfo, StatusResponse};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "shoal", version, about = "A peer-to-peer compute mesh for AI training")]
+pub struct Cli {
+    /// API of the node to talk to [env: SHOAL_API] [default: http://127.0.0.1:7070]
+    #[arg(long, global = true)]
+    api: Option<String>,
+    /// API token [env: SHOAL_TOKEN] [default: <data-dir>/admin.token]
+    #[arg(long, global = true)]
+    token: Option<String>,
+    /// Node data dir [env: SHOAL_DATA_DIR]
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
+    /// Print one JSON document instead of a table
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a node
+    Agent(AgentArgs),
+    /// Run a one-node cluster with simulated GPUs in a temporary dir
+    Dev {
+        #[arg(long)]
+        api_addr: Option<SocketAddr>,
+        #[arg(long)]
+        sim_gpus: Option<String>,
+    },
+    /// Join tokens
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
+    /// Cluster status: leader, term, voters, members
+    Status,
+    /// Nodes with their GPUs and health
+    Nodes,
+    /// Node administration
+    Node {
+        #[command(subcommand)]
+        cmd: NodeCmd,
+    },
+    /// Benchmarks (see docs/BENCHMARKS.md)
+    Bench {
+        #[command(subcommand)]
+        cmd: crate::bench::BenchCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCmd {
+    /// Print a new join token, alone on stdout
+    Create {
+        /// Lifetime, e.g. 24h, 30m, 1-00:00:00
+        #[arg(long)]
+        ttl: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NodeCmd {
+    /// Remove a node (by name or id) from the cluster
+    Remove { node: String },
+}
+
+#[derive(Args, Debug)]
+struct AgentArgs {
+    /// TOML config file (see configs/node.example.toml) [env: SHOAL_CONFIG]
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    name: Option<String>,
+    /// HTTP API address [default: 127.0.0.1:7070]
+    #[arg(long)]
+    api_addr: Option<SocketAddr>,
+    /// quinn/UDP address for Raft and data [default: 0.0.0.0:7071]
+    #[arg(long)]
+    rpc_addr: Option<SocketAddr>,
+    /// libp2p QUIC/UDP gossip address [default: 0.0.0.0:7072]
+    #[arg(long)]
+    gossip_addr: Option<SocketAddr>,
+    /// Address peers should use to reach this node
+    #[arg(long)]
+    advertise: Option<IpAddr>,
+    /// KEY=VALUE; zone=, rack=, region= are topology labels
+    #[arg(long = "label")]
+    labels: Vec<String>,
+    /// Simulated GPUs instead of NVML, e.g. 8xH100-80GB or 4xA100-40GB,2xL4
+    #[arg(long)]
+    sim_gpus: Option<String>,
+    /// text or json
+    #[arg(long)]
+    log_format: Option<String>,
+    /// Create a new cluster with this node as its first member
+    #[arg(long, conflicts_with_all = ["join", "join_token"])]
+    bootstrap: bool,
+    /// RPC address (IP:PORT) of any member of the cluster to join
+    #[arg(long, requires = "join_token")]
+    join: Option<SocketAddr>,
+    /// Join token from `shoal token create`
+    #[arg(long, requires = "join")]
+    join_token: Option<String>,
+    /// On SIGINT/SIGTERM, leave the cluster before exiting
+    #[arg(long)]
+    leave: bool,
+}
+
+/// Parses arguments, runs the command, and returns the exit code. Errors are
+/// printed as one `error:` line; usage errors exit 2, others 1.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => 0,
+        Err(e) => {
+            let msg = format!("{e:#}");
+            eprintln!("error: {}", msg.lines().next().unwrap_or("unknown error"));
+            1
+        }
+    }
+}
+
+fn env_map() -> BTreeMap<String, String> {
+    std::env::vars().filter(|(k, _)| k.starts_with("SHOAL_")).collect()
+}
+
+fn data_dir(cli: &Cli) -> PathBuf {
+    cli.data_dir
+        .clone()
+        .or_else(|| std::env::var_os("SHOAL_DATA_DIR").map(PathBuf::from))
+        .unwrap_or_else(default_data_dir)
+}
+
+fn client(cli: &Cli) -> Client {
+    let api = cli
+        .api
+        .clone()
+        .or_else(|| std::env::var("SHOAL_API").ok())
+        .unwrap_or_else(|| "http://127.0.0.1:7070".into());
+    let token = cli
+        .token
+        .clone()
+        .or_else(|| std::env::var("SHOAL_TOKEN").ok())
+        .or_else(|| {
+            std::fs::read_to_string(data_dir(cli).join(crate::identity::ADMIN_TOKEN_FILE))
+                .ok()
+                .map(|t| t.trim().to_string())
+        });
+    Client::new(api, token)
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Cmd::Agent(args) => run_agent(&cli, args).await,
+        Cmd::Dev { api_addr, sim_gpus } => {
+            init_logging("text");
+            crate::dev::run(*api_addr, sim_gpus.clone()).await
+        }
+        Cmd::Token { cmd: TokenCmd::Create { ttl } } => {
+            let ttl_s = match ttl {
+                Some(t) => Some(crate::duration::parse_duration(t).map_err(anyhow::Error::msg)?.as_secs()),
+                None => None,
+            };
+            let t = client(&cli).create_token(ttl_s).await.map_err(api_err)?;
+            if cli.json {
+                print_json(&t)
+            } else {
+                println!("{}", t.token);
+                Ok(())
+            }
+        }
+        Cmd::Status => {
+            let s = client(&cli).status().await.map_err(api_err)?;
+            if cli.json {
+                print_json(&s)
+            } else {
+                print!("{}", format_status(&s));
+                Ok(())
+            }
+        }
+        Cmd::Nodes => {
+            let n = client(&cli).nodes().await.map_err(api_err)?;
+            if cli.json {
+                print_json(&n)
+            } else {
+                print!("{}", format_nodes(&n));
+                Ok(())
+            }
+        }
+        Cmd::Node { cmd: NodeCmd::Remove { node } } => {
+            let r = client(&cli).remove_node(node).await.map_err(api_err)?;
+            if cli.json {
+                print_json(&r)
+            } else {
+                println!("node {node} removed");
+                Ok(())
+            }
+        }
+        Cmd::Bench { cmd } => {
+            init_logging("text");
+            crate::bench::run(cmd, cli.json).await
+        }
+    }
+}
+
+fn api_err(e: ClientError) -> anyhow::Error {
+    anyhow::anyhow!(e.to_string())
+}
+
+pub fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,shoal_node=info,shoal_consensus=info,shoal_mesh=info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
+    let env = env_map();
+    let file = args.config.clone().or_else(|| env.get("SHOAL_CONFIG").map(PathBuf::from));
+    let mut cfg = Config::load(file.as_deref(), &env).map_err(anyhow::Error::msg)?;
+    if let Some(d) = &cli.data_dir {
+        cfg.data_dir = Some(d.clone());
+    }
+    if let Some(n) = &args.name {
+        cfg.name = Some(n.clone());
+    }
+    if let Some(a) = args.api_addr {
+        cfg.api_addr = a;
+    }
+    if let Some(a) = args.rpc_addr {
+        cfg.rpc_addr = a;
+    }
+    if let Some(a) = args.gossip_addr {
+        cfg.gossip_addr = a;
+    }
+    if let Some(a) = args.advertise {
+        cfg.advertise = Some(a);
+    }
+    for kv in &args.labels {
+        let (k, v) = parse_label(kv).map_err(anyhow::Error::msg)?;
+        cfg.labels.insert(k, v);
+    }
+    if let Some(s) = &args.sim_gpus {
+        cfg.sim_gpus = Some(s.clone());
+    }
+    if let Some(f) = &args.log_format {
+        cfg.log_format = f.clone();
+    }
+    cfg.validate().map_err(anyhow::Error::msg)?;
+    init_logging(&cfg.log_format);
+
+    let mode = match (&args.join, &args.join_token, args.bootstrap) {
+        (Some(addr), Some(token), _) => StartMode::Join {
+            addr: *addr,
+            token: token.clone(),
+        },
+        (_, _, true) => StartMode::Bootstrap,
+        _ => StartMode::Restart,
+    };
+    let agent = Agent::start(cfg, mode).await?;
+    if let Some(boot) = &agent.bootstrap {
+        println!("Cluster bootstrapped; this node is {} (id {}).", agent.name(), agent.id());
+        println!("Admin token written to {}", agent.data_dir().join(crate::identity::ADMIN_TOKEN_FILE).display());
+        println!("Join more nodes with:");
+        println!("  shoal agent --join {} --join-token {}", agent.rpc_addr(), boot.join_token);
+    }
+    wait_for_signal().await;
+    if args.leave {
+        match agent.leave().await {
+            Ok(()) => tracing::info!("left the cluster"),
+            Err(e) => tracing::error!(error = %e, "could not leave the cluster cleanly"),
+        }
+    }
+    agent.shutdown().await;
+    Ok(())
+}
+
+pub async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn format_status(s: &StatusResponse) -> String {
+    let name_of = |id: u64| {
+        s.members
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| m.name.clone())
+            .unwrap_or_else(|| "?".into())
+    };
+    let mut out = String::new();
+    out.push_str(&format!("cluster  {}  (region {})\n", s.cluster_id, s.region));
+    match s.leader {
+        Some(l) => out.push_str(&format!(
+            "leader   {} ({})  term {}  commit {}\n",
+            l,
+            name_of(l),
+            s.term,
+            s.commit_index
+        )),
+        None => out.push_str("leader   none\n"),
+    }
+    out.push_str(&format!(
+        "voters   {}\n",
+        s.voters.iter().map(|v| format!("{v} ({})", name_of(*v))).collect::<Vec<_>>().join(", ")
+    ));
+    out.push_str(&format!("{:<6}{:<20}{:<10}{}\n", "ID", "NAME", "STATE", "ROLE"));
+    for m in &s.members {
+        let role = if s.leader == Some(m.id) {
+            "leader"
+        } else if s.voters.contains(&m.id) {
+            "voter"
+        } else {
+            "learner"
+        };
+        out.push_str(&format!("{:<6}{:<20}{:<10}{}\n", m.id, m.name, m.state, role));
+    }
+    out
+}
+
+fn format_nodes(nodes: &[NodeInfo]) -> String {
+    let mut out = format!(
+        "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<10}{}\n",
+        "ID", "NAME", "STATE", "ADDR", "GPUS", "MODEL", "SEEN", "LABELS"
+    );
+    for n in nodes {
+        let mut models: Vec<&str> = n.gpus.iter().map(|g| g.model.as_str()).collect();
+        models.dedup();
+        let labels = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+        let seen = match n.last_seen_ms {
+            Some(ms) if ms < 1000 => format!("{ms}ms"),
+            Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
+            None => "-".into(),
+        };
+        out.push_str(&format!(
+            "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<10}{}\n",
+            n.id,
+            n.name,
+            n.state,
+            n.addr,
+            format!("{}/{}", n.gpus_free, n.gpus_total),
+            if models.is_empty() { "-".to_string() } else { models.join("+") },
+            seen,
+            if labels.is_empty() { "-".to_string() } else { labels }
+        ));
+    }
+    out
+}

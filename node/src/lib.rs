@@ -1,0 +1,20 @@
+//! The `shoal` node: the composition root that wires mesh, consensus and
+//! storage together, the HTTP API, and the command-line interface.
+
+pub mod agent;
+pub mod api;
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod dev;
+pub mod duration;
+pub mod gpu;
+pub mod identity;
+pub mod local_cluster;
+pub mod metrics;
+pub mod proto;
+pub mod reconcile;
+pub mod transport;
+
+pub use agent::{Agent, AgentError, StartMode};
+pub use config::Config;

@@ -1,0 +1,119 @@
+//! The node-to-node protocol carried by mesh RPC: bincode-encoded
+//! `Request`/`Response` (the mesh frame adds the version byte). Errors cross
+//! the wire as a code and a message and come back typed.
+
+use serde::{Deserialize, Serialize};
+use shoal_consensus::network::{RaftRpc, RaftRpcReply};
+use shoal_consensus::{Command, LedgerResponse, MemberSpec};
+use shoal_sdk::{NodeInfo, StatusResponse};
+
+/// Bound on any decoded message (the frame limit is the same).
+const MAX_MESSAGE: u64 = shoal_mesh::rpc::MAX_FRAME as u64;
+
+#[derive(Serialize, Deserialize, Debug)]
+pub enum Request {
+    Raft(RaftRpc),
+    /// From a node without a certificate yet.
+    Join(JoinRequest),
+    /// A write forwarded to the leader, which stamps the time.
+    Write(Command),
+    /// A linearizable read served by the leader.
+    Query(Query),
+    /// Remove a member from the cluster (leader only).
+    RemoveMember(u64),
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub enum Query {
+    Status,
+    Nodes,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+pub enum Response {
+    Raft(RaftRpcReply),
+    Join(JoinResponse),
+    Write { response: LedgerResponse, index: u64 },
+    Status(StatusResponse),
+    Nodes(Vec<NodeInfo>),
+    Error(WireError),
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct JoinRequest {
+    pub secret: String,
+    pub ca_pin: String,
+    pub spec: MemberSpec,
+    pub csr_pem: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct JoinResponse {
+    pub node_id: u64,
+    pub cluster_id: String,
+    pub region: String,
+    pub cert_pem: String,
+    pub ca_pem: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct WireError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// This node is not the leader; the caller should retry on the leader.
+    NotLeader,
+    Unauthenticated,
+    Forbidden,
+    Invalid,
+    Rejected,
+    Unavailable,
+    Internal,
+}
+
+impl WireError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        WireError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+fn opts() -> impl bincode::Options {
+    use bincode::Options;
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_limit(MAX_MESSAGE)
+}
+
+pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    use bincode::Options;
+    // Serialising our own in-memory types cannot fail short of a bug; an
+    // empty body is answered by the peer as a decode error, never a panic.
+    opts().serialize(v).unwrap_or_default()
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, WireError> {
+    use bincode::Options;
+    opts()
+        .deserialize(b)
+        .map_err(|e| WireError::new(ErrorCode::Invalid, format!("undecodable message: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncated_and_garbage_messages_are_errors() {
+        let b = encode(&Request::Query(Query::Status));
+        assert!(decode::<Request>(&b).is_ok());
+        assert!(decode::<Request>(&b[..b.len() - 1]).is_err());
+        assert!(decode::<Request>(&[0xff; 64]).is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! The leader's housekeeping loop. Only the leader acts; every other node's
+//! loop idles. Each tick it:
+//!
+//! 1. feeds the failure detector with the Raft acknowledgements it saw
+//!    (leaders heartbeat every member, voters and learners alike, so an ack is
+//!    a heartbeat) and commits member state changes (alive/suspect/down) so
+//!    every node agrees;
+//! 2. makes sure every ledger member is at least a Raft learner;
+//! 3. converges the voter set to the pure policy in `shoal_consensus::voters`
+//!    (3 or 5 voters across failure domains, dead voters replaced after
+//!    `membership.voter_replace_after_ms`).
+
+use crate::agent::Inner;
+use openraft::{BasicNode, ChangeMembers, ServerState};
+use shoal_consensus::voters::{choose_voters, VoterCandidate};
+use shoal_consensus::{Command, NodeId};
+use shoal_mesh::failure_detector::{FailureDetector, FailureDetectorConfig, PeerState};
+use shoal_sdk::MemberState;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+const TICK: Duration = Duration::from_millis(100);
+
+/// Leader-local bookkeeping; rebuilt whenever this node becomes leader so a
+/// new term never inherits a stale view.
+struct LeaderView {
+    term: u64,
+    detector: FailureDetector<NodeId>,
+    fed_until: HashMap<NodeId, Instant>,
+    down_since: HashMap<NodeId, Instant>,
+    last_tick: Instant,
+}
+
+pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let mut view: Option<LeaderView> = None;
+    let mut interval = tokio::time::interval(TICK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let (is_leader, term) = {
+            let m = inner.raft.metrics();
+            let m = m.borrow();
+            (m.state == ServerState::Leader && m.current_leader == Some(inner.id), m.current_term)
+        };
+        if !is_leader {
+            view = None;
+            continue;
+        }
+        let now = Instant::now();
+        let v = match &mut view {
+            Some(v) if v.term == term => v,
+            _ => view.insert(LeaderView {
+                term,
+                detector: FailureDetector::new(
+                    FailureDetectorConfig {
+                        heartbeat_interval: Duration::from_millis(inner.cfg.raft.heartbeat_ms),
+                        ..FailureDetectorConfig::default()
+                    },
+                    now,
+                ),
+                fed_until: HashMap::new(),
+                down_since: HashMap::new(),
+                last_tick: now,
+            }),
+        };
+        v.detector.observe_own_tick(v.last_tick + TICK, now);
+        v.last_tick = now;
+        if let Err(e) = tick(&inner, v, now).await {
+            tracing::debug!(error = %e, "leader housekeeping will retry");
+        }
+    }
+}
+
+async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<(), String> {
+    let members: Vec<(NodeId, MemberState, String, Option<String>, Option<String>)> = {
+        let d = inner.ledger.read().map_err(|_| "ledger lock poisoned")?;
+        d.ledger
+            .active_members()
+            .map(|m| {
+                (
+                    m.id,
+                    m.state,
+                    m.spec.rpc_addr.clone(),
+                    m.spec.labels.get("zone").cloned(),
+                    m.spec.labels.get("rack").cloned(),
+                )
+            })
+            .collect()
+    };
+
+    // 1. Liveness.
+    let mut desired_states = Vec::new();
+    for (id, state, ..) in &members {
+        if *id == inner.id {
+            if *state != MemberState::Alive {
+                desired_states.push((*id, MemberState::Alive));
+            }
+            continue;
+        }
+        if v.detector.state(id).is_none() {
+            v.detector.add_peer(*id, now);
+        }
+        if let Some(t) = inner.contacts.last_contact(*id) {
+            if v.fed_until.get(id).is_none_or(|prev| t > *prev) {
+                v.detector.heartbeat(id, t);
+                v.fed_until.insert(*id, t);
+            }
+        }
+    }
+    for t in v.detector.tick(now) {
+        tracing::info!(node = t.peer, from = ?t.from, to = ?t.to, "member state changed");
+    }
+    let active: BTreeSet<NodeId> = members.iter().map(|m| m.0).collect();
+    let gone: Vec<NodeId> = v.detector.peers().map(|(k, _)| *k).filter(|k| !active.contains(k)).collect();
+    for k in gone {
+        v.detector.remove_peer(&k);
+    }
+    for (id, state, ..) in &members {
+        if *id == inner.id {
+            continue;
+        }
+        let want = match v.detector.state(id) {
+            Some(PeerState::Alive) | None => MemberState::Alive,
+            Some(PeerState::Suspect) => MemberState::Suspect,
+            Some(PeerState::Down) => MemberState::Down,
+        };
+        if want == MemberState::Down {
+            v.down_since.entry(*id).or_insert(now);
+        } else {
+            v.down_since.remove(id);
+        }
+        if want != *state {
+            desired_states.push((*id, want));
+        }
+    }
+    for (id, state) in desired_states {
+        inner
+            .write_local(Command::SetMemberState { id, state })
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+
+    // 2. Every member is at least a learner.
+    let membership = inner.raft.metrics().borrow().membership_config.membership().clone();
+    for (id, _, addr, ..) in &members {
+        if membership.get_node(id).is_none() {
+            inner
+                .raft
+                .add_learner(*id, BasicNode::new(addr.clone()), false)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(());
+        }
+    }
+
+    // 3. Voters.
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let replace_after = Duration::from_millis(inner.cfg.membership.voter_replace_after_ms);
+    let candidates: Vec<VoterCandidate> = members
+        .iter()
+        .filter(|(id, ..)| membership.get_node(id).is_some())
+        .map(|(id, _, _, zone, rack)| {
+            let is_voter = voters.contains(id);
+            let down_for = v.down_since.get(id).map(|t| now.saturating_duration_since(*t));
+            let healthy = if *id == inner.id {
+                true
+            } else if is_voter {
+                down_for.is_none_or(|d| d < replace_after)
+            } else {
+                v.detector.state(id) == Some(PeerState::Alive)
+            };
+            VoterCandidate {
+                id: *id,
+                zone: zone.clone(),
+                rack: rack.clone(),
+                healthy,
+                is_voter,
+            }
+        })
+        .collect();
+    if let Some(desired) = choose_voters(&candidates, inner.id) {
+        if desired != voters {
+            tracing::info!(from = ?voters, to = ?desired, "changing the voter set");
+            inner
+                .raft
+                .change_membership(ChangeMembers::ReplaceAllVoters(desired), true)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! A small blocking-free HTTP client over the API. Every call returns a typed
+//! error carrying the server's message, so the CLI can print one clear line.
+
+use crate::types::*;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the Shoal API at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{message}")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    #[error("unexpected answer from {url}: {message}")]
+    Decode { url: String, message: String },
+}
+
+/// Talks to one node's HTTP API with a bearer token.
+#[derive(Clone, Debug)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: impl Into<String>, token: Option<String>) -> Self {
+        let base = base.into().trim_end_matches('/').to_string();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap_or_default();
+        Client { base, token, http }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder, url: &str) -> Result<T, ClientError> {
+        let req = match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        };
+        let resp = req.send().await.map_err(|source| ClientError::Connect {
+            url: url.to_string(),
+            source,
+        })?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| ClientError::Decode {
+            url: url.to_string(),
+            message: e.to_string(),
+        })?;
+        if !status.is_success() {
+            return Err(match serde_json::from_slice::<ApiErrorBody>(&bytes) {
+                Ok(body) => ClientError::Api {
+                    status: status.as_u16(),
+                    code: body.code,
+                    message: body.message,
+                },
+                Err(_) => ClientError::Api {
+                    status: status.as_u16(),
+                    code: "http".into(),
+                    message: format!("{} returned HTTP {}", url, status),
+                },
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode {
+            url: url.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let url = format!("{}{}", self.base, path);
+        self.send(self.http.get(&url), &url).await
+    }
+
+    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
+        let url = format!("{}{}", self.base, path);
+        self.send(self.http.post(&url).json(body), &url).await
+    }
+
+    pub async fn status(&self) -> Result<StatusResponse, ClientError> {
+        self.get("/v1/status").await
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeInfo>, ClientError> {
+        self.get("/v1/nodes").await
+    }
+
+    pub async fn create_token(&self, ttl_s: Option<u64>) -> Result<TokenCreateResponse, ClientError> {
+        self.post("/v1/tokens", &TokenCreateRequest { ttl_s }).await
+    }
+
+    pub async fn put_attr(&self, key: &str, value: &str) -> Result<WriteResponse, ClientError> {
+        self.post(
+            "/v1/attrs",
+            &AttrPut {
+                key: key.into(),
+                value: value.into(),
+            },
+        )
+        .await
+    }
+
+    pub async fn remove_node(&self, node: &str) -> Result<WriteResponse, ClientError> {
+        self.post(&format!("/v1/nodes/{}/remove", node), &serde_json::json!({}))
+            .await
+    }
+}
