@@ -555,13 +555,7 @@ impl Inner {
                     };
                     self.serve_as_leader(req).await
                 }
-                Some((id, addr)) => match self.rpc.call(addr, &body, Duration::from_secs(5)).await {
-                    Ok(reply) => match proto::decode::<Response>(&reply)? {
-                        Response::Error(e) => Err(e),
-                        ok => Ok(ok),
-                    },
-                    Err(e) => Err(WireError::new(ErrorCode::Unavailable, format!("leader {id} unreachable: {e}"))),
-                },
+                Some((id, addr)) => self.call_leader(id, addr, &body, deadline).await,
                 None => Err(WireError::new(ErrorCode::NotLeader, "no leader is elected right now")),
             };
             match attempt {
@@ -571,6 +565,34 @@ impl Inner {
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// One attempt on the leader `id`. Abandoned as soon as this node learns
+    /// of another leader: a dead leader's connection would otherwise hold the
+    /// request until QUIC's idle timeout.
+    async fn call_leader(&self, id: NodeId, addr: SocketAddr, body: &[u8], deadline: Instant) -> Result<Response, WireError> {
+        let mut metrics = self.raft.metrics();
+        let leader_changed = async move {
+            loop {
+                if metrics.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                if metrics.borrow().current_leader != Some(id) {
+                    return;
+                }
+            }
+        };
+        let budget = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
+        tokio::select! {
+            r = self.rpc.call(addr, body, budget) => match r {
+                Ok(reply) => match proto::decode::<Response>(&reply)? {
+                    Response::Error(e) => Err(e),
+                    ok => Ok(ok),
+                },
+                Err(e) => Err(WireError::new(ErrorCode::Unavailable, format!("leader {id} unreachable: {e}"))),
+            },
+            _ = leader_changed => Err(WireError::new(ErrorCode::NotLeader, format!("node {id} is no longer the leader"))),
         }
     }
 
@@ -639,6 +661,13 @@ impl Inner {
         }
     }
 
+    pub async fn attrs(self: &Arc<Self>, prefix: String) -> Result<BTreeMap<String, String>, WireError> {
+        match self.route(Request::Query(Query::Attrs { prefix })).await? {
+            Response::Attrs(a) => Ok(a),
+            _ => Err(WireError::new(ErrorCode::Internal, "unexpected answer to an attribute query")),
+        }
+    }
+
     async fn query_local(&self, q: Query) -> Result<Response, WireError> {
         self.ensure_linearizable().await?;
         let metrics = self.raft.metrics().borrow().clone();
@@ -673,6 +702,14 @@ impl Inner {
                     node_id: self.id,
                 }))
             }
+            Query::Attrs { prefix } => Ok(Response::Attrs(
+                d.ledger
+                    .attrs
+                    .range(prefix.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&prefix))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            )),
             Query::Nodes => {
                 let now = Instant::now();
                 let nodes = d

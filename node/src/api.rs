@@ -3,7 +3,7 @@
 
 use crate::agent::Inner;
 use crate::proto::{ErrorCode, WireError};
-use axum::extract::{MatchedPath, Path, Request, State};
+use axum::extract::{MatchedPath, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -64,7 +64,7 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes", get(nodes))
         .route("/nodes/{node}/remove", post(remove_node))
         .route("/tokens", post(create_token))
-        .route("/attrs", post(put_attr))
+        .route("/attrs", post(put_attr).get(get_attrs))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/health", get(health))
@@ -190,4 +190,17 @@ async fn remove_node(State(inner): State<AppState>, Path(node): Path<String>) ->
     };
     let index = inner.remove_member(id).await?;
     Ok(Json(WriteResponse { index }))
+}
+
+#[derive(serde::Deserialize)]
+struct AttrQuery {
+    #[serde(default)]
+    prefix: String,
+}
+
+async fn get_attrs(
+    State(inner): State<AppState>,
+    Query(q): Query<AttrQuery>,
+) -> Result<Json<std::collections::BTreeMap<String, String>>, ApiError> {
+    Ok(Json(inner.attrs(q.prefix).await?))
 }

@@ -240,7 +240,7 @@ fn api_err(e: ClientError) -> anyhow::Error {
 
 pub fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,shoal_node=info,shoal_consensus=info,shoal_mesh=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,openraft=error,shoal_node=info,shoal_consensus=info,shoal_mesh=info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = if format == "json" {
         builder.json().try_init()

@@ -27,6 +27,8 @@ pub enum Request {
 pub enum Query {
     Status,
     Nodes,
+    /// Cluster attributes whose key starts with the prefix.
+    Attrs { prefix: String },
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -36,6 +38,7 @@ pub enum Response {
     Write { response: LedgerResponse, index: u64 },
     Status(StatusResponse),
     Nodes(Vec<NodeInfo>),
+    Attrs(std::collections::BTreeMap<String, String>),
     Error(WireError),
 }
 

@@ -113,6 +113,11 @@ impl Client {
         .await
     }
 
+    pub async fn attrs(&self, prefix: &str) -> Result<std::collections::BTreeMap<String, String>, ClientError> {
+        let url = format!("{}/v1/attrs", self.base);
+        self.send(self.http.get(&url).query(&[("prefix", prefix)]), &url).await
+    }
+
     pub async fn remove_node(&self, node: &str) -> Result<WriteResponse, ClientError> {
         self.post(&format!("/v1/nodes/{}/remove", node), &serde_json::json!({}))
             .await

@@ -27,7 +27,7 @@ impl MemberState {
 
 impl std::fmt::Display for MemberState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 

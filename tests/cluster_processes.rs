@@ -1,0 +1,159 @@
+//! End-to-end tests with real `shoal agent` processes on loopback: kill -9,
+//! restart from the data dir, full-cluster restart.
+
+mod common;
+
+use common::{wait_for, NodeProc};
+use shoal_sdk::{Client, MemberState};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+struct Cluster {
+    nodes: Vec<NodeProc>,
+    token: String,
+    _root: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(n: usize) -> Cluster {
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut nodes: Vec<NodeProc> = (0..n)
+            .map(|i| NodeProc::new(root.path(), &format!("n{}", i + 1), &[]))
+            .collect();
+        let join = nodes[0].bootstrap();
+        let via = nodes[0].rpc_addr();
+        for node in nodes.iter_mut().skip(1) {
+            node.join(&via, &join);
+        }
+        let token = nodes[0].admin_token();
+        let c = Cluster {
+            nodes,
+            token,
+            _root: root,
+        };
+        let want_voters = if n >= 5 { 5 } else if n >= 3 { 3 } else { 1 };
+        c.wait_agreement(&(0..n).collect::<Vec<_>>(), want_voters).await;
+        c
+    }
+
+    fn client(&self, i: usize) -> Client {
+        self.nodes[i].client(&self.token)
+    }
+
+    /// Waits until every listed node reports the same leader and voter set,
+    /// with `voters` voters, and returns the leader id.
+    async fn wait_agreement(&self, idx: &[usize], voters: usize) -> u64 {
+        wait_for("nodes to agree on leader and voters", Duration::from_secs(60), || async {
+            let mut seen = None;
+            for &i in idx {
+                let s = self.client(i).status().await.ok()?;
+                let key = (s.leader?, s.voters.clone());
+                if s.voters.len() != voters || s.members.len() != self.nodes.len() {
+                    return None;
+                }
+                match &seen {
+                    None => seen = Some(key),
+                    Some(k) if *k == key => {}
+                    Some(_) => return None,
+                }
+            }
+            seen.map(|(l, _)| l)
+        })
+        .await
+    }
+
+    fn index_of(&self, id: u64, ids: &BTreeMap<String, u64>) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| ids.get(&n.name) == Some(&id))
+            .expect("known node")
+    }
+
+    async fn ids(&self) -> BTreeMap<String, u64> {
+        let s = self.client(0).status().await.expect("status");
+        s.members.iter().map(|m| (m.name.clone(), m.id)).collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_elects_new_leader_and_accepts_writes_within_3s() {
+    let mut c = Cluster::start(3).await;
+    let ids = c.ids().await;
+    let leader = c.wait_agreement(&[0, 1, 2], 3).await;
+    let li = c.index_of(leader, &ids);
+
+    // Acknowledged writes before the failure.
+    for i in 0..20 {
+        c.client((li + 1) % 3)
+            .put_attr(&format!("acked/{i:02}"), "before")
+            .await
+            .expect("write before the kill");
+    }
+
+    c.nodes[li].kill9();
+    let killed_at = Instant::now();
+    let survivor = (li + 1) % 3;
+    let client = c.client(survivor);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match client.put_attr("after/kill", &attempt.to_string()).await {
+            Ok(_) => break,
+            Err(e) if killed_at.elapsed() < Duration::from_secs(20) => eprintln!("write attempt {attempt}: {e}"),
+            Err(e) => panic!("no write accepted 20 s after the leader was killed: {e}"),
+        }
+    }
+    let recovered = killed_at.elapsed();
+    println!("leader kill -> write accepted on a survivor after {recovered:?}");
+    let new_leader = client.status().await.expect("status").leader.expect("leader");
+    assert_ne!(new_leader, leader, "a new leader must have been elected");
+    assert!(
+        recovered <= Duration::from_secs(3),
+        "a write must be accepted within 3 s of the leader's death, took {recovered:?}"
+    );
+
+    // The old leader restarts from its data dir and rejoins.
+    c.nodes[li].restart();
+    c.wait_agreement(&[0, 1, 2], 3).await;
+    wait_for("the restarted node to be alive", Duration::from_secs(30), || async {
+        let nodes = c.client(li).nodes().await.ok()?;
+        nodes
+            .iter()
+            .all(|n| n.state == MemberState::Alive)
+            .then_some(())
+    })
+    .await;
+
+    // Nothing acknowledged was lost, on any node.
+    for i in 0..3 {
+        let attrs = c.client(i).attrs("acked/").await.expect("read attrs");
+        assert_eq!(attrs.len(), 20, "node {i} lost acknowledged writes: {attrs:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_cluster_restart_keeps_committed_state() {
+    let mut c = Cluster::start(3).await;
+    for i in 0..30 {
+        c.client(i % 3)
+            .put_attr(&format!("k/{i:02}"), &format!("v{i}"))
+            .await
+            .expect("write");
+    }
+    let before = c.client(0).status().await.expect("status");
+    for n in c.nodes.iter_mut() {
+        n.kill9();
+    }
+    for n in c.nodes.iter_mut() {
+        n.restart();
+    }
+    c.wait_agreement(&[0, 1, 2], 3).await;
+    let after = c.client(2).status().await.expect("status");
+    assert_eq!(after.cluster_id, before.cluster_id);
+    assert!(after.commit_index >= before.commit_index);
+    let attrs = c.client(1).attrs("k/").await.expect("attrs");
+    assert_eq!(attrs.len(), 30);
+    assert_eq!(attrs.get("k/07").map(String::as_str), Some("v7"));
+    // And the cluster still takes writes.
+    c.client(0).put_attr("k/after", "x").await.expect("write after restart");
+}

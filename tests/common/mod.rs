@@ -1,0 +1,175 @@
+//! Shared helpers for the integration tests: spawned `shoal` processes on
+//! loopback and condition polling with timeouts (never sleep-and-hope).
+
+#![allow(dead_code)]
+
+use shoal_sdk::Client;
+use std::future::Future;
+use std::net::{TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn shoal_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_shoal")
+}
+
+/// Two ports that were free a moment ago: TCP for the API, UDP for RPC.
+pub fn free_ports() -> (u16, u16) {
+    let t = TcpListener::bind("127.0.0.1:0").expect("bind tcp");
+    let u = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+    (
+        t.local_addr().expect("addr").port(),
+        u.local_addr().expect("addr").port(),
+    )
+}
+
+/// Polls `check` every 50 ms until it returns Some, or panics after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One `shoal agent` process with fixed ports and data dir, so it can be
+/// killed and restarted as the same node.
+pub struct NodeProc {
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub api_port: u16,
+    pub rpc_port: u16,
+    pub labels: Vec<String>,
+    pub extra_env: Vec<(String, String)>,
+    child: Option<Child>,
+}
+
+impl NodeProc {
+    pub fn new(root: &Path, name: &str, labels: &[&str]) -> Self {
+        let (api_port, rpc_port) = free_ports();
+        NodeProc {
+            name: name.to_string(),
+            data_dir: root.join(name),
+            api_port,
+            rpc_port,
+            labels: labels.iter().map(|s| s.to_string()).collect(),
+            extra_env: Vec::new(),
+            child: None,
+        }
+    }
+
+    pub fn rpc_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.rpc_port)
+    }
+
+    pub fn api_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.api_port)
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(shoal_bin());
+        c.arg("agent")
+            .arg("--name")
+            .arg(&self.name)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--api-addr")
+            .arg(format!("127.0.0.1:{}", self.api_port))
+            .arg("--rpc-addr")
+            .arg(self.rpc_addr())
+            .arg("--sim-gpus")
+            .arg("4xH100-80GB");
+        for l in &self.labels {
+            c.arg("--label").arg(l);
+        }
+        for (k, v) in &self.extra_env {
+            c.env(k, v);
+        }
+        c.env("RUST_LOG", "warn,shoal_node=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.data_dir.with_extension("out"))
+                    .expect("stdout file"),
+            ))
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.data_dir.with_extension("log"))
+                    .expect("log file"),
+            ));
+        c
+    }
+
+    /// Starts the first node of a cluster and returns the join token it printed.
+    pub fn bootstrap(&mut self) -> String {
+        let mut c = self.command();
+        c.arg("--bootstrap");
+        self.child = Some(c.spawn().expect("spawn shoal"));
+        let out = self.data_dir.with_extension("out");
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            let text = std::fs::read_to_string(&out).unwrap_or_default();
+            if let Some(pos) = text.find("--join-token ") {
+                let rest = &text[pos + "--join-token ".len()..];
+                if let Some(end) = rest.find('\n') {
+                    return rest[..end].trim().to_string();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "bootstrap node {} printed no join token (see {})",
+            self.name,
+            self.data_dir.with_extension("log").display()
+        );
+    }
+
+    pub fn join(&mut self, via: &str, token: &str) {
+        let mut c = self.command();
+        c.arg("--join").arg(via).arg("--join-token").arg(token);
+        self.child = Some(c.spawn().expect("spawn shoal"));
+    }
+
+    /// Restarts from the data dir (no --bootstrap/--join).
+    pub fn restart(&mut self) {
+        self.child = Some(self.command().spawn().expect("spawn shoal"));
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("admin.token"))
+            .expect("admin token")
+            .trim()
+            .to_string()
+    }
+
+    pub fn client(&self, token: &str) -> Client {
+        Client::new(self.api_url(), Some(token.to_string()))
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
