@@ -136,6 +136,26 @@ impl Agent {
     pub async fn start(cfg: Config, mode: StartMode) -> Result<Agent, AgentError> {
         cfg.validate().map_err(AgentError::Config)?;
         let data_dir = cfg.data_dir();
+        // Refuse a wrong start mode before touching anything.
+        let existing = identity::load_identity(&data_dir).map_err(AgentError::Config)?;
+        match (&mode, &existing) {
+            (StartMode::Restart, None) => {
+                return Err(AgentError::Config(format!(
+                    "{} holds no node identity: pass --bootstrap to create a cluster or --join ADDR --join-token TOKEN to join one",
+                    data_dir.display()
+                )))
+            }
+            (StartMode::Bootstrap | StartMode::Join { .. }, Some(id)) => {
+                return Err(AgentError::Config(format!(
+                    "{} already holds node '{}' (id {}) of cluster {}: start without --bootstrap/--join to restart it, or use an empty --data-dir",
+                    data_dir.display(),
+                    id.name,
+                    id.node_id,
+                    id.cluster_id
+                )))
+            }
+            _ => {}
+        }
         identity::ensure_data_dir(&data_dir).map_err(|e| io(&format!("cannot create data dir {}", data_dir.display()), e))?;
         let name = cfg.node_name();
         let gpus = match &cfg.sim_gpus {
@@ -172,23 +192,10 @@ impl Agent {
             gpus,
         };
 
-        let existing = identity::load_identity(&data_dir).map_err(AgentError::Config)?;
         let (ident, new_cluster) = match (mode, existing) {
             (StartMode::Restart, Some(id)) => (id, None),
-            (StartMode::Restart, None) => {
-                return Err(AgentError::Config(format!(
-                    "{} holds no node identity: pass --bootstrap to create a cluster or --join ADDR --join-token TOKEN to join one",
-                    data_dir.display()
-                )))
-            }
-            (_, Some(id)) => {
-                return Err(AgentError::Config(format!(
-                    "{} already holds node '{}' (id {}) of cluster {}: start without --bootstrap/--join to restart it, or use an empty --data-dir",
-                    data_dir.display(),
-                    id.name,
-                    id.node_id,
-                    id.cluster_id
-                )))
+            (StartMode::Restart, None) | (_, Some(_)) => {
+                return Err(AgentError::Config("start mode and data dir disagree".into()));
             }
             (StartMode::Bootstrap, None) => {
                 let cluster_id = identity::new_cluster_id();
