@@ -8,7 +8,9 @@ use std::time::Duration;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut c = Command::new(shoal_bin());
-    c.args(args).env_remove("SHOAL_API").env_remove("SHOAL_TOKEN");
+    c.args(args)
+        .env_remove("SHOAL_API")
+        .env_remove("SHOAL_TOKEN");
     for (k, v) in env {
         c.env(k, v);
     }
@@ -28,7 +30,10 @@ fn assert_one_error_line(stderr: &str) {
 
 #[test]
 fn unreachable_api_is_one_error_line_and_exit_1() {
-    let (code, stdout, stderr) = run(&["--api", "http://127.0.0.1:9", "--token", "x", "status"], &[]);
+    let (code, stdout, stderr) = run(
+        &["--api", "http://127.0.0.1:9", "--token", "x", "status"],
+        &[],
+    );
     assert_eq!(code, 1);
     assert!(stdout.is_empty());
     assert_one_error_line(&stderr);
@@ -49,7 +54,15 @@ fn agent_without_identity_or_mode_explains_what_to_do() {
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path().join("node");
     let (code, _, stderr) = run(
-        &["agent", "--data-dir", d.to_str().expect("utf8"), "--api-addr", "127.0.0.1:0", "--rpc-addr", "127.0.0.1:0"],
+        &[
+            "agent",
+            "--data-dir",
+            d.to_str().expect("utf8"),
+            "--api-addr",
+            "127.0.0.1:0",
+            "--rpc-addr",
+            "127.0.0.1:0",
+        ],
         &[],
     );
     assert_eq!(code, 1);
@@ -60,13 +73,27 @@ fn agent_without_identity_or_mode_explains_what_to_do() {
 #[test]
 fn invalid_config_values_are_refused() {
     let (code, _, stderr) = run(
-        &["agent", "--bootstrap", "--sim-gpus", "lots", "--api-addr", "127.0.0.1:0", "--rpc-addr", "127.0.0.1:0", "--data-dir", "/tmp/shoal-never-created-x"],
+        &[
+            "agent",
+            "--bootstrap",
+            "--sim-gpus",
+            "lots",
+            "--api-addr",
+            "127.0.0.1:0",
+            "--rpc-addr",
+            "127.0.0.1:0",
+            "--data-dir",
+            "/tmp/shoal-never-created-x",
+        ],
         &[],
     );
     assert_eq!(code, 1);
     assert_one_error_line(&stderr);
     assert!(stderr.contains("sim-gpus"), "{stderr}");
-    let (code, _, stderr) = run(&["agent", "--bootstrap"], &[("SHOAL_RAFT__HEARTBEAT_MS", "5000")]);
+    let (code, _, stderr) = run(
+        &["agent", "--bootstrap"],
+        &[("SHOAL_RAFT__HEARTBEAT_MS", "5000")],
+    );
     assert_eq!(code, 1);
     assert!(stderr.contains("heartbeat"), "{stderr}");
 }
@@ -85,10 +112,21 @@ async fn status_nodes_and_token_follow_the_interface() {
     .await;
 
     // Token discovery from <data-dir>/admin.token.
-    let (code, stdout, stderr) = run(&["--api", &api, "--data-dir", &data_dir, "status", "--json"], &[]);
+    let (code, stdout, stderr) = run(
+        &["--api", &api, "--data-dir", &data_dir, "status", "--json"],
+        &[],
+    );
     assert_eq!(code, 0, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
-    for key in ["cluster_id", "region", "leader", "term", "commit_index", "voters", "members"] {
+    for key in [
+        "cluster_id",
+        "region",
+        "leader",
+        "term",
+        "commit_index",
+        "voters",
+        "members",
+    ] {
         assert!(v.get(key).is_some(), "status --json lacks {key}: {stdout}");
     }
     let m = &v["members"][0];
@@ -100,7 +138,17 @@ async fn status_nodes_and_token_follow_the_interface() {
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
     let n = &v[0];
-    for key in ["id", "name", "state", "addr", "labels", "gpus", "gpus_free", "gpus_total", "last_seen_ms"] {
+    for key in [
+        "id",
+        "name",
+        "state",
+        "addr",
+        "labels",
+        "gpus",
+        "gpus_free",
+        "gpus_total",
+        "last_seen_ms",
+    ] {
         assert!(n.get(key).is_some(), "nodes --json lacks {key}: {stdout}");
     }
     assert_eq!(n["gpus_total"], 4);
@@ -112,13 +160,29 @@ async fn status_nodes_and_token_follow_the_interface() {
     // Human tables.
     let (code, stdout, _) = run(&["--api", &api, "--token", &token, "nodes"], &[]);
     assert_eq!(code, 0);
-    assert!(stdout.contains("H100-80GB") && stdout.contains("4/4"), "{stdout}");
+    assert!(
+        stdout.contains("H100-80GB") && stdout.contains("4/4"),
+        "{stdout}"
+    );
 
     // The join token, alone on stdout.
-    let (code, stdout, _) = run(&["--api", &api, "--token", &token, "token", "create", "--ttl", "2h"], &[]);
+    let (code, stdout, _) = run(
+        &[
+            "--api", &api, "--token", &token, "token", "create", "--ttl", "2h",
+        ],
+        &[],
+    );
     assert_eq!(code, 0);
-    assert!(stdout.trim().starts_with("sj1.") && stdout.lines().count() == 1, "{stdout}");
-    let (code, _, stderr) = run(&["--api", &api, "--token", &token, "token", "create", "--ttl", "soon"], &[]);
+    assert!(
+        stdout.trim().starts_with("sj1.") && stdout.lines().count() == 1,
+        "{stdout}"
+    );
+    let (code, _, stderr) = run(
+        &[
+            "--api", &api, "--token", &token, "token", "create", "--ttl", "soon",
+        ],
+        &[],
+    );
     assert_eq!(code, 1);
     assert_one_error_line(&stderr);
 
@@ -129,7 +193,16 @@ async fn status_nodes_and_token_follow_the_interface() {
 
     // Bootstrapping over an existing identity is refused, nothing changes.
     let (code, _, stderr) = run(
-        &["agent", "--bootstrap", "--data-dir", &data_dir, "--api-addr", "127.0.0.1:0", "--rpc-addr", "127.0.0.1:0"],
+        &[
+            "agent",
+            "--bootstrap",
+            "--data-dir",
+            &data_dir,
+            "--api-addr",
+            "127.0.0.1:0",
+            "--rpc-addr",
+            "127.0.0.1:0",
+        ],
         &[],
     );
     assert_eq!(code, 1);

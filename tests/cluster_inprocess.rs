@@ -13,12 +13,21 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 async fn agreed(c: &LocalCluster, voters: usize) {
-    c.wait_until("agreement on leader and voter set", Duration::from_secs(60), |c| {
-        let ok = c.agreed_leader().is_some()
-            && c.agents.iter().all(|a| a.voters().len() == voters)
-            && c.agents.iter().map(|a| a.voters()).collect::<BTreeSet<_>>().len() == 1;
-        async move { ok }
-    })
+    c.wait_until(
+        "agreement on leader and voter set",
+        Duration::from_secs(60),
+        |c| {
+            let ok = c.agreed_leader().is_some()
+                && c.agents.iter().all(|a| a.voters().len() == voters)
+                && c.agents
+                    .iter()
+                    .map(|a| a.voters())
+                    .collect::<BTreeSet<_>>()
+                    .len()
+                    == 1;
+            async move { ok }
+        },
+    )
     .await
     .expect("cluster agreement");
 }
@@ -55,34 +64,52 @@ async fn voters_span_zones_and_a_dead_voter_is_replaced_without_a_human() {
     let zone_of = |id: u64| zones[(id - 1) as usize];
     let voters = c.agents[0].voters();
     let spanned: BTreeSet<_> = voters.iter().map(|v| zone_of(*v)).collect();
-    assert_eq!(spanned.len(), 3, "voters {voters:?} must span all three zones");
+    assert_eq!(
+        spanned.len(),
+        3,
+        "voters {voters:?} must span all three zones"
+    );
 
     let leader = c.agreed_leader().expect("leader").id();
-    let victim = *voters.iter().find(|v| **v != leader).expect("a non-leader voter");
-    let victim_idx = c.agents.iter().position(|a| a.id() == victim).expect("victim");
+    let victim = *voters
+        .iter()
+        .find(|v| **v != leader)
+        .expect("a non-leader voter");
+    let victim_idx = c
+        .agents
+        .iter()
+        .position(|a| a.id() == victim)
+        .expect("victim");
     c.agents[victim_idx].shutdown().await;
 
     let healed = c
-        .wait_until("the dead voter to be replaced", Duration::from_secs(30), |c| {
-            let ok = c
-                .agents
-                .iter()
-                .filter(|a| a.id() != victim)
-                .all(|a| {
+        .wait_until(
+            "the dead voter to be replaced",
+            Duration::from_secs(30),
+            |c| {
+                let ok = c.agents.iter().filter(|a| a.id() != victim).all(|a| {
                     let v = a.voters();
                     v.len() == 5 && !v.contains(&victim)
                 });
-            async move { ok }
-        })
+                async move { ok }
+            },
+        )
         .await
         .expect("self-healing");
     println!("dead voter replaced {healed:?} after the kill (replace-after 2 s)");
     let survivor = (victim_idx + 1) % 6;
     let voters = c.agents[survivor].voters();
     let spanned: BTreeSet<_> = voters.iter().map(|v| zone_of(*v)).collect();
-    assert_eq!(spanned.len(), 3, "healed voters {voters:?} must still span all zones");
+    assert_eq!(
+        spanned.len(),
+        3,
+        "healed voters {voters:?} must still span all zones"
+    );
     let nodes = c.client(survivor).nodes().await.expect("nodes");
-    let dead = nodes.iter().find(|n| n.id == victim).expect("victim listed");
+    let dead = nodes
+        .iter()
+        .find(|n| n.id == victim)
+        .expect("victim listed");
     assert_eq!(dead.state, shoal_sdk::MemberState::Down);
     c.shutdown().await;
 }
@@ -121,11 +148,16 @@ async fn reqwest_get(url: &str) -> String {
 async fn raw_get(url: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://").expect("http url");
-    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).expect("path");
+    let (host, path) = rest
+        .split_once('/')
+        .map(|(h, p)| (h, format!("/{p}")))
+        .expect("path");
     let mut s = tokio::net::TcpStream::connect(host).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("write");
     let mut out = String::new();
     s.read_to_string(&mut out).await.expect("read");
     out
@@ -143,11 +175,19 @@ async fn wrong_expired_or_foreign_join_tokens_are_refused_clearly() {
     // Right CA pin, unknown secret.
     let pin = c.join_token.rsplit('.').next().expect("pin").to_string();
     let forged = format!("sj1.{}.{pin}", "0".repeat(32));
-    let err = try_join(1, forged).await.err().expect("forged token refused").to_string();
+    let err = try_join(1, forged)
+        .await
+        .err()
+        .expect("forged token refused")
+        .to_string();
     assert!(err.contains("unknown join token"), "{err}");
 
     // Malformed.
-    let err = try_join(2, "hello".into()).await.err().expect("malformed refused").to_string();
+    let err = try_join(2, "hello".into())
+        .await
+        .err()
+        .expect("malformed refused")
+        .to_string();
     assert!(err.contains("malformed join token"), "{err}");
 
     // A token pinned to another CA: the joiner refuses to talk to the impostor.
@@ -162,7 +202,11 @@ async fn wrong_expired_or_foreign_join_tokens_are_refused_clearly() {
     // Expired.
     let t = c.client(0).create_token(Some(1)).await.expect("token");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let err = try_join(4, t.token).await.err().expect("expired refused").to_string();
+    let err = try_join(4, t.token)
+        .await
+        .err()
+        .expect("expired refused")
+        .to_string();
     assert!(err.contains("expired"), "{err}");
 
     // Nothing was admitted.
@@ -185,10 +229,18 @@ async fn a_process_without_a_ca_signed_certificate_cannot_send_raft_rpcs_or_read
     // No certificate at all: the TLS handshake passes (so that joins are
     // possible) but every request other than a join is refused.
     let vote = openraft::raft::VoteRequest::new(openraft::Vote::new(99, 42), None);
-    for req in [Request::Raft(RaftRpc::Vote(vote)), Request::Query(Query::Status)] {
-        let (reply, _) = shoal_mesh::rpc::call_as_joiner(addr, &pin, &proto::encode(&req), Duration::from_secs(5))
-            .await
-            .expect("exchange");
+    for req in [
+        Request::Raft(RaftRpc::Vote(vote)),
+        Request::Query(Query::Status),
+    ] {
+        let (reply, _) = shoal_mesh::rpc::call_as_joiner(
+            addr,
+            &pin,
+            &proto::encode(&req),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("exchange");
         match proto::decode::<Response>(&reply).expect("decodes") {
             Response::Error(e) => assert_eq!(e.code, ErrorCode::Unauthenticated),
             other => panic!("an unauthenticated peer got an answer: {other:?}"),
@@ -204,13 +256,129 @@ async fn a_process_without_a_ca_signed_certificate_cannot_send_raft_rpcs_or_read
             Box::pin(async { Vec::new() })
         }
     }
-    let evil = shoal_mesh::RpcEndpoint::serve("127.0.0.1:0".parse().expect("addr"), &creds, std::sync::Arc::new(Silent))
-        .expect("endpoint");
+    let evil = shoal_mesh::RpcEndpoint::serve(
+        "127.0.0.1:0".parse().expect("addr"),
+        &creds,
+        std::sync::Arc::new(Silent),
+    )
+    .expect("endpoint");
     let req = proto::encode(&Request::Query(Query::Status));
     assert!(evil.call(addr, &req, Duration::from_secs(5)).await.is_err());
 
     // The term did not move: the forged vote had no effect.
     let s = c.client(0).status().await.expect("status");
     assert!(s.term < 99);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_joining_after_log_compaction_catch_up_from_a_snapshot_and_become_voters() {
+    // Snapshot every 20 entries and keep no log behind it, so the joiners
+    // cannot be served from the log: they must install a snapshot over QUIC
+    // while the membership changes that promote them are in flight.
+    let tweak = |_: usize, cfg: &mut shoal_node::Config| {
+        cfg.raft.snapshot_every = 20;
+        cfg.raft.logs_kept_after_snapshot = 0;
+    };
+    let c = LocalCluster::start(1, tweak).await.expect("cluster");
+    for i in 0..200 {
+        c.client(0)
+            .put_attr(&format!("pre/{i:03}"), "x")
+            .await
+            .expect("write");
+    }
+    let mut joined = Vec::new();
+    for i in 1..3 {
+        let mut cfg = node_config(c.root(), i);
+        tweak(i, &mut cfg);
+        let mode = StartMode::Join {
+            addr: c.agents[0].rpc_addr(),
+            token: c.join_token.clone(),
+        };
+        joined.push(Agent::start(cfg, mode).await.expect("join"));
+    }
+    let all: Vec<&Agent> = c.agents.iter().chain(joined.iter()).collect();
+    let start = std::time::Instant::now();
+    loop {
+        let caught_up = all.iter().all(|a| {
+            a.ledger()
+                .read()
+                .map(|d| {
+                    d.ledger
+                        .attrs
+                        .keys()
+                        .filter(|k| k.starts_with("pre/"))
+                        .count()
+                        == 200
+                })
+                .unwrap_or(false)
+        });
+        if caught_up && all.iter().all(|a| a.voters().len() == 3) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "joiners did not catch up from the snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for a in joined {
+        a.shutdown().await;
+    }
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_leaves_membership_and_the_voters_reconverge() {
+    let c = LocalCluster::start(4, |_, _| {}).await.expect("cluster");
+    agreed(&c, 3).await;
+    let leader = c.agreed_leader().expect("leader").id();
+    let victim = c
+        .agents
+        .iter()
+        .map(|a| a.id())
+        .find(|id| *id != leader)
+        .expect("follower");
+    let li = c
+        .agents
+        .iter()
+        .position(|a| a.id() == leader)
+        .expect("leader idx");
+    c.client(li)
+        .remove_node(&victim.to_string())
+        .await
+        .expect("remove");
+    c.wait_until(
+        "the voters to reconverge without the removed node",
+        Duration::from_secs(30),
+        |c| {
+            let ok = c.agents.iter().filter(|a| a.id() != victim).all(|a| {
+                let v = a.voters();
+                v.len() == 3 && !v.contains(&victim)
+            });
+            async move { ok }
+        },
+    )
+    .await
+    .expect("reconverge");
+    let s = c.client(li).status().await.expect("status");
+    assert!(
+        s.members.iter().all(|m| m.id != victim),
+        "removed node still listed: {s:?}"
+    );
+    assert!(!s.learners.contains(&victim));
+    // Removing it twice, or removing the leader, is refused clearly.
+    let err = c
+        .client(li)
+        .remove_node(&victim.to_string())
+        .await
+        .expect_err("twice");
+    assert!(err.to_string().contains("already left"), "{err}");
+    let err = c
+        .client(li)
+        .remove_node(&leader.to_string())
+        .await
+        .expect_err("leader");
+    assert!(err.to_string().contains("leader"), "{err}");
     c.shutdown().await;
 }

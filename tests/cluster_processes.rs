@@ -31,8 +31,15 @@ impl Cluster {
             token,
             _root: root,
         };
-        let want_voters = if n >= 5 { 5 } else if n >= 3 { 3 } else { 1 };
-        c.wait_agreement(&(0..n).collect::<Vec<_>>(), want_voters).await;
+        let want_voters = if n >= 5 {
+            5
+        } else if n >= 3 {
+            3
+        } else {
+            1
+        };
+        c.wait_agreement(&(0..n).collect::<Vec<_>>(), want_voters)
+            .await;
         c
     }
 
@@ -43,22 +50,26 @@ impl Cluster {
     /// Waits until every listed node reports the same leader and voter set,
     /// with `voters` voters, and returns the leader id.
     async fn wait_agreement(&self, idx: &[usize], voters: usize) -> u64 {
-        wait_for("nodes to agree on leader and voters", Duration::from_secs(60), || async {
-            let mut seen = None;
-            for &i in idx {
-                let s = self.client(i).status().await.ok()?;
-                let key = (s.leader?, s.voters.clone());
-                if s.voters.len() != voters || s.members.len() != self.nodes.len() {
-                    return None;
+        wait_for(
+            "nodes to agree on leader and voters",
+            Duration::from_secs(60),
+            || async {
+                let mut seen = None;
+                for &i in idx {
+                    let s = self.client(i).status().await.ok()?;
+                    let key = (s.leader?, s.voters.clone());
+                    if s.voters.len() != voters || s.members.len() != self.nodes.len() {
+                        return None;
+                    }
+                    match &seen {
+                        None => seen = Some(key),
+                        Some(k) if *k == key => {}
+                        Some(_) => return None,
+                    }
                 }
-                match &seen {
-                    None => seen = Some(key),
-                    Some(k) if *k == key => {}
-                    Some(_) => return None,
-                }
-            }
-            seen.map(|(l, _)| l)
-        })
+                seen.map(|(l, _)| l)
+            },
+        )
         .await
     }
 
@@ -99,13 +110,20 @@ async fn leader_kill_elects_new_leader_and_accepts_writes_within_3s() {
         attempt += 1;
         match client.put_attr("after/kill", &attempt.to_string()).await {
             Ok(_) => break,
-            Err(e) if killed_at.elapsed() < Duration::from_secs(20) => eprintln!("write attempt {attempt}: {e}"),
+            Err(e) if killed_at.elapsed() < Duration::from_secs(20) => {
+                eprintln!("write attempt {attempt}: {e}")
+            }
             Err(e) => panic!("no write accepted 20 s after the leader was killed: {e}"),
         }
     }
     let recovered = killed_at.elapsed();
     println!("leader kill -> write accepted on a survivor after {recovered:?}");
-    let new_leader = client.status().await.expect("status").leader.expect("leader");
+    let new_leader = client
+        .status()
+        .await
+        .expect("status")
+        .leader
+        .expect("leader");
     assert_ne!(new_leader, leader, "a new leader must have been elected");
     assert!(
         recovered <= Duration::from_secs(3),
@@ -115,19 +133,27 @@ async fn leader_kill_elects_new_leader_and_accepts_writes_within_3s() {
     // The old leader restarts from its data dir and rejoins.
     c.nodes[li].restart();
     c.wait_agreement(&[0, 1, 2], 3).await;
-    wait_for("the restarted node to be alive", Duration::from_secs(30), || async {
-        let nodes = c.client(li).nodes().await.ok()?;
-        nodes
-            .iter()
-            .all(|n| n.state == MemberState::Alive)
-            .then_some(())
-    })
+    wait_for(
+        "the restarted node to be alive",
+        Duration::from_secs(30),
+        || async {
+            let nodes = c.client(li).nodes().await.ok()?;
+            nodes
+                .iter()
+                .all(|n| n.state == MemberState::Alive)
+                .then_some(())
+        },
+    )
     .await;
 
     // Nothing acknowledged was lost, on any node.
     for i in 0..3 {
         let attrs = c.client(i).attrs("acked/").await.expect("read attrs");
-        assert_eq!(attrs.len(), 20, "node {i} lost acknowledged writes: {attrs:?}");
+        assert_eq!(
+            attrs.len(),
+            20,
+            "node {i} lost acknowledged writes: {attrs:?}"
+        );
     }
 }
 
@@ -155,5 +181,8 @@ async fn full_cluster_restart_keeps_committed_state() {
     assert_eq!(attrs.len(), 30);
     assert_eq!(attrs.get("k/07").map(String::as_str), Some("v7"));
     // And the cluster still takes writes.
-    c.client(0).put_attr("k/after", "x").await.expect("write after restart");
+    c.client(0)
+        .put_attr("k/after", "x")
+        .await
+        .expect("write after restart");
 }

@@ -73,14 +73,32 @@ pub enum Command {
         spec: MemberSpec,
     },
     /// Admits a node that proved a join token; the answer is its new id.
-    AddMember { spec: MemberSpec, token_hash: String },
+    AddMember {
+        spec: MemberSpec,
+        token_hash: String,
+    },
     /// A member restarted with new addresses, labels or inventory.
-    UpdateMember { id: NodeId, spec: MemberSpec },
-    SetMemberState { id: NodeId, state: MemberState },
-    CreateJoinToken { hash: String, expires_at_ms: u64 },
-    CreateApiToken { hash: String, name: String },
+    UpdateMember {
+        id: NodeId,
+        spec: MemberSpec,
+    },
+    SetMemberState {
+        id: NodeId,
+        state: MemberState,
+    },
+    CreateJoinToken {
+        hash: String,
+        expires_at_ms: u64,
+    },
+    CreateApiToken {
+        hash: String,
+        name: String,
+    },
     /// A small cluster attribute (operator annotations; the ledger benchmark's unit of write).
-    PutAttr { key: String, value: String },
+    PutAttr {
+        key: String,
+        value: String,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -114,7 +132,10 @@ pub struct Ledger {
 /// metrics.
 pub fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_NAME {
-        return Err(format!("node name must be 1-{MAX_NAME} characters, got {}", name.len()));
+        return Err(format!(
+            "node name must be 1-{MAX_NAME} characters, got {}",
+            name.len()
+        ));
     }
     if !name
         .chars()
@@ -224,7 +245,10 @@ impl Ledger {
                 }
                 None => LedgerResponse::Rejected(format!("no member with id {id}")),
             },
-            Command::CreateJoinToken { hash, expires_at_ms } => {
+            Command::CreateJoinToken {
+                hash,
+                expires_at_ms,
+            } => {
                 // Expired tokens are dropped here, deterministically, so the
                 // table cannot grow without bound.
                 self.join_tokens.retain(|_, t| t.expires_at_ms > now);
@@ -284,7 +308,9 @@ impl Ledger {
 
     /// Members that have not left, in id order.
     pub fn active_members(&self) -> impl Iterator<Item = &Member> {
-        self.members.values().filter(|m| m.state != MemberState::Left)
+        self.members
+            .values()
+            .filter(|m| m.state != MemberState::Left)
     }
 
     pub fn member_by_name_or_id(&self, key: &str) -> Option<&Member> {
@@ -337,7 +363,10 @@ mod tests {
             spec: spec(name),
             token_hash: "t".into(),
         };
-        let r = l.apply(&LedgerRequest { now_ms: 1100, cmd: add("n2") });
+        let r = l.apply(&LedgerRequest {
+            now_ms: 1100,
+            cmd: add("n2"),
+        });
         assert_eq!(r, LedgerResponse::Rejected("unknown join token".into()));
         l.apply(&LedgerRequest {
             now_ms: 1200,
@@ -346,13 +375,25 @@ mod tests {
                 expires_at_ms: 5000,
             },
         });
-        assert_eq!(l.apply(&LedgerRequest { now_ms: 1300, cmd: add("n2") }), LedgerResponse::NodeId(2));
+        assert_eq!(
+            l.apply(&LedgerRequest {
+                now_ms: 1300,
+                cmd: add("n2")
+            }),
+            LedgerResponse::NodeId(2)
+        );
         assert!(matches!(
-            l.apply(&LedgerRequest { now_ms: 1400, cmd: add("n2") }),
+            l.apply(&LedgerRequest {
+                now_ms: 1400,
+                cmd: add("n2")
+            }),
             LedgerResponse::Rejected(_)
         ));
         assert_eq!(
-            l.apply(&LedgerRequest { now_ms: 6000, cmd: add("n3") }),
+            l.apply(&LedgerRequest {
+                now_ms: 6000,
+                cmd: add("n3")
+            }),
             LedgerResponse::Rejected("the join token has expired".into())
         );
     }
@@ -373,20 +414,27 @@ mod tests {
     fn arb_cmd() -> impl Strategy<Value = LedgerRequest> {
         let name = prop::sample::select(vec!["a", "b", "c", "bad name", ""]);
         let cmd = prop_oneof![
-            (name.clone(), prop::sample::select(vec!["t1", "t2"])).prop_map(|(n, t)| Command::AddMember {
-                spec: spec(n),
-                token_hash: t.into()
+            (name.clone(), prop::sample::select(vec!["t1", "t2"])).prop_map(|(n, t)| {
+                Command::AddMember {
+                    spec: spec(n),
+                    token_hash: t.into(),
+                }
             }),
-            (0u64..6, prop::sample::select(vec![
-                MemberState::Alive,
-                MemberState::Suspect,
-                MemberState::Down,
-                MemberState::Left
-            ]))
+            (
+                0u64..6,
+                prop::sample::select(vec![
+                    MemberState::Alive,
+                    MemberState::Suspect,
+                    MemberState::Down,
+                    MemberState::Left
+                ])
+            )
                 .prop_map(|(id, state)| Command::SetMemberState { id, state }),
-            (prop::sample::select(vec!["t1", "t2"]), 0u64..20_000).prop_map(|(h, e)| Command::CreateJoinToken {
-                hash: h.into(),
-                expires_at_ms: e
+            (prop::sample::select(vec!["t1", "t2"]), 0u64..20_000).prop_map(|(h, e)| {
+                Command::CreateJoinToken {
+                    hash: h.into(),
+                    expires_at_ms: e,
+                }
             }),
             ("[a-z]{0,3}", "[a-z]{0,3}").prop_map(|(key, value)| Command::PutAttr { key, value }),
         ];

@@ -2,11 +2,13 @@
 //! only defines the messages and what a transport must do with them.
 
 use crate::types::{NodeId, TypeConfig};
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
 use serde::{Deserialize, Serialize};
@@ -29,7 +31,9 @@ pub enum RaftRpc {
 pub enum RaftRpcReply {
     AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
-    InstallSnapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    InstallSnapshot(
+        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
+    ),
 }
 
 /// Why a message did not get an answer.
@@ -43,7 +47,8 @@ pub enum TransportError {
     Failed(String),
 }
 
-pub type TransportFuture = Pin<Box<dyn Future<Output = Result<RaftRpcReply, TransportError>> + Send>>;
+pub type TransportFuture =
+    Pin<Box<dyn Future<Output = Result<RaftRpcReply, TransportError>> + Send>>;
 
 /// Delivers Raft messages to a node's address. Implemented by the node crate
 /// over mesh RPC (and by in-memory routers in tests).
@@ -78,7 +83,10 @@ pub struct NetworkFactory {
 
 impl NetworkFactory {
     pub fn new(transport: Arc<dyn RaftTransport>, contacts: ContactTracker) -> Self {
-        NetworkFactory { transport, contacts }
+        NetworkFactory {
+            transport,
+            contacts,
+        }
     }
 }
 
@@ -108,24 +116,35 @@ impl Connection {
         rpc: RaftRpc,
         option: &RPCOption,
     ) -> Result<RaftRpcReply, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>> {
-        match self.transport.send(self.target, &self.addr, rpc, option.hard_ttl()).await {
+        match self
+            .transport
+            .send(self.target, &self.addr, rpc, option.hard_ttl())
+            .await
+        {
             Ok(reply) => {
                 self.contacts.record(self.target);
                 Ok(reply)
             }
-            Err(TransportError::Unreachable(m)) => Err(RPCError::Unreachable(Unreachable::new(&TransportError::Unreachable(m)))),
+            Err(TransportError::Unreachable(m)) => Err(RPCError::Unreachable(Unreachable::new(
+                &TransportError::Unreachable(m),
+            ))),
             Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
         }
     }
 
-    fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, RaftError<NodeId, E>> {
+    fn unexpected<E: std::error::Error>(
+        &self,
+    ) -> RPCError<NodeId, BasicNode, RaftError<NodeId, E>> {
         RPCError::Network(NetworkError::new(&TransportError::Failed(format!(
             "node {} answered a different RPC kind",
             self.target
         ))))
     }
 
-    fn remote<E: std::error::Error>(&self, e: RaftError<NodeId, E>) -> RPCError<NodeId, BasicNode, RaftError<NodeId, E>> {
+    fn remote<E: std::error::Error>(
+        &self,
+        e: RaftError<NodeId, E>,
+    ) -> RPCError<NodeId, BasicNode, RaftError<NodeId, E>> {
         RPCError::RemoteError(RemoteError::new(self.target, e))
     }
 }
@@ -146,8 +165,14 @@ impl RaftNetwork<TypeConfig> for Connection {
         &mut self,
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>> {
-        match self.exchange(RaftRpc::InstallSnapshot(rpc), &option).await? {
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        match self
+            .exchange(RaftRpc::InstallSnapshot(rpc), &option)
+            .await?
+        {
             RaftRpcReply::InstallSnapshot(r) => r.map_err(|e| self.remote(e)),
             _ => Err(self.unexpected()),
         }

@@ -11,9 +11,13 @@
 //! client writes under load.
 
 use crate::ledger::{Ledger, LedgerResponse};
-use crate::types::{Entry, LogId, NodeId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote};
+use crate::types::{
+    Entry, LogId, NodeId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote,
+};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
-use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftLogReader, RaftSnapshotBuilder, StorageIOError};
+use openraft::{
+    EntryPayload, ErrorSubject, ErrorVerb, RaftLogReader, RaftSnapshotBuilder, StorageIOError,
+};
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::fmt::Debug;
@@ -38,7 +42,11 @@ const SNAPSHOT_VERSION: u8 = 1;
 /// Decoding bound for snapshots and log entries.
 const MAX_DECODE: u64 = 1 << 30;
 
-fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+fn io_err(
+    subject: ErrorSubject<NodeId>,
+    verb: ErrorVerb,
+    e: impl std::fmt::Display,
+) -> StorageError {
     StorageIOError::new(subject, verb, openraft::AnyError::error(e.to_string())).into()
 }
 
@@ -165,7 +173,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.get_meta::<Option<LogId>>(KEY_COMMITTED)?.flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
@@ -175,10 +187,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut t = tx.open_table(LOGS).map_err(write_err)?;
             for e in entries {
                 let bytes = encode(&e).map_err(write_err)?;
-                t.insert(e.log_id.index, bytes.as_slice()).map_err(write_err)?;
+                t.insert(e.log_id.index, bytes.as_slice())
+                    .map_err(write_err)?;
             }
         }
-        let res = tx.commit().map_err(|e| std::io::Error::other(e.to_string()));
+        let res = tx
+            .commit()
+            .map_err(|e| std::io::Error::other(e.to_string()));
         let failed = res.as_ref().err().map(|e| e.to_string());
         callback.log_io_completed(res);
         match failed {
@@ -191,7 +206,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let tx = self.db.begin_write().map_err(write_err)?;
         {
             let mut t = tx.open_table(LOGS).map_err(write_err)?;
-            t.retain_in(log_id.index.., |_, _| false).map_err(write_err)?;
+            t.retain_in(log_id.index.., |_, _| false)
+                .map_err(write_err)?;
         }
         tx.commit().map_err(write_err)
     }
@@ -201,9 +217,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let tx = self.db.begin_write().map_err(write_err)?;
         {
             let mut meta = tx.open_table(META).map_err(write_err)?;
-            meta.insert(KEY_PURGED, bytes.as_slice()).map_err(write_err)?;
+            meta.insert(KEY_PURGED, bytes.as_slice())
+                .map_err(write_err)?;
             let mut t = tx.open_table(LOGS).map_err(write_err)?;
-            t.retain_in(..=log_id.index, |_, _| false).map_err(write_err)?;
+            t.retain_in(..=log_id.index, |_, _| false)
+                .map_err(write_err)?;
         }
         tx.commit().map_err(write_err)
     }
@@ -240,7 +258,8 @@ fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
         Some((&SNAPSHOT_VERSION, body)) => {
             let mut plain = Vec::new();
             let mut dec = zstd::Decoder::new(body).map_err(read_err)?;
-            std::io::Read::read_to_end(&mut std::io::Read::take(&mut dec, MAX_DECODE), &mut plain).map_err(read_err)?;
+            std::io::Read::read_to_end(&mut std::io::Read::take(&mut dec, MAX_DECODE), &mut plain)
+                .map_err(read_err)?;
             decode(&plain).map_err(read_err)
         }
         Some((v, _)) => Err(read_err(format!(
@@ -294,7 +313,10 @@ fn read_snapshot(db: &Database) -> Result<Option<(SnapshotMeta, Vec<u8>)>, Stora
     let meta = t.get(KEY_SNAP_META).map_err(read_err)?;
     let data = t.get(KEY_SNAP_DATA).map_err(read_err)?;
     match (meta, data) {
-        (Some(m), Some(d)) => Ok(Some((decode(m.value()).map_err(read_err)?, d.value().to_vec()))),
+        (Some(m), Some(d)) => Ok(Some((
+            decode(m.value()).map_err(read_err)?,
+            d.value().to_vec(),
+        ))),
         _ => Ok(None),
     }
 }
@@ -309,7 +331,11 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let copy = self.data.read().map_err(|e| read_err(e.to_string()))?.clone();
+        let copy = self
+            .data
+            .read()
+            .map_err(|e| read_err(e.to_string()))?
+            .clone();
         let bytes = encode_snapshot(&copy)?;
         let snapshot_id = match copy.last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id, l.index, self.seq),
@@ -375,7 +401,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
         let mut new = decode_snapshot(&bytes)?;
         new.last_applied = meta.last_log_id;
@@ -401,7 +431,9 @@ mod tests {
     struct RedbBuilder;
 
     impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for RedbBuilder {
-        async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
+        async fn build(
+            &self,
+        ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
             let dir = tempfile::tempdir().map_err(write_err)?;
             let db = open_db(&dir.path().join("raft.redb")).map_err(write_err)?;
             Ok((dir, LogStore::new(db.clone())?, StateMachineStore::new(db)?))

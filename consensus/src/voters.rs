@@ -47,7 +47,10 @@ fn coverage<'a>(set: impl Iterator<Item = &'a VoterCandidate>) -> (usize, usize)
 /// kept when it is healthy, of the right size, and covers as many failure
 /// domains as the best alternative, so that membership does not churn.
 pub fn choose_voters(candidates: &[VoterCandidate], leader: NodeId) -> Option<BTreeSet<NodeId>> {
-    let healthy: Vec<&VoterCandidate> = candidates.iter().filter(|c| c.healthy || c.id == leader).collect();
+    let healthy: Vec<&VoterCandidate> = candidates
+        .iter()
+        .filter(|c| c.healthy || c.id == leader)
+        .collect();
     let target = target_voter_count(healthy.len(), candidates.len())?.min(healthy.len());
     if target == 0 {
         return None;
@@ -59,7 +62,10 @@ pub fn choose_voters(candidates: &[VoterCandidate], leader: NodeId) -> Option<BT
     }
     while chosen.len() < target {
         let zones: BTreeSet<_> = chosen.iter().map(|c| c.zone.clone()).collect();
-        let racks: BTreeSet<_> = chosen.iter().map(|c| (c.zone.clone(), c.rack.clone())).collect();
+        let racks: BTreeSet<_> = chosen
+            .iter()
+            .map(|c| (c.zone.clone(), c.rack.clone()))
+            .collect();
         let best = healthy
             .iter()
             .filter(|c| !chosen.iter().any(|x| x.id == c.id))
@@ -144,7 +150,11 @@ mod tests {
 
     #[test]
     fn three_members_with_one_dead_keep_their_voters() {
-        let c = vec![cand(1, "a", true, true), cand(2, "b", false, true), cand(3, "c", true, true)];
+        let c = vec![
+            cand(1, "a", true, true),
+            cand(2, "b", false, true),
+            cand(3, "c", true, true),
+        ];
         assert_eq!(choose_voters(&c, 1), None);
     }
 

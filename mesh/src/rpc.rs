@@ -75,7 +75,11 @@ pub struct RpcEndpoint {
 
 impl RpcEndpoint {
     /// Binds `addr` with the node's credentials and starts serving `handler`.
-    pub fn serve(addr: SocketAddr, creds: &NodeCredentials, handler: Arc<dyn RpcHandler>) -> Result<Self, RpcError> {
+    pub fn serve(
+        addr: SocketAddr,
+        creds: &NodeCredentials,
+        handler: Arc<dyn RpcHandler>,
+    ) -> Result<Self, RpcError> {
         let socket = std::net::UdpSocket::bind(addr).map_err(|e| RpcError::Bind {
             addr,
             reason: e.to_string(),
@@ -91,7 +95,9 @@ impl RpcEndpoint {
         creds: &NodeCredentials,
         handler: Arc<dyn RpcHandler>,
     ) -> Result<Self, RpcError> {
-        let addr = socket.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let addr = socket
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
         let quic_server = QuicServerConfig::try_from(creds.server_config()?)
             .map_err(|e| TlsError::Invalid(e.to_string()))?;
         let mut server = ServerConfig::with_crypto(Arc::new(quic_server));
@@ -100,11 +106,15 @@ impl RpcEndpoint {
             addr,
             reason: "no async runtime".into(),
         })?;
-        let endpoint = Endpoint::new(quinn::EndpointConfig::default(), Some(server), socket, runtime).map_err(|e| {
-            RpcError::Bind {
-                addr,
-                reason: e.to_string(),
-            }
+        let endpoint = Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(server),
+            socket,
+            runtime,
+        )
+        .map_err(|e| RpcError::Bind {
+            addr,
+            reason: e.to_string(),
         })?;
         let client = member_client_config(creds)?;
         let this = RpcEndpoint {
@@ -135,7 +145,12 @@ impl RpcEndpoint {
     }
 
     /// Sends one request and waits for its answer, at most `timeout`.
-    pub async fn call(&self, addr: SocketAddr, body: &[u8], timeout: Duration) -> Result<Vec<u8>, RpcError> {
+    pub async fn call(
+        &self,
+        addr: SocketAddr,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, RpcError> {
         let result = tokio::time::timeout(timeout, async {
             let conn = self.connection(addr).await?;
             exchange(&conn, addr, body).await
@@ -150,7 +165,10 @@ impl RpcEndpoint {
             }
             Err(_) => {
                 self.connections.lock().await.remove(&addr);
-                Err(RpcError::Timeout { addr, after: timeout })
+                Err(RpcError::Timeout {
+                    addr,
+                    after: timeout,
+                })
             }
         }
     }
@@ -163,13 +181,18 @@ impl RpcEndpoint {
 }
 
 fn member_client_config(creds: &NodeCredentials) -> Result<ClientConfig, RpcError> {
-    let quic = QuicClientConfig::try_from(creds.client_config()?).map_err(|e| TlsError::Invalid(e.to_string()))?;
+    let quic = QuicClientConfig::try_from(creds.client_config()?)
+        .map_err(|e| TlsError::Invalid(e.to_string()))?;
     let mut c = ClientConfig::new(Arc::new(quic));
     c.transport_config(transport_config());
     Ok(c)
 }
 
-async fn connect(endpoint: &Endpoint, config: ClientConfig, addr: SocketAddr) -> Result<Connection, RpcError> {
+async fn connect(
+    endpoint: &Endpoint,
+    config: ClientConfig,
+    addr: SocketAddr,
+) -> Result<Connection, RpcError> {
     let connecting = endpoint
         .connect_with(config, addr, CLUSTER_SERVER_NAME)
         .map_err(|e| RpcError::Unreachable {
@@ -218,10 +241,16 @@ async fn accept_loop(endpoint: Endpoint, handler: Arc<dyn RpcHandler>) {
             };
             let authenticated = conn
                 .peer_identity()
-                .and_then(|id| id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok())
+                .and_then(|id| {
+                    id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                        .ok()
+                })
                 .map(|chain| !chain.is_empty())
                 .unwrap_or(false);
-            let peer = PeerInfo { remote, authenticated };
+            let peer = PeerInfo {
+                remote,
+                authenticated,
+            };
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let handler = handler.clone();
                 let peer = peer.clone();
@@ -231,7 +260,12 @@ async fn accept_loop(endpoint: Endpoint, handler: Arc<dyn RpcHandler>) {
     }
 }
 
-async fn serve_stream(handler: Arc<dyn RpcHandler>, peer: PeerInfo, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+async fn serve_stream(
+    handler: Arc<dyn RpcHandler>,
+    peer: PeerInfo,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) {
     let req = match recv.read_to_end(MAX_FRAME).await {
         Ok(r) => r,
         Err(e) => {
@@ -287,9 +321,15 @@ pub async fn call_as_joiner(
         Ok::<_, RpcError>(resp)
     })
     .await
-    .map_err(|_| RpcError::Timeout { addr, after: timeout })??;
+    .map_err(|_| RpcError::Timeout {
+        addr,
+        after: timeout,
+    })??;
     endpoint.close(0u32.into(), b"done");
-    let ca = verifier.matched_ca().map(|c| c.as_ref().to_vec()).unwrap_or_default();
+    let ca = verifier
+        .matched_ca()
+        .map(|c| c.as_ref().to_vec())
+        .unwrap_or_default();
     Ok((result, ca))
 }
 
@@ -316,10 +356,15 @@ mod tests {
     #[tokio::test]
     async fn members_talk_with_mutual_tls() {
         let ca = CaBundle::generate("c").expect("ca");
-        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo)).expect("a");
-        let b = RpcEndpoint::serve(localhost(), &ca.issue("b", 2).expect("b"), Arc::new(Echo)).expect("b");
+        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo))
+            .expect("a");
+        let b = RpcEndpoint::serve(localhost(), &ca.issue("b", 2).expect("b"), Arc::new(Echo))
+            .expect("b");
         let addr = a.local_addr().expect("addr");
-        let resp = b.call(addr, b"hi", Duration::from_secs(5)).await.expect("call");
+        let resp = b
+            .call(addr, b"hi", Duration::from_secs(5))
+            .await
+            .expect("call");
         assert_eq!(resp, b"\x01hi");
     }
 
@@ -327,8 +372,14 @@ mod tests {
     async fn a_node_from_another_ca_is_refused() {
         let ca = CaBundle::generate("c").expect("ca");
         let other = CaBundle::generate("evil").expect("ca");
-        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo)).expect("a");
-        let evil = RpcEndpoint::serve(localhost(), &other.issue("x", 9).expect("x"), Arc::new(Echo)).expect("x");
+        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo))
+            .expect("a");
+        let evil = RpcEndpoint::serve(
+            localhost(),
+            &other.issue("x", 9).expect("x"),
+            Arc::new(Echo),
+        )
+        .expect("x");
         let addr = a.local_addr().expect("addr");
         let err = evil.call(addr, b"hi", Duration::from_secs(5)).await;
         assert!(err.is_err(), "a foreign certificate must not get an answer");
@@ -337,13 +388,20 @@ mod tests {
     #[tokio::test]
     async fn joiner_is_unauthenticated_and_checks_the_pin() {
         let ca = CaBundle::generate("c").expect("ca");
-        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo)).expect("a");
+        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo))
+            .expect("a");
         let addr = a.local_addr().expect("addr");
         let pin = ca.fingerprint().expect("fp");
-        let (resp, ca_der) = call_as_joiner(addr, &pin, b"join", Duration::from_secs(5)).await.expect("join");
+        let (resp, ca_der) = call_as_joiner(addr, &pin, b"join", Duration::from_secs(5))
+            .await
+            .expect("join");
         assert_eq!(resp, b"\x00join");
         assert_eq!(crate::tls::fingerprint_der(&ca_der), pin);
         let wrong = "0".repeat(64);
-        assert!(call_as_joiner(addr, &wrong, b"join", Duration::from_secs(5)).await.is_err());
+        assert!(
+            call_as_joiner(addr, &wrong, b"join", Duration::from_secs(5))
+                .await
+                .is_err()
+        );
     }
 }

@@ -6,8 +6,8 @@
 //! node's address is whatever it advertises.
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -93,7 +93,12 @@ impl CaBundle {
 
     /// Signs a node's CSR. The CA decides the subject and names, not the
     /// requester: a CSR only contributes its public key.
-    pub fn sign_csr(&self, csr_pem: &str, node_name: &str, node_id: u64) -> Result<String, TlsError> {
+    pub fn sign_csr(
+        &self,
+        csr_pem: &str,
+        node_name: &str,
+        node_id: u64,
+    ) -> Result<String, TlsError> {
         let ca_key = KeyPair::from_pem(&self.key_pem)?;
         let ca_params = CertificateParams::from_ca_cert_pem(&self.cert_pem)?;
         let ca_cert = ca_params.self_signed(&ca_key)?;
@@ -134,7 +139,9 @@ impl CaBundle {
 pub fn new_key_and_csr(node_name: &str) -> Result<(String, String), TlsError> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(vec![CLUSTER_SERVER_NAME.to_string()])?;
-    params.distinguished_name.push(DnType::CommonName, node_name);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, node_name);
     let csr = params.serialize_request(&key)?;
     Ok((key.serialize_pem(), csr.pem()?))
 }
@@ -153,7 +160,10 @@ fn pem_blocks(pem: &str, label: &str) -> Vec<Vec<u8>> {
     while let Some(start) = rest.find(&begin) {
         let after = &rest[start + begin.len()..];
         let Some(stop) = after.find(&end) else { break };
-        let body: String = after[..stop].chars().filter(|c| !c.is_whitespace()).collect();
+        let body: String = after[..stop]
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
         if let Ok(bytes) = base64_decode(&body) {
             out.push(bytes);
         }
@@ -242,9 +252,10 @@ impl NodeCredentials {
     /// presenting a certificate from any other CA fails the handshake.
     pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
         let provider = crypto_provider();
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider.clone())
-            .allow_unauthenticated()
-            .build()?;
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider.clone())
+                .allow_unauthenticated()
+                .build()?;
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_client_cert_verifier(verifier)
@@ -268,7 +279,9 @@ impl NodeCredentials {
 /// Client config for a node that is not a member yet: no client certificate,
 /// and the server must present a chain whose CA matches `ca_pin` (the BLAKE3
 /// fingerprint from the join token), so an impostor cannot harvest tokens.
-pub fn joiner_client_config(ca_pin: &str) -> Result<(rustls::ClientConfig, Arc<PinnedCaVerifier>), TlsError> {
+pub fn joiner_client_config(
+    ca_pin: &str,
+) -> Result<(rustls::ClientConfig, Arc<PinnedCaVerifier>), TlsError> {
     let provider = crypto_provider();
     let verifier = Arc::new(PinnedCaVerifier {
         pin: ca_pin.to_ascii_lowercase(),
@@ -313,13 +326,18 @@ impl ServerCertVerifier for PinnedCaVerifier {
             .iter()
             .find(|c| fingerprint_der(c.as_ref()) == self.pin)
             .ok_or_else(|| {
-                rustls::Error::General("the server's CA does not match the join token's CA pin".into())
+                rustls::Error::General(
+                    "the server's CA does not match the join token's CA pin".into(),
+                )
             })?;
         let mut roots = RootCertStore::empty();
         roots.add(ca.clone().into_owned())?;
-        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
-            .build()
-            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            self.provider.clone(),
+        )
+        .build()
+        .map_err(|e| rustls::Error::General(e.to_string()))?;
         inner.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)?;
         if let Ok(mut g) = self.matched_ca.lock() {
             *g = Some(ca.clone().into_owned());
@@ -333,7 +351,12 @@ impl ServerCertVerifier for PinnedCaVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -342,11 +365,18 @@ impl ServerCertVerifier for PinnedCaVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

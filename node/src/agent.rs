@@ -5,7 +5,9 @@
 use crate::config::Config;
 use crate::identity::{self, Identity, RuntimeInfo};
 use crate::metrics::Metrics;
-use crate::proto::{self, ErrorCode, JoinRequest, JoinResponse, Query, Request, Response, WireError};
+use crate::proto::{
+    self, ErrorCode, JoinRequest, JoinResponse, Query, Request, Response, WireError,
+};
 use crate::transport::MeshTransport;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState, SnapshotPolicy};
@@ -156,7 +158,8 @@ impl Agent {
             }
             _ => {}
         }
-        identity::ensure_data_dir(&data_dir).map_err(|e| io(&format!("cannot create data dir {}", data_dir.display()), e))?;
+        identity::ensure_data_dir(&data_dir)
+            .map_err(|e| io(&format!("cannot create data dir {}", data_dir.display()), e))?;
         let name = cfg.node_name();
         let gpus = match &cfg.sim_gpus {
             Some(spec) => crate::gpu::parse_sim_gpus(spec, &name).map_err(AgentError::Config)?,
@@ -168,7 +171,10 @@ impl Agent {
 
         let rpc_socket = std::net::UdpSocket::bind(cfg.rpc_addr)
             .map_err(|e| io(&format!("cannot bind the RPC address {}", cfg.rpc_addr), e))?;
-        let rpc_port = rpc_socket.local_addr().map_err(|e| io("rpc socket", e))?.port();
+        let rpc_port = rpc_socket
+            .local_addr()
+            .map_err(|e| io("rpc socket", e))?
+            .port();
         let api_listener = tokio::net::TcpListener::bind(cfg.api_addr)
             .await
             .map_err(|e| io(&format!("cannot bind the API address {}", cfg.api_addr), e))?;
@@ -195,12 +201,17 @@ impl Agent {
         let (ident, new_cluster) = match (mode, existing) {
             (StartMode::Restart, Some(id)) => (id, None),
             (StartMode::Restart, None) | (_, Some(_)) => {
-                return Err(AgentError::Config("start mode and data dir disagree".into()));
+                return Err(AgentError::Config(
+                    "start mode and data dir disagree".into(),
+                ));
             }
             (StartMode::Bootstrap, None) => {
                 let cluster_id = identity::new_cluster_id();
-                let ca = CaBundle::generate(&cluster_id).map_err(|e| AgentError::Config(e.to_string()))?;
-                let credentials = ca.issue(&name, 1).map_err(|e| AgentError::Config(e.to_string()))?;
+                let ca = CaBundle::generate(&cluster_id)
+                    .map_err(|e| AgentError::Config(e.to_string()))?;
+                let credentials = ca
+                    .issue(&name, 1)
+                    .map_err(|e| AgentError::Config(e.to_string()))?;
                 (
                     Identity {
                         node_id: 1,
@@ -218,22 +229,28 @@ impl Agent {
             }
         };
 
-        let handler = Arc::new(NodeRpc { inner: OnceLock::new() });
+        let handler = Arc::new(NodeRpc {
+            inner: OnceLock::new(),
+        });
         let rpc = RpcEndpoint::serve_socket(rpc_socket, &ident.credentials, handler.clone())
             .map_err(|e| AgentError::Io(e.to_string()))?;
-        let db = open_db(&data_dir.join(identity::RAFT_DB_FILE)).map_err(|e| io("cannot open the Raft database", e))?;
+        let db = open_db(&data_dir.join(identity::RAFT_DB_FILE))
+            .map_err(|e| io("cannot open the Raft database", e))?;
         let log = LogStore::new(db.clone()).map_err(|e| AgentError::Raft(e.to_string()))?;
         let sm = StateMachineStore::new(db).map_err(|e| AgentError::Raft(e.to_string()))?;
         let ledger = sm.handle();
         let contacts = ContactTracker::default();
-        let network = NetworkFactory::new(Arc::new(MeshTransport { rpc: rpc.clone() }), contacts.clone());
+        let network = NetworkFactory::new(
+            Arc::new(MeshTransport { rpc: rpc.clone() }),
+            contacts.clone(),
+        );
         let raft_cfg = openraft::Config {
             cluster_name: "shoal".into(),
             heartbeat_interval: cfg.raft.heartbeat_ms,
             election_timeout_min: cfg.raft.election_timeout_min_ms,
             election_timeout_max: cfg.raft.election_timeout_max_ms,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.raft.snapshot_every),
-            max_in_snapshot_log_to_keep: 1000,
+            max_in_snapshot_log_to_keep: cfg.raft.logs_kept_after_snapshot,
             ..Default::default()
         }
         .validate()
@@ -273,8 +290,14 @@ impl Agent {
         }
 
         crate::api::spawn(inner.clone(), api_listener);
-        tokio::spawn(crate::reconcile::run(Arc::downgrade(&inner), inner.shutdown.subscribe()));
-        tokio::spawn(keep_member_record_current(Arc::downgrade(&inner), inner.shutdown.subscribe()));
+        tokio::spawn(crate::reconcile::run(
+            Arc::downgrade(&inner),
+            inner.shutdown.subscribe(),
+        ));
+        tokio::spawn(keep_member_record_current(
+            Arc::downgrade(&inner),
+            inner.shutdown.subscribe(),
+        ));
 
         let runtime = RuntimeInfo {
             node_id: inner.id,
@@ -314,9 +337,21 @@ impl Agent {
         self.inner.raft.metrics().borrow().current_leader
     }
 
+    /// This node's applied ledger (local, possibly behind the leader).
+    pub fn ledger(&self) -> LedgerHandle {
+        self.inner.ledger.clone()
+    }
+
     /// The voter set as this node knows it.
     pub fn voters(&self) -> BTreeSet<NodeId> {
-        self.inner.raft.metrics().borrow().membership_config.membership().voter_ids().collect()
+        self.inner
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
     }
 
     /// A write through the leader (forwarded when this node is not it).
@@ -341,19 +376,28 @@ impl Agent {
     }
 }
 
-async fn join_cluster(addr: SocketAddr, token: &str, spec: &MemberSpec) -> Result<Identity, AgentError> {
+async fn join_cluster(
+    addr: SocketAddr,
+    token: &str,
+    spec: &MemberSpec,
+) -> Result<Identity, AgentError> {
     let parsed = identity::parse_join_token(token).map_err(AgentError::Join)?;
-    let (key_pem, csr_pem) =
-        shoal_mesh::tls::new_key_and_csr(&spec.name).map_err(|e| AgentError::Join(e.to_string()))?;
+    let (key_pem, csr_pem) = shoal_mesh::tls::new_key_and_csr(&spec.name)
+        .map_err(|e| AgentError::Join(e.to_string()))?;
     let req = Request::Join(JoinRequest {
         secret: parsed.secret.clone(),
         ca_pin: parsed.ca_pin.clone(),
         spec: spec.clone(),
         csr_pem,
     });
-    let (reply, _ca) = shoal_mesh::rpc::call_as_joiner(addr, &parsed.ca_pin, &proto::encode(&req), Duration::from_secs(30))
-        .await
-        .map_err(|e| AgentError::Join(format!("cannot join via {addr}: {e}")))?;
+    let (reply, _ca) = shoal_mesh::rpc::call_as_joiner(
+        addr,
+        &parsed.ca_pin,
+        &proto::encode(&req),
+        Duration::from_secs(30),
+    )
+    .await
+    .map_err(|e| AgentError::Join(format!("cannot join via {addr}: {e}")))?;
     match proto::decode::<Response>(&reply).map_err(|e| AgentError::Join(e.to_string()))? {
         Response::Join(j) => {
             let got_pin = shoal_mesh::tls::pem_to_der(&j.ca_pem)
@@ -376,8 +420,13 @@ async fn join_cluster(addr: SocketAddr, token: &str, spec: &MemberSpec) -> Resul
                 },
             })
         }
-        Response::Error(e) => Err(AgentError::Join(format!("{addr} refused the join: {}", e.message))),
-        _ => Err(AgentError::Join(format!("{addr} answered the join with something unexpected"))),
+        Response::Error(e) => Err(AgentError::Join(format!(
+            "{addr} refused the join: {}",
+            e.message
+        ))),
+        _ => Err(AgentError::Join(format!(
+            "{addr} answered the join with something unexpected"
+        ))),
     }
 }
 
@@ -421,7 +470,9 @@ async fn keep_member_record_current(inner: Weak<Inner>, mut shutdown: watch::Rec
 
 fn raft_wire_error<E: std::fmt::Display>(e: RaftError<NodeId, E>) -> WireError {
     match e {
-        RaftError::Fatal(f) => WireError::new(ErrorCode::Unavailable, format!("raft has stopped: {f}")),
+        RaftError::Fatal(f) => {
+            WireError::new(ErrorCode::Unavailable, format!("raft has stopped: {f}"))
+        }
         RaftError::APIError(e) => WireError::new(ErrorCode::Internal, e.to_string()),
     }
 }
@@ -435,7 +486,13 @@ impl Inner {
         let m = self.raft.metrics();
         let m = m.borrow();
         let id = m.current_leader?;
-        let addr = m.membership_config.membership().get_node(&id)?.addr.parse().ok()?;
+        let addr = m
+            .membership_config
+            .membership()
+            .get_node(&id)?
+            .addr
+            .parse()
+            .ok()?;
         Some((id, addr))
     }
 
@@ -445,7 +502,11 @@ impl Inner {
         m.current_leader == Some(self.id) && m.state == ServerState::Leader
     }
 
-    async fn bootstrap_cluster(self: &Arc<Self>, cluster_id: String, ca: CaBundle) -> Result<BootstrapInfo, AgentError> {
+    async fn bootstrap_cluster(
+        self: &Arc<Self>,
+        cluster_id: String,
+        ca: CaBundle,
+    ) -> Result<BootstrapInfo, AgentError> {
         let nodes = BTreeMap::from([(self.id, BasicNode::new(self.rpc_addr.to_string()))]);
         self.raft
             .initialize(nodes)
@@ -468,7 +529,9 @@ impl Inner {
         };
         match self.write(cmd).await {
             Ok((LedgerResponse::NodeId(_), _)) => {}
-            Ok((other, _)) => return Err(AgentError::Raft(format!("bootstrap refused: {other:?}"))),
+            Ok((other, _)) => {
+                return Err(AgentError::Raft(format!("bootstrap refused: {other:?}")))
+            }
             Err(e) => return Err(AgentError::Raft(format!("bootstrap write failed: {e}"))),
         }
         identity::write_private(
@@ -482,17 +545,24 @@ impl Inner {
             .await
             .map_err(|e| AgentError::Raft(e.to_string()))?
             .0;
-        Ok(BootstrapInfo { admin_token, join_token })
+        Ok(BootstrapInfo {
+            admin_token,
+            join_token,
+        })
     }
 
-    pub async fn create_join_token(self: &Arc<Self>, ttl: Duration) -> Result<(String, u64), WireError> {
+    pub async fn create_join_token(
+        self: &Arc<Self>,
+        ttl: Duration,
+    ) -> Result<(String, u64), WireError> {
         let pin = {
             let d = self.read_ledger()?;
-            let cluster = d
-                .ledger
-                .cluster
-                .as_ref()
-                .ok_or_else(|| WireError::new(ErrorCode::Unavailable, "the cluster is not bootstrapped yet"))?;
+            let cluster = d.ledger.cluster.as_ref().ok_or_else(|| {
+                WireError::new(
+                    ErrorCode::Unavailable,
+                    "the cluster is not bootstrapped yet",
+                )
+            })?;
             CaBundle {
                 cert_pem: cluster.ca_cert_pem.clone(),
                 key_pem: String::new(),
@@ -502,7 +572,11 @@ impl Inner {
         };
         let (token, hash) = identity::new_join_token(&pin);
         let expires_at_ms = wall_ms() + ttl.as_millis() as u64;
-        self.write(Command::CreateJoinToken { hash, expires_at_ms }).await?;
+        self.write(Command::CreateJoinToken {
+            hash,
+            expires_at_ms,
+        })
+        .await?;
         Ok((token, expires_at_ms))
     }
 
@@ -510,7 +584,10 @@ impl Inner {
         self.shutdown.subscribe()
     }
 
-    pub fn read_ledger(&self) -> Result<std::sync::RwLockReadGuard<'_, shoal_consensus::store::StateMachineData>, WireError> {
+    pub fn read_ledger(
+        &self,
+    ) -> Result<std::sync::RwLockReadGuard<'_, shoal_consensus::store::StateMachineData>, WireError>
+    {
         self.ledger
             .read()
             .map_err(|_| WireError::new(ErrorCode::Internal, "ledger lock poisoned"))
@@ -540,9 +617,13 @@ impl Inner {
 
     async fn serve_raft(&self, rpc: RaftRpc) -> RaftRpcReply {
         match rpc {
-            RaftRpc::AppendEntries(r) => RaftRpcReply::AppendEntries(self.raft.append_entries(r).await),
+            RaftRpc::AppendEntries(r) => {
+                RaftRpcReply::AppendEntries(self.raft.append_entries(r).await)
+            }
             RaftRpc::Vote(r) => RaftRpcReply::Vote(self.raft.vote(r).await),
-            RaftRpc::InstallSnapshot(r) => RaftRpcReply::InstallSnapshot(self.raft.install_snapshot(r).await),
+            RaftRpc::InstallSnapshot(r) => {
+                RaftRpcReply::InstallSnapshot(self.raft.install_snapshot(r).await)
+            }
         }
     }
 
@@ -563,10 +644,16 @@ impl Inner {
                     self.serve_as_leader(req).await
                 }
                 Some((id, addr)) => self.call_leader(id, addr, &body, deadline).await,
-                None => Err(WireError::new(ErrorCode::NotLeader, "no leader is elected right now")),
+                None => Err(WireError::new(
+                    ErrorCode::NotLeader,
+                    "no leader is elected right now",
+                )),
             };
             match attempt {
-                Err(e) if matches!(e.code, ErrorCode::NotLeader | ErrorCode::Unavailable) && Instant::now() < deadline => {
+                Err(e)
+                    if matches!(e.code, ErrorCode::NotLeader | ErrorCode::Unavailable)
+                        && Instant::now() < deadline =>
+                {
                     tracing::debug!(error = %e, "retrying on the leader");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -578,7 +665,13 @@ impl Inner {
     /// One attempt on the leader `id`. Abandoned as soon as this node learns
     /// of another leader: a dead leader's connection would otherwise hold the
     /// request until QUIC's idle timeout.
-    async fn call_leader(&self, id: NodeId, addr: SocketAddr, body: &[u8], deadline: Instant) -> Result<Response, WireError> {
+    async fn call_leader(
+        &self,
+        id: NodeId,
+        addr: SocketAddr,
+        body: &[u8],
+        deadline: Instant,
+    ) -> Result<Response, WireError> {
         let mut metrics = self.raft.metrics();
         let leader_changed = async move {
             loop {
@@ -590,7 +683,9 @@ impl Inner {
                 }
             }
         };
-        let budget = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
+        let budget = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
         tokio::select! {
             r = self.rpc.call(addr, body, budget) => match r {
                 Ok(reply) => match proto::decode::<Response>(&reply)? {
@@ -612,14 +707,20 @@ impl Inner {
             Request::Query(q) => self.query_local(q).await,
             Request::Join(j) => self.admit(j).await.map(Response::Join),
             Request::RemoveMember(id) => self.remove_local(id).await,
-            Request::Raft(_) => Err(WireError::new(ErrorCode::Invalid, "Raft RPCs are not routed")),
+            Request::Raft(_) => Err(WireError::new(
+                ErrorCode::Invalid,
+                "Raft RPCs are not routed",
+            )),
         }
     }
 
     pub async fn write(self: &Arc<Self>, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
         match self.route(Request::Write(cmd)).await? {
             Response::Write { response, index } => Ok((response, index)),
-            _ => Err(WireError::new(ErrorCode::Internal, "unexpected answer to a write")),
+            _ => Err(WireError::new(
+                ErrorCode::Internal,
+                "unexpected answer to a write",
+            )),
         }
     }
 
@@ -627,15 +728,19 @@ impl Inner {
     /// time (DESIGN invariant 7).
     pub async fn write_local(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
         let started = Instant::now();
-        let req = LedgerRequest { now_ms: wall_ms(), cmd };
+        let req = LedgerRequest {
+            now_ms: wall_ms(),
+            cmd,
+        };
         match self.raft.client_write(req).await {
             Ok(r) => {
                 self.metrics.observe_proposal(started.elapsed());
                 Ok((r.data, r.log_id.index))
             }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
-                Err(WireError::new(ErrorCode::NotLeader, format!("node {} is not the leader", self.id)))
-            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(WireError::new(
+                ErrorCode::NotLeader,
+                format!("node {} is not the leader", self.id),
+            )),
             Err(e) => Err(raft_wire_error(e)),
         }
     }
@@ -644,12 +749,17 @@ impl Inner {
         match self.raft.ensure_linearizable().await {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
-                Err(WireError::new(ErrorCode::NotLeader, format!("node {} is not the leader", self.id)))
+                Err(WireError::new(
+                    ErrorCode::NotLeader,
+                    format!("node {} is not the leader", self.id),
+                ))
             }
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => Err(WireError::new(
-                ErrorCode::Unavailable,
-                format!("the leader cannot reach a quorum: {e}"),
-            )),
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(WireError::new(
+                    ErrorCode::Unavailable,
+                    format!("the leader cannot reach a quorum: {e}"),
+                ))
+            }
             Err(e) => Err(raft_wire_error(e)),
         }
     }
@@ -657,21 +767,33 @@ impl Inner {
     pub async fn status(self: &Arc<Self>) -> Result<StatusResponse, WireError> {
         match self.route(Request::Query(Query::Status)).await? {
             Response::Status(s) => Ok(s),
-            _ => Err(WireError::new(ErrorCode::Internal, "unexpected answer to a status query")),
+            _ => Err(WireError::new(
+                ErrorCode::Internal,
+                "unexpected answer to a status query",
+            )),
         }
     }
 
     pub async fn nodes(self: &Arc<Self>) -> Result<Vec<NodeInfo>, WireError> {
         match self.route(Request::Query(Query::Nodes)).await? {
             Response::Nodes(n) => Ok(n),
-            _ => Err(WireError::new(ErrorCode::Internal, "unexpected answer to a nodes query")),
+            _ => Err(WireError::new(
+                ErrorCode::Internal,
+                "unexpected answer to a nodes query",
+            )),
         }
     }
 
-    pub async fn attrs(self: &Arc<Self>, prefix: String) -> Result<BTreeMap<String, String>, WireError> {
+    pub async fn attrs(
+        self: &Arc<Self>,
+        prefix: String,
+    ) -> Result<BTreeMap<String, String>, WireError> {
         match self.route(Request::Query(Query::Attrs { prefix })).await? {
             Response::Attrs(a) => Ok(a),
-            _ => Err(WireError::new(ErrorCode::Internal, "unexpected answer to an attribute query")),
+            _ => Err(WireError::new(
+                ErrorCode::Internal,
+                "unexpected answer to an attribute query",
+            )),
         }
     }
 
@@ -731,7 +853,12 @@ impl Inner {
                                 .map(|t| now.saturating_duration_since(t).as_millis() as u64)
                         };
                         let gpus_total = m.spec.gpus.len() as u32;
-                        let gpus_free = m.spec.gpus.iter().filter(|g| g.allocated_to.is_none()).count() as u32;
+                        let gpus_free = m
+                            .spec
+                            .gpus
+                            .iter()
+                            .filter(|g| g.allocated_to.is_none())
+                            .count() as u32;
                         NodeInfo {
                             id: m.id,
                             name: m.spec.name.clone(),
@@ -761,15 +888,23 @@ impl Inner {
             let d = self.read_ledger()?;
             (
                 d.ledger.cluster.clone(),
-                d.ledger.join_token_valid(&identity::hash_secret(&j.secret), wall_ms()),
+                d.ledger
+                    .join_token_valid(&identity::hash_secret(&j.secret), wall_ms()),
             )
         };
-        let cluster = cluster.ok_or_else(|| WireError::new(ErrorCode::Unavailable, "the cluster is not bootstrapped yet"))?;
+        let cluster = cluster.ok_or_else(|| {
+            WireError::new(
+                ErrorCode::Unavailable,
+                "the cluster is not bootstrapped yet",
+            )
+        })?;
         let ca = CaBundle {
             cert_pem: cluster.ca_cert_pem.clone(),
             key_pem: cluster.ca_key_pem.clone(),
         };
-        let pin = ca.fingerprint().map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
+        let pin = ca
+            .fingerprint()
+            .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
         if pin != j.ca_pin {
             return Err(WireError::new(
                 ErrorCode::Forbidden,
@@ -777,15 +912,22 @@ impl Inner {
             ));
         }
         token_check.map_err(|m| WireError::new(ErrorCode::Forbidden, m))?;
-        shoal_consensus::ledger::validate_name(&j.spec.name).map_err(|m| WireError::new(ErrorCode::Invalid, m))?;
-        j.spec
-            .rpc_addr
-            .parse::<SocketAddr>()
-            .map_err(|_| WireError::new(ErrorCode::Invalid, format!("invalid RPC address '{}'", j.spec.rpc_addr)))?;
+        shoal_consensus::ledger::validate_name(&j.spec.name)
+            .map_err(|m| WireError::new(ErrorCode::Invalid, m))?;
+        j.spec.rpc_addr.parse::<SocketAddr>().map_err(|_| {
+            WireError::new(
+                ErrorCode::Invalid,
+                format!("invalid RPC address '{}'", j.spec.rpc_addr),
+            )
+        })?;
         // Check the CSR before anything is committed, so a bad request leaves
         // no member behind.
-        ca.sign_csr(&j.csr_pem, &j.spec.name, 0)
-            .map_err(|e| WireError::new(ErrorCode::Invalid, format!("invalid certificate request: {e}")))?;
+        ca.sign_csr(&j.csr_pem, &j.spec.name, 0).map_err(|e| {
+            WireError::new(
+                ErrorCode::Invalid,
+                format!("invalid certificate request: {e}"),
+            )
+        })?;
         let cmd = Command::AddMember {
             spec: j.spec.clone(),
             token_hash: identity::hash_secret(&j.secret),
@@ -793,7 +935,12 @@ impl Inner {
         let id = match self.write_local(cmd).await?.0 {
             LedgerResponse::NodeId(id) => id,
             LedgerResponse::Rejected(m) => return Err(WireError::new(ErrorCode::Rejected, m)),
-            LedgerResponse::Ok => return Err(WireError::new(ErrorCode::Internal, "the ledger assigned no node id")),
+            LedgerResponse::Ok => {
+                return Err(WireError::new(
+                    ErrorCode::Internal,
+                    "the ledger assigned no node id",
+                ))
+            }
         };
         let cert_pem = ca
             .sign_csr(&j.csr_pem, &j.spec.name, id)
@@ -815,7 +962,10 @@ impl Inner {
     pub async fn remove_member(self: &Arc<Self>, id: NodeId) -> Result<u64, WireError> {
         match self.route(Request::RemoveMember(id)).await? {
             Response::Write { index, .. } => Ok(index),
-            _ => Err(WireError::new(ErrorCode::Internal, "unexpected answer to a removal")),
+            _ => Err(WireError::new(
+                ErrorCode::Internal,
+                "unexpected answer to a removal",
+            )),
         }
     }
 
@@ -825,8 +975,18 @@ impl Inner {
         }
         let known = self.read_ledger()?.ledger.members.get(&id).map(|m| m.state);
         match known {
-            None => return Err(WireError::new(ErrorCode::Invalid, format!("no member with id {id}"))),
-            Some(MemberState::Left) => return Err(WireError::new(ErrorCode::Rejected, format!("node {id} has already left"))),
+            None => {
+                return Err(WireError::new(
+                    ErrorCode::Invalid,
+                    format!("no member with id {id}"),
+                ))
+            }
+            Some(MemberState::Left) => {
+                return Err(WireError::new(
+                    ErrorCode::Rejected,
+                    format!("node {id} has already left"),
+                ))
+            }
             Some(_) => {}
         }
         if id == self.id {
@@ -835,7 +995,13 @@ impl Inner {
                 format!("node {id} is the current leader: stop it first (another node takes over), then remove it"),
             ));
         }
-        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
+        let membership = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .clone();
         if membership.voter_ids().any(|v| v == id) {
             self.raft
                 .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)

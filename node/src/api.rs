@@ -11,7 +11,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use openraft::ServerState;
 use shoal_consensus::{Command, LedgerResponse};
-use shoal_sdk::{ApiErrorBody, AttrPut, MemberState, TokenCreateRequest, TokenCreateResponse, WriteResponse};
+use shoal_sdk::{
+    ApiErrorBody, AttrPut, MemberState, TokenCreateRequest, TokenCreateResponse, WriteResponse,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +33,9 @@ impl IntoResponse for ApiError {
 impl From<WireError> for ApiError {
     fn from(e: WireError) -> Self {
         let (status, code) = match e.code {
-            ErrorCode::NotLeader | ErrorCode::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ErrorCode::NotLeader | ErrorCode::Unavailable => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
             ErrorCode::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ErrorCode::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
             ErrorCode::Invalid => (StatusCode::BAD_REQUEST, "invalid"),
@@ -70,7 +74,10 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .nest("/v1", v1)
-        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
         .with_state(state)
 }
 
@@ -100,7 +107,9 @@ async fn require_token(State(inner): State<AppState>, req: Request, next: Next) 
             StatusCode::UNAUTHORIZED,
             ApiErrorBody {
                 code: "unauthorized".into(),
-                message: "a valid API token is required (--token, SHOAL_TOKEN or <data-dir>/admin.token)".into(),
+                message:
+                    "a valid API token is required (--token, SHOAL_TOKEN or <data-dir>/admin.token)"
+                        .into(),
             },
         )
         .into_response(),
@@ -120,7 +129,9 @@ async fn count_requests(State(inner): State<AppState>, req: Request, next: Next)
 
 async fn health(State(inner): State<AppState>) -> Json<serde_json::Value> {
     let leader = inner.raft.metrics().borrow().current_leader;
-    Json(serde_json::json!({ "ok": true, "node_id": inner.id, "name": inner.name, "leader": leader }))
+    Json(
+        serde_json::json!({ "ok": true, "node_id": inner.id, "name": inner.name, "leader": leader }),
+    )
 }
 
 async fn metrics(State(inner): State<AppState>) -> impl IntoResponse {
@@ -128,13 +139,27 @@ async fn metrics(State(inner): State<AppState>) -> impl IntoResponse {
         let m = inner.raft.metrics().borrow().clone();
         let mm = &inner.metrics;
         mm.raft_term.set(m.current_term as i64);
-        mm.raft_is_leader.set(i64::from(m.state == ServerState::Leader));
-        mm.raft_commit_index.set(m.last_applied.map(|l| l.index as i64).unwrap_or(0));
-        mm.raft_last_log_index.set(m.last_log_index.map(|i| i as i64).unwrap_or(0));
-        mm.raft_voters.set(m.membership_config.membership().voter_ids().count() as i64);
+        mm.raft_is_leader
+            .set(i64::from(m.state == ServerState::Leader));
+        mm.raft_commit_index
+            .set(m.last_applied.map(|l| l.index as i64).unwrap_or(0));
+        mm.raft_last_log_index
+            .set(m.last_log_index.map(|i| i as i64).unwrap_or(0));
+        mm.raft_voters
+            .set(m.membership_config.membership().voter_ids().count() as i64);
         if let Ok(d) = inner.ledger.read() {
-            for state in [MemberState::Alive, MemberState::Suspect, MemberState::Down, MemberState::Left] {
-                let n = d.ledger.members.values().filter(|m| m.state == state).count();
+            for state in [
+                MemberState::Alive,
+                MemberState::Suspect,
+                MemberState::Down,
+                MemberState::Left,
+            ] {
+                let n = d
+                    .ledger
+                    .members
+                    .values()
+                    .filter(|m| m.state == state)
+                    .count();
                 mm.members
                     .get_or_create(&vec![("state".into(), state.as_str().into())])
                     .set(n as i64);
@@ -142,12 +167,17 @@ async fn metrics(State(inner): State<AppState>) -> impl IntoResponse {
         }
     }
     (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         inner.metrics.render(),
     )
 }
 
-async fn status(State(inner): State<AppState>) -> Result<Json<shoal_sdk::StatusResponse>, ApiError> {
+async fn status(
+    State(inner): State<AppState>,
+) -> Result<Json<shoal_sdk::StatusResponse>, ApiError> {
     Ok(Json(inner.status().await?))
 }
 
@@ -161,13 +191,22 @@ async fn create_token(
 ) -> Result<Json<TokenCreateResponse>, ApiError> {
     let ttl = req.ttl_s.unwrap_or(inner.cfg.join_token_ttl_s);
     if ttl == 0 || ttl > MAX_TOKEN_TTL_S {
-        return Err(bad_request(format!("--ttl must be between 1s and {}d", MAX_TOKEN_TTL_S / 86400)));
+        return Err(bad_request(format!(
+            "--ttl must be between 1s and {}d",
+            MAX_TOKEN_TTL_S / 86400
+        )));
     }
     let (token, expires_at_ms) = inner.create_join_token(Duration::from_secs(ttl)).await?;
-    Ok(Json(TokenCreateResponse { token, expires_at_ms }))
+    Ok(Json(TokenCreateResponse {
+        token,
+        expires_at_ms,
+    }))
 }
 
-async fn put_attr(State(inner): State<AppState>, Json(req): Json<AttrPut>) -> Result<Json<WriteResponse>, ApiError> {
+async fn put_attr(
+    State(inner): State<AppState>,
+    Json(req): Json<AttrPut>,
+) -> Result<Json<WriteResponse>, ApiError> {
     let (resp, index) = inner
         .write(Command::PutAttr {
             key: req.key,
@@ -180,7 +219,10 @@ async fn put_attr(State(inner): State<AppState>, Json(req): Json<AttrPut>) -> Re
     }
 }
 
-async fn remove_node(State(inner): State<AppState>, Path(node): Path<String>) -> Result<Json<WriteResponse>, ApiError> {
+async fn remove_node(
+    State(inner): State<AppState>,
+    Path(node): Path<String>,
+) -> Result<Json<WriteResponse>, ApiError> {
     let id = {
         let d = inner.read_ledger()?;
         d.ledger

@@ -49,7 +49,11 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                 .split(',')
                 .map(|c| c.trim().parse::<usize>())
                 .collect::<Result<_, _>>()
-                .map_err(|_| anyhow::anyhow!("--clients must be a comma-separated list of numbers, e.g. 1,16,64"))?;
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "--clients must be a comma-separated list of numbers, e.g. 1,16,64"
+                    )
+                })?;
             if counts.is_empty() || counts.contains(&0) {
                 anyhow::bail!("--clients must list positive numbers");
             }
@@ -65,7 +69,10 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                     "ledger writes through the leader's HTTP API, {nodes} nodes on loopback, fsync on, {value_bytes}-byte values, {} per step",
                     duration
                 );
-                println!("{:>8} {:>10} {:>10} {:>9} {:>9} {:>9}", "clients", "writes", "writes/s", "p50 ms", "p99 ms", "errors");
+                println!(
+                    "{:>8} {:>10} {:>10} {:>9} {:>9} {:>9}",
+                    "clients", "writes", "writes/s", "p50 ms", "p99 ms", "errors"
+                );
                 for r in &rows {
                     println!(
                         "{:>8} {:>10} {:>10.0} {:>9.2} {:>9.2} {:>9}",
@@ -94,10 +101,16 @@ pub async fn bench_ledger(
 ) -> anyhow::Result<Vec<LedgerBenchRow>> {
     let cluster = LocalCluster::start(nodes, |_, _| {}).await?;
     cluster
-        .wait_until("all nodes to agree on a leader", Duration::from_secs(20), |c| {
-            let ok = c.agreed_leader().is_some() && c.agents[0].voters().len() == nodes.min(5) - usize::from(nodes == 2 || nodes == 4);
-            async move { ok }
-        })
+        .wait_until(
+            "all nodes to agree on a leader",
+            Duration::from_secs(20),
+            |c| {
+                let ok = c.agreed_leader().is_some()
+                    && c.agents[0].voters().len()
+                        == nodes.min(5) - usize::from(nodes == 2 || nodes == 4);
+                async move { ok }
+            },
+        )
         .await
         .map_err(anyhow::Error::msg)?;
     let leader_idx = cluster
@@ -118,7 +131,10 @@ pub async fn bench_ledger(
                 let mut i = 0u64;
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    match client.put_attr(&format!("bench/{c}/{}", i % 1024), &value).await {
+                    match client
+                        .put_attr(&format!("bench/{c}/{}", i % 1024), &value)
+                        .await
+                    {
                         Ok(_) => lat.push(t.elapsed().as_secs_f64() * 1000.0),
                         Err(_) => errors += 1,
                     }

@@ -10,7 +10,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "shoal", version, about = "A peer-to-peer compute mesh for AI training")]
+#[command(
+    name = "shoal",
+    version,
+    about = "A peer-to-peer compute mesh for AI training"
+)]
 pub struct Cli {
     /// API of the node to talk to [env: SHOAL_API] [default: http://127.0.0.1:7070]
     #[arg(long, global = true)]
@@ -129,7 +133,10 @@ pub fn main() -> i32 {
             return code;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -147,7 +154,9 @@ pub fn main() -> i32 {
 }
 
 fn env_map() -> BTreeMap<String, String> {
-    std::env::vars().filter(|(k, _)| k.starts_with("SHOAL_")).collect()
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("SHOAL_"))
+        .collect()
 }
 
 fn data_dir(cli: &Cli) -> PathBuf {
@@ -187,9 +196,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             init_logging("text");
             crate::dev::run(*api_addr, sim_gpus.clone()).await
         }
-        Cmd::Token { cmd: TokenCmd::Create { ttl } } => {
+        Cmd::Token {
+            cmd: TokenCmd::Create { ttl },
+        } => {
             let ttl_s = match ttl {
-                Some(t) => Some(crate::duration::parse_duration(t).map_err(anyhow::Error::msg)?.as_secs()),
+                Some(t) => Some(
+                    crate::duration::parse_duration(t)
+                        .map_err(anyhow::Error::msg)?
+                        .as_secs(),
+                ),
                 None => None,
             };
             let t = client(&cli).create_token(ttl_s).await.map_err(api_err)?;
@@ -218,7 +233,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
         }
-        Cmd::Node { cmd: NodeCmd::Remove { node } } => {
+        Cmd::Node {
+            cmd: NodeCmd::Remove { node },
+        } => {
             let r = client(&cli).remove_node(node).await.map_err(api_err)?;
             if cli.json {
                 print_json(&r)
@@ -239,9 +256,14 @@ fn api_err(e: ClientError) -> anyhow::Error {
 }
 
 pub fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,openraft=error,shoal_node=info,shoal_consensus=info,shoal_mesh=info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(
+            "warn,openraft=error,shoal_node=info,shoal_consensus=info,shoal_mesh=info",
+        )
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = if format == "json" {
         builder.json().try_init()
     } else {
@@ -251,7 +273,10 @@ pub fn init_logging(format: &str) {
 
 async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
     let env = env_map();
-    let file = args.config.clone().or_else(|| env.get("SHOAL_CONFIG").map(PathBuf::from));
+    let file = args
+        .config
+        .clone()
+        .or_else(|| env.get("SHOAL_CONFIG").map(PathBuf::from));
     let mut cfg = Config::load(file.as_deref(), &env).map_err(anyhow::Error::msg)?;
     if let Some(d) = &cli.data_dir {
         cfg.data_dir = Some(d.clone());
@@ -294,10 +319,24 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
     };
     let agent = Agent::start(cfg, mode).await?;
     if let Some(boot) = &agent.bootstrap {
-        println!("Cluster bootstrapped; this node is {} (id {}).", agent.name(), agent.id());
-        println!("Admin token written to {}", agent.data_dir().join(crate::identity::ADMIN_TOKEN_FILE).display());
+        println!(
+            "Cluster bootstrapped; this node is {} (id {}).",
+            agent.name(),
+            agent.id()
+        );
+        println!(
+            "Admin token written to {}",
+            agent
+                .data_dir()
+                .join(crate::identity::ADMIN_TOKEN_FILE)
+                .display()
+        );
         println!("Join more nodes with:");
-        println!("  shoal agent --join {} --join-token {}", agent.rpc_addr(), boot.join_token);
+        println!(
+            "  shoal agent --join {} --join-token {}",
+            agent.rpc_addr(),
+            boot.join_token
+        );
     }
     wait_for_signal().await;
     if args.leave {
@@ -341,7 +380,10 @@ fn format_status(s: &StatusResponse) -> String {
             .unwrap_or_else(|| "?".into())
     };
     let mut out = String::new();
-    out.push_str(&format!("cluster  {}  (region {})\n", s.cluster_id, s.region));
+    out.push_str(&format!(
+        "cluster  {}  (region {})\n",
+        s.cluster_id, s.region
+    ));
     match s.leader {
         Some(l) => out.push_str(&format!(
             "leader   {} ({})  term {}  commit {}\n",
@@ -354,9 +396,16 @@ fn format_status(s: &StatusResponse) -> String {
     }
     out.push_str(&format!(
         "voters   {}\n",
-        s.voters.iter().map(|v| format!("{v} ({})", name_of(*v))).collect::<Vec<_>>().join(", ")
+        s.voters
+            .iter()
+            .map(|v| format!("{v} ({})", name_of(*v)))
+            .collect::<Vec<_>>()
+            .join(", ")
     ));
-    out.push_str(&format!("{:<6}{:<20}{:<10}{}\n", "ID", "NAME", "STATE", "ROLE"));
+    out.push_str(&format!(
+        "{:<6}{:<20}{:<10}{}\n",
+        "ID", "NAME", "STATE", "ROLE"
+    ));
     for m in &s.members {
         let role = if s.leader == Some(m.id) {
             "leader"
@@ -365,7 +414,10 @@ fn format_status(s: &StatusResponse) -> String {
         } else {
             "learner"
         };
-        out.push_str(&format!("{:<6}{:<20}{:<10}{}\n", m.id, m.name, m.state, role));
+        out.push_str(&format!(
+            "{:<6}{:<20}{:<10}{}\n",
+            m.id, m.name, m.state, role
+        ));
     }
     out
 }
@@ -378,7 +430,12 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
     for n in nodes {
         let mut models: Vec<&str> = n.gpus.iter().map(|g| g.model.as_str()).collect();
         models.dedup();
-        let labels = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+        let labels = n
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
         let seen = match n.last_seen_ms {
             Some(ms) if ms < 1000 => format!("{ms}ms"),
             Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
@@ -391,9 +448,17 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
             n.state,
             n.addr,
             format!("{}/{}", n.gpus_free, n.gpus_total),
-            if models.is_empty() { "-".to_string() } else { models.join("+") },
+            if models.is_empty() {
+                "-".to_string()
+            } else {
+                models.join("+")
+            },
             seen,
-            if labels.is_empty() { "-".to_string() } else { labels }
+            if labels.is_empty() {
+                "-".to_string()
+            } else {
+                labels
+            }
         ));
     }
     out

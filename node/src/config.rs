@@ -41,6 +41,9 @@ pub struct RaftTuning {
     pub election_timeout_max_ms: u64,
     /// Take a snapshot after this many log entries.
     pub snapshot_every: u64,
+    /// Log entries kept behind a snapshot so that slightly lagging followers
+    /// catch up from the log instead of a full snapshot.
+    pub logs_kept_after_snapshot: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -64,6 +67,7 @@ impl Default for RaftTuning {
             election_timeout_min_ms: 500,
             election_timeout_max_ms: 900,
             snapshot_every: 5000,
+            logs_kept_after_snapshot: 1000,
         }
     }
 }
@@ -115,6 +119,7 @@ const ENV_KEYS: &[&str] = &[
     "raft.election_timeout_min_ms",
     "raft.election_timeout_max_ms",
     "raft.snapshot_every",
+    "raft.logs_kept_after_snapshot",
     "membership.voter_replace_after_ms",
     "membership.request_timeout_ms",
 ];
@@ -200,10 +205,15 @@ impl Config {
             ));
         }
         if self.raft.election_timeout_max_ms <= self.raft.election_timeout_min_ms {
-            return Err("raft.election_timeout_max_ms must exceed raft.election_timeout_min_ms".into());
+            return Err(
+                "raft.election_timeout_max_ms must exceed raft.election_timeout_min_ms".into(),
+            );
         }
         if !matches!(self.log_format.as_str(), "text" | "json") {
-            return Err(format!("log_format must be 'text' or 'json', not '{}'", self.log_format));
+            return Err(format!(
+                "log_format must be 'text' or 'json', not '{}'",
+                self.log_format
+            ));
         }
         if let Some(n) = &self.name {
             shoal_consensus::ledger::validate_name(n)?;
@@ -225,7 +235,13 @@ impl Config {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "node".into());
         host.chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '-' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '-'
+                }
+            })
             .take(63)
             .collect()
     }
@@ -265,7 +281,10 @@ mod tests {
         .expect("write");
         let env = BTreeMap::from([
             ("SHOAL_REGION".to_string(), "us".to_string()),
-            ("SHOAL_RAFT__ELECTION_TIMEOUT_MIN_MS".to_string(), "900".to_string()),
+            (
+                "SHOAL_RAFT__ELECTION_TIMEOUT_MIN_MS".to_string(),
+                "900".to_string(),
+            ),
             ("SHOAL_API".to_string(), "ignored".to_string()),
         ]);
         let c = Config::load(Some(&file), &env).expect("valid");
@@ -295,7 +314,10 @@ mod tests {
         let _: Config = table.clone().try_into().expect("example is a valid config");
         let defaults = toml::Table::try_from(Config::default()).expect("serialize");
         for (k, v) in &defaults {
-            assert!(text.contains(&format!("{k} =")) || text.contains(&format!("[{k}]")), "{k} undocumented");
+            assert!(
+                text.contains(&format!("{k} =")) || text.contains(&format!("[{k}]")),
+                "{k} undocumented"
+            );
             if let toml::Value::Table(inner) = v {
                 for ik in inner.keys() {
                     assert!(text.contains(&format!("{ik} =")), "{k}.{ik} undocumented");

@@ -36,7 +36,11 @@ pub async fn run(api_addr: Option<SocketAddr>, sim_gpus: Option<String>) -> anyh
     println!();
     println!("Point the CLI at it from another terminal:");
     println!();
-    println!("  export SHOAL_API={} SHOAL_TOKEN={}", agent.api_url(), boot.admin_token);
+    println!(
+        "  export SHOAL_API={} SHOAL_TOKEN={}",
+        agent.api_url(),
+        boot.admin_token
+    );
     println!("  shoal status");
     println!("  shoal nodes");
     println!();

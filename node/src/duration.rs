@@ -5,7 +5,9 @@ use std::time::Duration;
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let bad = || format!("invalid duration '{s}': use MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or 90s/30m/2h/1d");
+    let bad = || {
+        format!("invalid duration '{s}': use MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or 90s/30m/2h/1d")
+    };
     if s.is_empty() {
         return Err(bad());
     }

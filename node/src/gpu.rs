@@ -10,9 +10,9 @@ use shoal_sdk::GpuInfo;
 pub fn parse_sim_gpus(spec: &str, node_name: &str) -> Result<Vec<GpuInfo>, String> {
     let mut out = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (count, model) = part
-            .split_once(['x', 'X'])
-            .ok_or_else(|| format!("invalid --sim-gpus entry '{part}': expected COUNTxMODEL, e.g. 8xH100-80GB"))?;
+        let (count, model) = part.split_once(['x', 'X']).ok_or_else(|| {
+            format!("invalid --sim-gpus entry '{part}': expected COUNTxMODEL, e.g. 8xH100-80GB")
+        })?;
         let count: u32 = count
             .parse()
             .map_err(|_| format!("invalid GPU count '{count}' in --sim-gpus entry '{part}'"))?;
@@ -26,7 +26,14 @@ pub fn parse_sim_gpus(spec: &str, node_name: &str) -> Result<Vec<GpuInfo>, Strin
         for _ in 0..count {
             let index = out.len() as u32;
             let h = blake3::hash(format!("{node_name}/{index}/{model}").as_bytes()).to_hex();
-            let uuid = format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32]);
+            let uuid = format!(
+                "GPU-{}-{}-{}-{}-{}",
+                &h[0..8],
+                &h[8..12],
+                &h[12..16],
+                &h[16..20],
+                &h[20..32]
+            );
             out.push(GpuInfo {
                 index,
                 model: model.to_string(),

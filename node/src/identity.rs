@@ -116,7 +116,10 @@ pub fn write_private(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()
 pub fn ensure_data_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     if !dir.exists() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
     }
     Ok(())
 }
@@ -153,7 +156,12 @@ mod tests {
         let p = parse_join_token(&token).expect("parses");
         assert_eq!(p.secret_hash, hash);
         assert_eq!(p.ca_pin, pin);
-        for bad in ["", "sj1.x.y", "sj2.00000000000000000000000000000000.00", &token.replace("sj1", "xx1")] {
+        for bad in [
+            "",
+            "sj1.x.y",
+            "sj2.00000000000000000000000000000000.00",
+            &token.replace("sj1", "xx1"),
+        ] {
             assert!(parse_join_token(bad).is_err(), "{bad}");
         }
     }
@@ -170,7 +178,10 @@ mod tests {
             credentials: ca.issue("n3", 3).expect("issue"),
         };
         save_identity(dir.path(), &id).expect("save");
-        let mode = std::fs::metadata(identity_path(dir.path())).expect("meta").permissions().mode();
+        let mode = std::fs::metadata(identity_path(dir.path()))
+            .expect("meta")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(load_identity(dir.path()).expect("load"), Some(id));
     }

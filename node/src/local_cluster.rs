@@ -74,7 +74,11 @@ impl LocalCluster {
     /// The agent every running node agrees is leader, if they agree.
     pub fn agreed_leader(&self) -> Option<&Agent> {
         let first = self.agents.first()?.current_leader()?;
-        if self.agents.iter().all(|a| a.current_leader() == Some(first)) {
+        if self
+            .agents
+            .iter()
+            .all(|a| a.current_leader() == Some(first))
+        {
             self.agents.iter().find(|a| a.id() == first)
         } else {
             None
@@ -82,7 +86,12 @@ impl LocalCluster {
     }
 
     /// Waits until `check` holds, polling every 50 ms, for at most `timeout`.
-    pub async fn wait_until<F, Fut>(&self, what: &str, timeout: Duration, mut check: F) -> Result<Duration, String>
+    pub async fn wait_until<F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: F,
+    ) -> Result<Duration, String>
     where
         F: FnMut(&Self) -> Fut,
         Fut: Future<Output = bool>,

@@ -29,9 +29,16 @@ impl Metrics {
     pub fn new(node_id: u64, name: &str) -> Self {
         let mut registry = Registry::with_prefix("shoal");
         let info: Family<Labels, Gauge> = Family::default();
-        info.get_or_create(&vec![("node".into(), node_id.to_string()), ("name".into(), name.to_string())])
-            .set(1);
-        registry.register("node_info", "Constant 1, labelled with this node's id and name", info);
+        info.get_or_create(&vec![
+            ("node".into(), node_id.to_string()),
+            ("name".into(), name.to_string()),
+        ])
+        .set(1);
+        registry.register(
+            "node_info",
+            "Constant 1, labelled with this node's id and name",
+            info,
+        );
         let m = Metrics {
             raft_term: Gauge::default(),
             raft_is_leader: Gauge::default(),
@@ -44,17 +51,41 @@ impl Metrics {
             registry: Registry::default(),
         };
         registry.register("raft_term", "Current Raft term", m.raft_term.clone());
-        registry.register("raft_is_leader", "1 when this node is the Raft leader", m.raft_is_leader.clone());
-        registry.register("raft_commit_index", "Last log index applied to the ledger", m.raft_commit_index.clone());
-        registry.register("raft_last_log_index", "Last log index in this node's log", m.raft_last_log_index.clone());
-        registry.register("raft_voters", "Number of voting members", m.raft_voters.clone());
-        registry.register("members", "Cluster members by state, as the ledger records them", m.members.clone());
+        registry.register(
+            "raft_is_leader",
+            "1 when this node is the Raft leader",
+            m.raft_is_leader.clone(),
+        );
+        registry.register(
+            "raft_commit_index",
+            "Last log index applied to the ledger",
+            m.raft_commit_index.clone(),
+        );
+        registry.register(
+            "raft_last_log_index",
+            "Last log index in this node's log",
+            m.raft_last_log_index.clone(),
+        );
+        registry.register(
+            "raft_voters",
+            "Number of voting members",
+            m.raft_voters.clone(),
+        );
+        registry.register(
+            "members",
+            "Cluster members by state, as the ledger records them",
+            m.members.clone(),
+        );
         registry.register(
             "raft_proposal_seconds",
             "Time from proposing a ledger write on the leader to its commit",
             m.proposal_seconds.clone(),
         );
-        registry.register("api_requests", "HTTP API requests by route and status code", m.api_requests.clone());
+        registry.register(
+            "api_requests",
+            "HTTP API requests by route and status code",
+            m.api_requests.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -64,7 +95,10 @@ impl Metrics {
 
     pub fn count_request(&self, route: &str, code: u16) {
         self.api_requests
-            .get_or_create(&vec![("route".into(), route.to_string()), ("code".into(), code.to_string())])
+            .get_or_create(&vec![
+                ("route".into(), route.to_string()),
+                ("code".into(), code.to_string()),
+            ])
             .inc();
     }
 

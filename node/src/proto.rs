@@ -28,14 +28,19 @@ pub enum Query {
     Status,
     Nodes,
     /// Cluster attributes whose key starts with the prefix.
-    Attrs { prefix: String },
+    Attrs {
+        prefix: String,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug)]
 pub enum Response {
     Raft(RaftRpcReply),
     Join(JoinResponse),
-    Write { response: LedgerResponse, index: u64 },
+    Write {
+        response: LedgerResponse,
+        index: u64,
+    },
     Status(StatusResponse),
     Nodes(Vec<NodeInfo>),
     Attrs(std::collections::BTreeMap<String, String>),

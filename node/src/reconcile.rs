@@ -46,7 +46,10 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
         let (is_leader, term) = {
             let m = inner.raft.metrics();
             let m = m.borrow();
-            (m.state == ServerState::Leader && m.current_leader == Some(inner.id), m.current_term)
+            (
+                m.state == ServerState::Leader && m.current_leader == Some(inner.id),
+                m.current_term,
+            )
         };
         if !is_leader {
             view = None;
@@ -117,7 +120,12 @@ async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<()
         tracing::info!(node = t.peer, from = ?t.from, to = ?t.to, "member state changed");
     }
     let active: BTreeSet<NodeId> = members.iter().map(|m| m.0).collect();
-    let gone: Vec<NodeId> = v.detector.peers().map(|(k, _)| *k).filter(|k| !active.contains(k)).collect();
+    let gone: Vec<NodeId> = v
+        .detector
+        .peers()
+        .map(|(k, _)| *k)
+        .filter(|k| !active.contains(k))
+        .collect();
     for k in gone {
         v.detector.remove_peer(&k);
     }
@@ -147,7 +155,13 @@ async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<()
     }
 
     // 2. Every member is at least a learner.
-    let membership = inner.raft.metrics().borrow().membership_config.membership().clone();
+    let membership = inner
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .clone();
     for (id, _, addr, ..) in &members {
         if membership.get_node(id).is_none() {
             inner
@@ -167,7 +181,10 @@ async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<()
         .filter(|(id, ..)| membership.get_node(id).is_some())
         .map(|(id, _, _, zone, rack)| {
             let is_voter = voters.contains(id);
-            let down_for = v.down_since.get(id).map(|t| now.saturating_duration_since(*t));
+            let down_for = v
+                .down_since
+                .get(id)
+                .map(|t| now.saturating_duration_since(*t));
             let healthy = if *id == inner.id {
                 true
             } else if is_voter {

@@ -17,18 +17,30 @@ impl RaftTransport for MeshTransport {
         let endpoint = self.rpc.clone();
         let addr = addr.to_string();
         Box::pin(async move {
-            let sock: SocketAddr = addr
-                .parse()
-                .map_err(|_| TransportError::Unreachable(format!("node {target} has an invalid address '{addr}'")))?;
-            let body = proto::encode(&Request::Raft(rpc));
-            let reply = endpoint.call(sock, &body, timeout).await.map_err(|e| match e {
-                RpcError::Unreachable { .. } => TransportError::Unreachable(format!("node {target}: {e}")),
-                other => TransportError::Failed(format!("node {target}: {other}")),
+            let sock: SocketAddr = addr.parse().map_err(|_| {
+                TransportError::Unreachable(format!(
+                    "node {target} has an invalid address '{addr}'"
+                ))
             })?;
+            let body = proto::encode(&Request::Raft(rpc));
+            let reply = endpoint
+                .call(sock, &body, timeout)
+                .await
+                .map_err(|e| match e {
+                    RpcError::Unreachable { .. } => {
+                        TransportError::Unreachable(format!("node {target}: {e}"))
+                    }
+                    other => TransportError::Failed(format!("node {target}: {other}")),
+                })?;
             match proto::decode::<Response>(&reply) {
                 Ok(Response::Raft(r)) => Ok(r),
-                Ok(Response::Error(e)) => Err(TransportError::Failed(format!("node {target}: {}", e.message))),
-                Ok(_) => Err(TransportError::Failed(format!("node {target} answered a Raft RPC with something else"))),
+                Ok(Response::Error(e)) => Err(TransportError::Failed(format!(
+                    "node {target}: {}",
+                    e.message
+                ))),
+                Ok(_) => Err(TransportError::Failed(format!(
+                    "node {target} answered a Raft RPC with something else"
+                ))),
                 Err(e) => Err(TransportError::Failed(format!("node {target}: {e}"))),
             }
         })

@@ -46,7 +46,11 @@ impl Client {
         &self.base
     }
 
-    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder, url: &str) -> Result<T, ClientError> {
+    async fn send<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<T, ClientError> {
         let req = match &self.token {
             Some(t) => req.bearer_auth(t),
             None => req,
@@ -85,7 +89,11 @@ impl Client {
         self.send(self.http.get(&url), &url).await
     }
 
-    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
         let url = format!("{}{}", self.base, path);
         self.send(self.http.post(&url).json(body), &url).await
     }
@@ -98,7 +106,10 @@ impl Client {
         self.get("/v1/nodes").await
     }
 
-    pub async fn create_token(&self, ttl_s: Option<u64>) -> Result<TokenCreateResponse, ClientError> {
+    pub async fn create_token(
+        &self,
+        ttl_s: Option<u64>,
+    ) -> Result<TokenCreateResponse, ClientError> {
         self.post("/v1/tokens", &TokenCreateRequest { ttl_s }).await
     }
 
@@ -113,13 +124,20 @@ impl Client {
         .await
     }
 
-    pub async fn attrs(&self, prefix: &str) -> Result<std::collections::BTreeMap<String, String>, ClientError> {
+    pub async fn attrs(
+        &self,
+        prefix: &str,
+    ) -> Result<std::collections::BTreeMap<String, String>, ClientError> {
         let url = format!("{}/v1/attrs", self.base);
-        self.send(self.http.get(&url).query(&[("prefix", prefix)]), &url).await
+        self.send(self.http.get(&url).query(&[("prefix", prefix)]), &url)
+            .await
     }
 
     pub async fn remove_node(&self, node: &str) -> Result<WriteResponse, ClientError> {
-        self.post(&format!("/v1/nodes/{}/remove", node), &serde_json::json!({}))
-            .await
+        self.post(
+            &format!("/v1/nodes/{}/remove", node),
+            &serde_json::json!({}),
+        )
+        .await
     }
 }
