@@ -1,10 +1,11 @@
 //! The replicated brain of Shoal: the ledger state machine (pure), the voter
-//! selection policy (pure), and the openraft plumbing — redb-backed log and
+//! selection policy (pure), the gang scheduler (pure, `sched`), and the openraft plumbing — redb-backed log and
 //! state-machine stores, and a network adapter over a transport trait that
 //! the node crate implements (this crate never touches sockets).
 
 pub mod ledger;
 pub mod network;
+pub mod sched;
 pub mod store;
 pub mod types;
 pub mod voters;

@@ -35,7 +35,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run a node
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Run a one-node cluster with simulated GPUs in a temporary dir
     Dev {
         #[arg(long)]

@@ -80,8 +80,11 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
+/// What housekeeping needs of a member: id, state, RPC address, zone, rack.
+type MemberRow = (NodeId, MemberState, String, Option<String>, Option<String>);
+
 async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<(), String> {
-    let members: Vec<(NodeId, MemberState, String, Option<String>, Option<String>)> = {
+    let members: Vec<MemberRow> = {
         let d = inner.ledger.read().map_err(|_| "ledger lock poisoned")?;
         d.ledger
             .active_members()

@@ -1,0 +1,134 @@
+//! Sans-IO gang scheduler: every decision is a pure function of a snapshot,
+//! so all replicas of the consensus log compute the same plan, and tests and
+//! the simulator drive it without clocks, sockets or randomness.
+//!
+//! One call to [`schedule`] is one pass over a [`SchedInput`]; it returns a
+//! [`SchedPlan`] for the caller to commit. The pass works on a private copy of
+//! the node views and charges every placement to it immediately, so a GPU is
+//! never promised twice within a pass.
+//!
+//! # Policies
+//! - [`Policy::Fifo`] is the "traditional cluster" baseline: strict submission
+//!   order; the first job that cannot start (for lack of GPUs or quota) blocks
+//!   every job behind it; no backfill, no preemption.
+//! - [`Policy::Hdrf`] orders jobs by hierarchical dominant resource fairness
+//!   ([`fairshare`]), enforces quota and GPU-hour budgets, and backfills in
+//!   EASY style: the first job in fair order that cannot start gets a
+//!   reservation at the earliest time running jobs (by their time limits)
+//!   leave enough room for it; later jobs start now only if they end before
+//!   that time or stay off the GPUs the reservation needs.
+//! - [`Policy::HdrfPreempt`] additionally lets a job that cannot start, ahead
+//!   of any reservation, preempt preemptible running jobs when its tenant is
+//!   below its fair share and the victims' tenants are above theirs, or when
+//!   it has strictly higher priority than the victim. Victims are taken
+//!   smallest first, then most recently checkpointed, and only if freeing them
+//!   really makes the gang placeable; victims that turn out unnecessary are
+//!   dropped again.
+//!
+//! # Preemption compensation
+//! A victim loses the work since its last checkpoint, so the plan refunds
+//! `refund_gpu_s = victim.gpus × (now_s − (last_checkpoint_s or started_s))`
+//! GPU-seconds, saturating at zero for clocks that appear to run backwards.
+//! Requeueing the victim is the caller's business; the suggested policy is
+//! `boost += 1` per preemption suffered, so repeated victims climb in their
+//! tenant's queue instead of starving.
+//!
+//! # Inputs the pass distrusts
+//! Requests that can never run (zero nodes, GPU totals that disagree with the
+//! gang shape, unknown tenants, duplicated ids) are left pending with an
+//! `invalid:` reason and never block a queue. Nodes whose id appears twice are
+//! never placed on. Which GPUs a running job holds is read from the node views
+//! (`allocated_to`), not from `RunningJob::nodes`.
+
+pub mod fairshare;
+pub mod model;
+mod pass;
+pub mod placement;
+pub mod proximity;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod testkit;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use fairshare::{
+    check_quota, order_pending, PendingDemand, PendingJob, QuotaDenied, QuotaKind, ResourceVector,
+    TenantAllocation, TenantView,
+};
+pub use model::{GangRequest, GpuView, JobId, NodeId, NodeView, Placement, TopologyTier};
+pub use placement::{place_gang, Unplaceable, UnplaceableKind};
+pub use proximity::{MatrixProximity, Proximity, TopologyProximity};
+
+/// How a pass picks and starts jobs; see the module documentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Policy {
+    Fifo,
+    Hdrf,
+    HdrfPreempt,
+}
+
+/// A job holding GPUs right now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunningJob {
+    pub id: JobId,
+    pub tenant: String,
+    pub gpus: u32,
+    pub nodes: Vec<NodeId>,
+    pub started_s: u64,
+    pub time_limit_s: u64,
+    pub preemptible: bool,
+    pub priority: i32,
+    pub last_checkpoint_s: Option<u64>,
+}
+
+impl RunningJob {
+    /// When the time limit forces the job off its GPUs.
+    pub fn deadline_s(&self) -> u64 {
+        self.started_s.saturating_add(self.time_limit_s)
+    }
+}
+
+/// Everything one pass looks at.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SchedInput {
+    pub now_s: u64,
+    pub nodes: Vec<NodeView>,
+    pub tenants: Vec<TenantView>,
+    pub running: Vec<RunningJob>,
+    pub pending: Vec<(PendingJob, GangRequest)>,
+    pub policy: Policy,
+}
+
+/// A running job to stop so that `for_job` can start.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Preemption {
+    pub victim: JobId,
+    pub for_job: JobId,
+    /// GPU-seconds of lost work to credit back to the victim's tenant.
+    pub refund_gpu_s: f64,
+}
+
+/// What the caller should do after a pass.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SchedPlan {
+    /// In the order the pass decided them.
+    pub placements: Vec<Placement>,
+    /// Must be carried out before the placements that rely on them.
+    pub preemptions: Vec<Preemption>,
+    /// Every pending job that was not placed, with a non-empty explanation.
+    pub pending_reasons: BTreeMap<JobId, String>,
+    /// Running jobs at or past their time limit, sorted by id. Their GPUs are
+    /// still treated as busy in this pass.
+    pub timed_out: Vec<JobId>,
+}
+
+/// One scheduling pass.
+pub fn schedule(input: &SchedInput, prox: &dyn Proximity) -> SchedPlan {
+    pass::Pass::new(input, prox).run()
+}

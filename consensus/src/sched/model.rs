@@ -1,0 +1,198 @@
+//! The cluster as the scheduler sees it: a snapshot handed in by the caller,
+//! never mutated behind the caller's back.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Jobs are named by the consensus log, which hands out dense integers.
+pub type JobId = u64;
+
+/// Nodes are named by their mesh identity, shortened to an integer.
+pub type NodeId = u64;
+
+/// Label keys that describe where a node sits; anything else is free-form.
+/// (`TopologyPath::of` spells them out as byte arrays for speed; a test keeps
+/// the two in step.)
+pub const REGION_LABEL: &str = "region";
+/// See [`REGION_LABEL`].
+pub const ZONE_LABEL: &str = "zone";
+/// See [`REGION_LABEL`].
+pub const RACK_LABEL: &str = "rack";
+
+/// One GPU slot of a node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub model: String,
+    /// `Some` means the GPU is busy, whether or not the job is known to us.
+    pub allocated_to: Option<JobId>,
+    pub numa_node: Option<u32>,
+    /// Indices of GPUs on the same node reachable over NVLink; treated as
+    /// symmetric because drivers sometimes report only one direction.
+    pub nvlink_peers: Vec<u32>,
+}
+
+/// A node and its GPUs as last reported.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub id: NodeId,
+    pub name: String,
+    pub healthy: bool,
+    /// Topology lives under [`REGION_LABEL`], [`ZONE_LABEL`] and [`RACK_LABEL`].
+    pub labels: BTreeMap<String, String>,
+    pub gpus: Vec<GpuView>,
+}
+
+/// Levels of the physical hierarchy, narrowest first so that `Ord` means
+/// "looser".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum TopologyTier {
+    Rack,
+    Zone,
+    Region,
+}
+
+impl TopologyTier {
+    /// Narrowest first: the order in which soft preferences are tried.
+    pub const ALL: [TopologyTier; 3] =
+        [TopologyTier::Rack, TopologyTier::Zone, TopologyTier::Region];
+}
+
+impl fmt::Display for TopologyTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TopologyTier::Rack => "rack",
+            TopologyTier::Zone => "zone",
+            TopologyTier::Region => "region",
+        })
+    }
+}
+
+/// What a gang needs from the cluster; all of it or nothing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GangRequest {
+    pub job: JobId,
+    pub tenant: String,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    /// `None` accepts any model, but all GPUs of one node still share a model.
+    pub gpu_model: Option<String>,
+    /// Hard constraint: every node in the same rack / zone / region.
+    pub same: Option<TopologyTier>,
+    /// Hard constraint on the gang's diameter (largest pairwise RTT).
+    pub max_rtt_ms: Option<f64>,
+    pub required_labels: BTreeMap<String, String>,
+}
+
+impl GangRequest {
+    /// Saturating so that absurd requests fail placement instead of overflowing.
+    pub fn total_gpus(&self) -> u32 {
+        self.nodes.saturating_mul(self.gpus_per_node)
+    }
+}
+
+/// Where a gang runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    pub job: JobId,
+    /// Rank order: entry `i` hosts ranks `i * gpus_per_node ..`. Neighbouring
+    /// entries are close to each other, which suits ring collectives.
+    pub nodes: Vec<(NodeId, Vec<u32>)>,
+    /// Largest pairwise RTT between the chosen nodes, as estimated.
+    pub diameter_ms: f64,
+}
+
+impl Placement {
+    pub fn total_gpus(&self) -> usize {
+        self.nodes.iter().map(|(_, gpus)| gpus.len()).sum()
+    }
+}
+
+/// Where a node sits, borrowed from its labels. A tier only counts as shared
+/// when the label is present on both sides *and* every wider tier matches,
+/// because rack names are commonly reused across zones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct TopologyPath<'a> {
+    pub region: Option<&'a str>,
+    pub zone: Option<&'a str>,
+    pub rack: Option<&'a str>,
+}
+
+impl<'a> TopologyPath<'a> {
+    /// One walk over the labels instead of three lookups: on large clusters
+    /// label reads are cache misses and dominate placement time.
+    pub fn of(labels: &'a BTreeMap<String, String>) -> Self {
+        let mut path = TopologyPath {
+            region: None,
+            zone: None,
+            rack: None,
+        };
+        for (key, value) in labels {
+            // Fixed-size array compares inline; a `match` on `&str` calls
+            // memcmp for every key of every node.
+            let key = key.as_bytes();
+            if let Ok(four) = <[u8; 4]>::try_from(key) {
+                if four == *b"zone" {
+                    path.zone = Some(value);
+                } else if four == *b"rack" {
+                    path.rack = Some(value);
+                }
+            } else if <[u8; 6]>::try_from(key).is_ok_and(|six| six == *b"region") {
+                path.region = Some(value);
+            }
+        }
+        path
+    }
+
+    /// The group this node belongs to at `tier`, or `None` when the labels
+    /// do not say (such a node forms a group of its own).
+    pub fn group(&self, tier: TopologyTier) -> Option<TopologyPath<'a>> {
+        match tier {
+            TopologyTier::Rack => self.rack.map(|_| *self),
+            TopologyTier::Zone => self.zone.map(|_| TopologyPath {
+                rack: None,
+                ..*self
+            }),
+            TopologyTier::Region => self.region.map(|region| TopologyPath {
+                region: Some(region),
+                zone: None,
+                rack: None,
+            }),
+        }
+    }
+
+    /// Narrowest tier both paths share, if any.
+    pub fn shared_tier(&self, other: &TopologyPath<'_>) -> Option<TopologyTier> {
+        TopologyTier::ALL.into_iter().find(|tier| {
+            let mine = self.group(*tier);
+            mine.is_some() && mine == other.group(*tier)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topology_path_reads_exactly_the_topology_labels() {
+        let labels: BTreeMap<String, String> = [
+            (REGION_LABEL, "eu"),
+            (ZONE_LABEL, "a"),
+            (RACK_LABEL, "r1"),
+            ("racks", "x"),
+            ("zon", "y"),
+            ("regions", "z"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let path = TopologyPath::of(&labels);
+        assert_eq!(path.region, Some("eu"));
+        assert_eq!(path.zone, Some("a"));
+        assert_eq!(path.rack, Some("r1"));
+        assert_eq!(TopologyPath::of(&BTreeMap::new()).rack, None);
+    }
+}

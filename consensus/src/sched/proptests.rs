@@ -1,0 +1,210 @@
+//! Property tests: random clusters and job streams, every plan checked by
+//! [`check_plan`]. Clusters are generated from a seed so cases stay small to
+//! print and cheap to build.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::testkit::*;
+use super::*;
+
+const MODELS: [&str; 3] = ["H100", "A100", "L4"];
+const TENANTS: [(&str, Option<&str>); 4] = [
+    ("org", None),
+    ("a", Some("org")),
+    ("b", Some("org")),
+    ("c", None),
+];
+
+fn random_input(seed: u64, policy: Policy) -> SchedInput {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let node_count = rng.random_range(1..=64u64);
+    let model_count = rng.random_range(1..=MODELS.len());
+    let racks = rng.random_range(1..=6u32);
+    let zones = rng.random_range(1..=3u32);
+    let now = rng.random_range(0..10_000u64);
+
+    let mut nodes: Vec<NodeView> = (1..=node_count)
+        .map(|id| {
+            let rack = rng.random_range(0..racks);
+            let model = MODELS[rng.random_range(0..model_count)];
+            let gpus = rng.random_range(1..=8u32);
+            let mut view = node(id, &format!("r{rack}"), gpus, model);
+            view.labels = labels("eu", &format!("z{}", rack % zones), &format!("r{rack}"));
+            view.healthy = rng.random_bool(0.9);
+            if rng.random_bool(0.3) {
+                view.labels.insert("pool".into(), "spot".into());
+            }
+            for gpu in &mut view.gpus {
+                gpu.numa_node = Some(gpu.index / 4);
+                gpu.nvlink_peers = (0..gpus)
+                    .filter(|&p| p != gpu.index && rng.random_bool(0.5))
+                    .collect();
+            }
+            view
+        })
+        .collect();
+
+    let mut running = Vec::new();
+    let mut in_use: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut next_running_id = 10_000;
+    for node_index in 0..nodes.len() {
+        let free = nodes[node_index].gpus.len() as u32;
+        let taken = rng.random_range(0..=free);
+        if taken == 0 {
+            continue;
+        }
+        let tenant = TENANTS[rng.random_range(0..TENANTS.len())].0;
+        let node_id = nodes[node_index].id;
+        let mut job = occupy(
+            &mut nodes,
+            node_id,
+            taken,
+            next_running_id,
+            tenant,
+            0,
+            rng.random_range(1..20_000),
+        );
+        job.preemptible = rng.random_bool(0.7);
+        job.priority = rng.random_range(-2..=2);
+        job.last_checkpoint_s = rng.random_bool(0.5).then(|| rng.random_range(0..=now));
+        *in_use.entry(tenant).or_default() += taken;
+        running.push(job);
+        next_running_id += 1;
+    }
+
+    let tenants: Vec<TenantView> = TENANTS
+        .iter()
+        .map(|(name, parent)| {
+            let mut view = tenant(name, rng.random_range(1..=4u32) as f64);
+            view.parent = parent.map(str::to_string);
+            view.gpus_in_use = in_use.get(name).copied().unwrap_or(0);
+            view.max_gpus = rng.random_bool(0.4).then(|| rng.random_range(0..=96));
+            if rng.random_bool(0.2) {
+                view.gpu_hours_limit = Some(rng.random_range(0.0..50.0));
+            }
+            view
+        })
+        .collect();
+
+    let job_count = rng.random_range(0..=20u64);
+    let pending = (1..=job_count)
+        .map(|id| {
+            let tenant = TENANTS[rng.random_range(1..TENANTS.len())].0;
+            let (mut job, mut request) = pending(
+                id,
+                tenant,
+                rng.random_range(1..=4),
+                rng.random_range(1..=8),
+                rng.random_range(1..7200),
+            );
+            job.submitted_seq = rng.random_range(0..1000);
+            job.priority = rng.random_range(-2..=2);
+            request.gpu_model = rng
+                .random_bool(0.6)
+                .then(|| MODELS[rng.random_range(0..model_count)].to_string());
+            request.same = match rng.random_range(0..5) {
+                0 => Some(TopologyTier::Rack),
+                1 => Some(TopologyTier::Zone),
+                _ => None,
+            };
+            request.max_rtt_ms = rng.random_bool(0.2).then(|| rng.random_range(0.0..5.0));
+            if rng.random_bool(0.1) {
+                request.required_labels.insert("pool".into(), "spot".into());
+            }
+            (job, request)
+        })
+        .collect();
+
+    SchedInput {
+        now_s: now,
+        nodes,
+        tenants,
+        running,
+        pending,
+        policy,
+    }
+}
+
+fn policy_strategy() -> impl Strategy<Value = Policy> {
+    prop_oneof![
+        Just(Policy::Fifo),
+        Just(Policy::Hdrf),
+        Just(Policy::HdrfPreempt)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn passes_keep_every_promise(seed in any::<u64>(), policy in policy_strategy()) {
+        let input = random_input(seed, policy);
+        let prox = TopologyProximity::new(&input.nodes);
+        let plan = schedule(&input, &prox);
+        if let Err(broken) = check_plan(&input, &plan) {
+            return Err(TestCaseError::fail(format!("{broken}\nplan: {plan:?}")));
+        }
+        prop_assert_eq!(&plan, &schedule(&input, &prox));
+    }
+
+    #[test]
+    fn hdrf_order_is_a_permutation(seed in any::<u64>()) {
+        let input = random_input(seed, Policy::Hdrf);
+        let demands: Vec<PendingDemand<'_>> = input
+            .pending
+            .iter()
+            .map(|(job, request)| PendingDemand {
+                job,
+                resources: ResourceVector::gpus(request.gpu_model.as_deref(), job.gpus),
+            })
+            .collect();
+        let mut capacity = ResourceVector::default();
+        for node in &input.nodes {
+            for gpu in &node.gpus {
+                capacity.add_gpus(Some(&gpu.model), 1);
+            }
+        }
+        let order = order_pending(&input.tenants, &capacity, &[], &demands);
+        let expected: BTreeSet<JobId> = input.pending.iter().map(|(job, _)| job.id).collect();
+        prop_assert_eq!(order.len(), expected.len());
+        prop_assert_eq!(order.into_iter().collect::<BTreeSet<_>>(), expected);
+    }
+
+    #[test]
+    fn placements_survive_unknown_and_hostile_rtts(seed in any::<u64>()) {
+        let input = random_input(seed, Policy::Hdrf);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+        let mut prox = MatrixProximity::new(None);
+        for a in &input.nodes {
+            for b in &input.nodes {
+                if rng.random_bool(0.3) {
+                    let rtt = match rng.random_range(0..4) {
+                        0 => f64::NAN,
+                        1 => -1.0,
+                        _ => rng.random_range(0.0..20.0),
+                    };
+                    prox.set(a.id, b.id, rtt);
+                }
+            }
+        }
+        for (_, request) in &input.pending {
+            if let Ok(placement) = place_gang(&input.nodes, &prox, request) {
+                let nodes: BTreeSet<NodeId> = placement.nodes.iter().map(|(n, _)| *n).collect();
+                prop_assert_eq!(nodes.len(), request.nodes as usize);
+                prop_assert!(placement.diameter_ms.is_finite() && placement.diameter_ms >= 0.0);
+                for (node_id, gpus) in &placement.nodes {
+                    prop_assert_eq!(gpus.len(), request.gpus_per_node as usize);
+                    let node = input.nodes.iter().find(|n| n.id == *node_id).unwrap();
+                    for index in gpus {
+                        let gpu = node.gpus.iter().find(|g| g.index == *index).unwrap();
+                        prop_assert!(gpu.allocated_to.is_none());
+                    }
+                }
+            }
+        }
+    }
+}
