@@ -208,3 +208,62 @@ async fn status_nodes_and_token_follow_the_interface() {
     assert_eq!(code, 1);
     assert!(stderr.contains("already holds node"), "{stderr}");
 }
+
+#[test]
+fn sim_json_is_byte_identical_for_the_same_trace_and_seed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = dir.path().join("trace.csv");
+    let mut csv = String::from("submit_time,gpus,duration,tenant,status\n");
+    for i in 0..60u64 {
+        csv.push_str(&format!(
+            "{},{},{},t{},Pass\n",
+            i * 37,
+            1 << (i % 4),
+            600 + (i * 977) % 5000,
+            i % 3
+        ));
+    }
+    std::fs::write(&trace, csv).expect("write trace");
+    let t = trace.to_str().expect("utf8");
+    let args = [
+        "sim",
+        "--trace",
+        t,
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "--policy",
+        "hdrf",
+        "--seed",
+        "7",
+        "--json",
+    ];
+    let (c1, out1, err1) = run(&args, &[]);
+    let (c2, out2, _) = run(&args, &[]);
+    assert_eq!(c1, 0, "{err1}");
+    assert_eq!(c2, 0);
+    assert_eq!(
+        out1, out2,
+        "same trace and seed must give byte-identical JSON"
+    );
+    let v: serde_json::Value = serde_json::from_str(&out1).expect("one JSON document");
+    for key in [
+        "policy",
+        "jobs",
+        "avg_jct_s",
+        "p50_jct_s",
+        "p99_jct_s",
+        "avg_queue_s",
+        "makespan_s",
+        "gpu_utilization",
+        "jain_fairness",
+        "preemptions",
+    ] {
+        assert!(v.get(key).is_some(), "sim --json lacks {key}");
+    }
+    assert_eq!(v["jobs"], 60);
+    let (code, _, stderr) = run(&["sim", "--trace", "/nonexistent/trace.csv"], &[]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr);
+}

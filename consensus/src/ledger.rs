@@ -99,12 +99,18 @@ pub enum Command {
         key: String,
         value: String,
     },
+    /// Several commands proposed as one log entry. The leader batches
+    /// concurrent writes so that one fsync and one replication round trip
+    /// commit all of them; each command keeps its own answer.
+    Batch(Vec<Command>),
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum LedgerResponse {
     Ok,
     NodeId(NodeId),
+    /// One answer per command of a `Batch`, in order.
+    Batch(Vec<LedgerResponse>),
     /// The command was valid Raft input but the ledger refused it; the
     /// message is for a human.
     Rejected(String),
@@ -160,8 +166,20 @@ impl Ledger {
     /// and `req`.
     pub fn apply(&mut self, req: &LedgerRequest) -> LedgerResponse {
         self.clock_ms = self.clock_ms.max(req.now_ms);
+        self.apply_command(&req.cmd)
+    }
+
+    fn apply_command(&mut self, cmd: &Command) -> LedgerResponse {
         let now = self.clock_ms;
-        match &req.cmd {
+        match cmd {
+            Command::Batch(cmds) => LedgerResponse::Batch(
+                cmds.iter()
+                    .map(|c| match c {
+                        Command::Batch(_) => LedgerResponse::Rejected("batches do not nest".into()),
+                        c => self.apply_command(c),
+                    })
+                    .collect(),
+            ),
             Command::Bootstrap {
                 cluster_id,
                 region,
@@ -399,6 +417,35 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_answers_each_command_and_refuses_nesting() {
+        let mut l = bootstrapped();
+        let put = |k: &str| Command::PutAttr {
+            key: k.into(),
+            value: "v".into(),
+        };
+        let r = l.apply(&LedgerRequest {
+            now_ms: 2000,
+            cmd: Command::Batch(vec![
+                put("a"),
+                put(""),
+                Command::Batch(vec![put("c")]),
+                put("b"),
+            ]),
+        });
+        match r {
+            LedgerResponse::Batch(v) => {
+                assert_eq!(v.len(), 4);
+                assert_eq!(v[0], LedgerResponse::Ok);
+                assert!(matches!(v[1], LedgerResponse::Rejected(_)));
+                assert!(matches!(v[2], LedgerResponse::Rejected(_)));
+                assert_eq!(v[3], LedgerResponse::Ok);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(l.attrs.len(), 2);
+    }
+
+    #[test]
     fn ledger_clock_never_runs_backwards() {
         let mut l = bootstrapped();
         l.apply(&LedgerRequest {
@@ -438,6 +485,10 @@ mod tests {
             }),
             ("[a-z]{0,3}", "[a-z]{0,3}").prop_map(|(key, value)| Command::PutAttr { key, value }),
         ];
+        let cmd = prop_oneof![
+            4 => cmd.clone(),
+            1 => prop::collection::vec(cmd, 0..4).prop_map(Command::Batch),
+        ];
         (0u64..20_000, cmd).prop_map(|(now_ms, cmd)| LedgerRequest { now_ms, cmd })
     }
 
@@ -456,8 +507,14 @@ mod tests {
                 let ra = a.apply(c);
                 let rb = b.apply(c);
                 prop_assert_eq!(&ra, &rb);
-                if let LedgerResponse::NodeId(id) = ra {
-                    prop_assert!(seen_ids.insert(id), "node id {} reused", id);
+                let answers = match ra {
+                    LedgerResponse::Batch(v) => v,
+                    other => vec![other],
+                };
+                for a in answers {
+                    if let LedgerResponse::NodeId(id) = a {
+                        prop_assert!(seen_ids.insert(id), "node id {} reused", id);
+                    }
                 }
                 let mut names: Vec<_> = a.active_members().map(|m| m.spec.name.clone()).collect();
                 let n = names.len();

@@ -22,7 +22,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, 
 use openraft::{
     EntryPayload, ErrorSubject, ErrorVerb, RaftLogReader, RaftSnapshotBuilder, StorageIOError,
 };
-use redb::{Database, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::fmt::Debug;
 use std::io::Cursor;
@@ -110,9 +110,12 @@ impl LogStore {
         }
     }
 
-    fn put_meta<T: Serialize>(&self, key: &str, v: &T) -> Result<(), StorageError> {
+    fn put_meta<T: Serialize>(&self, key: &str, v: &T, durable: bool) -> Result<(), StorageError> {
         let bytes = encode(v).map_err(write_err)?;
-        let tx = self.db.begin_write().map_err(write_err)?;
+        let mut tx = self.db.begin_write().map_err(write_err)?;
+        if !durable {
+            tx.set_durability(Durability::None);
+        }
         {
             let mut t = tx.open_table(META).map_err(write_err)?;
             t.insert(key, bytes.as_slice()).map_err(write_err)?;
@@ -162,15 +165,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        self.put_meta(KEY_VOTE, vote)
+        self.put_meta(KEY_VOTE, vote, true)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
         self.get_meta(KEY_VOTE)
     }
 
+    /// The committed index only lets a restarting node re-apply its log
+    /// before hearing from the leader; losing the latest value in a crash is
+    /// harmless, so it rides along with the next durable commit instead of
+    /// costing an fsync of its own on every commit.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        self.put_meta(KEY_COMMITTED, &committed)
+        self.put_meta(KEY_COMMITTED, &committed, false)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
@@ -218,7 +225,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let bytes = encode(&log_id).map_err(write_err)?;
-        let tx = self.db.begin_write().map_err(write_err)?;
+        // Purging is lazy by nature: if a crash undoes it, the entries are
+        // simply purged again later.
+        let mut tx = self.db.begin_write().map_err(write_err)?;
+        tx.set_durability(Durability::None);
         {
             let mut meta = tx.open_table(META).map_err(write_err)?;
             meta.insert(KEY_PURGED, bytes.as_slice())

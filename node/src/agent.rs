@@ -9,12 +9,12 @@ use crate::proto::{
     self, ErrorCode, JoinRequest, JoinResponse, Query, Request, Response, WireError,
 };
 use crate::transport::MeshTransport;
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState, SnapshotPolicy};
 use shoal_consensus::network::{ContactTracker, NetworkFactory, RaftRpc, RaftRpcReply};
 use shoal_consensus::store::{open_db, LedgerHandle, LogStore, StateMachineStore};
 use shoal_consensus::types::Raft;
-use shoal_consensus::{Command, LedgerRequest, LedgerResponse, MemberSpec, NodeId};
+use shoal_consensus::{Command, LedgerResponse, MemberSpec, NodeId};
 use shoal_mesh::{CaBundle, NodeCredentials, PeerInfo, RpcEndpoint, RpcHandler};
 use shoal_sdk::{MemberState, MemberSummary, NodeInfo, StatusResponse};
 use std::collections::{BTreeMap, BTreeSet};
@@ -81,6 +81,7 @@ pub struct Inner {
     pub api_addr: SocketAddr,
     pub spec: MemberSpec,
     pub metrics: Metrics,
+    batcher: crate::batcher::Batcher,
     pub started: Instant,
     shutdown: watch::Sender<bool>,
 }
@@ -265,7 +266,7 @@ impl Agent {
             name: ident.name.clone(),
             cfg: cfg.clone(),
             data_dir: data_dir.clone(),
-            raft,
+            raft: raft.clone(),
             ledger,
             rpc,
             contacts,
@@ -276,6 +277,7 @@ impl Agent {
                 ..spec
             },
             metrics: Metrics::new(ident.node_id, &ident.name),
+            batcher: crate::batcher::Batcher::spawn(raft.clone(), ident.node_id),
             started: Instant::now(),
             shutdown,
         });
@@ -725,24 +727,14 @@ impl Inner {
     }
 
     /// Proposes on this node, which must be the leader. The leader stamps the
-    /// time (DESIGN invariant 7).
+    /// time (DESIGN invariant 7); concurrent writes share one log entry.
     pub async fn write_local(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
         let started = Instant::now();
-        let req = LedgerRequest {
-            now_ms: wall_ms(),
-            cmd,
-        };
-        match self.raft.client_write(req).await {
-            Ok(r) => {
-                self.metrics.observe_proposal(started.elapsed());
-                Ok((r.data, r.log_id.index))
-            }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(WireError::new(
-                ErrorCode::NotLeader,
-                format!("node {} is not the leader", self.id),
-            )),
-            Err(e) => Err(raft_wire_error(e)),
+        let out = self.batcher.propose(cmd).await;
+        if out.is_ok() {
+            self.metrics.observe_proposal(started.elapsed());
         }
+        out
     }
 
     async fn ensure_linearizable(&self) -> Result<(), WireError> {
@@ -935,7 +927,7 @@ impl Inner {
         let id = match self.write_local(cmd).await?.0 {
             LedgerResponse::NodeId(id) => id,
             LedgerResponse::Rejected(m) => return Err(WireError::new(ErrorCode::Rejected, m)),
-            LedgerResponse::Ok => {
+            LedgerResponse::Ok | LedgerResponse::Batch(_) => {
                 return Err(WireError::new(
                     ErrorCode::Internal,
                     "the ledger assigned no node id",

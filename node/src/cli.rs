@@ -57,6 +57,8 @@ enum Cmd {
         #[command(subcommand)]
         cmd: NodeCmd,
     },
+    /// Replay a GPU-cluster trace through the real scheduler (discrete-event simulation)
+    Sim(SimArgs),
     /// Benchmarks (see docs/BENCHMARKS.md)
     Bench {
         #[command(subcommand)]
@@ -78,6 +80,41 @@ enum TokenCmd {
 enum NodeCmd {
     /// Remove a node (by name or id) from the cluster
     Remove { node: String },
+}
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    /// A trace file, or a directory of trace files replayed together (one tenant per file)
+    #[arg(long)]
+    trace: PathBuf,
+    /// auto, philly, alibaba or simple (submit_time,gpus,duration,tenant,status)
+    #[arg(long, default_value = "auto")]
+    format: String,
+    /// One policy or a comma-separated list: fifo, hdrf, hdrf-preempt
+    #[arg(long, default_value = "hdrf")]
+    policy: String,
+    #[arg(long, default_value_t = 96)]
+    nodes: u32,
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u32,
+    #[arg(long)]
+    racks: Option<u32>,
+    #[arg(long)]
+    zones: Option<u32>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Mean time between failures of one node, e.g. 24h (enables failure injection)
+    #[arg(long)]
+    fail_mtbf: Option<String>,
+    /// Checkpoint interval of every job, e.g. 30m
+    #[arg(long)]
+    ckpt_interval: Option<String>,
+    /// Replay only jobs submitted before this point of the trace, e.g. 30d or 720h
+    #[arg(long)]
+    until: Option<String>,
+    /// Write an SVG with utilization over time and the JCT CDF, policy against policy
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -244,6 +281,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
         }
+        Cmd::Sim(args) => run_sim(args, cli.json),
         Cmd::Bench { cmd } => {
             init_logging("text");
             crate::bench::run(cmd, cli.json).await
@@ -462,4 +500,67 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
         ));
     }
     out
+}
+
+fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
+    use crate::sim::run::{execute, summary_table, CliOptions};
+    use crate::sim::{parse_policy, SimConfig};
+    let secs = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<u64>> {
+        v.as_deref()
+            .map(|s| {
+                crate::duration::parse_duration(s)
+                    .map(|d| d.as_secs())
+                    .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+            })
+            .transpose()
+    };
+    let policies = args
+        .policy
+        .split(',')
+        .map(|p| {
+            parse_policy(p.trim()).ok_or_else(|| {
+                anyhow::anyhow!("unknown policy '{p}': use fifo, hdrf or hdrf-preempt")
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if args.nodes == 0 || args.gpus_per_node == 0 {
+        anyhow::bail!("--nodes and --gpus-per-node must be positive");
+    }
+    let mut config = SimConfig::new(args.nodes, args.gpus_per_node, policies[0]);
+    if let Some(r) = args.racks {
+        config.racks = r;
+    }
+    if let Some(z) = args.zones {
+        config.zones = z;
+    }
+    config.seed = args.seed;
+    config.fail_mtbf_s = secs("--fail-mtbf", &args.fail_mtbf)?;
+    config.ckpt_interval_s = secs("--ckpt-interval", &args.ckpt_interval)?;
+    let options = CliOptions {
+        trace: args.trace.clone(),
+        format: args.format.parse().map_err(anyhow::Error::msg)?,
+        policies,
+        config,
+        until_s: secs("--until", &args.until)?,
+        json: None,
+        svg: args.plot.clone(),
+    };
+    let (trace, reports) = execute(&options)?;
+    if json {
+        if reports.len() == 1 {
+            print_json(&reports[0])
+        } else {
+            print_json(&reports)
+        }
+    } else {
+        println!(
+            "{} jobs replayed ({} skipped) on {} nodes x {} GPUs",
+            trace.jobs.len(),
+            trace.skipped.values().sum::<usize>(),
+            args.nodes,
+            args.gpus_per_node
+        );
+        print!("{}", summary_table(&reports));
+        Ok(())
+    }
 }

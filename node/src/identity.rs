@@ -39,7 +39,8 @@ pub struct RuntimeInfo {
 
 fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
-    rand::rngs::OsRng.fill_bytes(&mut buf);
+    // ThreadRng is a CSPRNG seeded from the operating system.
+    rand::rng().fill_bytes(&mut buf);
     hex::encode(buf)
 }
 

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod batcher;
 pub mod bench;
 pub mod cli;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod local_cluster;
 pub mod metrics;
 pub mod proto;
 pub mod reconcile;
+pub mod sim;
 pub mod transport;
 
 pub use agent::{Agent, AgentError, StartMode};

@@ -1,0 +1,24 @@
+//! Trace-replay simulator for Shoal's gang scheduler.
+//!
+//! [`run`] replays a job trace ([`trace`]) on a simulated cluster
+//! ([`SimConfig`]) with a discrete-event engine ([`engine`]) that calls the
+//! very scheduler the live cluster uses, [`shoal_consensus::sched::schedule`], at every
+//! instant something happens, and summarises the replay as a [`SimReport`]
+//! ([`metrics`]); [`plot::write_svg`] charts several reports side by side.
+//!
+//! Everything is deterministic for a given trace and seed: events are ordered
+//! by (time, kind, index), randomness comes from seeded ChaCha streams, and
+//! no hash-ordered collection reaches an output.
+
+pub mod engine;
+pub mod metrics;
+pub mod plot;
+pub mod run;
+pub mod synthetic;
+pub mod trace;
+
+pub use engine::{parse_policy, policy_name, run, SimConfig, NODE_REPAIR_S};
+pub use metrics::{JobOutcome, RunSegment, SimReport, TenantReport};
+pub use plot::{write_svg, PlotError};
+pub use synthetic::{synthetic_trace, synthetic_trace_for};
+pub use trace::{load_trace, parse_traces, GangShape, Trace, TraceError, TraceFormat, TraceJob};
