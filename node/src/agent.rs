@@ -9,7 +9,7 @@ use crate::proto::{
     self, ErrorCode, JoinRequest, JoinResponse, Query, Request, Response, WireError,
 };
 use crate::transport::MeshTransport;
-use openraft::error::{CheckIsLeaderError, RaftError};
+use openraft::error::{ChangeMembershipError, CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState, SnapshotPolicy};
 use shoal_consensus::network::{ContactTracker, NetworkFactory, RaftRpc, RaftRpcReply};
 use shoal_consensus::store::{open_db, LedgerHandle, LogStore, StateMachineStore};
@@ -873,8 +873,10 @@ impl Inner {
     }
 
     /// Admits a joining node: checks its token and CA pin, records it in the
-    /// ledger (which assigns its id), signs its certificate and adds it to
-    /// Raft as a learner. The reconciler decides later whether it votes.
+    /// ledger (which assigns its id) and signs its certificate. The leader's
+    /// housekeeping loop then adds it to Raft as a learner and decides
+    /// whether it votes: one place changes Raft membership, so joins never
+    /// race with voter changes.
     async fn admit(&self, j: JoinRequest) -> Result<JoinResponse, WireError> {
         let (cluster, token_check) = {
             let d = self.read_ledger()?;
@@ -937,10 +939,6 @@ impl Inner {
         let cert_pem = ca
             .sign_csr(&j.csr_pem, &j.spec.name, id)
             .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
-        self.raft
-            .add_learner(id, BasicNode::new(j.spec.rpc_addr.clone()), false)
-            .await
-            .map_err(raft_wire_error)?;
         tracing::info!(node = id, name = %j.spec.name, addr = %j.spec.rpc_addr, "admitted a new member");
         Ok(JoinResponse {
             node_id: id,
@@ -958,6 +956,33 @@ impl Inner {
                 ErrorCode::Internal,
                 "unexpected answer to a removal",
             )),
+        }
+    }
+
+    /// `change_membership`, retried while another membership change (the
+    /// housekeeping loop's) is still in flight.
+    pub async fn change_membership(
+        &self,
+        changes: ChangeMembers<NodeId, BasicNode>,
+        retain: bool,
+    ) -> Result<(), WireError> {
+        let deadline = Instant::now() + self.request_timeout();
+        loop {
+            match self.raft.change_membership(changes.clone(), retain).await {
+                Ok(_) => return Ok(()),
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                    ChangeMembershipError::InProgress(_),
+                ))) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                    return Err(WireError::new(
+                        ErrorCode::NotLeader,
+                        format!("node {} is not the leader", self.id),
+                    ))
+                }
+                Err(e) => return Err(raft_wire_error(e)),
+            }
         }
     }
 
@@ -987,6 +1012,14 @@ impl Inner {
                 format!("node {id} is the current leader: stop it first (another node takes over), then remove it"),
             ));
         }
+        // The ledger first: from now on housekeeping no longer treats the
+        // node as a member, so it cannot add it back as a learner.
+        let (response, index) = self
+            .write_local(Command::SetMemberState {
+                id,
+                state: MemberState::Left,
+            })
+            .await?;
         let membership = self
             .raft
             .metrics()
@@ -995,23 +1028,13 @@ impl Inner {
             .membership()
             .clone();
         if membership.voter_ids().any(|v| v == id) {
-            self.raft
-                .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
-                .await
-                .map_err(raft_wire_error)?;
+            self.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+                .await?;
         }
         if membership.get_node(&id).is_some() {
-            self.raft
-                .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
-                .await
-                .map_err(raft_wire_error)?;
+            self.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+                .await?;
         }
-        let (response, index) = self
-            .write_local(Command::SetMemberState {
-                id,
-                state: MemberState::Left,
-            })
-            .await?;
         tracing::info!(node = id, "removed a member from the cluster");
         Ok(Response::Write { response, index })
     }

@@ -283,7 +283,7 @@ mod tests {
             ("SHOAL_REGION".to_string(), "us".to_string()),
             (
                 "SHOAL_RAFT__ELECTION_TIMEOUT_MIN_MS".to_string(),
-                "900".to_string(),
+                "700".to_string(),
             ),
             ("SHOAL_API".to_string(), "ignored".to_string()),
         ]);
@@ -291,7 +291,7 @@ mod tests {
         assert_eq!(c.name.as_deref(), Some("from-file"));
         assert_eq!(c.region, "us");
         assert_eq!(c.raft.heartbeat_ms, 100);
-        assert_eq!(c.raft.election_timeout_min_ms, 900);
+        assert_eq!(c.raft.election_timeout_min_ms, 700);
         assert_eq!(c.labels.get("zone").map(String::as_str), Some("a"));
     }
 

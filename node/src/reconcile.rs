@@ -157,7 +157,7 @@ async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<()
             .map_err(|e| e.to_string())?;
     }
 
-    // 2. Every member is at least a learner.
+    // 2. Every member is at least a learner, and nodes that left are gone.
     let membership = inner
         .raft
         .metrics()
@@ -165,6 +165,30 @@ async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<()
         .membership_config
         .membership()
         .clone();
+    let left: BTreeSet<NodeId> = {
+        let d = inner.ledger.read().map_err(|_| "ledger lock poisoned")?;
+        membership
+            .nodes()
+            .map(|(id, _)| *id)
+            .filter(|id| d.ledger.members.get(id).map(|m| m.state) == Some(MemberState::Left))
+            .collect()
+    };
+    if !left.is_empty() {
+        if left
+            .iter()
+            .any(|id| membership.voter_ids().any(|v| v == *id))
+        {
+            inner
+                .change_membership(ChangeMembers::RemoveVoters(left.clone()), false)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        inner
+            .change_membership(ChangeMembers::RemoveNodes(left), false)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok(());
+    }
     for (id, _, addr, ..) in &members {
         if membership.get_node(id).is_none() {
             inner
@@ -208,7 +232,6 @@ async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<()
         if desired != voters {
             tracing::info!(from = ?voters, to = ?desired, "changing the voter set");
             inner
-                .raft
                 .change_membership(ChangeMembers::ReplaceAllVoters(desired), true)
                 .await
                 .map_err(|e| e.to_string())?;
