@@ -10,7 +10,8 @@ secs=${1:-10}
 root=$(mktemp -d /tmp/shoal-bench-XXXX)
 shoal=${SHOAL_BIN:-$(dirname "$0")/../target/release/shoal}
 pids=()
-cleanup() { kill -9 "${pids[@]}" 2>/dev/null || true; rm -rf "$root"; }
+stop_all() { { kill -9 "${pids[@]}"; wait "${pids[@]}"; } 2>/dev/null || true; pids=(); }
+cleanup() { stop_all; rm -rf "$root"; }
 trap cleanup EXIT
 
 run_wrk() { # url lua conns
@@ -49,8 +50,7 @@ wrk.body = '{"key":"YmVuY2g=","value":"' .. string.rep("dg", 32) .. '"}'
 LUA
 printf "%8s %12s %10s %10s\n" conns writes/s p50 p99
 for c in 1 16 64; do run_wrk "$leader_url/v3/kv/put" "$root/etcd.lua" $c; done
-kill -9 "${pids[@]}" 2>/dev/null || true
-pids=()
+stop_all
 
 echo "== shoal $("$shoal" --version | awk '{print $2}'), 3 agents =="
 "$shoal" agent --bootstrap --name s1 --data-dir "$root/s1" --api-addr 127.0.0.1:27070 --rpc-addr 127.0.0.1:27071 > "$root/s1.out" 2> "$root/s1.log" &

@@ -1,0 +1,301 @@
+//! Replication orchestration over an abstract, synchronous chunk transport.
+//!
+//! This crate never opens a socket. The node crate implements [`ChunkTransport`] over
+//! QUIC and calls these functions from blocking tasks (`tokio::task::spawn_blocking`):
+//! every method may block for a network round trip, so they must never run on an
+//! async executor thread. Transfers here are sequential, chunk by chunk; a transport
+//! that wants more in-flight data can pipeline internally (e.g. return from `push`
+//! once the frame is queued and surface failures on the next call).
+//!
+//! Trust model: peers are untrusted for integrity. Every chunk received is verified
+//! against its id before it is stored or used; a corrupt copy is reported and another
+//! holder is tried.
+
+use crate::chunk::{ChunkId, EncodedChunk};
+use crate::error::{Result, StorageError};
+use crate::manifest::Manifest;
+use crate::store::ChunkStore;
+
+/// Maximum ids sent in one [`ChunkTransport::has`] call, bounding request size.
+pub const HAS_BATCH: usize = 4096;
+
+/// Why a remote operation failed. `node` is always the peer that was addressed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// The peer could not be reached (down, timed out, connection reset).
+    #[error("node {node} unreachable: {reason}")]
+    Unreachable { node: u64, reason: String },
+    /// The peer's store is full; place the data elsewhere.
+    #[error("node {node} has no room for chunk {id}")]
+    StoreFull { node: u64, id: ChunkId },
+    /// The peer does not hold the chunk.
+    #[error("node {node} does not hold chunk {id}")]
+    NotFound { node: u64, id: ChunkId },
+    /// The peer refused the chunk (e.g. it failed verification on arrival).
+    #[error("node {node} rejected chunk {id}: {reason}")]
+    Rejected {
+        node: u64,
+        id: ChunkId,
+        reason: String,
+    },
+    /// Anything else (protocol violation, remote I/O error, ...).
+    #[error("node {node}: {reason}")]
+    Other { node: u64, reason: String },
+}
+
+/// Moves chunk frames between this node and peers. Implemented by the node crate over
+/// QUIC; [`crate::memory_transport::MemoryTransport`] is an in-memory implementation
+/// with fault injection for tests.
+///
+/// Methods are synchronous and may block on the network: call them (and the
+/// orchestration functions in this module) from blocking tasks only.
+pub trait ChunkTransport {
+    /// Stores `chunk` on `node`. The receiver must verify the content against the id
+    /// (e.g. via [`ChunkStore::put`]) and answer [`TransportError::Rejected`] if it
+    /// does not match. Pushing a chunk the node already holds succeeds.
+    fn push(&self, node: u64, chunk: &EncodedChunk) -> Result<(), TransportError>;
+
+    /// Fetches chunk `id` from `node`, as the stored frame (build it with
+    /// [`EncodedChunk::from_wire`]; callers verify it).
+    fn fetch(&self, node: u64, id: &ChunkId) -> Result<EncodedChunk, TransportError>;
+
+    /// For each id, whether `node` holds it. The answer must have `ids.len()` entries.
+    fn has(&self, node: u64, ids: &[ChunkId]) -> Result<Vec<bool>, TransportError>;
+}
+
+/// Outcome of replicating to one target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetReport {
+    pub node: u64,
+    /// True when the target holds every chunk of the manifest.
+    pub complete: bool,
+    /// Chunks the target already had (not sent).
+    pub chunks_already_present: u64,
+    /// Chunks sent to the target.
+    pub chunks_pushed: u64,
+    /// Frame bytes sent to the target.
+    pub bytes_pushed: u64,
+    /// First error that stopped replication to this target, if any.
+    pub error: Option<TransportError>,
+}
+
+/// Result of [`replicate_manifest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicationReport {
+    /// Distinct chunks in the manifest.
+    pub chunks_total: u64,
+    /// The quorum that was asked for.
+    pub write_quorum: usize,
+    /// True when at least `write_quorum` targets hold every chunk.
+    pub quorum_reached: bool,
+    /// One entry per distinct target, in the order given.
+    pub targets: Vec<TargetReport>,
+}
+
+impl ReplicationReport {
+    /// Targets that hold every chunk.
+    pub fn complete_nodes(&self) -> Vec<u64> {
+        self.targets
+            .iter()
+            .filter(|target| target.complete)
+            .map(|target| target.node)
+            .collect()
+    }
+
+    /// Targets that failed, with the error that stopped them.
+    pub fn failed_nodes(&self) -> Vec<(u64, TransportError)> {
+        self.targets
+            .iter()
+            .filter_map(|target| target.error.clone().map(|error| (target.node, error)))
+            .collect()
+    }
+
+    /// Total chunks sent over the wire, all targets together.
+    pub fn chunks_pushed(&self) -> u64 {
+        self.targets.iter().map(|target| target.chunks_pushed).sum()
+    }
+}
+
+/// Copies every chunk of `manifest` from `local_store` to each of `targets`.
+///
+/// Each target is first asked which chunks it already has ([`ChunkTransport::has`]),
+/// so re-running after a partial failure sends only what is missing. Chunks are read
+/// from disk once and pushed to every target that lacks them; a target that fails
+/// (down, full, rejecting) is skipped for the rest of the run and reported. Success
+/// means `quorum_reached`: at least `write_quorum` targets hold every chunk. The
+/// manifest itself is not sent: it is small and travels on the caller's control path.
+///
+/// Errors (as opposed to a report with failed targets) mean the local side cannot
+/// proceed: a chunk is missing or unreadable locally, or the arguments are invalid.
+pub fn replicate_manifest<T: ChunkTransport + ?Sized>(
+    manifest: &Manifest,
+    local_store: &ChunkStore,
+    targets: &[u64],
+    transport: &T,
+    write_quorum: usize,
+) -> Result<ReplicationReport> {
+    let mut distinct_targets: Vec<u64> = Vec::with_capacity(targets.len());
+    for &node in targets {
+        if !distinct_targets.contains(&node) {
+            distinct_targets.push(node);
+        }
+    }
+    if write_quorum == 0 || write_quorum > distinct_targets.len() {
+        return Err(StorageError::InvalidArgument(format!(
+            "write quorum {write_quorum} must be between 1 and the {} distinct targets",
+            distinct_targets.len()
+        )));
+    }
+    let chunks = manifest.unique_chunks();
+    let ids: Vec<ChunkId> = chunks.iter().map(|chunk| chunk.id).collect();
+    let mut reports: Vec<TargetReport> = Vec::with_capacity(distinct_targets.len());
+    // missing[t][c]: target t lacks chunk c.
+    let mut missing: Vec<Vec<bool>> = Vec::with_capacity(distinct_targets.len());
+    for &node in &distinct_targets {
+        let mut report = TargetReport {
+            node,
+            complete: false,
+            chunks_already_present: 0,
+            chunks_pushed: 0,
+            bytes_pushed: 0,
+            error: None,
+        };
+        let mut target_missing = Vec::with_capacity(ids.len());
+        for batch in ids.chunks(HAS_BATCH) {
+            match transport.has(node, batch) {
+                Ok(answer) if answer.len() == batch.len() => {
+                    target_missing.extend(answer.iter().map(|held| !held));
+                }
+                Ok(answer) => {
+                    report.error = Some(TransportError::Other {
+                        node,
+                        reason: format!(
+                            "has() answered {} entries for {} ids",
+                            answer.len(),
+                            batch.len()
+                        ),
+                    });
+                    break;
+                }
+                Err(error) => {
+                    report.error = Some(error);
+                    break;
+                }
+            }
+        }
+        report.chunks_already_present = target_missing.iter().filter(|m| !**m).count() as u64;
+        missing.push(target_missing);
+        reports.push(report);
+    }
+
+    for (index, id) in ids.iter().enumerate() {
+        let needy: Vec<usize> = (0..reports.len())
+            .filter(|&t| reports[t].error.is_none() && missing[t][index])
+            .collect();
+        if needy.is_empty() {
+            continue;
+        }
+        let encoded = local_store.get_encoded(id)?;
+        for t in needy {
+            let node = reports[t].node;
+            match transport.push(node, &encoded) {
+                Ok(()) => {
+                    reports[t].chunks_pushed += 1;
+                    reports[t].bytes_pushed += encoded.stored_len();
+                }
+                Err(error) => reports[t].error = Some(error),
+            }
+        }
+    }
+    for report in &mut reports {
+        report.complete = report.error.is_none();
+    }
+    let complete = reports.iter().filter(|report| report.complete).count();
+    Ok(ReplicationReport {
+        chunks_total: ids.len() as u64,
+        write_quorum,
+        quorum_reached: complete >= write_quorum,
+        targets: reports,
+    })
+}
+
+/// Result of [`restore_from_replicas`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FetchReport {
+    /// Distinct chunks in the manifest.
+    pub chunks_total: u64,
+    /// Chunks already in the local store (not fetched).
+    pub already_local: u64,
+    /// Chunks fetched, verified and stored.
+    pub fetched: u64,
+    /// Frame bytes of fetched chunks.
+    pub bytes_fetched: u64,
+    /// Copies that failed verification, as `(node, chunk)`; never stored or used.
+    /// Callers should schedule repair of these copies.
+    pub corrupt_copies: Vec<(u64, ChunkId)>,
+    /// Transport failures that were recovered from by asking another holder.
+    pub failed_attempts: Vec<(u64, ChunkId, TransportError)>,
+}
+
+/// Fetches every chunk of `manifest` missing from `local_store`, asking `holders` in
+/// order and falling back to the next holder on error or corruption. A copy is stored
+/// only after its content hashes to the requested id. Follow with
+/// [`crate::manifest::restore_manifest`] to materialize the files.
+///
+/// Fails with [`StorageError::ChunkUnavailable`] (listing every attempt) if no holder
+/// supplies a good copy of some chunk, and with the local error if the local store
+/// cannot take a verified chunk (e.g. [`StorageError::StoreFull`]). Chunks fetched
+/// before a failure stay in the local store, so a retry resumes where it stopped.
+pub fn restore_from_replicas<T: ChunkTransport + ?Sized>(
+    manifest: &Manifest,
+    holders: &[u64],
+    transport: &T,
+    local_store: &ChunkStore,
+) -> Result<FetchReport> {
+    let chunks = manifest.unique_chunks();
+    let mut report = FetchReport {
+        chunks_total: chunks.len() as u64,
+        ..FetchReport::default()
+    };
+    for chunk in chunks {
+        let id = chunk.id;
+        if local_store.contains(&id)? {
+            report.already_local += 1;
+            continue;
+        }
+        let mut attempts: Vec<(u64, String)> = Vec::new();
+        let mut stored = false;
+        for &node in holders {
+            let encoded = match transport.fetch(node, &id) {
+                Ok(encoded) => encoded,
+                Err(error) => {
+                    attempts.push((node, error.to_string()));
+                    report.failed_attempts.push((node, id, error));
+                    continue;
+                }
+            };
+            if encoded.id() != id {
+                attempts.push((node, format!("answered with chunk {}", encoded.id())));
+                report.corrupt_copies.push((node, id));
+                continue;
+            }
+            match local_store.put(&encoded) {
+                Ok(_) => {
+                    report.fetched += 1;
+                    report.bytes_fetched += encoded.stored_len();
+                    stored = true;
+                    break;
+                }
+                Err(error) if error.is_corruption() => {
+                    attempts.push((node, error.to_string()));
+                    report.corrupt_copies.push((node, id));
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        if !stored {
+            return Err(StorageError::ChunkUnavailable { id, attempts });
+        }
+    }
+    Ok(report)
+}
