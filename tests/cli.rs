@@ -267,3 +267,32 @@ fn sim_json_is_byte_identical_for_the_same_trace_and_seed() {
     assert_eq!(code, 1);
     assert_one_error_line(&stderr);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_nvidia_drivers_the_agent_starts_with_zero_gpus_and_says_so_once() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        println!("skipped: this machine has an NVIDIA driver");
+        return;
+    }
+    let root = tempfile::tempdir().expect("tmp");
+    let mut n1 = NodeProc::new(root.path(), "n1", &[]);
+    n1.sim_gpus = None;
+    n1.bootstrap();
+    let token = n1.admin_token();
+    let nodes = wait_for("the API", Duration::from_secs(30), || async {
+        n1.client(&token).nodes().await.ok()
+    })
+    .await;
+    assert_eq!(nodes[0].gpus_total, 0);
+    let log = n1.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("no NVIDIA driver found"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one log line about the missing driver:\n{log}"
+    );
+    assert!(lines[0].contains("0 GPUs"), "{}", lines[0]);
+}

@@ -162,13 +162,12 @@ impl Agent {
         identity::ensure_data_dir(&data_dir)
             .map_err(|e| io(&format!("cannot create data dir {}", data_dir.display()), e))?;
         let name = cfg.node_name();
-        let gpus = match &cfg.sim_gpus {
-            Some(spec) => crate::gpu::parse_sim_gpus(spec, &name).map_err(AgentError::Config)?,
-            None => {
-                tracing::info!("no accelerators registered: real NVML discovery is not built yet; pass --sim-gpus to simulate some");
-                Vec::new()
-            }
-        };
+        let gpu_source =
+            crate::gpu::discover(cfg.sim_gpus.as_deref(), &name).map_err(AgentError::Config)?;
+        let gpus = gpu_source
+            .as_ref()
+            .map(|g| g.inventory())
+            .unwrap_or_default();
 
         let rpc_socket = std::net::UdpSocket::bind(cfg.rpc_addr)
             .map_err(|e| io(&format!("cannot bind the RPC address {}", cfg.rpc_addr), e))?;

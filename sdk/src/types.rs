@@ -40,6 +40,14 @@ pub struct GpuInfo {
     pub uuid: String,
     /// The job holding this GPU, if any.
     pub allocated_to: Option<u64>,
+    /// NUMA node of the GPU's PCIe root, when known.
+    #[serde(default)]
+    pub numa_node: Option<u32>,
+    /// Indices of GPUs on the same node reachable over NVLink.
+    #[serde(default)]
+    pub nvlink_peers: Vec<u32>,
+    #[serde(default)]
+    pub mig_enabled: bool,
 }
 
 /// `shoal status --json`.

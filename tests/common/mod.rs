@@ -51,6 +51,8 @@ pub struct NodeProc {
     pub rpc_port: u16,
     pub labels: Vec<String>,
     pub extra_env: Vec<(String, String)>,
+    /// `--sim-gpus`; None runs the node with real discovery (NVML).
+    pub sim_gpus: Option<String>,
     child: Option<Child>,
 }
 
@@ -64,6 +66,7 @@ impl NodeProc {
             rpc_port,
             labels: labels.iter().map(|s| s.to_string()).collect(),
             extra_env: Vec::new(),
+            sim_gpus: Some("4xH100-80GB".into()),
             child: None,
         }
     }
@@ -86,9 +89,10 @@ impl NodeProc {
             .arg("--api-addr")
             .arg(format!("127.0.0.1:{}", self.api_port))
             .arg("--rpc-addr")
-            .arg(self.rpc_addr())
-            .arg("--sim-gpus")
-            .arg("4xH100-80GB");
+            .arg(self.rpc_addr());
+        if let Some(spec) = &self.sim_gpus {
+            c.arg("--sim-gpus").arg(spec);
+        }
         for l in &self.labels {
             c.arg("--label").arg(l);
         }
@@ -154,6 +158,10 @@ impl NodeProc {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data_dir.with_extension("log")).unwrap_or_default()
     }
 
     pub fn admin_token(&self) -> String {

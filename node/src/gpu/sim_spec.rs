@@ -1,6 +1,4 @@
-//! Accelerator inventory. Real discovery (NVML) comes with the mesh work;
-//! simulated devices (`--sim-gpus 8xH100-80GB`) give the same inventory type
-//! so that tests and demos exercise the same code paths as real machines.
+//! The `--sim-gpus` specification: `8xH100-80GB` or `4xA100-40GB,2xL4`.
 
 use shoal_sdk::GpuInfo;
 
@@ -40,6 +38,9 @@ pub fn parse_sim_gpus(spec: &str, node_name: &str) -> Result<Vec<GpuInfo>, Strin
                 memory_mb,
                 uuid,
                 allocated_to: None,
+                numa_node: None,
+                nvlink_peers: Vec::new(),
+                mig_enabled: false,
             });
         }
     }

@@ -1,0 +1,74 @@
+//! Accelerator discovery and sampling.
+//!
+//! Two sources give the same types: NVML (`nvml`), loaded at run time so the
+//! binary runs on machines without NVIDIA drivers, and simulated devices
+//! (`sim`, from `--sim-gpus 8xH100-80GB`) with plausible, varying metrics and
+//! injectable faults, which every test and demo uses.
+
+pub mod nvml;
+pub mod sim;
+mod sim_spec;
+
+pub use sim_spec::parse_sim_gpus;
+
+use serde::{Deserialize, Serialize};
+use shoal_sdk::GpuInfo;
+
+/// One reading of one GPU, with dcgm-exporter's units.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct GpuSample {
+    pub index: u32,
+    /// DCGM_FI_DEV_GPU_UTIL, percent.
+    pub util_pct: u32,
+    /// DCGM_FI_DEV_FB_USED / FB_FREE, MiB.
+    pub fb_used_mb: u64,
+    pub fb_free_mb: u64,
+    /// DCGM_FI_DEV_GPU_TEMP, °C.
+    pub temp_c: u32,
+    /// DCGM_FI_DEV_POWER_USAGE, W.
+    pub power_w: f64,
+    /// DCGM_FI_DEV_ECC_SBE_VOL_TOTAL / DBE_VOL_TOTAL.
+    pub ecc_sbe_total: u64,
+    pub ecc_dbe_total: u64,
+    /// Last XID error code seen (DCGM_FI_DEV_XID_ERRORS), 0 when none.
+    pub last_xid: u64,
+    /// Active clock throttle reasons, e.g. "HW_THERMAL_SLOWDOWN".
+    pub throttle: Vec<String>,
+}
+
+/// Where a node's accelerators come from.
+pub trait GpuSource: Send {
+    fn inventory(&self) -> Vec<GpuInfo>;
+    /// Reads every GPU now. A GPU that cannot be read is left out.
+    fn sample(&mut self) -> Vec<GpuSample>;
+    fn kind(&self) -> &'static str;
+}
+
+/// Picks the source: simulated GPUs when asked for, else NVML when it finds
+/// devices, else none — saying which in one log line.
+pub fn discover(
+    sim_spec: Option<&str>,
+    node_name: &str,
+) -> Result<Option<Box<dyn GpuSource>>, String> {
+    if let Some(spec) = sim_spec {
+        let gpus = parse_sim_gpus(spec, node_name)?;
+        tracing::info!(gpus = gpus.len(), spec, "using simulated GPUs");
+        return Ok(Some(Box::new(sim::SimGpus::new(gpus, node_name))));
+    }
+    match nvml::NvmlGpus::open() {
+        Ok(n) if !n.inventory().is_empty() => {
+            tracing::info!(gpus = n.inventory().len(), "discovered GPUs through NVML");
+            Ok(Some(Box::new(n)))
+        }
+        Ok(_) => {
+            tracing::info!(
+                "NVML found no GPUs: this node offers 0 GPUs (pass --sim-gpus to simulate some)"
+            );
+            Ok(None)
+        }
+        Err(reason) => {
+            tracing::info!("no NVIDIA driver found ({reason}): this node offers 0 GPUs (pass --sim-gpus to simulate some)");
+            Ok(None)
+        }
+    }
+}
