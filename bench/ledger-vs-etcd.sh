@@ -53,13 +53,13 @@ for c in 1 16 64; do run_wrk "$leader_url/v3/kv/put" "$root/etcd.lua" $c; done
 stop_all
 
 echo "== shoal $("$shoal" --version | awk '{print $2}'), 3 agents =="
-"$shoal" agent --bootstrap --name s1 --data-dir "$root/s1" --api-addr 127.0.0.1:27070 --rpc-addr 127.0.0.1:27071 > "$root/s1.out" 2> "$root/s1.log" &
+"$shoal" agent --bootstrap --name s1 --data-dir "$root/s1" --api-addr 127.0.0.1:27070 --rpc-addr 127.0.0.1:27071 --gossip-addr 127.0.0.1:0 > "$root/s1.out" 2> "$root/s1.log" &
 pids+=($!)
 for _ in $(seq 1 100); do grep -q -- --join-token "$root/s1.out" 2>/dev/null && break; sleep 0.1; done
 token=$(grep -o 'sj1[^ ]*' "$root/s1.out")
 for i in 2 3; do
   "$shoal" agent --join 127.0.0.1:27071 --join-token "$token" --name s$i --data-dir "$root/s$i" \
-    --api-addr 127.0.0.1:2${i}070 --rpc-addr 127.0.0.1:2${i}071 > /dev/null 2> "$root/s$i.log" &
+    --api-addr 127.0.0.1:2${i}070 --rpc-addr 127.0.0.1:2${i}071 --gossip-addr 127.0.0.1:0 > /dev/null 2> "$root/s$i.log" &
   pids+=($!)
 done
 admin=$(cat "$root/s1/admin.token")

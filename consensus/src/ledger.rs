@@ -30,6 +30,10 @@ pub struct MemberSpec {
     pub api_addr: String,
     pub labels: BTreeMap<String, String>,
     pub gpus: Vec<GpuInfo>,
+    /// libp2p identity and QUIC multiaddr of the node's gossip endpoint;
+    /// only messages signed by the peer ids recorded here are accepted.
+    pub gossip_peer_id: String,
+    pub gossip_addr: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -353,6 +357,8 @@ mod tests {
             api_addr: "127.0.0.1:7070".into(),
             labels: BTreeMap::new(),
             gpus: vec![],
+            gossip_peer_id: String::new(),
+            gossip_addr: String::new(),
         }
     }
 

@@ -1,10 +1,12 @@
 //! Everything that touches the network: the quinn RPC endpoint with mutual
 //! TLS against the cluster CA (`rpc`) and the certificate machinery behind it
-//! (`tls`), plus the sans-IO pieces the gossip layer is built from: Vivaldi
-//! network coordinates (`vivaldi`) and the heartbeat failure detector
-//! (`failure_detector`).
+//! (`tls`), the libp2p gossip layer (`gossip`: capacity adverts, heartbeats,
+//! RTT samples, admission by ledger-recorded peer ids), and the sans-IO pieces
+//! built on what it carries: Vivaldi network coordinates (`vivaldi`) and the
+//! heartbeat failure detector (`failure_detector`).
 
 pub mod failure_detector;
+pub mod gossip;
 pub mod rpc;
 pub mod tls;
 pub mod vivaldi;

@@ -81,9 +81,34 @@ pub struct Inner {
     pub api_addr: SocketAddr,
     pub spec: MemberSpec,
     pub metrics: Metrics,
+    /// Gossip-fed view of the other members (failure detector, coordinates, adverts).
+    pub peers: crate::peers::SharedPeerView,
+    pub gpu: std::sync::Mutex<GpuState>,
     batcher: crate::batcher::Batcher,
     pub started: Instant,
     shutdown: watch::Sender<bool>,
+}
+
+pub struct GpuState {
+    pub source: Option<Box<dyn crate::gpu::GpuSource>>,
+    pub latest: Vec<crate::gpu::GpuSample>,
+}
+
+/// Reads the accelerators once a second.
+async fn sample_gpus(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let Ok(mut g) = inner.gpu.lock() else { return };
+        if let Some(src) = g.source.as_mut() {
+            let samples = src.sample();
+            g.latest = samples;
+        }
+    }
 }
 
 struct NodeRpc {
@@ -190,12 +215,25 @@ impl Agent {
         } else {
             api_bound
         };
+        let gossip_key = identity::load_or_create_gossip_key(&data_dir).map_err(AgentError::Io)?;
+        let (gossip, gossip_events) = shoal_mesh::gossip::Gossip::start(
+            shoal_mesh::gossip::GossipConfig::new(gossip_key.clone(), cfg.gossip_addr),
+        )
+        .await
+        .map_err(|e| io(&format!("cannot start gossip on {}", cfg.gossip_addr), e))?;
+        let gossip_port = gossip.listen_addr().port();
+        let gossip_addr = match adv {
+            IpAddr::V4(ip) => format!("/ip4/{ip}/udp/{gossip_port}/quic-v1"),
+            IpAddr::V6(ip) => format!("/ip6/{ip}/udp/{gossip_port}/quic-v1"),
+        };
         let spec = MemberSpec {
             name: name.clone(),
             rpc_addr: rpc_addr.to_string(),
             api_addr: api_addr.to_string(),
             labels: cfg.labels.clone(),
             gpus,
+            gossip_peer_id: gossip_key.public().to_peer_id().to_string(),
+            gossip_addr,
         };
 
         let (ident, new_cluster) = match (mode, existing) {
@@ -275,6 +313,11 @@ impl Agent {
                 name: ident.name.clone(),
                 ..spec
             },
+            peers: crate::peers::new_view(cfg.test_inject_rtt.clone()),
+            gpu: std::sync::Mutex::new(GpuState {
+                source: gpu_source,
+                latest: Vec::new(),
+            }),
             metrics: Metrics::new(ident.node_id, &ident.name),
             batcher: crate::batcher::Batcher::spawn(raft.clone(), ident.node_id),
             started: Instant::now(),
@@ -291,6 +334,17 @@ impl Agent {
         }
 
         crate::api::spawn(inner.clone(), api_listener);
+        crate::peers::spawn(
+            Arc::downgrade(&inner),
+            gossip,
+            gossip_events,
+            inner.peers.clone(),
+            inner.shutdown.subscribe(),
+        );
+        tokio::spawn(sample_gpus(
+            Arc::downgrade(&inner),
+            inner.shutdown.subscribe(),
+        ));
         tokio::spawn(crate::reconcile::run(
             Arc::downgrade(&inner),
             inner.shutdown.subscribe(),
@@ -579,6 +633,72 @@ impl Inner {
         })
         .await?;
         Ok((token, expires_at_ms))
+    }
+
+    /// Members' gossip identities from the ledger (this node excluded).
+    pub fn gossip_members(&self) -> Vec<(NodeId, crate::peers::PeerId, crate::peers::Multiaddr)> {
+        let Ok(d) = self.ledger.read() else {
+            return Vec::new();
+        };
+        d.ledger
+            .active_members()
+            .filter(|m| m.id != self.id)
+            .filter_map(|m| {
+                let peer = m.spec.gossip_peer_id.parse().ok()?;
+                let addr = m.spec.gossip_addr.parse().ok()?;
+                Some((m.id, peer, addr))
+            })
+            .collect()
+    }
+
+    pub fn name_of(&self, node: NodeId) -> Option<String> {
+        self.ledger
+            .read()
+            .ok()?
+            .ledger
+            .members
+            .get(&node)
+            .map(|m| m.spec.name.clone())
+    }
+
+    /// What this node offers right now, for its capacity advert.
+    pub fn capacity_advert(&self) -> shoal_mesh::gossip::CapacityAdvert {
+        let gpus = self
+            .ledger
+            .read()
+            .ok()
+            .and_then(|d| d.ledger.members.get(&self.id).map(|m| m.spec.gpus.clone()))
+            .unwrap_or_else(|| self.spec.gpus.clone());
+        let mut free: BTreeMap<String, u32> = BTreeMap::new();
+        for g in &gpus {
+            let e = free.entry(g.model.clone()).or_default();
+            if g.allocated_to.is_none() {
+                *e += 1;
+            }
+        }
+        let load = self
+            .gpu
+            .lock()
+            .ok()
+            .map(|g| {
+                if g.latest.is_empty() {
+                    0.0
+                } else {
+                    g.latest.iter().map(|s| s.util_pct as f32).sum::<f32>()
+                        / (100.0 * g.latest.len() as f32)
+                }
+            })
+            .unwrap_or(0.0);
+        shoal_mesh::gossip::CapacityAdvert {
+            node_id: self.id,
+            seq: 0,
+            gpus_free_by_model: free,
+            gpus_total: gpus.len() as u32,
+            healthy: true,
+            load,
+            coordinate: None,
+            sent_at_ms: 0,
+        }
     }
 
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {

@@ -31,6 +31,11 @@ pub struct Config {
     pub membership: MembershipTuning,
     /// Lifetime of the join token printed at bootstrap.
     pub join_token_ttl_s: u64,
+    /// Test only: extra round-trip time added to RTT samples towards the
+    /// named peers (`name -> duration`), to emulate distance on one machine
+    /// where the kernel has no netem. Set with `SHOAL_TEST_INJECT_RTT=n2=20,n3=40`.
+    #[serde(skip)]
+    pub test_inject_rtt: BTreeMap<String, std::time::Duration>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -97,6 +102,7 @@ impl Default for Config {
             raft: RaftTuning::default(),
             membership: MembershipTuning::default(),
             join_token_ttl_s: 24 * 3600,
+            test_inject_rtt: BTreeMap::new(),
         }
     }
 }
@@ -190,9 +196,12 @@ impl Config {
             }
             table.insert("labels".into(), toml::Value::Table(map));
         }
-        let cfg: Config = table
+        let mut cfg: Config = table
             .try_into()
             .map_err(|e: toml::de::Error| format!("invalid configuration: {}", e.message()))?;
+        if let Some(spec) = env.get("SHOAL_TEST_INJECT_RTT") {
+            cfg.test_inject_rtt = crate::peers::parse_injected_rtt(spec)?;
+        }
         cfg.validate()?;
         Ok(cfg)
     }

@@ -125,6 +125,28 @@ pub fn ensure_data_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+pub const GOSSIP_KEY_FILE: &str = "gossip.key";
+
+/// The node's libp2p identity (ed25519), created on first start. Peers accept
+/// gossip only from the peer id derived from it, as recorded in the ledger.
+pub fn load_or_create_gossip_key(dir: &Path) -> Result<shoal_mesh::gossip::Keypair, String> {
+    let path = dir.join(GOSSIP_KEY_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => shoal_mesh::gossip::Keypair::from_protobuf_encoding(&bytes)
+            .map_err(|e| format!("{} is corrupt: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = shoal_mesh::gossip::Keypair::generate_ed25519();
+            let bytes = key
+                .to_protobuf_encoding()
+                .map_err(|e| format!("cannot encode the gossip key: {e}"))?;
+            write_private(&path, &bytes, 0o600)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Ok(key)
+        }
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
 pub fn identity_path(dir: &Path) -> PathBuf {
     dir.join(IDENTITY_FILE)
 }

@@ -13,6 +13,7 @@ pub mod gpu;
 pub mod identity;
 pub mod local_cluster;
 pub mod metrics;
+pub mod peers;
 pub mod proto;
 pub mod reconcile;
 pub mod sim;

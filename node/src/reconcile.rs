@@ -1,10 +1,9 @@
 //! The leader's housekeeping loop. Only the leader acts; every other node's
 //! loop idles. Each tick it:
 //!
-//! 1. feeds the failure detector with the Raft acknowledgements it saw
-//!    (leaders heartbeat every member, voters and learners alike, so an ack is
-//!    a heartbeat) and commits member state changes (alive/suspect/down) so
-//!    every node agrees;
+//! 1. commits the member states (alive/suspect/down) of its own failure
+//!    detector — fed by gossip heartbeats on every node, and on the leader
+//!    also by Raft acknowledgements — so every node agrees;
 //! 2. makes sure every ledger member is at least a Raft learner;
 //! 3. converges the voter set to the pure policy in `shoal_consensus::voters`
 //!    (3 or 5 voters across failure domains, dead voters replaced after
@@ -14,7 +13,6 @@ use crate::agent::Inner;
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use shoal_consensus::voters::{choose_voters, VoterCandidate};
 use shoal_consensus::{Command, NodeId};
-use shoal_mesh::failure_detector::{FailureDetector, FailureDetectorConfig, PeerState};
 use shoal_sdk::MemberState;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Weak};
@@ -27,10 +25,8 @@ const TICK: Duration = Duration::from_millis(100);
 /// new term never inherits a stale view.
 struct LeaderView {
     term: u64,
-    detector: FailureDetector<NodeId>,
     fed_until: HashMap<NodeId, Instant>,
     down_since: HashMap<NodeId, Instant>,
-    last_tick: Instant,
 }
 
 pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
@@ -60,20 +56,10 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
             Some(v) if v.term == term => v,
             _ => view.insert(LeaderView {
                 term,
-                detector: FailureDetector::new(
-                    FailureDetectorConfig {
-                        heartbeat_interval: Duration::from_millis(inner.cfg.raft.heartbeat_ms),
-                        ..FailureDetectorConfig::default()
-                    },
-                    now,
-                ),
                 fed_until: HashMap::new(),
                 down_since: HashMap::new(),
-                last_tick: now,
             }),
         };
-        v.detector.observe_own_tick(v.last_tick + TICK, now);
-        v.last_tick = now;
         if let Err(e) = tick(&inner, v, now).await {
             tracing::debug!(error = %e, "leader housekeeping will retry");
         }
@@ -100,54 +86,33 @@ async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<()
             .collect()
     };
 
-    // 1. Liveness.
+    // 1. Liveness, from this node's gossip-fed detector; the Raft acks the
+    // leader sees count as signs of life too.
     let mut desired_states = Vec::new();
-    for (id, state, ..) in &members {
-        if *id == inner.id {
-            if *state != MemberState::Alive {
-                desired_states.push((*id, MemberState::Alive));
+    {
+        let mut peers = inner.peers.lock().map_err(|_| "peer view lock poisoned")?;
+        for (id, state, ..) in &members {
+            if *id == inner.id {
+                if *state != MemberState::Alive {
+                    desired_states.push((*id, MemberState::Alive));
+                }
+                continue;
             }
-            continue;
-        }
-        if v.detector.state(id).is_none() {
-            v.detector.add_peer(*id, now);
-        }
-        if let Some(t) = inner.contacts.last_contact(*id) {
-            if v.fed_until.get(id).is_none_or(|prev| t > *prev) {
-                v.detector.heartbeat(id, t);
-                v.fed_until.insert(*id, t);
+            if let Some(t) = inner.contacts.last_contact(*id) {
+                if v.fed_until.get(id).is_none_or(|prev| t > *prev) {
+                    peers.heard(*id, t);
+                    v.fed_until.insert(*id, t);
+                }
             }
-        }
-    }
-    for t in v.detector.tick(now) {
-        tracing::info!(node = t.peer, from = ?t.from, to = ?t.to, "member state changed");
-    }
-    let active: BTreeSet<NodeId> = members.iter().map(|m| m.0).collect();
-    let gone: Vec<NodeId> = v
-        .detector
-        .peers()
-        .map(|(k, _)| *k)
-        .filter(|k| !active.contains(k))
-        .collect();
-    for k in gone {
-        v.detector.remove_peer(&k);
-    }
-    for (id, state, ..) in &members {
-        if *id == inner.id {
-            continue;
-        }
-        let want = match v.detector.state(id) {
-            Some(PeerState::Alive) | None => MemberState::Alive,
-            Some(PeerState::Suspect) => MemberState::Suspect,
-            Some(PeerState::Down) => MemberState::Down,
-        };
-        if want == MemberState::Down {
-            v.down_since.entry(*id).or_insert(now);
-        } else {
-            v.down_since.remove(id);
-        }
-        if want != *state {
-            desired_states.push((*id, want));
+            let want = peers.state(*id).unwrap_or(MemberState::Alive);
+            if want == MemberState::Down {
+                v.down_since.entry(*id).or_insert(now);
+            } else {
+                v.down_since.remove(id);
+            }
+            if want != *state {
+                desired_states.push((*id, want));
+            }
         }
     }
     for (id, state) in desired_states {
@@ -206,7 +171,7 @@ async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<()
     let candidates: Vec<VoterCandidate> = members
         .iter()
         .filter(|(id, ..)| membership.get_node(id).is_some())
-        .map(|(id, _, _, zone, rack)| {
+        .map(|(id, state, _, zone, rack)| {
             let is_voter = voters.contains(id);
             let down_for = v
                 .down_since
@@ -217,7 +182,7 @@ async fn tick(inner: &Arc<Inner>, v: &mut LeaderView, now: Instant) -> Result<()
             } else if is_voter {
                 down_for.is_none_or(|d| d < replace_after)
             } else {
-                v.detector.state(id) == Some(PeerState::Alive)
+                *state == MemberState::Alive
             };
             VoterCandidate {
                 id: *id,

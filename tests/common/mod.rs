@@ -89,7 +89,9 @@ impl NodeProc {
             .arg("--api-addr")
             .arg(format!("127.0.0.1:{}", self.api_port))
             .arg("--rpc-addr")
-            .arg(self.rpc_addr());
+            .arg(self.rpc_addr())
+            .arg("--gossip-addr")
+            .arg("127.0.0.1:0");
         if let Some(spec) = &self.sim_gpus {
             c.arg("--sim-gpus").arg(spec);
         }

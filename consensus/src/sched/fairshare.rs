@@ -42,11 +42,29 @@ impl ResourceVector {
         vector
     }
 
+    /// Adds `count` GPUs in one step. Callers with many GPUs should count
+    /// them per model first: each call formats the model key.
     pub fn add_gpus(&mut self, model: Option<&str>, count: u32) {
-        let amount = f64::from(count);
-        *self.0.entry(GPU_RESOURCE.to_string()).or_default() += amount;
+        self.add_gpu_count(model, u64::from(count));
+    }
+
+    /// [`Self::add_gpus`] for counts summed over a whole cluster.
+    pub(crate) fn add_gpu_count(&mut self, model: Option<&str>, count: u64) {
+        // Exact: GPU counts stay far below 2^53.
+        let amount = count as f64;
+        self.add_amount(GPU_RESOURCE, amount);
         if let Some(model) = model {
             *self.0.entry(gpu_model_resource(model)).or_default() += amount;
+        }
+    }
+
+    /// Adds to one resource, allocating its key only the first time.
+    fn add_amount(&mut self, resource: &str, amount: f64) {
+        match self.0.get_mut(resource) {
+            Some(current) => *current += amount,
+            None => {
+                self.0.insert(resource.to_string(), amount);
+            }
         }
     }
 
@@ -56,7 +74,7 @@ impl ResourceVector {
 
     pub fn add(&mut self, other: &ResourceVector) {
         for (resource, amount) in &other.0 {
-            *self.0.entry(resource.clone()).or_default() += amount;
+            self.add_amount(resource, *amount);
         }
     }
 
@@ -116,11 +134,14 @@ pub struct PendingJob {
     pub time_limit_s: u64,
     pub preemptible: bool,
     /// Added to `priority` by the caller, e.g. +1 per time this job was
-    /// preempted, so that victims do not starve.
+    /// preempted, so that victims do not starve. Only orders jobs within
+    /// their tenant's queue; preemption compares base priorities, so a
+    /// boosted victim cannot preempt its way back and start a cascade.
     pub boost: i32,
 }
 
 impl PendingJob {
+    /// Priority for ordering within the tenant's queue (not for preemption).
     pub fn effective_priority(&self) -> i64 {
         i64::from(self.priority) + i64::from(self.boost)
     }

@@ -3,9 +3,9 @@
 //! the simulator drive it without clocks, sockets or randomness.
 //!
 //! One call to [`schedule`] is one pass over a [`SchedInput`]; it returns a
-//! [`SchedPlan`] for the caller to commit. The pass works on a private copy of
-//! the node views and charges every placement to it immediately, so a GPU is
-//! never promised twice within a pass.
+//! [`SchedPlan`] for the caller to commit. The pass borrows the node views
+//! and records its own placements in a private allocation overlay as soon as
+//! it decides them, so a GPU is never promised twice within a pass.
 //!
 //! # Policies
 //! - [`Policy::Fifo`] is the "traditional cluster" baseline: strict submission
@@ -20,7 +20,8 @@
 //! - [`Policy::HdrfPreempt`] additionally lets a job that cannot start, ahead
 //!   of any reservation, preempt preemptible running jobs when its tenant is
 //!   below its fair share and the victims' tenants are above theirs, or when
-//!   it has strictly higher priority than the victim. Victims are taken
+//!   its base `priority` is strictly higher than the victim's. `boost` does
+//!   not count here (see below). Victims are taken
 //!   smallest first, then most recently checkpointed, and only if freeing them
 //!   really makes the gang placeable; victims that turn out unnecessary are
 //!   dropped again.
@@ -31,7 +32,12 @@
 //! GPU-seconds, saturating at zero for clocks that appear to run backwards.
 //! Requeueing the victim is the caller's business; the suggested policy is
 //! `boost += 1` per preemption suffered, so repeated victims climb in their
-//! tenant's queue instead of starving.
+//! tenant's queue instead of starving. Boost only orders jobs within their
+//! tenant's queue; it never makes a job out-rank a running job for
+//! preemption, because a requeued victim with boost 1 would otherwise
+//! out-rank every running job of priority 0, and each preemption would
+//! trigger the next. Report a running job's base priority in
+//! [`RunningJob::priority`], not its boost.
 //!
 //! # Inputs the pass distrusts
 //! Requests that can never run (zero nodes, GPU totals that disagree with the
@@ -83,6 +89,7 @@ pub struct RunningJob {
     pub started_s: u64,
     pub time_limit_s: u64,
     pub preemptible: bool,
+    /// Base priority, as submitted; never include a requeue boost here.
     pub priority: i32,
     pub last_checkpoint_s: Option<u64>,
 }

@@ -1,15 +1,37 @@
-//! The machinery behind [`super::schedule`]: a working copy of the cluster,
-//! quota and fairness bookkeeping, EASY reservations and victim selection.
+//! The machinery behind [`super::schedule`]: an allocation overlay on the
+//! borrowed snapshot, quota and fairness bookkeeping, EASY reservations and
+//! victim selection.
+//!
+//! # Why it is shaped like this
+//! A pass runs at every event of a busy cluster, so its cost must not grow
+//! with anything but what it decides:
+//! - The node views are borrowed, never cloned. Which job holds each GPU is
+//!   kept in a flat overlay (`holder`, one `u32` per GPU, jobs numbered
+//!   densely), and placement reads a [`ClusterIndex`] built once per pass.
+//! - Free usable GPUs are counted per node and per model as placements and
+//!   evictions happen. Per-model totals reject a gang that cannot fit before
+//!   any scan; per-node counts let a placement scan skip full nodes.
+//! - Failures are memoised per gang shape (model, nodes, GPUs per node,
+//!   constraints) and per search area: GPUs only get scarcer while a pass
+//!   places jobs, so a shape that did not fit, or any larger shape with the
+//!   same constraints, does not fit later in the pass either, and the queue
+//!   behind it is answered without another search. Evictions clear the memo.
+//! - Reason strings that would repeat (FIFO's "waiting behind") are built
+//!   once and cloned.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::fairshare::{
     order_pending, unknown_tenant, HdrfUsage, PendingDemand, PendingJob, ResourceVector,
     TenantAllocation, TenantTree,
 };
-use super::model::{GangRequest, GpuView, JobId, NodeId, NodeView, Placement};
-use super::placement::{place_gang_where, Unplaceable};
+use super::model::{GangRequest, JobId, NodeId, Placement, TopologyTier};
+use super::placement::{
+    count_feasible_nodes, labels_suffix, model_name, not_enough_nodes, place_indexed, ClusterIndex,
+    Unplaceable, UnplaceableKind,
+};
 use super::proximity::Proximity;
 use super::{Policy, Preemption, RunningJob, SchedInput, SchedPlan};
 
@@ -17,59 +39,340 @@ use super::{Policy, Preemption, RunningJob, SchedInput, SchedPlan};
 /// preemption decisions.
 const SHARE_EPSILON: f64 = 1e-9;
 
+/// `holder` value of a GPU nobody holds.
+const FREE: u32 = u32::MAX;
+
 type PendingEntry = (PendingJob, GangRequest);
+
+/// Multiplicative hashing for job ids. Ids come from the consensus log and
+/// are dense integers, for which SipHash is needlessly slow; the maps keyed
+/// by it are only ever probed, never iterated, so their order cannot leak
+/// into a plan.
+#[derive(Default)]
+struct JobIdHasher(u64);
+
+impl Hasher for JobIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        let mixed = (self.0 ^ value ^ (value >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = mixed ^ (mixed >> 29);
+    }
+}
+
+type FastJobMap<V> = HashMap<JobId, V, BuildHasherDefault<JobIdHasher>>;
+type FastJobSet = HashSet<JobId, BuildHasherDefault<JobIdHasher>>;
+
+/// Dense numbers for the jobs a pass sees holding or taking GPUs, so that
+/// per-job state lives in vectors and the overlay fits in a `u32`.
+#[derive(Default)]
+struct JobSlots {
+    ids: Vec<JobId>,
+    slot_of: FastJobMap<u32>,
+    /// Per slot: when the job is expected to let go, by its time limit;
+    /// `None` for holders the pass knows nothing about (never released).
+    release_at: Vec<Option<u64>>,
+    preempted: Vec<bool>,
+    running: Vec<bool>,
+}
+
+impl JobSlots {
+    fn slot(&mut self, id: JobId) -> u32 {
+        if let Some(&slot) = self.slot_of.get(&id) {
+            return slot;
+        }
+        // Slots stop short of FREE; more jobs than that cannot fit in memory.
+        let slot = u32::try_from(self.ids.len())
+            .unwrap_or(FREE - 1)
+            .min(FREE - 1);
+        self.slot_of.insert(id, slot);
+        self.ids.push(id);
+        self.release_at.push(None);
+        self.preempted.push(false);
+        self.running.push(false);
+        slot
+    }
+
+    fn get(&self, id: JobId) -> Option<usize> {
+        self.slot_of.get(&id).map(|&slot| slot as usize)
+    }
+
+    fn id(&self, slot: u32) -> Option<JobId> {
+        self.ids.get(slot as usize).copied()
+    }
+}
+
+/// GPUs per model id held by one job; almost always a single model.
+#[derive(Clone, Debug, Default)]
+struct Held(Vec<(u32, u64)>);
+
+impl Held {
+    fn add(&mut self, model: u32, count: u64) {
+        match self.0.iter_mut().find(|(m, _)| *m == model) {
+            Some((_, held)) => *held += count,
+            None => self.0.push((model, count)),
+        }
+    }
+}
+
+/// Where a placement attempt may put GPUs; memoised failures are kept per
+/// area. `OutsideReservation` is a subset of `Free`, so a failure in `Free`
+/// also answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Area {
+    Free,
+    OutsideReservation,
+}
+
+/// Everything about a request that placement looks at, except its size.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct ShapeConstraints<'a> {
+    model: Option<&'a str>,
+    same: Option<TopologyTier>,
+    /// Bit pattern: validated requests never carry NaN.
+    max_rtt_bits: Option<u64>,
+    labels: &'a BTreeMap<String, String>,
+}
+
+impl<'a> ShapeConstraints<'a> {
+    fn of(request: &'a GangRequest) -> Self {
+        ShapeConstraints {
+            model: request.gpu_model.as_deref(),
+            same: request.same,
+            max_rtt_bits: request.max_rtt_ms.map(f64::to_bits),
+            labels: &request.required_labels,
+        }
+    }
+}
+
+/// A placement that failed earlier in the pass.
+struct Failure {
+    nodes: u32,
+    gpus_per_node: u32,
+    kind: UnplaceableKind,
+    reason: String,
+    /// Commits and evictions seen when it failed.
+    epoch: u64,
+}
+
+impl Failure {
+    /// Lack of nodes or of a big enough topology group only gets worse as
+    /// GPUs are taken; the latency heuristic promises no such thing.
+    fn holds_while_gpus_are_taken(&self) -> bool {
+        matches!(
+            self.kind,
+            UnplaceableKind::NotEnoughNodes | UnplaceableKind::Topology
+        )
+    }
+}
+
+/// Failed placements of this pass, by area and constraints.
+#[derive(Default)]
+struct FailureMemo<'a> {
+    failures: BTreeMap<(Area, ShapeConstraints<'a>), Vec<Failure>>,
+}
+
+impl<'a> FailureMemo<'a> {
+    /// The reason `request` cannot be placed in `area`, if an earlier
+    /// attempt already proves it.
+    fn known(&self, area: Area, request: &'a GangRequest, epoch: u64) -> Option<Unplaceable> {
+        let constraints = ShapeConstraints::of(request);
+        let areas: &[Area] = match area {
+            Area::Free => &[Area::Free],
+            Area::OutsideReservation => &[Area::Free, Area::OutsideReservation],
+        };
+        let mut dominating: Option<&Failure> = None;
+        for &area in areas {
+            let Some(failures) = self.failures.get(&(area, constraints.clone())) else {
+                continue;
+            };
+            for failure in failures {
+                let still_valid = failure.holds_while_gpus_are_taken() || failure.epoch == epoch;
+                if !still_valid {
+                    continue;
+                }
+                if failure.nodes == request.nodes && failure.gpus_per_node == request.gpus_per_node
+                {
+                    return Some(Unplaceable {
+                        kind: failure.kind,
+                        reason: failure.reason.clone(),
+                    });
+                }
+                if failure.holds_while_gpus_are_taken()
+                    && failure.nodes <= request.nodes
+                    && failure.gpus_per_node <= request.gpus_per_node
+                {
+                    dominating.get_or_insert(failure);
+                }
+            }
+        }
+        dominating.map(|smaller| Unplaceable {
+            kind: smaller.kind,
+            reason: format!(
+                "no room for {} nodes x {} {}{}: even {} x {} does not fit ({})",
+                request.nodes,
+                request.gpus_per_node,
+                model_name(request),
+                labels_suffix(request),
+                smaller.nodes,
+                smaller.gpus_per_node,
+                smaller.reason
+            ),
+        })
+    }
+
+    fn record(&mut self, area: Area, request: &'a GangRequest, failed: &Unplaceable, epoch: u64) {
+        self.failures
+            .entry((area, ShapeConstraints::of(request)))
+            .or_default()
+            .push(Failure {
+                nodes: request.nodes,
+                gpus_per_node: request.gpus_per_node,
+                kind: failed.kind,
+                reason: failed.reason.clone(),
+                epoch,
+            });
+    }
+
+    fn clear(&mut self) {
+        self.failures.clear();
+    }
+}
 
 /// The head job's claim on the future under EASY backfill.
 struct Reservation {
     job: JobId,
     /// Earliest time the head job fits, assuming jobs run to their limits.
     shadow_s: u64,
-    /// The GPUs the head job would take then; backfill must avoid them
-    /// unless it ends before `shadow_s`.
-    gpus: BTreeSet<(NodeId, u32)>,
+    /// Per flat GPU: the head job would take it then; backfill must avoid
+    /// it unless it ends before `shadow_s`.
+    reserved: Vec<bool>,
 }
 
 pub(crate) struct Pass<'a> {
     input: &'a SchedInput,
     prox: &'a dyn Proximity,
-    /// Working copy: placements are written here as they are decided.
-    nodes: Vec<NodeView>,
-    /// First view of each node id; later duplicates are never placed on.
-    node_position: BTreeMap<NodeId, usize>,
+    cluster: ClusterIndex<'a>,
+    /// Allocation overlay: slot of the job holding each flat GPU, or FREE.
+    /// Placements are written here as they are decided.
+    holder: Vec<u32>,
+    jobs: JobSlots,
+    /// Per node: free GPUs that placement may use (hostable node, unique
+    /// index); an upper bound for every search inside the free area.
+    free_usable: Vec<u32>,
+    /// Per model id: the sum of `free_usable` over GPUs of that model.
+    free_by_model: Vec<u64>,
+    /// (id, position) of the first view of each node id, sorted by id; later
+    /// duplicates are never placed on.
+    node_position: Vec<(NodeId, usize)>,
+    /// Healthy GPUs per model id.
+    capacity_by_model: Vec<u64>,
+    /// Per job slot: GPUs held on healthy nodes according to the views.
+    held: Vec<Held>,
     tree: TenantTree,
     usage: HdrfUsage,
-    /// When each GPU-holding job is expected to let go, by its time limit.
-    release_at: BTreeMap<JobId, u64>,
-    preempted: BTreeSet<JobId>,
     /// Tenants with valid pending jobs, for "who is active" in fair shares.
     tenants_waiting: BTreeSet<usize>,
+    memo: FailureMemo<'a>,
+    /// Bumped by every commit and eviction.
+    epoch: u64,
     plan: SchedPlan,
 }
 
 impl<'a> Pass<'a> {
     pub fn new(input: &'a SchedInput, prox: &'a dyn Proximity) -> Self {
-        let nodes = input.nodes.clone();
-        let mut node_position = BTreeMap::new();
-        for (position, node) in nodes.iter().enumerate() {
-            node_position.entry(node.id).or_insert(position);
+        let cluster = ClusterIndex::new(&input.nodes);
+        let mut jobs = JobSlots::default();
+        let gpu_count = cluster.gpus.len();
+        let mut holder = Vec::with_capacity(gpu_count);
+        let mut held: Vec<Held> = Vec::new();
+        let mut free_usable = vec![0u32; input.nodes.len()];
+        let mut free_by_model = vec![0u64; cluster.models.len()];
+        let mut capacity_by_model = vec![0u64; cluster.models.len()];
+        // One walk over every GPU builds the overlay, the free counts, the
+        // capacity and what each job holds.
+        let mut previous: Option<(JobId, u32)> = None;
+        for (position, node) in input.nodes.iter().enumerate() {
+            let hostable = cluster.hostable[position];
+            for gpu in cluster.gpu_range(position) {
+                let model = cluster.gpu_model[gpu];
+                let slot = match cluster.gpus[gpu].allocated_to {
+                    None => FREE,
+                    // Consecutive GPUs usually belong to the same job.
+                    Some(id) => match previous {
+                        Some((last, slot)) if last == id => slot,
+                        _ => {
+                            let slot = jobs.slot(id);
+                            previous = Some((id, slot));
+                            slot
+                        }
+                    },
+                };
+                holder.push(slot);
+                if node.healthy {
+                    if let Some(total) = capacity_by_model.get_mut(model as usize) {
+                        *total += 1;
+                    }
+                    if slot != FREE {
+                        let slot = slot as usize;
+                        if held.len() <= slot {
+                            held.resize(slot + 1, Held::default());
+                        }
+                        held[slot].add(model, 1);
+                    }
+                }
+                if slot == FREE && hostable && cluster.gpu_unique[gpu] {
+                    free_usable[position] += 1;
+                    if let Some(free) = free_by_model.get_mut(model as usize) {
+                        *free += 1;
+                    }
+                }
+            }
         }
-        let tree = TenantTree::new(&input.tenants);
-        let usage = HdrfUsage::new(&tree, cluster_capacity(&nodes));
-        let release_at = input
-            .running
+        for job in &input.running {
+            let slot = jobs.slot(job.id) as usize;
+            // The last listing of a job wins, as it always has.
+            jobs.release_at[slot] = Some(job.deadline_s().max(input.now_s));
+            jobs.running[slot] = true;
+        }
+
+        let mut node_position: Vec<(NodeId, usize)> = input
+            .nodes
             .iter()
-            .map(|job| (job.id, job.deadline_s().max(input.now_s)))
+            .enumerate()
+            .map(|(position, node)| (node.id, position))
             .collect();
+        // Stable, so the first view of an id stays first.
+        node_position.sort_by_key(|&(id, _)| id);
+        node_position.dedup_by_key(|&mut (id, _)| id);
+
+        let tree = TenantTree::new(&input.tenants);
+        let capacity = resources_of(&cluster, capacity_by_model.iter().copied().enumerate());
+        let usage = HdrfUsage::new(&tree, capacity);
         Pass {
             input,
             prox,
-            nodes,
+            cluster,
+            holder,
+            jobs,
+            free_usable,
+            free_by_model,
             node_position,
+            capacity_by_model,
+            held,
             tree,
             usage,
-            release_at,
-            preempted: BTreeSet::new(),
             tenants_waiting: BTreeSet::new(),
+            memo: FailureMemo::default(),
+            epoch: 0,
             plan: SchedPlan::default(),
         }
     }
@@ -87,11 +390,29 @@ impl<'a> Pass<'a> {
         timed_out.dedup();
         self.plan.timed_out = timed_out;
 
-        let held = self.resources_held();
+        // What each tenant's running jobs hold, summed per tenant and model
+        // before any ResourceVector is built: one vector per tenant instead
+        // of a map update per GPU. Counts are integers, so the float sums
+        // are exact whatever the order.
+        let held = std::mem::take(&mut self.held);
+        let mut held_by_tenant: Vec<Held> = vec![Held::default(); self.tree.len()];
         for job in &self.input.running {
-            if let (Some(tenant), Some(resources)) =
-                (self.tree.index_of(&job.tenant), held.get(&job.id))
-            {
+            let Some(tenant) = self.tree.index_of(&job.tenant) else {
+                continue;
+            };
+            let Some(resources) = self.jobs.get(job.id).and_then(|slot| held.get(slot)) else {
+                continue;
+            };
+            for &(model, count) in &resources.0 {
+                held_by_tenant[tenant].add(model, count);
+            }
+        }
+        let held_by_tenant: Vec<ResourceVector> = held_by_tenant
+            .iter()
+            .map(|held| resources_of(&self.cluster, held.0.iter().map(|&(m, c)| (m as usize, c))))
+            .collect();
+        for (tenant, resources) in held_by_tenant.iter().enumerate() {
+            if !resources.0.is_empty() {
                 self.usage.charge(tenant, resources);
             }
         }
@@ -104,11 +425,11 @@ impl<'a> Pass<'a> {
         }
         match self.input.policy {
             Policy::Fifo => self.run_fifo(valid),
-            Policy::Hdrf => self.run_hdrf(valid, &held, false),
-            Policy::HdrfPreempt => self.run_hdrf(valid, &held, true),
+            Policy::Hdrf => self.run_hdrf(valid, &held_by_tenant, false),
+            Policy::HdrfPreempt => self.run_hdrf(valid, &held_by_tenant, true),
         }
 
-        let placed: BTreeSet<JobId> = self.plan.placements.iter().map(|p| p.job).collect();
+        let placed: FastJobSet = self.plan.placements.iter().map(|p| p.job).collect();
         for (job, _) in &self.input.pending {
             if !placed.contains(&job.id) {
                 let reason = self.plan.pending_reasons.entry(job.id).or_default();
@@ -120,31 +441,21 @@ impl<'a> Pass<'a> {
         self.plan
     }
 
-    /// Resources each job holds according to the node views.
-    fn resources_held(&self) -> BTreeMap<JobId, ResourceVector> {
-        let mut held: BTreeMap<JobId, ResourceVector> = BTreeMap::new();
-        for node in self.nodes.iter().filter(|n| n.healthy) {
-            for gpu in &node.gpus {
-                if let Some(job) = gpu.allocated_to {
-                    held.entry(job).or_default().add_gpus(Some(&gpu.model), 1);
-                }
-            }
-        }
-        held
-    }
-
     /// Splits off requests that can never run; they get an `invalid:` reason
     /// and are never allowed to block a queue.
     fn validate_pending(&mut self) -> Vec<&'a PendingEntry> {
         let input = self.input;
-        let running: BTreeSet<JobId> = input.running.iter().map(|job| job.id).collect();
-        let mut seen: BTreeSet<JobId> = BTreeSet::new();
+        let mut seen = FastJobSet::default();
         let mut valid = Vec::with_capacity(input.pending.len());
         for entry in &input.pending {
             let (job, request) = entry;
             let problem = if !seen.insert(job.id) {
                 Some(format!("duplicate job id {}", job.id))
-            } else if running.contains(&job.id) {
+            } else if self
+                .jobs
+                .get(job.id)
+                .is_some_and(|slot| self.jobs.running[slot])
+            {
                 Some(format!("job {} is already running", job.id))
             } else if request.job != job.id {
                 Some(format!(
@@ -191,22 +502,24 @@ impl<'a> Pass<'a> {
 
     fn run_fifo(&mut self, mut queue: Vec<&'a PendingEntry>) {
         queue.sort_by_key(|(job, _)| (job.submitted_seq, job.id));
-        let mut blocker: Option<JobId> = None;
+        // Built once: everything behind the blocker gets the same words.
+        let mut waiting_behind: Option<String> = None;
         for (job, request) in queue {
-            if let Some(head) = blocker {
-                self.note(job.id, format!("fifo: waiting behind job {head}"));
+            if let Some(reason) = &waiting_behind {
+                let reason = reason.clone();
+                self.note(job.id, reason);
                 continue;
             }
             if let Err(reason) = self.admit(job) {
                 self.note(job.id, reason);
-                blocker = Some(job.id);
+                waiting_behind = Some(format!("fifo: waiting behind job {}", job.id));
                 continue;
             }
-            match self.place(request, &|_, gpu| gpu.allocated_to.is_none()) {
+            match self.place_in(Area::Free, request, None) {
                 Ok(placement) => self.commit(job, placement),
                 Err(unplaceable) => {
                     self.note(job.id, unplaceable.reason);
-                    blocker = Some(job.id);
+                    waiting_behind = Some(format!("fifo: waiting behind job {}", job.id));
                 }
             }
         }
@@ -215,31 +528,41 @@ impl<'a> Pass<'a> {
     fn run_hdrf(
         &mut self,
         valid: Vec<&'a PendingEntry>,
-        held: &BTreeMap<JobId, ResourceVector>,
+        held_by_tenant: &[ResourceVector],
         allow_preemption: bool,
     ) {
         let by_id: BTreeMap<JobId, &'a PendingEntry> =
             valid.iter().map(|entry| (entry.0.id, *entry)).collect();
         let order = {
-            let allocations: Vec<TenantAllocation> = self
-                .input
-                .running
+            let allocations: Vec<TenantAllocation> = held_by_tenant
                 .iter()
-                .filter_map(|job| {
-                    Some(TenantAllocation {
-                        tenant: job.tenant.clone(),
-                        resources: held.get(&job.id)?.clone(),
-                    })
+                .enumerate()
+                .filter(|(_, resources)| !resources.0.is_empty())
+                .map(|(tenant, resources)| TenantAllocation {
+                    tenant: self.tree.name(tenant).to_string(),
+                    resources: resources.clone(),
                 })
                 .collect();
+            // One demand vector per (model, size), cloned: formatting the
+            // model key per pending job showed up in profiles.
+            let mut demand_of: BTreeMap<(Option<&str>, u32), ResourceVector> = BTreeMap::new();
             let demands: Vec<PendingDemand<'_>> = valid
                 .iter()
-                .map(|(job, request)| PendingDemand {
-                    job,
-                    resources: ResourceVector::gpus(request.gpu_model.as_deref(), job.gpus),
+                .map(|(job, request)| {
+                    let model = request.gpu_model.as_deref();
+                    PendingDemand {
+                        job,
+                        resources: demand_of
+                            .entry((model, job.gpus))
+                            .or_insert_with(|| ResourceVector::gpus(model, job.gpus))
+                            .clone(),
+                    }
                 })
                 .collect();
-            let capacity = cluster_capacity(&self.nodes);
+            let capacity = resources_of(
+                &self.cluster,
+                self.capacity_by_model.iter().copied().enumerate(),
+            );
             order_pending(&self.input.tenants, &capacity, &allocations, &demands)
         };
 
@@ -254,7 +577,7 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let Some(held_for_head) = &reservation else {
-                match self.place(request, &|_, gpu| gpu.allocated_to.is_none()) {
+                match self.place_in(Area::Free, request, None) {
                     Ok(placement) => self.commit(job, placement),
                     Err(unplaceable) => {
                         if allow_preemption && self.try_preempt(job, request) {
@@ -279,14 +602,15 @@ impl<'a> Pass<'a> {
 
             // Backfill: stay off the reserved GPUs, or be gone before the
             // head job needs them.
-            let reserved = &held_for_head.gpus;
-            let outside_reservation = self.place(request, &|node, gpu| {
-                gpu.allocated_to.is_none() && !reserved.contains(&(node.id, gpu.index))
-            });
+            let outside_reservation = self.place_in(
+                Area::OutsideReservation,
+                request,
+                Some(&held_for_head.reserved),
+            );
             let decision = match outside_reservation {
                 Ok(placement) => Ok(placement),
                 Err(_) => {
-                    let anywhere = self.place(request, &|_, gpu| gpu.allocated_to.is_none());
+                    let anywhere = self.place_in(Area::Free, request, None);
                     let ends_in_time =
                         now.saturating_add(job.time_limit_s) <= held_for_head.shadow_s;
                     match anywhere {
@@ -320,34 +644,98 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn place(
-        &self,
-        request: &GangRequest,
-        is_free: &dyn Fn(&NodeView, &GpuView) -> bool,
+    /// Places `request` on free GPUs (outside `reserved`, when given),
+    /// answering from the failure memo or the per-model free counts when
+    /// they already prove it cannot fit.
+    fn place_in(
+        &mut self,
+        area: Area,
+        request: &'a GangRequest,
+        reserved: Option<&[bool]>,
     ) -> Result<Placement, Unplaceable> {
-        place_gang_where(&self.nodes, self.prox, request, is_free)
+        if let Some(known) = self.memo.known(area, request, self.epoch) {
+            return Err(known);
+        }
+        let holder = &self.holder;
+        let is_free = |gpu: usize| {
+            holder[gpu] == FREE && reserved.is_none_or(|r| !r.get(gpu).copied().unwrap_or(false))
+        };
+        let outcome = if self.too_few_free_gpus(request) {
+            let have_enough =
+                count_feasible_nodes(&self.cluster, request, &is_free, Some(&self.free_usable));
+            Err(not_enough_nodes(request, have_enough))
+        } else {
+            place_indexed(
+                &self.cluster,
+                self.prox,
+                request,
+                &is_free,
+                Some(&self.free_usable),
+            )
+        };
+        if let Err(failed) = &outcome {
+            self.memo.record(area, request, failed, self.epoch);
+        }
+        outcome
     }
 
-    /// Writes a placement into the working copy and charges its tenant.
+    /// O(1) necessary condition: enough free usable GPUs of the model (of
+    /// any model when the request does not care) in the whole cluster.
+    fn too_few_free_gpus(&self, request: &GangRequest) -> bool {
+        let free = match request.gpu_model.as_deref() {
+            Some(model) => self
+                .cluster
+                .model_id(model)
+                .and_then(|id| self.free_by_model.get(id as usize).copied())
+                .unwrap_or(0),
+            None => self.free_by_model.iter().sum(),
+        };
+        free < u64::from(request.nodes) * u64::from(request.gpus_per_node)
+    }
+
+    fn position_of(&self, node: NodeId) -> Option<usize> {
+        self.node_position
+            .binary_search_by_key(&node, |&(id, _)| id)
+            .ok()
+            .and_then(|i| self.node_position.get(i))
+            .map(|&(_, position)| position)
+    }
+
+    /// Whether a flat GPU counts in `free_usable` when free.
+    fn counts_as_usable(&self, position: usize, gpu: usize) -> bool {
+        self.cluster.hostable[position] && self.cluster.gpu_unique[gpu]
+    }
+
+    /// Writes a placement into the overlay and charges its tenant.
     fn commit(&mut self, job: &PendingJob, placement: Placement) {
-        let mut resources = ResourceVector::default();
+        let slot = self.jobs.slot(job.id);
+        let mut taken = Held::default();
         for (node_id, indices) in &placement.nodes {
-            let Some(&position) = self.node_position.get(node_id) else {
+            let Some(position) = self.position_of(*node_id) else {
                 continue;
             };
-            for gpu in &mut self.nodes[position].gpus {
-                if indices.contains(&gpu.index) && gpu.allocated_to.is_none() {
-                    gpu.allocated_to = Some(job.id);
-                    resources.add_gpus(Some(&gpu.model), 1);
+            for gpu in self.cluster.gpu_range(position) {
+                if self.holder[gpu] == FREE && indices.contains(&self.cluster.gpus[gpu].index) {
+                    self.holder[gpu] = slot;
+                    let model = self.cluster.gpu_model[gpu];
+                    taken.add(model, 1);
+                    if self.counts_as_usable(position, gpu) {
+                        self.free_usable[position] = self.free_usable[position].saturating_sub(1);
+                        if let Some(free) = self.free_by_model.get_mut(model as usize) {
+                            *free = free.saturating_sub(1);
+                        }
+                    }
                 }
             }
         }
+        let resources = resources_of(&self.cluster, taken.0.iter().map(|&(m, c)| (m as usize, c)));
         if let Some(tenant) = self.tree.index_of(&job.tenant) {
             self.tree.charge(tenant, job.gpus, job.gpu_hours_needed());
             self.usage.charge(tenant, &resources);
         }
-        self.release_at
-            .insert(job.id, self.input.now_s.saturating_add(job.time_limit_s));
+        self.jobs.release_at[slot as usize] =
+            Some(self.input.now_s.saturating_add(job.time_limit_s));
+        self.epoch += 1;
         self.plan.pending_reasons.remove(&job.id);
         self.plan.placements.push(placement);
     }
@@ -356,15 +744,56 @@ impl<'a> Pass<'a> {
     /// the GPUs it would use then. Binary search over release times: freeing
     /// GPUs only ever helps, so placeability is (near enough) monotone.
     fn reserve(&self, request: &GangRequest) -> Option<Reservation> {
-        let mut times: Vec<u64> = self.release_at.values().copied().collect();
+        let mut times: Vec<u64> = self.jobs.release_at.iter().flatten().copied().collect();
         times.sort_unstable();
         times.dedup();
-        let release_at = &self.release_at;
-        let fits_at = |time: u64| {
-            self.place(request, &|_, gpu| match gpu.allocated_to {
-                None => true,
-                Some(job) => release_at.get(&job).is_some_and(|&end| end <= time),
+        // Per flat GPU: when it is free at the latest (`None`: never).
+        let free_from: Vec<Option<u64>> = self
+            .holder
+            .iter()
+            .map(|&slot| match slot {
+                FREE => Some(0),
+                slot => self.jobs.release_at.get(slot as usize).copied().flatten(),
             })
+            .collect();
+        // Per node: when it first has `gpus_per_node` usable GPUs, so each
+        // probe skips nodes that cannot help without looking at their GPUs.
+        let need = usize::try_from(request.gpus_per_node).unwrap_or(usize::MAX);
+        let mut release_times: Vec<u64> = Vec::new();
+        let node_ready_at: Vec<Option<u64>> = (0..self.input.nodes.len())
+            .map(|position| {
+                if !self.cluster.hostable[position] || need == 0 {
+                    return None;
+                }
+                release_times.clear();
+                release_times.extend(
+                    self.cluster
+                        .gpu_range(position)
+                        .filter(|&gpu| self.cluster.gpu_unique[gpu])
+                        .filter_map(|gpu| free_from[gpu]),
+                );
+                if release_times.len() < need {
+                    return None;
+                }
+                release_times.select_nth_unstable(need - 1);
+                Some(release_times[need - 1])
+            })
+            .collect();
+        let fits_at = |time: u64| {
+            let bound: Vec<u32> = node_ready_at
+                .iter()
+                .map(|ready| match ready {
+                    Some(at) if *at <= time => u32::MAX,
+                    _ => 0,
+                })
+                .collect();
+            place_indexed(
+                &self.cluster,
+                self.prox,
+                request,
+                &|gpu| free_from[gpu].is_some_and(|end| end <= time),
+                Some(&bound),
+            )
         };
         let last = *times.last()?;
         let mut found = fits_at(last).ok().map(|placement| (last, placement))?;
@@ -380,19 +809,31 @@ impl<'a> Pass<'a> {
             }
         }
         let (shadow_s, placement) = found;
+        let mut reserved = vec![false; self.holder.len()];
+        for (node_id, indices) in &placement.nodes {
+            let Some(position) = self.position_of(*node_id) else {
+                continue;
+            };
+            for gpu in self.cluster.gpu_range(position) {
+                if indices.contains(&self.cluster.gpus[gpu].index) {
+                    reserved[gpu] = true;
+                }
+            }
+        }
         Some(Reservation {
             job: request.job,
             shadow_s,
-            gpus: placement
-                .nodes
-                .iter()
-                .flat_map(|(node, indices)| indices.iter().map(move |&index| (*node, index)))
-                .collect(),
+            reserved,
         })
     }
 
     /// Tries to make room for `job` by preempting; commits and returns true
     /// on success, changes nothing otherwise.
+    ///
+    /// Priority here is the base `priority` on both sides: `boost` only
+    /// orders a tenant's own queue. Comparing `priority + boost` with a
+    /// running job's priority let every requeued victim (boost 1) out-rank
+    /// every running job of priority 0, so each preemption caused the next.
     fn try_preempt(&mut self, job: &PendingJob, request: &GangRequest) -> bool {
         let Some(preemptor_tenant) = self.tree.index_of(&job.tenant) else {
             return false;
@@ -412,15 +853,18 @@ impl<'a> Pass<'a> {
             .iter()
             .filter(|victim| victim.preemptible && now < victim.deadline_s())
             .filter(|victim| {
-                !self.preempted.contains(&victim.id) && holdings.contains_key(&victim.id)
+                let preempted = self
+                    .jobs
+                    .get(victim.id)
+                    .is_some_and(|slot| self.jobs.preempted[slot]);
+                !preempted && holdings.contains_key(&victim.id)
             })
             .filter(|victim| {
                 let above_fair_share = self
                     .tree
                     .index_of(&victim.tenant)
                     .is_some_and(|t| self.usage.own_share(t) > fair[t] + SHARE_EPSILON);
-                (below_fair_share && above_fair_share)
-                    || job.effective_priority() > i64::from(victim.priority)
+                (below_fair_share && above_fair_share) || job.priority > victim.priority
             })
             .collect();
         candidates.sort_by_key(|victim| {
@@ -452,7 +896,7 @@ impl<'a> Pass<'a> {
                     nodes_enough += 1;
                 }
             }
-            if nodes_enough >= wanted_nodes && self.fits_without(request, &chosen) {
+            if nodes_enough >= wanted_nodes && self.place_without(request, &chosen).is_ok() {
                 fits = true;
                 break;
             }
@@ -465,15 +909,11 @@ impl<'a> Pass<'a> {
         for position in (0..chosen.len()).rev() {
             let mut fewer = chosen.clone();
             fewer.remove(position);
-            if self.fits_without(request, &fewer) {
+            if self.place_without(request, &fewer).is_ok() {
                 chosen = fewer;
             }
         }
-        let victims: BTreeSet<JobId> = chosen.iter().map(|victim| victim.id).collect();
-        let Ok(placement) = self.place(request, &|_, gpu| {
-            gpu.allocated_to
-                .is_none_or(|holder| victims.contains(&holder))
-        }) else {
+        let Ok(placement) = self.place_without(request, &chosen) else {
             return false;
         };
         for victim in chosen {
@@ -483,98 +923,135 @@ impl<'a> Pass<'a> {
         true
     }
 
-    fn fits_without(&self, request: &GangRequest, victims: &[&RunningJob]) -> bool {
-        let victims: BTreeSet<JobId> = victims.iter().map(|victim| victim.id).collect();
-        self.place(request, &|_, gpu| {
-            gpu.allocated_to
-                .is_none_or(|holder| victims.contains(&holder))
-        })
-        .is_ok()
+    /// Places the gang as if `victims` had already been stopped.
+    fn place_without(
+        &self,
+        request: &GangRequest,
+        victims: &[&RunningJob],
+    ) -> Result<Placement, Unplaceable> {
+        let mut is_victim = vec![false; self.jobs.ids.len()];
+        for victim in victims {
+            if let Some(slot) = self.jobs.get(victim.id) {
+                is_victim[slot] = true;
+            }
+        }
+        let holder = &self.holder;
+        place_indexed(
+            &self.cluster,
+            self.prox,
+            request,
+            &|gpu| {
+                let slot = holder[gpu];
+                slot == FREE || is_victim.get(slot as usize).copied().unwrap_or(false)
+            },
+            None,
+        )
     }
 
     /// Nodes that could host a member of this gang at all (healthy, labelled,
-    /// right model), regardless of what is busy.
-    fn useful_node(&self, position: usize, node: &NodeView, request: &GangRequest) -> bool {
-        node.healthy
-            && self.node_position.get(&node.id) == Some(&position)
-            && request
-                .required_labels
-                .iter()
-                .all(|(key, value)| node.labels.get(key) == Some(value))
-    }
-
-    fn model_matches(gpu: &GpuView, request: &GangRequest) -> bool {
-        request
+    /// first view of their id), regardless of what is busy, each with its
+    /// flat GPUs of the wanted model.
+    fn useful_nodes(&self, request: &GangRequest) -> Vec<(usize, Vec<usize>)> {
+        // A model the cluster lacks matches no GPU.
+        let wanted: Option<Option<u32>> = request
             .gpu_model
             .as_deref()
-            .is_none_or(|model| gpu.model == model)
+            .map(|model| self.cluster.model_id(model));
+        self.input
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|&(position, node)| {
+                node.healthy
+                    && self.position_of(node.id) == Some(position)
+                    && request
+                        .required_labels
+                        .iter()
+                        .all(|(key, value)| node.labels.get(key) == Some(value))
+            })
+            .map(|(position, _)| {
+                let gpus = self
+                    .cluster
+                    .gpu_range(position)
+                    .filter(|&gpu| match wanted {
+                        None => true,
+                        Some(model) => model == Some(self.cluster.gpu_model[gpu]),
+                    })
+                    .collect();
+                (position, gpus)
+            })
+            .collect()
     }
 
-    /// Per useful node position: running job → GPUs it holds there.
+    /// Per running job: (useful node position, GPUs it holds there).
     fn gpus_held_on_useful_nodes(
         &self,
         request: &GangRequest,
     ) -> BTreeMap<JobId, Vec<(usize, u32)>> {
-        let mut holdings: BTreeMap<JobId, BTreeMap<usize, u32>> = BTreeMap::new();
-        for (position, node) in self.nodes.iter().enumerate() {
-            if !self.useful_node(position, node, request) {
-                continue;
-            }
-            for gpu in node
-                .gpus
-                .iter()
-                .filter(|gpu| Self::model_matches(gpu, request))
-            {
-                if let Some(job) = gpu.allocated_to {
-                    *holdings
-                        .entry(job)
-                        .or_default()
-                        .entry(position)
-                        .or_default() += 1;
+        let mut held: Vec<(JobId, usize)> = Vec::new();
+        for (position, gpus) in self.useful_nodes(request) {
+            for gpu in gpus {
+                if let Some(job) = self.jobs.id(self.holder[gpu]) {
+                    held.push((job, position));
                 }
+            }
+        }
+        held.sort_unstable();
+        let mut holdings: BTreeMap<JobId, Vec<(usize, u32)>> = BTreeMap::new();
+        for (job, position) in held {
+            let per_node = holdings.entry(job).or_default();
+            match per_node.last_mut() {
+                Some((last, count)) if *last == position => *count += 1,
+                _ => per_node.push((position, 1)),
             }
         }
         holdings
-            .into_iter()
-            .map(|(job, per_node)| (job, per_node.into_iter().collect()))
-            .collect()
     }
 
     fn free_gpus_on_useful_nodes(&self, request: &GangRequest) -> BTreeMap<usize, u32> {
-        let mut free = BTreeMap::new();
-        for (position, node) in self.nodes.iter().enumerate() {
-            if !self.useful_node(position, node, request) {
-                continue;
-            }
-            let count = node
-                .gpus
-                .iter()
-                .filter(|gpu| gpu.allocated_to.is_none() && Self::model_matches(gpu, request))
-                .count();
-            free.insert(position, u32::try_from(count).unwrap_or(u32::MAX));
-        }
-        free
+        self.useful_nodes(request)
+            .into_iter()
+            .map(|(position, gpus)| {
+                let count = gpus.iter().filter(|&&gpu| self.holder[gpu] == FREE).count();
+                (position, u32::try_from(count).unwrap_or(u32::MAX))
+            })
+            .collect()
     }
 
-    /// Frees a victim's GPUs in the working copy and records compensation.
+    /// Frees a victim's GPUs in the overlay and records compensation.
     fn evict(&mut self, victim: &RunningJob, for_job: JobId) {
-        let mut resources = ResourceVector::default();
-        for node in &mut self.nodes {
-            for gpu in &mut node.gpus {
-                if gpu.allocated_to == Some(victim.id) {
-                    gpu.allocated_to = None;
+        let mut freed = Held::default();
+        if let Some(slot) = self.jobs.get(victim.id) {
+            let slot = slot as u32;
+            for (position, node) in self.input.nodes.iter().enumerate() {
+                for gpu in self.cluster.gpu_range(position) {
+                    if self.holder[gpu] != slot {
+                        continue;
+                    }
+                    self.holder[gpu] = FREE;
+                    let model = self.cluster.gpu_model[gpu];
                     if node.healthy {
-                        resources.add_gpus(Some(&gpu.model), 1);
+                        freed.add(model, 1);
+                    }
+                    if self.counts_as_usable(position, gpu) {
+                        self.free_usable[position] += 1;
+                        if let Some(free) = self.free_by_model.get_mut(model as usize) {
+                            *free += 1;
+                        }
                     }
                 }
             }
+            self.jobs.release_at[slot as usize] = None;
+            self.jobs.preempted[slot as usize] = true;
         }
+        let resources = resources_of(&self.cluster, freed.0.iter().map(|&(m, c)| (m as usize, c)));
         if let Some(tenant) = self.tree.index_of(&victim.tenant) {
             self.tree.release_gpus(tenant, victim.gpus);
             self.usage.release(tenant, &resources);
         }
-        self.release_at.remove(&victim.id);
-        self.preempted.insert(victim.id);
+        // Freed GPUs may make earlier failures placeable.
+        self.memo.clear();
+        self.epoch += 1;
         let lost_since = victim.last_checkpoint_s.unwrap_or(victim.started_s);
         let lost_s = self.input.now_s.saturating_sub(lost_since);
         self.plan.preemptions.push(Preemption {
@@ -585,13 +1062,19 @@ impl<'a> Pass<'a> {
     }
 }
 
-/// GPUs on healthy nodes, per model and in aggregate.
-fn cluster_capacity(nodes: &[NodeView]) -> ResourceVector {
-    let mut capacity = ResourceVector::default();
-    for node in nodes.iter().filter(|n| n.healthy) {
-        for gpu in &node.gpus {
-            capacity.add_gpus(Some(&gpu.model), 1);
+/// A resource vector from GPU counts per model id, one map update per model
+/// rather than per GPU.
+fn resources_of(
+    cluster: &ClusterIndex<'_>,
+    counts: impl Iterator<Item = (usize, u64)>,
+) -> ResourceVector {
+    let mut resources = ResourceVector::default();
+    for (model, count) in counts {
+        if count == 0 {
+            continue;
         }
+        let name = u32::try_from(model).map_or("", |id| cluster.model_name(id));
+        resources.add_gpu_count(Some(name), count);
     }
-    capacity
+    resources
 }

@@ -13,14 +13,19 @@
 //! O(k²) diameter check stops as soon as it cannot win.
 //!
 //! Cost per request: O(n) to filter and group the nodes, plus
-//! `MAX_SEEDS × (n + k²)` RTT lookups.
+//! `MAX_SEEDS × (n + k²)` RTT lookups. The filter reads a [`ClusterIndex`]
+//! (flat integer arrays built once per snapshot), not the node views, and a
+//! scheduling pass can hand in per-node upper bounds on free GPUs so that
+//! full nodes are skipped without looking at their GPUs.
 //!
 //! Ties (within measurement noise) prefer a narrower topology span, then
 //! packing: nodes left with the fewest free GPUs, so whole nodes stay free for
 //! large gangs; then the lowest ids, so the outcome is reproducible.
 
+use std::cell::OnceCell;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -76,27 +81,197 @@ pub fn place_gang(
     prox: &dyn Proximity,
     req: &GangRequest,
 ) -> Result<Placement, Unplaceable> {
-    place_gang_where(nodes, prox, req, &|_, gpu| gpu.allocated_to.is_none())
+    let cluster = ClusterIndex::new(nodes);
+    let gpus = &cluster.gpus;
+    place_indexed(
+        &cluster,
+        prox,
+        req,
+        &|gpu| gpus[gpu].allocated_to.is_none(),
+        None,
+    )
 }
 
-/// Decides whether a GPU may be used. The scheduling pass uses it to ask
-/// "what if these jobs had finished / been preempted / this reservation were
-/// held" without cloning the cluster. Generic rather than `dyn` so the common
-/// "is it unallocated" check inlines into the per-GPU loop.
-pub(crate) trait GpuFilter: Fn(&NodeView, &GpuView) -> bool {}
+/// Marks a GPU without a known model in [`ClusterIndex`]; never happens for
+/// GPUs of the snapshot, kept so that lookups need no `Option`.
+const NO_MODEL: u32 = u32::MAX;
 
-impl<F: Fn(&NodeView, &GpuView) -> bool + ?Sized> GpuFilter for F {}
+/// What placement needs to know about a snapshot that does not change while
+/// a pass runs, computed once so that each placement attempt reads compact
+/// integer arrays instead of walking node views, label maps and model strings.
+///
+/// GPUs are numbered by their position in a flat list: node `n` owns
+/// positions `gpu_start[n]..gpu_start[n + 1]`, in the order of `NodeView::gpus`.
+/// A scheduling pass keeps its allocation overlay in that numbering.
+pub(crate) struct ClusterIndex<'a> {
+    pub nodes: &'a [NodeView],
+    /// Every GPU of every node, flat.
+    pub gpus: Vec<&'a GpuView>,
+    gpu_start: Vec<usize>,
+    /// Per flat GPU: position of its model in `models`.
+    pub gpu_model: Vec<u32>,
+    /// Per flat GPU: no other GPU of the node claims the same index; GPUs
+    /// with ambiguous indices are never handed out.
+    pub gpu_unique: Vec<bool>,
+    /// Per node: healthy and its id appears only once, so it may be placed on.
+    pub hostable: Vec<bool>,
+    /// Distinct model names, sorted, so that model ids order like names.
+    pub models: Vec<&'a str>,
+    /// Topology paths, read from a node's labels only when a multi-node
+    /// gang considers that node, then kept for the rest of the pass.
+    paths: Vec<OnceCell<TopologyPath<'a>>>,
+}
+
+impl<'a> ClusterIndex<'a> {
+    pub fn new(nodes: &'a [NodeView]) -> Self {
+        let duplicated = duplicated_ids(nodes);
+        let mut gpus = Vec::with_capacity(nodes.iter().map(|n| n.gpus.len()).sum());
+        let mut gpu_start = Vec::with_capacity(nodes.len() + 1);
+        let mut gpu_unique = Vec::with_capacity(gpus.capacity());
+        let mut hostable = Vec::with_capacity(nodes.len());
+        // Model strings are compared against the previous GPU's first: in
+        // practice a node (and usually the cluster) has a single model. Ids
+        // are handed out in order of appearance, then renumbered by name.
+        let mut seen: Vec<&'a str> = Vec::new();
+        // Beyond a handful of models a linear search would be quadratic.
+        let mut seen_index: BTreeMap<&'a str, usize> = BTreeMap::new();
+        let mut gpu_model: Vec<u32> = Vec::with_capacity(gpus.capacity());
+        let mut previous: Option<(&'a str, u32)> = None;
+        for node in nodes {
+            gpu_start.push(gpus.len());
+            hostable.push(node.healthy && duplicated.binary_search(&node.id).is_err());
+            let unique_fast = indices_strictly_increasing(node);
+            for gpu in &node.gpus {
+                gpus.push(gpu);
+                gpu_unique.push(unique_fast || index_is_unique(node, gpu));
+                let model = gpu.model.as_str();
+                let id = match previous {
+                    Some((name, id)) if same_text(name, model) => id,
+                    _ => {
+                        let known = if seen.len() <= FEW_MODELS {
+                            seen.iter().position(|name| same_text(name, model))
+                        } else {
+                            seen_index.get(model).copied()
+                        };
+                        let id = match known {
+                            Some(i) => i,
+                            None => {
+                                seen_index.insert(model, seen.len());
+                                seen.push(model);
+                                seen.len() - 1
+                            }
+                        };
+                        let id = u32::try_from(id).unwrap_or(NO_MODEL);
+                        previous = Some((model, id));
+                        id
+                    }
+                };
+                gpu_model.push(id);
+            }
+        }
+        gpu_start.push(gpus.len());
+        let mut models: Vec<&'a str> = seen.clone();
+        models.sort_unstable();
+        let renumber: Vec<u32> = seen
+            .iter()
+            .map(|name| {
+                models
+                    .binary_search(name)
+                    .ok()
+                    .and_then(|i| u32::try_from(i).ok())
+                    .unwrap_or(NO_MODEL)
+            })
+            .collect();
+        for id in &mut gpu_model {
+            *id = renumber.get(*id as usize).copied().unwrap_or(NO_MODEL);
+        }
+        ClusterIndex {
+            nodes,
+            gpus,
+            gpu_start,
+            gpu_model,
+            gpu_unique,
+            hostable,
+            models,
+            paths: vec![OnceCell::new(); nodes.len()],
+        }
+    }
+
+    /// Flat positions of the GPUs of node `node`.
+    pub fn gpu_range(&self, node: usize) -> Range<usize> {
+        let start = self.gpu_start.get(node).copied().unwrap_or(0);
+        let end = self.gpu_start.get(node + 1).copied().unwrap_or(start);
+        start..end
+    }
+
+    pub fn model_id(&self, name: &str) -> Option<u32> {
+        self.models
+            .binary_search(&name)
+            .ok()
+            .and_then(|i| u32::try_from(i).ok())
+    }
+
+    pub fn model_name(&self, id: u32) -> &'a str {
+        usize::try_from(id)
+            .ok()
+            .and_then(|i| self.models.get(i))
+            .copied()
+            .unwrap_or("")
+    }
+
+    fn path(&self, node: usize) -> TopologyPath<'a> {
+        match (self.paths.get(node), self.nodes.get(node)) {
+            (Some(cell), Some(view)) => *cell.get_or_init(|| TopologyPath::of(&view.labels)),
+            _ => TopologyPath {
+                region: None,
+                zone: None,
+                rack: None,
+            },
+        }
+    }
+}
+
+/// Up to this many distinct models are looked up by linear search.
+const FEW_MODELS: usize = 16;
+
+/// String equality without a `memcmp` call: model names are short, and the
+/// call overhead per GPU dominated building the index.
+fn same_text(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |differ, (x, y)| differ | (x ^ y))
+            == 0
+}
+
+/// Ids that appear on more than one node view, sorted. Placing on an
+/// ambiguous view could double-book whichever copy is stale.
+fn duplicated_ids(nodes: &[NodeView]) -> Vec<NodeId> {
+    if nodes.windows(2).all(|pair| pair[0].id < pair[1].id) {
+        return Vec::new();
+    }
+    let mut ids: Vec<NodeId> = nodes.iter().map(|n| n.id).collect();
+    ids.sort_unstable();
+    let mut duplicated: Vec<NodeId> = ids
+        .windows(2)
+        .filter(|pair| pair[0] == pair[1])
+        .map(|pair| pair[0])
+        .collect();
+    duplicated.dedup();
+    duplicated
+}
 
 /// Marks an absent topology group; never equal to a real group id.
 const NO_GROUP: u32 = u32::MAX;
 
 /// A node that can host one member of the gang.
 struct Candidate<'a> {
-    /// Copied out of `node` so hot loops do not touch the node view.
     id: NodeId,
-    node: &'a NodeView,
+    /// Position of the node in the snapshot.
+    position: usize,
+    /// Filled only for multi-node gangs, which are the only ones that look.
     path: TopologyPath<'a>,
-    model: &'a str,
+    model: u32,
     /// Free GPUs left on the node after placing; smaller packs tighter.
     leftover: u32,
     /// Per tier (rack, zone, region): an id for this node's group, local to
@@ -129,29 +304,47 @@ struct Evaluated {
     sorted_ids: Vec<NodeId>,
 }
 
-pub(crate) fn place_gang_where<F: GpuFilter + ?Sized>(
-    nodes: &[NodeView],
+/// The reason given when no node can take a member of the gang.
+pub(crate) fn not_enough_nodes(req: &GangRequest, have_enough: usize) -> Unplaceable {
+    Unplaceable::new(
+        UnplaceableKind::NotEnoughNodes,
+        format!(
+            "no {} nodes with {} free {}{} ({have_enough} have enough)",
+            req.nodes,
+            req.gpus_per_node,
+            model_name(req),
+            labels_suffix(req),
+        ),
+    )
+}
+
+/// Places a gang on the GPUs (flat positions of `cluster`) that `is_free`
+/// allows. `usable_at_most`, when given, bounds per node how many GPUs
+/// `is_free` can allow; nodes below the gang's per-node need are skipped
+/// without looking at their GPUs, which is what keeps repeated attempts in a
+/// pass cheap on a busy cluster.
+pub(crate) fn place_indexed<F: Fn(usize) -> bool + ?Sized>(
+    cluster: &ClusterIndex<'_>,
     prox: &dyn Proximity,
     req: &GangRequest,
     is_free: &F,
+    usable_at_most: Option<&[u32]>,
 ) -> Result<Placement, Unplaceable> {
     validate(req)?;
     let gang_size = usize::try_from(req.nodes).unwrap_or(usize::MAX);
-    let candidates = feasible_candidates(nodes, req, is_free);
+    let mut candidates = feasible_candidates(cluster, req, is_free, usable_at_most);
     if candidates.len() < gang_size {
-        return Err(Unplaceable::new(
-            UnplaceableKind::NotEnoughNodes,
-            format!(
-                "no {} nodes with {} free {}{} ({} have enough)",
-                req.nodes,
-                req.gpus_per_node,
-                model_name(req),
-                labels_suffix(req),
-                candidates.len()
-            ),
-        ));
+        return Err(not_enough_nodes(req, candidates.len()));
+    }
+    if gang_size > 1 {
+        for candidate in &mut candidates {
+            candidate.path = cluster.path(candidate.position);
+        }
+        assign_groups(&mut candidates);
     }
 
+    // Every candidate's group sizes are at least 1, so for single-node gangs
+    // (no paths, no groups) every candidate is eligible, as it should be.
     let eligible: Vec<usize> = match req.same {
         Some(tier) => {
             let slot = tier_slot(tier);
@@ -236,8 +429,8 @@ pub(crate) fn place_gang_where<F: GpuFilter + ?Sized>(
     let mut placed = Vec::with_capacity(ordered.len());
     for i in ordered {
         let candidate = &candidates[i];
-        let usable = usable_gpus(candidate.node, candidate.model, is_free);
-        placed.push((candidate.node.id, pick_gpus(&usable, need)));
+        let usable = usable_gpus(cluster, candidate.position, candidate.model, is_free);
+        placed.push((candidate.id, pick_gpus(&usable, need)));
     }
     Ok(Placement {
         job: req.job,
@@ -267,11 +460,11 @@ fn validate(req: &GangRequest) -> Result<(), Unplaceable> {
     Ok(())
 }
 
-fn model_name(req: &GangRequest) -> &str {
+pub(crate) fn model_name(req: &GangRequest) -> &str {
     req.gpu_model.as_deref().unwrap_or("GPUs")
 }
 
-fn labels_suffix(req: &GangRequest) -> String {
+pub(crate) fn labels_suffix(req: &GangRequest) -> String {
     if req.required_labels.is_empty() {
         return String::new();
     }
@@ -291,46 +484,94 @@ fn tier_slot(tier: TopologyTier) -> usize {
     }
 }
 
-/// Healthy, correctly labelled nodes with enough usable GPUs. Nodes whose id
-/// appears more than once are skipped: placing on an ambiguous view could
-/// double-book whichever copy is stale.
-fn feasible_candidates<'a, F: GpuFilter + ?Sized>(
-    nodes: &'a [NodeView],
+/// How many nodes could host one member of the gang: the count a
+/// [`UnplaceableKind::NotEnoughNodes`] reason reports, without building a
+/// placement.
+pub(crate) fn count_feasible_nodes<F: Fn(usize) -> bool + ?Sized>(
+    cluster: &ClusterIndex<'_>,
     req: &GangRequest,
     is_free: &F,
-) -> Vec<Candidate<'a>> {
-    let mut ids: Vec<NodeId> = nodes.iter().map(|n| n.id).collect();
-    ids.sort_unstable();
-    let duplicated: Vec<NodeId> = ids
-        .windows(2)
-        .filter(|pair| pair[0] == pair[1])
-        .map(|pair| pair[0])
-        .collect();
+    usable_at_most: Option<&[u32]>,
+) -> usize {
+    feasible_candidates(cluster, req, is_free, usable_at_most).len()
+}
 
-    let mut candidates: Vec<Candidate<'a>> = nodes
-        .iter()
-        .filter(|node| node.healthy)
-        .filter(|node| {
-            req.required_labels
-                .iter()
-                .all(|(key, value)| node.labels.get(key) == Some(value))
-        })
-        .filter(|node| duplicated.binary_search(&node.id).is_err())
-        .filter_map(|node| {
-            let (model, total_free) =
-                node_capacity(node, req.gpu_model.as_deref(), req.gpus_per_node, is_free)?;
-            Some(Candidate {
-                id: node.id,
-                node,
-                path: TopologyPath::of(&node.labels),
-                model,
-                leftover: total_free.saturating_sub(req.gpus_per_node),
-                groups: [NO_GROUP; 3],
-                group_sizes: [1; 3],
-            })
-        })
-        .collect();
-    assign_groups(&mut candidates);
+/// Hostable, correctly labelled nodes with enough usable GPUs of one model.
+fn feasible_candidates<'a, F: Fn(usize) -> bool + ?Sized>(
+    cluster: &ClusterIndex<'a>,
+    req: &GangRequest,
+    is_free: &F,
+    usable_at_most: Option<&[u32]>,
+) -> Vec<Candidate<'a>> {
+    let need = req.gpus_per_node;
+    let wanted_model = match req.gpu_model.as_deref() {
+        // A model nobody has: no node qualifies.
+        Some(name) => match cluster.model_id(name) {
+            Some(id) => Some(id),
+            None => return Vec::new(),
+        },
+        None => None,
+    };
+    let no_position = TopologyPath {
+        region: None,
+        zone: None,
+        rack: None,
+    };
+    // Reused across nodes: free GPUs per model on the node being looked at.
+    let mut per_model: Vec<(u32, u32)> = Vec::new();
+    let mut candidates = Vec::new();
+    for (position, node) in cluster.nodes.iter().enumerate() {
+        if usable_at_most.is_some_and(|bound| bound.get(position).is_some_and(|&b| b < need))
+            || !cluster.hostable[position]
+        {
+            continue;
+        }
+        let gpus = cluster.gpu_range(position);
+        let usable = |gpu: usize| cluster.gpu_unique[gpu] && is_free(gpu);
+        let mut total_free: u32 = 0;
+        per_model.clear();
+        for gpu in gpus.filter(|&gpu| usable(gpu)) {
+            total_free = total_free.saturating_add(1);
+            let model = cluster.gpu_model[gpu];
+            if wanted_model.is_some_and(|wanted| wanted != model) {
+                continue;
+            }
+            match per_model.iter_mut().find(|(m, _)| *m == model) {
+                Some((_, count)) => *count += 1,
+                None => per_model.push((model, 1)),
+            }
+        }
+        if total_free < need {
+            continue;
+        }
+        // Best fit: the model with the fewest free GPUs that still fits
+        // keeps the larger pool intact for someone who needs it. Model ids
+        // sort like model names, so ties go to the same model as by name.
+        let Some(model) = per_model
+            .iter()
+            .filter(|&&(_, count)| count >= need)
+            .min_by_key(|&&(model, count)| (count, model))
+            .map(|&(model, _)| model)
+        else {
+            continue;
+        };
+        if !req
+            .required_labels
+            .iter()
+            .all(|(key, value)| node.labels.get(key) == Some(value))
+        {
+            continue;
+        }
+        candidates.push(Candidate {
+            id: node.id,
+            position,
+            path: no_position,
+            model,
+            leftover: total_free.saturating_sub(need),
+            groups: [NO_GROUP; 3],
+            group_sizes: [1; 3],
+        });
+    }
     candidates
 }
 
@@ -415,66 +656,16 @@ fn indices_strictly_increasing(node: &NodeView) -> bool {
         .all(|pair| pair[0].index < pair[1].index)
 }
 
-/// The model to use on this node and how many GPUs are free on the node in
-/// total; `None` when it cannot host.
-fn node_capacity<'a, F: GpuFilter + ?Sized>(
-    node: &'a NodeView,
-    wanted_model: Option<&str>,
-    need: u32,
-    is_free: &F,
-) -> Option<(&'a str, u32)> {
-    let unique_fast = indices_strictly_increasing(node);
-    let usable = |gpu: &GpuView| is_free(node, gpu) && (unique_fast || index_is_unique(node, gpu));
-    // Counting first avoids reading model strings (scattered heap memory,
-    // the dominant cost on big clusters) of nodes that are too full anyway.
-    let total_free =
-        u32::try_from(node.gpus.iter().filter(|gpu| usable(gpu)).count()).unwrap_or(u32::MAX);
-    if total_free < need {
-        return None;
-    }
-    match wanted_model {
-        Some(model) => {
-            // Stop at `need`: each model string is another cache miss.
-            let mut count: u32 = 0;
-            for gpu in node.gpus.iter().filter(|gpu| usable(gpu)) {
-                if gpu.model == model {
-                    count += 1;
-                    if count >= need {
-                        return Some((gpu.model.as_str(), total_free));
-                    }
-                }
-            }
-            None
-        }
-        None => {
-            let mut per_model: BTreeMap<&'a str, u32> = BTreeMap::new();
-            for gpu in &node.gpus {
-                if usable(gpu) {
-                    *per_model.entry(gpu.model.as_str()).or_default() += 1;
-                }
-            }
-            // Best fit: the model with the fewest free GPUs that still fits
-            // keeps the larger pool intact for someone who needs it.
-            per_model
-                .into_iter()
-                .filter(|&(_, count)| count >= need)
-                .min_by_key(|&(model, count)| (count, model))
-                .map(|(model, _)| (model, total_free))
-        }
-    }
-}
-
-fn usable_gpus<'a, F: GpuFilter + ?Sized>(
-    node: &'a NodeView,
-    model: &str,
+fn usable_gpus<'a, F: Fn(usize) -> bool + ?Sized>(
+    cluster: &ClusterIndex<'a>,
+    node: usize,
+    model: u32,
     is_free: &F,
 ) -> Vec<&'a GpuView> {
-    let unique_fast = indices_strictly_increasing(node);
-    let mut gpus: Vec<&GpuView> = node
-        .gpus
-        .iter()
-        .filter(|gpu| gpu.model == model && is_free(node, gpu))
-        .filter(|gpu| unique_fast || index_is_unique(node, gpu))
+    let mut gpus: Vec<&GpuView> = cluster
+        .gpu_range(node)
+        .filter(|&gpu| cluster.gpu_model[gpu] == model && cluster.gpu_unique[gpu] && is_free(gpu))
+        .map(|gpu| cluster.gpus[gpu])
         .collect();
     gpus.sort_by_key(|gpu| gpu.index);
     gpus

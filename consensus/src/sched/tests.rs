@@ -483,6 +483,66 @@ fn tenants_at_their_fair_share_do_not_preempt() {
     assert!(!plan.preemptions.is_empty());
 }
 
+/// A requeued victim carries `boost` to climb its tenant's queue, but boost
+/// is not priority: it must not let the victim preempt running jobs of the
+/// same base priority, or each preemption would cause the next.
+#[test]
+fn boost_orders_the_queue_but_does_not_preempt() {
+    let now = 1000;
+    let (nodes, running) = hog_cluster(now);
+    let mut requeued = pending(1, "hog", 1, 2, 100);
+    requeued.0.boost = 1;
+    let pass_input = SchedInput {
+        now_s: now,
+        ..input(
+            nodes.clone(),
+            hog_and_starved(&running),
+            running.clone(),
+            vec![requeued.clone()],
+            Policy::HdrfPreempt,
+        )
+    };
+    let prox = TopologyProximity::new(&nodes);
+    let plan = schedule(&pass_input, &prox);
+    check_plan(&pass_input, &plan).unwrap();
+    assert!(plan.preemptions.is_empty(), "{plan:?}");
+    assert!(plan.placements.is_empty());
+    assert!(!plan.pending_reasons[&1].is_empty());
+
+    // Boost still orders the tenant's own queue: the boosted job goes first.
+    let (mut free_nodes, _) = hog_cluster(now);
+    for node in &mut free_nodes {
+        for gpu in &mut node.gpus {
+            gpu.allocated_to = None;
+        }
+    }
+    free_nodes.truncate(1);
+    let plain = pending(2, "hog", 1, 2, 100);
+    let ordering_input = input(
+        free_nodes.clone(),
+        vec![tenant("hog", 1.0)],
+        vec![],
+        vec![plain, requeued],
+        Policy::Hdrf,
+    );
+    let plan = schedule(&ordering_input, &TopologyProximity::new(&free_nodes));
+    check_plan(&ordering_input, &plan).unwrap();
+    assert_eq!(plan.placements.len(), 1);
+    assert_eq!(plan.placements[0].job, 1);
+
+    // Base priority still preempts.
+    let mut urgent = pending(3, "hog", 1, 2, 100);
+    urgent.0.priority = 1;
+    let urgent_input = SchedInput {
+        pending: vec![urgent],
+        ..pass_input
+    };
+    let plan = schedule(&urgent_input, &prox);
+    check_plan(&urgent_input, &plan).unwrap();
+    assert_eq!(plan.placements.len(), 1);
+    assert!(!plan.preemptions.is_empty());
+}
+
 #[test]
 fn quota_budget_and_invalid_requests_leave_reasons() {
     let nodes: Vec<NodeView> = (1..=4).map(|id| node(id, "r1", 8, "H100")).collect();

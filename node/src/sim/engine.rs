@@ -39,8 +39,9 @@
 //! work done up to their last checkpoint (every `ckpt_interval_s` of run time
 //! since their start; none means all work is lost). A preempted job gets
 //! `boost += 1`, as the scheduler suggests, so repeated victims climb their
-//! tenant's queue; when it runs again the boost is its running priority, so
-//! it does not out-rank (and preempt) running jobs of equal standing. The remaining time limit shrinks with the saved progress.
+//! tenant's queue; boost only orders a tenant's queue, so it never lets a
+//! requeued job preempt running jobs of equal base priority. The remaining
+//! time limit shrinks with the saved progress.
 //!
 //! # Failures
 //! With `fail_mtbf_s`, each node fails after an exponentially distributed up
@@ -707,7 +708,6 @@ impl<'t> Engine<'t> {
         let gpus = state.gpus();
         let attempt = state.attempt;
         let tenant = state.tenant;
-        let boost = state.boost;
         state.run = Some(ActiveRun {
             started_s: now,
             progress_at_start_s: state.saved_progress_s,
@@ -722,10 +722,10 @@ impl<'t> Engine<'t> {
             started_s: now,
             time_limit_s: limit,
             preemptible: true,
-            // A requeued victim keeps its boost while running again; with 0
-            // here a boosted job would out-rank every running job and
-            // preemptions would cascade (see the crate report).
-            priority: boost,
+            // The base priority (the trace has none). Boost is not priority:
+            // the scheduler compares base priorities for preemption, so a
+            // requeued victim does not out-rank running jobs.
+            priority: 0,
             last_checkpoint_s: None,
         });
         self.held_by_tenant[tenant] += u64::from(gpus);
