@@ -186,3 +186,104 @@ async fn full_cluster_restart_keeps_committed_state() {
         .await
         .expect("write after restart");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_is_suspected_within_1s_and_down_within_3s_by_every_peer() {
+    let mut c = Cluster::start(5).await;
+    let all_alive = |c: &Cluster, skip: Option<usize>| {
+        let clients: Vec<(usize, Client)> = (0..5)
+            .filter(|i| Some(*i) != skip)
+            .map(|i| (i, c.client(i)))
+            .collect();
+        async move {
+            for (_, cl) in clients {
+                let peers = cl.peers().await.ok()?;
+                if peers.len() != 4 || peers.iter().any(|p| p.state != "alive") {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    };
+    wait_for(
+        "every node to see every peer alive",
+        Duration::from_secs(60),
+        || all_alive(&c, None),
+    )
+    .await;
+
+    let victim = 4;
+    let victim_name = c.nodes[victim].name.clone();
+    c.nodes[victim].kill9();
+    let killed = Instant::now();
+    let mut suspected: BTreeMap<usize, Duration> = BTreeMap::new();
+    let mut down: BTreeMap<usize, Duration> = BTreeMap::new();
+    while down.len() < 4 && killed.elapsed() < Duration::from_secs(15) {
+        for i in 0..4 {
+            if down.contains_key(&i) {
+                continue;
+            }
+            let Ok(peers) = c.client(i).peers().await else {
+                continue;
+            };
+            let Some(v) = peers.iter().find(|p| p.name == victim_name) else {
+                continue;
+            };
+            let t = killed.elapsed();
+            if v.state == "suspect" || v.state == "down" {
+                suspected.entry(i).or_insert(t);
+            }
+            if v.state == "down" {
+                down.insert(i, t);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("kill -9 -> suspect per observer: {suspected:?}; down: {down:?}");
+    assert_eq!(
+        down.len(),
+        4,
+        "every survivor must declare the dead node down"
+    );
+    let worst_suspect = suspected.values().max().copied().unwrap_or_default();
+    let worst_down = down.values().max().copied().unwrap_or_default();
+    assert!(
+        worst_suspect <= Duration::from_millis(1000),
+        "suspect after {worst_suspect:?}"
+    );
+    assert!(
+        worst_down <= Duration::from_millis(3000),
+        "down after {worst_down:?}"
+    );
+
+    // The ledger agrees (the leader commits the verdict).
+    wait_for(
+        "the ledger to record the node down",
+        Duration::from_secs(10),
+        || async {
+            let nodes = c.client(0).nodes().await.ok()?;
+            nodes
+                .iter()
+                .any(|n| n.name == victim_name && n.state == MemberState::Down)
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Back to alive in the ledger after a restart. (Every peer's own gossip
+    // view should follow; it does not yet after a restart on a new gossip
+    // port — tracked in the mesh issue.)
+    c.nodes[victim].restart();
+    wait_for(
+        "the ledger to record it alive",
+        Duration::from_secs(30),
+        || async {
+            let nodes = c.client(0).nodes().await.ok()?;
+            nodes
+                .iter()
+                .all(|n| n.state == MemberState::Alive)
+                .then_some(())
+        },
+    )
+    .await;
+}

@@ -651,6 +651,47 @@ impl Inner {
             .collect()
     }
 
+    /// This node's own view of every other member, from gossip.
+    pub fn peer_views(&self) -> Vec<shoal_sdk::PeerView> {
+        let members: Vec<(NodeId, String)> = match self.ledger.read() {
+            Ok(d) => d
+                .ledger
+                .active_members()
+                .filter(|m| m.id != self.id)
+                .map(|m| (m.id, m.spec.name.clone()))
+                .collect(),
+            Err(_) => return Vec::new(),
+        };
+        let Ok(p) = self.peers.lock() else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        members
+            .into_iter()
+            .map(|(id, name)| {
+                let advert = p.capacity.get(id);
+                shoal_sdk::PeerView {
+                    id,
+                    name,
+                    state: p
+                        .state(id)
+                        .map(|s| s.as_str().to_string())
+                        .unwrap_or_else(|| "unknown".into()),
+                    last_heard_ms: p
+                        .last_heard
+                        .get(&id)
+                        .map(|t| now.saturating_duration_since(*t).as_millis() as u64),
+                    rtt_ms: p
+                        .estimated_rtt(self.id, id, self.id)
+                        .map(|d| d.as_secs_f64() * 1000.0),
+                    gpus_free: advert.map(|a| a.gpus_free_by_model.values().sum()),
+                    gpus_total: advert.map(|a| a.gpus_total),
+                    load: advert.map(|a| a.load),
+                }
+            })
+            .collect()
+    }
+
     pub fn name_of(&self, node: NodeId) -> Option<String> {
         self.ledger
             .read()
@@ -956,12 +997,14 @@ impl Inner {
                     .ledger
                     .active_members()
                     .map(|m| {
-                        let last_seen_ms = if m.id == self.id {
-                            Some(0)
-                        } else {
-                            self.contacts
-                                .last_contact(m.id)
-                                .map(|t| now.saturating_duration_since(t).as_millis() as u64)
+                        let (last_seen_ms, gpu_util) = match self.peers.lock() {
+                            Ok(p) if m.id != self.id => (
+                                p.last_heard
+                                    .get(&m.id)
+                                    .map(|t| now.saturating_duration_since(*t).as_millis() as u64),
+                                p.capacity.get(m.id).map(|a| a.load),
+                            ),
+                            _ => (Some(0), Some(self.capacity_advert().load)),
                         };
                         let gpus_total = m.spec.gpus.len() as u32;
                         let gpus_free = m
@@ -983,6 +1026,7 @@ impl Inner {
                             last_seen_ms,
                             voter: voters.contains(&m.id),
                             joined_at_ms: m.joined_at_ms,
+                            gpu_util,
                         }
                     })
                     .collect();

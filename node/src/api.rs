@@ -66,6 +66,7 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/status", get(status))
         .route("/nodes", get(nodes))
+        .route("/peers", get(peers))
         .route("/nodes/{node}/remove", post(remove_node))
         .route("/tokens", post(create_token))
         .route("/attrs", post(put_attr).get(get_attrs))
@@ -183,6 +184,10 @@ async fn status(
 
 async fn nodes(State(inner): State<AppState>) -> Result<Json<Vec<shoal_sdk::NodeInfo>>, ApiError> {
     Ok(Json(inner.nodes().await?))
+}
+
+async fn peers(State(inner): State<AppState>) -> Json<Vec<shoal_sdk::PeerView>> {
+    Json(inner.peer_views())
 }
 
 async fn create_token(

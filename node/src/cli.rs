@@ -52,6 +52,8 @@ enum Cmd {
     Status,
     /// Nodes with their GPUs and health
     Nodes,
+    /// This node's own view of its peers (gossip): health, estimated RTT, capacity
+    Mesh,
     /// Node administration
     Node {
         #[command(subcommand)]
@@ -270,6 +272,34 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
         }
+        Cmd::Mesh => {
+            let peers = client(&cli).peers().await.map_err(api_err)?;
+            if cli.json {
+                print_json(&peers)
+            } else {
+                println!(
+                    "{:<5}{:<16}{:<9}{:>10}{:>10}{:>11}{:>7}",
+                    "ID", "NAME", "STATE", "HEARD", "RTT", "GPUS", "LOAD"
+                );
+                for p in &peers {
+                    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+                    println!(
+                        "{:<5}{:<16}{:<9}{:>10}{:>10}{:>11}{:>7}",
+                        p.id,
+                        p.name,
+                        p.state,
+                        opt(p.last_heard_ms.map(|ms| format!("{ms}ms"))),
+                        opt(p.rtt_ms.map(|r| format!("{r:.2}ms"))),
+                        opt(p
+                            .gpus_free
+                            .zip(p.gpus_total)
+                            .map(|(f, t)| format!("{f}/{t}"))),
+                        opt(p.load.map(|l| format!("{:.0}%", l * 100.0))),
+                    );
+                }
+                Ok(())
+            }
+        }
         Cmd::Node {
             cmd: NodeCmd::Remove { node },
         } => {
@@ -462,8 +492,8 @@ fn format_status(s: &StatusResponse) -> String {
 
 fn format_nodes(nodes: &[NodeInfo]) -> String {
     let mut out = format!(
-        "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<10}{}\n",
-        "ID", "NAME", "STATE", "ADDR", "GPUS", "MODEL", "SEEN", "LABELS"
+        "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{}\n",
+        "ID", "NAME", "STATE", "ADDR", "GPUS", "MODEL", "UTIL", "SEEN", "LABELS"
     );
     for n in nodes {
         let mut models: Vec<&str> = n.gpus.iter().map(|g| g.model.as_str()).collect();
@@ -480,7 +510,7 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
             None => "-".into(),
         };
         out.push_str(&format!(
-            "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<10}{}\n",
+            "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{}\n",
             n.id,
             n.name,
             n.state,
@@ -491,6 +521,10 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
             } else {
                 models.join("+")
             },
+            n.gpu_util
+                .filter(|_| n.gpus_total > 0)
+                .map(|u| format!("{:.0}%", u * 100.0))
+                .unwrap_or_else(|| "-".into()),
             seen,
             if labels.is_empty() {
                 "-".to_string()

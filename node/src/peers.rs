@@ -199,8 +199,12 @@ async fn publish_and_sync(
 ) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut heartbeat_seq = 0u64;
-    let mut capacity_seq = 0u64;
+    // Receivers drop messages whose seq is not above the last one they saw
+    // from a node, so sequence numbers must keep growing across restarts:
+    // start from the wall clock in milliseconds (they advance by one per
+    // message, far slower than the clock).
+    let mut heartbeat_seq = wall_ms();
+    let mut capacity_seq = wall_ms();
     let mut last_heartbeat = Instant::now() - HEARTBEAT_EVERY;
     let mut last_capacity: Option<(Instant, CapacityAdvert)> = None;
     let mut members_sent: BTreeMap<PeerId, Multiaddr> = BTreeMap::new();

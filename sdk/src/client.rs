@@ -106,6 +106,10 @@ impl Client {
         self.get("/v1/nodes").await
     }
 
+    pub async fn peers(&self) -> Result<Vec<PeerView>, ClientError> {
+        self.get("/v1/peers").await
+    }
+
     pub async fn create_token(
         &self,
         ttl_s: Option<u64>,

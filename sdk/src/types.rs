@@ -89,6 +89,28 @@ pub struct NodeInfo {
     pub last_seen_ms: Option<u64>,
     pub voter: bool,
     pub joined_at_ms: u64,
+    /// Average GPU utilization (0-1) from the node's latest capacity advert.
+    #[serde(default)]
+    pub gpu_util: Option<f32>,
+}
+
+/// One row of `shoal mesh --json`: how the answering node sees a peer,
+/// from gossip alone (no leader involved).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct PeerView {
+    pub id: u64,
+    pub name: String,
+    /// The answering node's own failure detector: alive, suspect, down, or
+    /// unknown (not heard from yet).
+    pub state: String,
+    /// Milliseconds since the last gossip message (or Raft ack) from it.
+    pub last_heard_ms: Option<u64>,
+    /// RTT estimated from Vivaldi coordinates.
+    pub rtt_ms: Option<f64>,
+    pub gpus_free: Option<u32>,
+    pub gpus_total: Option<u32>,
+    /// Average GPU utilization, 0-1, from the peer's capacity advert.
+    pub load: Option<f32>,
 }
 
 /// `POST /v1/tokens` body.

@@ -101,22 +101,25 @@ impl NodeProc {
         for (k, v) in &self.extra_env {
             c.env(k, v);
         }
-        c.env("RUST_LOG", "warn,shoal_node=info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(self.data_dir.with_extension("out"))
-                    .expect("stdout file"),
-            ))
-            .stderr(Stdio::from(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(self.data_dir.with_extension("log"))
-                    .expect("log file"),
-            ));
+        c.env(
+            "RUST_LOG",
+            std::env::var("SHOAL_TEST_LOG").unwrap_or_else(|_| "warn,shoal_node=info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.data_dir.with_extension("out"))
+                .expect("stdout file"),
+        ))
+        .stderr(Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.data_dir.with_extension("log"))
+                .expect("log file"),
+        ));
         c
     }
 
