@@ -270,9 +270,8 @@ async fn a_killed_node_is_suspected_within_1s_and_down_within_3s_by_every_peer()
     )
     .await;
 
-    // Back to alive in the ledger after a restart. (Every peer's own gossip
-    // view should follow; it does not yet after a restart on a new gossip
-    // port — tracked in the mesh issue.)
+    // Back to alive after a restart (on a new gossip port), in every peer's
+    // own view and in the ledger.
     c.nodes[victim].restart();
     wait_for(
         "the ledger to record it alive",

@@ -681,6 +681,9 @@ fn peer_score_params() -> (gossipsub::PeerScoreParams, gossipsub::PeerScoreThres
         topic_score_cap: 20.0,
         ip_colocation_factor_weight: 0.0,
         decay_interval: Duration::from_secs(1),
+        // A member that restarts keeps its peer id; the score it earned while
+        // dying (broken IWANT promises) must not follow it into its new life.
+        retain_score: Duration::from_secs(5),
         ..Default::default()
     };
     for topic in [CAPACITY_TOPIC, HEARTBEAT_TOPIC] {
