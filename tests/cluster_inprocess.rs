@@ -382,3 +382,108 @@ async fn a_removed_node_leaves_membership_and_the_voters_reconverge() {
     assert!(err.to_string().contains("leader"), "{err}");
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "twenty full nodes (Raft, gossip, API) in one process starve a 2-core machine; run with --ignored on 4+ cores"]
+async fn twenty_nodes_see_a_capacity_change_everywhere_within_1s() {
+    let n = 20;
+    let c = LocalCluster::start(n, |_, _| {}).await.expect("cluster");
+    c.wait_until(
+        "every node to hear every other node's capacity",
+        Duration::from_secs(120),
+        |c| {
+            let ok = c.agents.iter().all(|a| {
+                let v = a.peer_views();
+                v.len() == n - 1
+                    && v.iter()
+                        .all(|p| p.gpus_free == Some(4) && p.state == "alive")
+            });
+            async move { ok }
+        },
+    )
+    .await
+    .expect("mesh formed");
+
+    // Node 7 loses one GPU to a job (recorded in the ledger); every other node
+    // must learn it from node 7's capacity advert.
+    let changed = &c.agents[7];
+    let mut spec = changed
+        .ledger()
+        .read()
+        .expect("ledger")
+        .ledger
+        .members
+        .get(&changed.id())
+        .expect("member")
+        .spec
+        .clone();
+    spec.gpus[0].allocated_to = Some(42);
+    let start = std::time::Instant::now();
+    c.agents[0]
+        .write(shoal_consensus::Command::UpdateMember {
+            id: changed.id(),
+            spec,
+        })
+        .await
+        .expect("write");
+    let id = changed.id();
+    let took = c
+        .wait_until(
+            "the change to reach every node",
+            Duration::from_secs(10),
+            |c| {
+                let ok = c.agents.iter().filter(|a| a.id() != id).all(|a| {
+                    a.peer_views()
+                        .iter()
+                        .any(|p| p.id == id && p.gpus_free == Some(3))
+                });
+                async move { ok }
+            },
+        )
+        .await
+        .expect("converged");
+    println!(
+        "capacity change seen by all {} peers {took:?} after the write ({:?} incl. commit)",
+        n - 1,
+        start.elapsed()
+    );
+    assert!(
+        start.elapsed() <= Duration::from_secs(1),
+        "took {:?}",
+        start.elapsed()
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_latency_moves_vivaldi_estimates() {
+    // n4 is placed "40 ms away" from everyone (the kernel here has no netem):
+    // every node adds 40 ms to its RTT samples across that link, in both
+    // directions. n1's coordinate-based estimate to n4 must end up far above
+    // its estimate to n2.
+    let c = LocalCluster::start(4, |i, cfg| {
+        let spec = if i == 3 { "n1=40,n2=40,n3=40" } else { "n4=40" };
+        cfg.test_inject_rtt = shoal_node::peers::parse_injected_rtt(spec).expect("spec");
+    })
+    .await
+    .expect("cluster");
+    let (to_n2, to_n4) = {
+        let start = std::time::Instant::now();
+        loop {
+            let v = c.agents[0].peer_views();
+            let rtt = |name: &str| v.iter().find(|p| p.name == name).and_then(|p| p.rtt_ms);
+            if let (Some(a), Some(b)) = (rtt("n2"), rtt("n4")) {
+                if b > a + 20.0 {
+                    break (a, b);
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(90),
+                "estimates never separated: {v:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    println!("n1's estimated RTT: to n2 {to_n2:.2} ms, to n4 {to_n4:.2} ms (40 ms injected)");
+    c.shutdown().await;
+}

@@ -216,11 +216,15 @@ impl Agent {
             api_bound
         };
         let gossip_key = identity::load_or_create_gossip_key(&data_dir).map_err(AgentError::Io)?;
-        let (gossip, gossip_events) = shoal_mesh::gossip::Gossip::start(
-            shoal_mesh::gossip::GossipConfig::new(gossip_key.clone(), cfg.gossip_addr),
-        )
-        .await
-        .map_err(|e| io(&format!("cannot start gossip on {}", cfg.gossip_addr), e))?;
+        let (gossip, gossip_events) =
+            shoal_mesh::gossip::Gossip::start(shoal_mesh::gossip::GossipConfig {
+                // RTT samples feed Vivaldi; one a second per peer converges
+                // coordinates within seconds at negligible cost.
+                ping_interval: Duration::from_secs(1),
+                ..shoal_mesh::gossip::GossipConfig::new(gossip_key.clone(), cfg.gossip_addr)
+            })
+            .await
+            .map_err(|e| io(&format!("cannot start gossip on {}", cfg.gossip_addr), e))?;
         let gossip_port = gossip.listen_addr().port();
         let gossip_addr = match adv {
             IpAddr::V4(ip) => format!("/ip4/{ip}/udp/{gossip_port}/quic-v1"),
@@ -390,6 +394,11 @@ impl Agent {
 
     pub fn current_leader(&self) -> Option<NodeId> {
         self.inner.raft.metrics().borrow().current_leader
+    }
+
+    /// This node's own gossip view of its peers (what `shoal mesh` shows).
+    pub fn peer_views(&self) -> Vec<shoal_sdk::PeerView> {
+        self.inner.peer_views()
     }
 
     /// This node's applied ledger (local, possibly behind the leader).
@@ -1085,13 +1094,44 @@ impl Inner {
                 format!("invalid certificate request: {e}"),
             )
         })?;
+        // A join whose answer was lost (a leader change, a timeout) is retried
+        // by the joiner or by the forwarding node; the gossip peer id comes
+        // from the joiner's own fresh key, so the same name with the same peer
+        // id is the same join, not a second node.
+        let same_join = |d: &shoal_consensus::store::StateMachineData| -> Option<NodeId> {
+            d.ledger
+                .active_members()
+                .find(|m| {
+                    m.spec.name == j.spec.name
+                        && !j.spec.gossip_peer_id.is_empty()
+                        && m.spec.gossip_peer_id == j.spec.gossip_peer_id
+                })
+                .map(|m| m.id)
+        };
+        let retried = same_join(&*self.read_ledger()?);
+        if let Some(id) = retried {
+            let cert_pem = ca
+                .sign_csr(&j.csr_pem, &j.spec.name, id)
+                .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
+            return Ok(JoinResponse {
+                node_id: id,
+                cluster_id: cluster.cluster_id,
+                region: cluster.region,
+                cert_pem,
+                ca_pem: cluster.ca_cert_pem,
+            });
+        }
         let cmd = Command::AddMember {
             spec: j.spec.clone(),
             token_hash: identity::hash_secret(&j.secret),
         };
         let id = match self.write_local(cmd).await?.0 {
             LedgerResponse::NodeId(id) => id,
-            LedgerResponse::Rejected(m) => return Err(WireError::new(ErrorCode::Rejected, m)),
+            // An earlier attempt of this very join may have committed first.
+            LedgerResponse::Rejected(m) => match same_join(&*self.read_ledger()?) {
+                Some(id) => id,
+                None => return Err(WireError::new(ErrorCode::Rejected, m)),
+            },
             LedgerResponse::Ok | LedgerResponse::Batch(_) => {
                 return Err(WireError::new(
                     ErrorCode::Internal,
