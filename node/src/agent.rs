@@ -1215,29 +1215,15 @@ impl Inner {
                 format!("node {id} is the current leader: stop it first (another node takes over), then remove it"),
             ));
         }
-        // The ledger first: from now on housekeeping no longer treats the
-        // node as a member, so it cannot add it back as a learner.
+        // Only the ledger changes here: the leader's housekeeping loop takes
+        // nodes that left out of the Raft membership, as it makes every other
+        // membership change.
         let (response, index) = self
             .write_local(Command::SetMemberState {
                 id,
                 state: MemberState::Left,
             })
             .await?;
-        let membership = self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .clone();
-        if membership.voter_ids().any(|v| v == id) {
-            self.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
-                .await?;
-        }
-        if membership.get_node(&id).is_some() {
-            self.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
-                .await?;
-        }
         tracing::info!(node = id, "removed a member from the cluster");
         Ok(Response::Write { response, index })
     }
