@@ -22,11 +22,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
-pub use libp2p_types::*;
-
-mod libp2p_types {
-    pub use shoal_mesh::gossip::{Keypair, Multiaddr, PeerId};
-}
+pub use shoal_mesh::gossip::{Multiaddr, PeerId};
 
 /// How often a node says it is alive.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(200);
@@ -61,8 +57,7 @@ impl PeerView {
                 },
                 now,
             ),
-            vivaldi: VivaldiClient::new(VivaldiConfig::default())
-                .unwrap_or_else(|_| unreachable_default_vivaldi()),
+            vivaldi: default_vivaldi(),
             capacity: CapacityView::new(),
             last_heard: HashMap::new(),
             unheard_since: HashMap::new(),
@@ -107,14 +102,10 @@ impl PeerView {
     }
 }
 
-fn unreachable_default_vivaldi() -> VivaldiClient<NodeId> {
-    // The default configuration is valid by construction; fall back to the
-    // smallest valid one rather than panic if that ever changes.
-    VivaldiClient::new(VivaldiConfig {
-        dimensionality: 2,
-        ..VivaldiConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("no valid Vivaldi configuration: {e}"))
+fn default_vivaldi() -> VivaldiClient<NodeId> {
+    // Serf's defaults are valid by construction (a unit test of the vivaldi
+    // module checks it), so a failure here is a programming error.
+    VivaldiClient::new(VivaldiConfig::default()).expect("Vivaldi's default configuration is valid")
 }
 
 pub type SharedPeerView = Arc<Mutex<PeerView>>;
