@@ -100,14 +100,15 @@ pub async fn bench_ledger(
     value_bytes: usize,
 ) -> anyhow::Result<Vec<LedgerBenchRow>> {
     let cluster = LocalCluster::start(nodes, |_, _| {}).await?;
+    // The voter count the cluster converges to, from the same policy the
+    // leader applies.
+    let want_voters = shoal_consensus::voters::target_voter_count(nodes, nodes).unwrap_or(1);
     cluster
         .wait_until(
             "all nodes to agree on a leader",
             Duration::from_secs(20),
             |c| {
-                let ok = c.agreed_leader().is_some()
-                    && c.agents[0].voters().len()
-                        == nodes.min(5) - usize::from(nodes == 2 || nodes == 4);
+                let ok = c.agreed_leader().is_some() && c.agents[0].voters().len() == want_voters;
                 async move { ok }
             },
         )
