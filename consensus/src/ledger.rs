@@ -8,6 +8,7 @@ use shoal_sdk::{GpuInfo, MemberState};
 use std::collections::BTreeMap;
 
 use crate::types::NodeId;
+use crate::workload::{JobId, JobSpec, Plan, TenantLimits, TenantUpdate, Workload};
 
 /// Cluster-wide facts fixed at bootstrap.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -103,6 +104,43 @@ pub enum Command {
         key: String,
         value: String,
     },
+    /// Creates a tenant (team, project) under an optional parent.
+    CreateTenant {
+        name: String,
+        limits: TenantLimits,
+    },
+    UpdateTenant {
+        name: String,
+        update: TenantUpdate,
+    },
+    /// Admits a job as pending; the answer is its id.
+    SubmitJob {
+        spec: JobSpec,
+    },
+    CancelJob {
+        job: JobId,
+    },
+    /// A scheduling pass's decisions, re-validated on apply; the entry's
+    /// log index becomes the epoch of every allocation it creates.
+    Schedule(Plan),
+    /// A rank's process ended (reported by the agent that ran it).
+    RankExited {
+        job: JobId,
+        epoch: u64,
+        rank: u32,
+        exit_code: i32,
+    },
+    /// Every rank completed checkpoint `step`.
+    Checkpointed {
+        job: JobId,
+        epoch: u64,
+        step: u64,
+    },
+    /// The leader frees a stopping job whose ranks never reported back.
+    ReleaseJob {
+        job: JobId,
+        epoch: u64,
+    },
     /// Several commands proposed as one log entry. The leader batches
     /// concurrent writes so that one fsync and one replication round trip
     /// commit all of them; each command keeps its own answer.
@@ -113,6 +151,12 @@ pub enum Command {
 pub enum LedgerResponse {
     Ok,
     NodeId(NodeId),
+    JobId(JobId),
+    /// What a `Schedule` did: jobs started and placements refused as stale.
+    Scheduled {
+        started: Vec<JobId>,
+        refused: Vec<(JobId, String)>,
+    },
     /// One answer per command of a `Batch`, in order.
     Batch(Vec<LedgerResponse>),
     /// The command was valid Raft input but the ledger refused it; the
@@ -133,6 +177,7 @@ pub struct Ledger {
     pub join_tokens: BTreeMap<String, JoinToken>,
     pub api_tokens: BTreeMap<String, ApiToken>,
     pub attrs: BTreeMap<String, String>,
+    pub workload: Workload,
     /// The largest leader timestamp applied; time never runs backwards in
     /// the ledger even if a new leader's clock is behind.
     pub clock_ms: u64,
@@ -166,21 +211,21 @@ impl Ledger {
         }
     }
 
-    /// Applies one command. Deterministic: the result depends only on `self`
-    /// and `req`.
-    pub fn apply(&mut self, req: &LedgerRequest) -> LedgerResponse {
+    /// Applies the command at log position `index`. Deterministic: the
+    /// result depends only on `self`, `index` and `req`.
+    pub fn apply(&mut self, index: u64, req: &LedgerRequest) -> LedgerResponse {
         self.clock_ms = self.clock_ms.max(req.now_ms);
-        self.apply_command(&req.cmd)
+        self.apply_command(index, &req.cmd)
     }
 
-    fn apply_command(&mut self, cmd: &Command) -> LedgerResponse {
+    fn apply_command(&mut self, index: u64, cmd: &Command) -> LedgerResponse {
         let now = self.clock_ms;
         match cmd {
             Command::Batch(cmds) => LedgerResponse::Batch(
                 cmds.iter()
                     .map(|c| match c {
                         Command::Batch(_) => LedgerResponse::Rejected("batches do not nest".into()),
-                        c => self.apply_command(c),
+                        c => self.apply_command(index, c),
                     })
                     .collect(),
             ),
@@ -212,6 +257,7 @@ impl Ledger {
                 );
                 self.insert_member(*first_member, spec.clone(), now);
                 self.next_node_id = self.next_node_id.max(first_member + 1);
+                self.workload.ensure_default_tenant(now);
                 LedgerResponse::NodeId(*first_member)
             }
             Command::AddMember { spec, token_hash } => {
@@ -262,6 +308,8 @@ impl Ledger {
                     if m.state != *state {
                         m.state = *state;
                         m.state_since_ms = now;
+                        let member = m.clone();
+                        self.workload.on_member_state(&member, now);
                     }
                     LedgerResponse::Ok
                 }
@@ -302,6 +350,39 @@ impl Ledger {
                 self.attrs.insert(key.clone(), value.clone());
                 LedgerResponse::Ok
             }
+            Command::CreateTenant { name, limits } => {
+                answer(self.workload.create_tenant(name, limits, now))
+            }
+            Command::UpdateTenant { name, update } => {
+                answer(self.workload.update_tenant(name, update))
+            }
+            Command::SubmitJob { spec } => match self.workload.submit(spec, now) {
+                Ok(id) => LedgerResponse::JobId(id),
+                Err(reason) => LedgerResponse::Rejected(reason),
+            },
+            Command::CancelJob { job } => answer(self.workload.cancel(*job, now)),
+            Command::Schedule(plan) => {
+                let outcome = self
+                    .workload
+                    .apply_plan(plan, &self.members, index, now);
+                LedgerResponse::Scheduled {
+                    started: outcome.started,
+                    refused: outcome.refused,
+                }
+            }
+            Command::RankExited {
+                job,
+                epoch,
+                rank,
+                exit_code,
+            } => answer(
+                self.workload
+                    .rank_exited(*job, *epoch, *rank, *exit_code, now),
+            ),
+            Command::Checkpointed { job, epoch, step } => {
+                answer(self.workload.checkpointed(*job, *epoch, *step, now))
+            }
+            Command::ReleaseJob { job, epoch } => answer(self.workload.release(*job, *epoch, now)),
         }
     }
 
@@ -345,6 +426,13 @@ impl Ledger {
     }
 }
 
+fn answer(result: Result<(), String>) -> LedgerResponse {
+    match result {
+        Ok(()) => LedgerResponse::Ok,
+        Err(reason) => LedgerResponse::Rejected(reason),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,7 +452,7 @@ mod tests {
 
     fn bootstrapped() -> Ledger {
         let mut l = Ledger::new();
-        let r = l.apply(&LedgerRequest {
+        let r = l.apply(1, &LedgerRequest {
             now_ms: 1000,
             cmd: Command::Bootstrap {
                 cluster_id: "c".into(),
@@ -387,12 +475,12 @@ mod tests {
             spec: spec(name),
             token_hash: "t".into(),
         };
-        let r = l.apply(&LedgerRequest {
+        let r = l.apply(1, &LedgerRequest {
             now_ms: 1100,
             cmd: add("n2"),
         });
         assert_eq!(r, LedgerResponse::Rejected("unknown join token".into()));
-        l.apply(&LedgerRequest {
+        l.apply(1, &LedgerRequest {
             now_ms: 1200,
             cmd: Command::CreateJoinToken {
                 hash: "t".into(),
@@ -400,21 +488,21 @@ mod tests {
             },
         });
         assert_eq!(
-            l.apply(&LedgerRequest {
+            l.apply(1, &LedgerRequest {
                 now_ms: 1300,
                 cmd: add("n2")
             }),
             LedgerResponse::NodeId(2)
         );
         assert!(matches!(
-            l.apply(&LedgerRequest {
+            l.apply(1, &LedgerRequest {
                 now_ms: 1400,
                 cmd: add("n2")
             }),
             LedgerResponse::Rejected(_)
         ));
         assert_eq!(
-            l.apply(&LedgerRequest {
+            l.apply(1, &LedgerRequest {
                 now_ms: 6000,
                 cmd: add("n3")
             }),
@@ -429,7 +517,7 @@ mod tests {
             key: k.into(),
             value: "v".into(),
         };
-        let r = l.apply(&LedgerRequest {
+        let r = l.apply(1, &LedgerRequest {
             now_ms: 2000,
             cmd: Command::Batch(vec![
                 put("a"),
@@ -454,7 +542,7 @@ mod tests {
     #[test]
     fn ledger_clock_never_runs_backwards() {
         let mut l = bootstrapped();
-        l.apply(&LedgerRequest {
+        l.apply(1, &LedgerRequest {
             now_ms: 500,
             cmd: Command::PutAttr {
                 key: "k".into(),
@@ -510,8 +598,8 @@ mod tests {
             let mut b = bootstrapped();
             let mut seen_ids = std::collections::BTreeSet::from([1u64]);
             for c in &cmds {
-                let ra = a.apply(c);
-                let rb = b.apply(c);
+                let ra = a.apply(1, c);
+                let rb = b.apply(1, c);
                 prop_assert_eq!(&ra, &rb);
                 let answers = match ra {
                     LedgerResponse::Batch(v) => v,

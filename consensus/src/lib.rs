@@ -9,6 +9,7 @@ pub mod sched;
 pub mod store;
 pub mod types;
 pub mod voters;
+pub mod workload;
 
 pub use ledger::{Command, Ledger, LedgerRequest, LedgerResponse, Member, MemberSpec};
 pub use types::{NodeId, TypeConfig};

@@ -42,7 +42,8 @@ const KEY_SNAP_DATA: &str = "data";
 
 /// Version byte in front of every snapshot so that an old binary refuses a
 /// newer snapshot with a clear error instead of misreading it.
-const SNAPSHOT_VERSION: u8 = 1;
+/// Version 2 added tenants and jobs to the ledger.
+const SNAPSHOT_VERSION: u8 = 2;
 /// Decoding bound for snapshots and log entries.
 const MAX_DECODE: u64 = 1 << 30;
 
@@ -276,8 +277,12 @@ fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
                 .map_err(read_err)?;
             decode(&plain).map_err(read_err)
         }
-        Some((v, _)) => Err(read_err(format!(
+        Some((v, _)) if *v > SNAPSHOT_VERSION => Err(read_err(format!(
             "snapshot format version {v} is newer than this binary understands ({SNAPSHOT_VERSION})"
+        ))),
+        Some((v, _)) => Err(read_err(format!(
+            "snapshot format version {v} predates this binary ({SNAPSHOT_VERSION}); \
+             re-create the cluster's data directories with this release"
         ))),
         None => Err(read_err("empty snapshot")),
     }
@@ -392,7 +397,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             d.last_applied = Some(e.log_id);
             match e.payload {
                 EntryPayload::Blank => out.push(LedgerResponse::Ok),
-                EntryPayload::Normal(req) => out.push(d.ledger.apply(&req)),
+                EntryPayload::Normal(req) => out.push(d.ledger.apply(e.log_id.index, &req)),
                 EntryPayload::Membership(m) => {
                     d.membership = StoredMembership::new(Some(e.log_id), m);
                     out.push(LedgerResponse::Ok);

@@ -1,0 +1,728 @@
+//! State transitions of tenants and jobs. Called from `Ledger::apply` only.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use shoal_sdk::MemberState;
+
+use super::{
+    Allocation, Job, JobId, JobSpec, JobState, Plan, PlannedPlacement, Stop, StopCause, Tenant,
+    TenantLimits, TenantUpdate, Workload, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS,
+    MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES, STOP_DEADLINE_MS,
+};
+use crate::ledger::{validate_name, Member};
+use crate::types::NodeId;
+
+/// What a plan's application did, for the caller's answer.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PlanOutcome {
+    pub started: Vec<JobId>,
+    /// Placements refused because the plan was stale, with the reason.
+    pub refused: Vec<(JobId, String)>,
+}
+
+impl Workload {
+    pub(crate) fn ensure_default_tenant(&mut self, now_ms: u64) {
+        if !self.tenants.contains_key(DEFAULT_TENANT) {
+            self.tenants.insert(
+                DEFAULT_TENANT.to_string(),
+                new_tenant(DEFAULT_TENANT, TenantLimits::default(), now_ms),
+            );
+        }
+        self.next_job_id = self.next_job_id.max(1);
+    }
+
+    pub(crate) fn create_tenant(
+        &mut self,
+        name: &str,
+        limits: &TenantLimits,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        validate_name(name).map_err(|e| e.replacen("node name", "tenant name", 1))?;
+        if self.tenants.contains_key(name) {
+            return Err(format!("tenant '{name}' already exists"));
+        }
+        self.check_limits(name, limits)?;
+        self.tenants
+            .insert(name.to_string(), new_tenant(name, limits.clone(), now_ms));
+        Ok(())
+    }
+
+    pub(crate) fn update_tenant(&mut self, name: &str, update: &TenantUpdate) -> Result<(), String> {
+        let Some(tenant) = self.tenants.get(name) else {
+            return Err(format!("no tenant named '{name}'"));
+        };
+        let mut limits = tenant.limits.clone();
+        if let Some(parent) = &update.parent {
+            limits.parent = parent.clone();
+        }
+        if let Some(max) = update.max_gpus {
+            limits.max_gpus = max;
+        }
+        if let Some(limit) = update.gpu_seconds_limit {
+            limits.gpu_seconds_limit = limit;
+        }
+        if let Some(weight) = update.weight {
+            limits.weight = weight;
+        }
+        self.check_limits(name, &limits)?;
+        if let Some(parent) = &limits.parent {
+            if self.ancestry(parent).contains(&name) {
+                return Err(format!(
+                    "making '{parent}' the parent of '{name}' would create a cycle"
+                ));
+            }
+        }
+        if let Some(tenant) = self.tenants.get_mut(name) {
+            tenant.limits = limits;
+        }
+        Ok(())
+    }
+
+    fn check_limits(&self, name: &str, limits: &TenantLimits) -> Result<(), String> {
+        if limits.weight == 0 {
+            return Err("a tenant's weight must be at least 1".into());
+        }
+        if let Some(parent) = &limits.parent {
+            if parent == name {
+                return Err(format!("tenant '{name}' cannot be its own parent"));
+            }
+            if !self.tenants.contains_key(parent) {
+                return Err(format!("no parent tenant named '{parent}'"));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn submit(&mut self, spec: &JobSpec, now_ms: u64) -> Result<JobId, String> {
+        validate_spec(spec)?;
+        if !self.tenants.contains_key(&spec.tenant) {
+            return Err(format!(
+                "no tenant named '{}' (create it with `shoal tenant create`)",
+                spec.tenant
+            ));
+        }
+        // A job that could never run is refused now rather than left pending forever.
+        for name in self.ancestry(&spec.tenant) {
+            let limits = &self.tenants[name].limits;
+            if let Some(max) = limits.max_gpus {
+                if spec.total_gpus() > max {
+                    return Err(format!(
+                        "quota: the job needs {} GPUs but {name} may use at most {max}",
+                        spec.total_gpus()
+                    ));
+                }
+            }
+            if let Some(limit) = limits.gpu_seconds_limit {
+                let used: u64 = self
+                    .subtree(name)
+                    .iter()
+                    .map(|t| self.tenants[*t].used_gpu_ms() / 1000)
+                    .sum();
+                let left = limit.saturating_sub(used);
+                if spec.gpu_seconds_needed() > left {
+                    return Err(format!(
+                        "budget: {name} has {:.1} of {:.1} GPU-hours left, the job may use {:.1} ({} GPUs for {})",
+                        left as f64 / 3600.0,
+                        limit as f64 / 3600.0,
+                        spec.gpu_seconds_needed() as f64 / 3600.0,
+                        spec.total_gpus(),
+                        format_duration_s(spec.time_limit_s),
+                    ));
+                }
+            }
+        }
+        let id = self.next_job_id.max(1);
+        self.next_job_id = id + 1;
+        self.jobs.insert(
+            id,
+            Job {
+                id,
+                spec: spec.clone(),
+                state: JobState::Pending,
+                reason: "waiting for the scheduler".into(),
+                submitted_at_ms: now_ms,
+                started_at_ms: None,
+                ended_at_ms: None,
+                exit_code: None,
+                restarts: 0,
+                preemptions: 0,
+                alloc: None,
+                last_nodes: Vec::new(),
+                last_epoch: None,
+                last_ckpt_step: None,
+                last_ckpt_at_ms: None,
+                waiting_for: Vec::new(),
+                yields_to: None,
+            },
+        );
+        self.forget_old_jobs();
+        Ok(id)
+    }
+
+    pub(crate) fn cancel(&mut self, id: JobId, now_ms: u64) -> Result<(), String> {
+        let job = self
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| format!("no job {id}"))?;
+        if job.state.is_final() {
+            return Err(format!("job {id} has already ended ({})", job.state));
+        }
+        match job.alloc.as_mut() {
+            None => {
+                job.state = JobState::Cancelled;
+                job.reason = "cancelled before it started".into();
+                job.ended_at_ms = Some(now_ms);
+                job.waiting_for.clear();
+            }
+            Some(alloc) => {
+                // A stop already under way keeps its cause, except that a
+                // preempted job that is cancelled must not come back.
+                match &mut alloc.stop {
+                    Some(stop) => stop.cause = StopCause::Cancelled,
+                    None => {
+                        alloc.stop = Some(Stop {
+                            cause: StopCause::Cancelled,
+                            requested_at_ms: now_ms,
+                        })
+                    }
+                }
+                job.reason = "cancelling: waiting for the ranks to exit".into();
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a committed scheduling pass. `epoch` is the log index.
+    pub(crate) fn apply_plan(
+        &mut self,
+        plan: &Plan,
+        members: &BTreeMap<NodeId, Member>,
+        epoch: u64,
+        now_ms: u64,
+    ) -> PlanOutcome {
+        for id in &plan.timed_out {
+            if let Some(alloc) = self.jobs.get_mut(id).and_then(|job| job.alloc.as_mut()) {
+                if alloc.stop.is_none()
+                    && now_ms >= alloc.started_at_ms.saturating_add(
+                        self.jobs[id].spec.time_limit_s.saturating_mul(1000),
+                    )
+                {
+                    self.request_stop(*id, StopCause::TimeLimit, now_ms);
+                }
+            }
+        }
+        for (victim, for_job) in &plan.preemptions {
+            let victim_ok = self.jobs.get(victim).is_some_and(|job| {
+                job.spec.preemptible && job.alloc.as_ref().is_some_and(|a| a.stop.is_none())
+            });
+            let for_ok = self
+                .jobs
+                .get(for_job)
+                .is_some_and(|job| job.state.is_waiting());
+            if victim_ok && for_ok {
+                self.request_stop(*victim, StopCause::Preempted, now_ms);
+                if let Some(job) = self.jobs.get_mut(victim) {
+                    job.yields_to = Some(*for_job);
+                }
+                if let Some(job) = self.jobs.get_mut(for_job) {
+                    job.waiting_for.push(*victim);
+                    job.reason = format!("waiting for preempted job {victim} to release its GPUs");
+                }
+            }
+        }
+        let mut outcome = PlanOutcome::default();
+        let mut busy = self.busy_gpus();
+        for placement in &plan.placements {
+            match self.validate_placement(placement, members, &busy) {
+                Ok(()) => {
+                    for (node, gpus) in &placement.nodes {
+                        for gpu in gpus {
+                            busy.insert((*node, *gpu));
+                        }
+                    }
+                    self.start(placement, epoch, now_ms);
+                    outcome.started.push(placement.job);
+                }
+                Err(reason) => {
+                    if let Some(job) = self.jobs.get_mut(&placement.job) {
+                        if job.state.is_waiting() {
+                            job.reason = format!("placement refused: {reason}");
+                        }
+                    }
+                    outcome.refused.push((placement.job, reason));
+                }
+            }
+        }
+        for (id, reason) in &plan.reasons {
+            if let Some(job) = self.jobs.get_mut(id) {
+                if job.state.is_waiting() && job.waiting_for.is_empty() {
+                    job.reason = reason.clone();
+                }
+            }
+        }
+        outcome
+    }
+
+    fn busy_gpus(&self) -> BTreeSet<(NodeId, u32)> {
+        self.holding()
+            .flat_map(|(_, alloc)| {
+                alloc
+                    .nodes
+                    .iter()
+                    .flat_map(|(node, gpus)| gpus.iter().map(move |gpu| (*node, *gpu)))
+            })
+            .collect()
+    }
+
+    fn validate_placement(
+        &self,
+        placement: &PlannedPlacement,
+        members: &BTreeMap<NodeId, Member>,
+        busy: &BTreeSet<(NodeId, u32)>,
+    ) -> Result<(), String> {
+        let job = self
+            .jobs
+            .get(&placement.job)
+            .ok_or_else(|| format!("no job {}", placement.job))?;
+        if !job.state.is_waiting() {
+            return Err(format!("job {} is {}, not waiting", job.id, job.state));
+        }
+        if !job.schedulable(&self.jobs) {
+            return Err(format!(
+                "job {} waits for preempted jobs {:?} or yields to job {:?}",
+                job.id, job.waiting_for, job.yields_to
+            ));
+        }
+        let spec = &job.spec;
+        if placement.nodes.len() != spec.nodes as usize {
+            return Err(format!(
+                "{} nodes planned, {} requested",
+                placement.nodes.len(),
+                spec.nodes
+            ));
+        }
+        let mut seen_nodes = BTreeSet::new();
+        for (node, gpus) in &placement.nodes {
+            if !seen_nodes.insert(*node) {
+                return Err(format!("node {node} planned twice"));
+            }
+            let member = members
+                .get(node)
+                .ok_or_else(|| format!("node {node} is not a member"))?;
+            if member.state != MemberState::Alive {
+                return Err(format!("node {} is {}", member.spec.name, member.state));
+            }
+            if gpus.len() != spec.gpus_per_node as usize {
+                return Err(format!(
+                    "{} GPUs planned on {}, {} requested",
+                    gpus.len(),
+                    member.spec.name,
+                    spec.gpus_per_node
+                ));
+            }
+            let mut seen_gpus = BTreeSet::new();
+            for gpu in gpus {
+                if !seen_gpus.insert(*gpu) {
+                    return Err(format!("GPU {gpu} of {} planned twice", member.spec.name));
+                }
+                let info = member
+                    .spec
+                    .gpus
+                    .iter()
+                    .find(|g| g.index == *gpu)
+                    .ok_or_else(|| format!("{} has no GPU {gpu}", member.spec.name))?;
+                if let Some(model) = &spec.gpu_model {
+                    if &info.model != model {
+                        return Err(format!(
+                            "GPU {gpu} of {} is a {}, not a {model}",
+                            member.spec.name, info.model
+                        ));
+                    }
+                }
+                if busy.contains(&(*node, *gpu)) {
+                    return Err(format!("GPU {gpu} of {} is already allocated", member.spec.name));
+                }
+            }
+            for (key, value) in &spec.required_labels {
+                if member.spec.labels.get(key) != Some(value) {
+                    return Err(format!("{} lacks label {key}={value}", member.spec.name));
+                }
+            }
+        }
+        self.check_quota_for(spec)
+    }
+
+    /// The tenant and its ancestors must stay within their GPU caps and
+    /// budgets once this job holds its GPUs.
+    fn check_quota_for(&self, spec: &JobSpec) -> Result<(), String> {
+        if !self.tenants.contains_key(&spec.tenant) {
+            return Err(format!("quota: unknown tenant {}", spec.tenant));
+        }
+        let held = self.gpus_in_use();
+        for name in self.ancestry(&spec.tenant) {
+            let subtree = self.subtree(name);
+            let limits = &self.tenants[name].limits;
+            if let Some(max) = limits.max_gpus {
+                let in_use: u32 = subtree.iter().map(|t| held.get(t).copied().unwrap_or(0)).sum();
+                if in_use.saturating_add(spec.total_gpus()) > max {
+                    return Err(format!(
+                        "quota: {name} uses {in_use}/{max} GPUs, job needs {}",
+                        spec.total_gpus()
+                    ));
+                }
+            }
+            if let Some(limit) = limits.gpu_seconds_limit {
+                let committed: u64 = subtree.iter().map(|t| self.committed_gpu_seconds(t)).sum();
+                if committed.saturating_add(spec.gpu_seconds_needed()) > limit {
+                    return Err(format!(
+                        "budget: {name} has {:.1} of {:.1} GPU-hours uncommitted, job may use {:.1}",
+                        limit.saturating_sub(committed) as f64 / 3600.0,
+                        limit as f64 / 3600.0,
+                        spec.gpu_seconds_needed() as f64 / 3600.0
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, placement: &PlannedPlacement, epoch: u64, now_ms: u64) {
+        if let Some(job) = self.jobs.get_mut(&placement.job) {
+            job.state = JobState::Running;
+            job.reason = String::new();
+            job.yields_to = None;
+            job.started_at_ms.get_or_insert(now_ms);
+            job.last_nodes = placement.nodes.clone();
+            job.last_epoch = Some(epoch);
+            job.alloc = Some(Allocation {
+                epoch,
+                nodes: placement.nodes.clone(),
+                started_at_ms: now_ms,
+                diameter_us: placement.diameter_us,
+                exits: BTreeMap::new(),
+                stop: None,
+            });
+        }
+    }
+
+    fn request_stop(&mut self, id: JobId, cause: StopCause, now_ms: u64) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let Some(alloc) = job.alloc.as_mut() else {
+            return;
+        };
+        if alloc.stop.is_some() {
+            return;
+        }
+        alloc.stop = Some(Stop {
+            cause,
+            requested_at_ms: now_ms,
+        });
+        match cause {
+            StopCause::Preempted => {
+                job.state = JobState::Preempted;
+                job.reason = "preempted: waiting for the ranks to exit".into();
+            }
+            StopCause::TimeLimit => job.reason = "time limit reached: stopping".into(),
+            StopCause::Cancelled => job.reason = "cancelling: waiting for the ranks to exit".into(),
+            StopCause::RankFailed => job.reason = "a rank failed: stopping the others".into(),
+        }
+    }
+
+    /// A rank's process ended. Reports from an older epoch are ignored (fencing).
+    pub(crate) fn rank_exited(
+        &mut self,
+        id: JobId,
+        epoch: u64,
+        rank: u32,
+        exit_code: i32,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        let job = self.jobs.get_mut(&id).ok_or_else(|| format!("no job {id}"))?;
+        let Some(alloc) = job.alloc.as_mut() else {
+            return Err(format!("job {id} holds no allocation"));
+        };
+        if alloc.epoch != epoch {
+            return Err(format!(
+                "stale epoch {epoch} for job {id} (current {})",
+                alloc.epoch
+            ));
+        }
+        if rank as usize >= alloc.nodes.len() {
+            return Err(format!("job {id} has no rank {rank}"));
+        }
+        alloc.exits.entry(rank).or_insert(exit_code);
+        let all_exited = alloc.exits.len() == alloc.nodes.len();
+        let failed = exit_code != 0;
+        if failed && alloc.stop.is_none() {
+            self.request_stop(id, StopCause::RankFailed, now_ms);
+        }
+        if all_exited {
+            self.finish(id, now_ms);
+        }
+        Ok(())
+    }
+
+    /// A checkpoint step was completed by every rank of the current epoch.
+    pub(crate) fn checkpointed(
+        &mut self,
+        id: JobId,
+        epoch: u64,
+        step: u64,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        let job = self.jobs.get_mut(&id).ok_or_else(|| format!("no job {id}"))?;
+        match &job.alloc {
+            Some(alloc) if alloc.epoch == epoch => {}
+            _ => return Err(format!("stale epoch {epoch} for job {id}")),
+        }
+        if job.last_ckpt_step.is_none_or(|last| step > last) {
+            job.last_ckpt_step = Some(step);
+            job.last_ckpt_at_ms = Some(now_ms);
+        }
+        Ok(())
+    }
+
+    /// The leader gives up waiting for a stopping job's ranks.
+    pub(crate) fn release(&mut self, id: JobId, epoch: u64, now_ms: u64) -> Result<(), String> {
+        let job = self.jobs.get(&id).ok_or_else(|| format!("no job {id}"))?;
+        let Some(alloc) = &job.alloc else {
+            return Err(format!("job {id} holds no allocation"));
+        };
+        if alloc.epoch != epoch {
+            return Err(format!("stale epoch {epoch} for job {id}"));
+        }
+        match alloc.stop {
+            Some(stop) if now_ms >= stop.requested_at_ms.saturating_add(STOP_DEADLINE_MS) => {
+                self.finish(id, now_ms);
+                Ok(())
+            }
+            _ => Err(format!("job {id} is not past its stop deadline")),
+        }
+    }
+
+    /// Members that went down lose their jobs at once: the job is requeued
+    /// (or fails when out of restarts) and agents on surviving nodes kill
+    /// its ranks because the epoch they run under is no longer current.
+    pub(crate) fn node_lost(&mut self, node: NodeId, name: &str, now_ms: u64) {
+        let hit: Vec<JobId> = self
+            .holding()
+            .filter(|(_, alloc)| alloc.nodes.iter().any(|(n, _)| *n == node))
+            .map(|(job, _)| job.id)
+            .collect();
+        for id in hit {
+            let stopping_for = self.jobs[&id].alloc.as_ref().and_then(|a| a.stop);
+            if stopping_for.is_some() {
+                self.finish(id, now_ms);
+                continue;
+            }
+            self.release_allocation(id, now_ms);
+            if let Some(job) = self.jobs.get_mut(&id) {
+                if job.restarts < job.spec.max_restarts {
+                    job.restarts += 1;
+                    job.state = JobState::Requeued;
+                    job.reason = format!(
+                        "node {name} went down; restart {} of {}",
+                        job.restarts, job.spec.max_restarts
+                    );
+                } else {
+                    job.state = JobState::Failed;
+                    job.reason = format!(
+                        "node {name} went down and the job has no restarts left (--max-restarts {})",
+                        job.spec.max_restarts
+                    );
+                    job.ended_at_ms = Some(now_ms);
+                }
+            }
+        }
+    }
+
+    /// Every rank has exited (or the leader gave up on them): settle usage
+    /// and decide the final or requeued state from the stop cause.
+    fn finish(&mut self, id: JobId, now_ms: u64) {
+        let Some(alloc) = self.jobs.get(&id).and_then(|job| job.alloc.clone()) else {
+            return;
+        };
+        let refund_ms = self.release_allocation(id, now_ms);
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let first_failure = alloc
+            .exits
+            .values()
+            .copied()
+            .find(|code| *code != 0);
+        match alloc.stop.map(|s| s.cause) {
+            None => {
+                job.exit_code = Some(first_failure.unwrap_or(0));
+                job.state = if first_failure.is_some() {
+                    JobState::Failed
+                } else {
+                    JobState::Completed
+                };
+                job.reason = String::new();
+                job.ended_at_ms = Some(now_ms);
+            }
+            Some(StopCause::Preempted) => {
+                job.preemptions += 1;
+                job.state = JobState::Requeued;
+                job.reason = format!(
+                    "requeued after preemption (boost +{}, refunded {:.2} GPU-hours)",
+                    job.preemptions,
+                    refund_ms as f64 / 3_600_000.0
+                );
+            }
+            Some(cause) => {
+                job.exit_code = first_failure.or(Some(0));
+                job.ended_at_ms = Some(now_ms);
+                (job.state, job.reason) = match cause {
+                    StopCause::Cancelled => (JobState::Cancelled, "cancelled".to_string()),
+                    StopCause::TimeLimit => (JobState::Failed, "time limit reached".to_string()),
+                    _ => (
+                        JobState::Failed,
+                        format!(
+                            "a rank exited with code {}",
+                            first_failure.unwrap_or_default()
+                        ),
+                    ),
+                };
+            }
+        }
+        for other in self.jobs.values_mut() {
+            other.waiting_for.retain(|victim| *victim != id);
+        }
+        self.forget_old_jobs();
+    }
+
+    /// Frees the job's GPUs and charges its tenant; a preempted job's tenant
+    /// is refunded the work since its last checkpoint. Returns the refund.
+    fn release_allocation(&mut self, id: JobId, now_ms: u64) -> u64 {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return 0;
+        };
+        let Some(alloc) = job.alloc.take() else {
+            return 0;
+        };
+        let gpus = u64::from(alloc.gpu_count());
+        // Time past the limit (the stop grace, a slow node) is not the
+        // tenant's doing, and charging it would let a budget overrun.
+        let elapsed = now_ms
+            .saturating_sub(alloc.started_at_ms)
+            .min(job.spec.time_limit_s.saturating_mul(1000));
+        let used = gpus.saturating_mul(elapsed);
+        let preempted = matches!(
+            alloc.stop,
+            Some(Stop {
+                cause: StopCause::Preempted,
+                ..
+            })
+        );
+        // The refund covers work lost: from the later of this allocation's
+        // start and the last checkpoint, to the preemption request.
+        let refund = if preempted {
+            let stop_at = alloc.stop.map_or(now_ms, |s| s.requested_at_ms);
+            let safe_point = job
+                .last_ckpt_at_ms
+                .map_or(alloc.started_at_ms, |c| c.max(alloc.started_at_ms));
+            gpus.saturating_mul(stop_at.saturating_sub(safe_point))
+                .min(used)
+        } else {
+            0
+        };
+        let tenant_name = job.spec.tenant.clone();
+        if let Some(tenant) = self.tenants.get_mut(&tenant_name) {
+            tenant.charged_gpu_ms = tenant.charged_gpu_ms.saturating_add(used);
+            tenant.refunded_gpu_ms = tenant.refunded_gpu_ms.saturating_add(refund);
+            decay_fair_usage(tenant, now_ms);
+            tenant.fair_usage_gpu_ms = tenant
+                .fair_usage_gpu_ms
+                .saturating_add(used.saturating_sub(refund));
+        }
+        refund
+    }
+
+    /// Keeps at most [`MAX_FINISHED_JOBS`] finished jobs, dropping the oldest.
+    fn forget_old_jobs(&mut self) {
+        let finished: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|job| job.state.is_final())
+            .map(|job| job.id)
+            .collect();
+        if finished.len() > MAX_FINISHED_JOBS {
+            for id in &finished[..finished.len() - MAX_FINISHED_JOBS] {
+                self.jobs.remove(id);
+            }
+        }
+    }
+
+    /// Node loss for every member that is (now) down.
+    pub(crate) fn on_member_state(&mut self, member: &Member, now_ms: u64) {
+        if matches!(member.state, MemberState::Down | MemberState::Left) {
+            self.node_lost(member.id, &member.spec.name, now_ms);
+        }
+    }
+}
+
+pub(crate) fn new_tenant(name: &str, limits: TenantLimits, now_ms: u64) -> Tenant {
+    Tenant {
+        name: name.to_string(),
+        limits,
+        created_at_ms: now_ms,
+        charged_gpu_ms: 0,
+        refunded_gpu_ms: 0,
+        fair_usage_gpu_ms: 0,
+        fair_usage_at_ms: now_ms,
+    }
+}
+
+/// Halves the fair-share usage once per whole half-life elapsed.
+pub(crate) fn decay_fair_usage(tenant: &mut Tenant, now_ms: u64) {
+    let periods = now_ms.saturating_sub(tenant.fair_usage_at_ms) / FAIR_SHARE_HALF_LIFE_MS;
+    if periods > 0 {
+        tenant.fair_usage_gpu_ms = tenant
+            .fair_usage_gpu_ms
+            .checked_shr(u32::try_from(periods).unwrap_or(u32::MAX))
+            .unwrap_or(0);
+        tenant.fair_usage_at_ms = tenant
+            .fair_usage_at_ms
+            .saturating_add(periods.saturating_mul(FAIR_SHARE_HALF_LIFE_MS));
+    }
+}
+
+fn validate_spec(spec: &JobSpec) -> Result<(), String> {
+    if spec.nodes == 0 {
+        return Err("a job needs at least one node (-N)".into());
+    }
+    if spec.gpus_per_node == 0 {
+        return Err("a job needs at least one GPU per node (--gpus-per-node)".into());
+    }
+    if spec.nodes > 100_000 || spec.gpus_per_node > 1024 {
+        return Err(format!(
+            "{} nodes × {} GPUs is not a plausible request",
+            spec.nodes, spec.gpus_per_node
+        ));
+    }
+    if spec.time_limit_s == 0 {
+        return Err("the time limit (-t) must be positive".into());
+    }
+    if !spec.name.is_empty() && spec.name.len() > 128 {
+        return Err("job names are at most 128 characters".into());
+    }
+    let bytes: usize = spec.command.iter().map(String::len).sum::<usize>()
+        + spec.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    if bytes > MAX_JOB_SPEC_BYTES {
+        return Err(format!(
+            "the command and environment take {bytes} bytes; the limit is {MAX_JOB_SPEC_BYTES}"
+        ));
+    }
+    if spec.env.keys().any(|k| k.is_empty() || k.contains('=')) {
+        return Err("environment names must be non-empty and contain no '='".into());
+    }
+    Ok(())
+}
+
+fn format_duration_s(s: u64) -> String {
+    format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+}

@@ -1,0 +1,386 @@
+//! Tenants and jobs in the ledger: the part of the state machine the
+//! scheduler reads and writes. Like the rest of the ledger, everything here
+//! is a pure function of the state, the command, the leader's timestamp and
+//! the log index; amounts are integers so every replica computes the same
+//! bytes.
+//!
+//! # Lifecycle
+//! `SubmitJob` admits a job as `pending` (or refuses it with a reason when it
+//! can never run: unknown tenant, bigger than the tenant's GPU cap, more
+//! GPU-hours than its budget). The leader runs the pure scheduler over a view
+//! of this state and commits the plan as one `Schedule` command; `apply`
+//! re-validates every placement against the state at that point of the log
+//! (nodes alive, GPUs free, model and shape, quota) so a stale plan from a
+//! deposed leader can never double-book. The log index of that command is the
+//! allocation's epoch, the fencing token agents check before acting.
+//!
+//! A running job stops in one of two ways. Either every rank reports its
+//! exit (`RankExited`), or the job is asked to stop (cancel, preemption, time
+//! limit, a failed rank) and the ranks report their exits after SIGTERM; if
+//! they never do, the leader may `ReleaseJob` once the stop deadline has
+//! passed on the ledger clock. A node going down requeues its jobs at once
+//! (up to `max_restarts`): agents kill processes whose epoch is no longer the
+//! job's current one, which is what makes this safe.
+
+mod apply;
+mod view;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::sched::model::JobId;
+use crate::sched::TopologyTier;
+use crate::types::NodeId;
+pub use view::{tenant_views, SchedSnapshot};
+
+/// The tenant every cluster starts with, used when a job names none.
+pub const DEFAULT_TENANT: &str = "default";
+/// Finished jobs kept for `queue`/`show`; older ones are forgotten in
+/// submission order so the ledger (and every snapshot) stays bounded.
+pub const MAX_FINISHED_JOBS: usize = 10_000;
+/// How long stopping ranks get between SIGTERM and the leader's right to
+/// release their GPUs anyway (when a node never reports back).
+pub const STOP_DEADLINE_MS: u64 = 60_000;
+/// Half-life of the fair-share usage figure shown by `shoal quota`.
+pub const FAIR_SHARE_HALF_LIFE_MS: u64 = 7 * 24 * 3600 * 1000;
+/// Longest command line (bytes over all arguments and environment) a job may carry.
+pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024;
+
+/// A tenant's limits; `None` means unlimited.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct TenantLimits {
+    pub parent: Option<String>,
+    pub max_gpus: Option<u32>,
+    pub gpu_seconds_limit: Option<u64>,
+    /// Relative share among siblings, at least 1.
+    pub weight: u32,
+}
+
+impl Default for TenantLimits {
+    fn default() -> Self {
+        TenantLimits {
+            parent: None,
+            max_gpus: None,
+            gpu_seconds_limit: None,
+            weight: 1,
+        }
+    }
+}
+
+/// A partial update: `None` leaves a field as it is.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantUpdate {
+    pub parent: Option<Option<String>>,
+    pub max_gpus: Option<Option<u32>>,
+    pub gpu_seconds_limit: Option<Option<u64>>,
+    pub weight: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Tenant {
+    pub name: String,
+    pub limits: TenantLimits,
+    pub created_at_ms: u64,
+    /// GPU-milliseconds of finished allocations of this tenant's own jobs,
+    /// before refunds.
+    pub charged_gpu_ms: u64,
+    /// GPU-milliseconds credited back for work lost to preemption.
+    pub refunded_gpu_ms: u64,
+    /// Usage decayed with [`FAIR_SHARE_HALF_LIFE_MS`], halved once per whole
+    /// half-life (integer, so replicas agree to the bit).
+    pub fair_usage_gpu_ms: u64,
+    pub fair_usage_at_ms: u64,
+}
+
+impl Tenant {
+    /// Finished usage net of refunds.
+    pub fn used_gpu_ms(&self) -> u64 {
+        self.charged_gpu_ms.saturating_sub(self.refunded_gpu_ms)
+    }
+}
+
+/// Job states of INTERFACE.md.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Pending,
+    Running,
+    Checkpointing,
+    Requeued,
+    Completed,
+    Failed,
+    Cancelled,
+    Preempted,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Checkpointing => "checkpointing",
+            JobState::Requeued => "requeued",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Preempted => "preempted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        [
+            JobState::Pending,
+            JobState::Running,
+            JobState::Checkpointing,
+            JobState::Requeued,
+            JobState::Completed,
+            JobState::Failed,
+            JobState::Cancelled,
+            JobState::Preempted,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == s)
+    }
+
+    /// Waiting for the scheduler.
+    pub fn is_waiting(self) -> bool {
+        matches!(self, JobState::Pending | JobState::Requeued)
+    }
+
+    /// Never changes again.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// What a user asked for.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct JobSpec {
+    pub name: String,
+    pub tenant: String,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub gpu_model: Option<String>,
+    pub time_limit_s: u64,
+    pub priority: i32,
+    pub preemptible: bool,
+    /// Empty: an allocation only (`shoal alloc`); nothing is launched.
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
+    pub ckpt_interval_s: Option<u64>,
+    pub max_restarts: u32,
+    pub same: Option<TopologyTier>,
+    pub max_rtt_ms: Option<u32>,
+    pub required_labels: BTreeMap<String, String>,
+}
+
+impl JobSpec {
+    pub fn total_gpus(&self) -> u32 {
+        self.nodes.saturating_mul(self.gpus_per_node)
+    }
+
+    /// Worst case, used for budget admission.
+    pub fn gpu_seconds_needed(&self) -> u64 {
+        u64::from(self.total_gpus()).saturating_mul(self.time_limit_s)
+    }
+}
+
+/// Why a running job was asked to stop; decides the state it ends in.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopCause {
+    Cancelled,
+    Preempted,
+    TimeLimit,
+    /// Another rank failed.
+    RankFailed,
+}
+
+/// Where and under which epoch a job runs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// Log index of the command that created the allocation: the fencing token.
+    pub epoch: u64,
+    /// Rank order.
+    pub nodes: Vec<(NodeId, Vec<u32>)>,
+    pub started_at_ms: u64,
+    /// Estimated gang diameter in microseconds.
+    pub diameter_us: u64,
+    /// Exit codes reported so far, by rank.
+    pub exits: BTreeMap<u32, i32>,
+    pub stop: Option<Stop>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stop {
+    pub cause: StopCause,
+    pub requested_at_ms: u64,
+}
+
+impl Allocation {
+    pub fn gpu_count(&self) -> u32 {
+        self.nodes.iter().map(|(_, gpus)| gpus.len() as u32).sum()
+    }
+
+    pub fn rank_of(&self, node: NodeId) -> Option<u32> {
+        self.nodes
+            .iter()
+            .position(|(n, _)| *n == node)
+            .map(|r| r as u32)
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    pub id: JobId,
+    pub spec: JobSpec,
+    pub state: JobState,
+    /// Why a waiting job waits, or how a finished job ended.
+    pub reason: String,
+    pub submitted_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub ended_at_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    /// Restarts after node loss.
+    pub restarts: u32,
+    /// Preemptions suffered; the requeued job's priority boost.
+    pub preemptions: u32,
+    /// Present while the job holds GPUs; the last one is kept in `last_nodes`.
+    pub alloc: Option<Allocation>,
+    pub last_nodes: Vec<(NodeId, Vec<u32>)>,
+    pub last_epoch: Option<u64>,
+    pub last_ckpt_step: Option<u64>,
+    pub last_ckpt_at_ms: Option<u64>,
+    /// Preempted jobs that must release their GPUs before this one is
+    /// scheduled again (so that a pass does not pick fresh victims meanwhile).
+    pub waiting_for: Vec<JobId>,
+    /// Set on a preemption victim: it is not rescheduled while the job it
+    /// made room for is still waiting, so the freed GPUs go to that job.
+    pub yields_to: Option<JobId>,
+}
+
+impl Job {
+    /// Waiting and free to be scheduled now.
+    pub fn schedulable(&self, jobs: &BTreeMap<JobId, Job>) -> bool {
+        self.state.is_waiting()
+            && self.waiting_for.is_empty()
+            && self
+                .yields_to
+                .is_none_or(|other| !jobs.get(&other).is_some_and(|j| j.state.is_waiting()))
+    }
+}
+
+/// One placement of a plan, as committed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PlannedPlacement {
+    pub job: JobId,
+    pub nodes: Vec<(NodeId, Vec<u32>)>,
+    pub diameter_us: u64,
+}
+
+/// A scheduling pass's decisions, committed as one log entry.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub preemptions: Vec<(JobId, JobId)>,
+    pub placements: Vec<PlannedPlacement>,
+    pub timed_out: Vec<JobId>,
+    /// Only reasons that changed.
+    pub reasons: BTreeMap<JobId, String>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.preemptions.is_empty()
+            && self.placements.is_empty()
+            && self.timed_out.is_empty()
+            && self.reasons.is_empty()
+    }
+}
+
+/// Jobs and tenants.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Workload {
+    pub tenants: BTreeMap<String, Tenant>,
+    pub jobs: BTreeMap<JobId, Job>,
+    pub next_job_id: JobId,
+}
+
+impl Workload {
+    /// Jobs holding GPUs, in id order.
+    pub fn holding(&self) -> impl Iterator<Item = (&Job, &Allocation)> {
+        self.jobs
+            .values()
+            .filter_map(|job| job.alloc.as_ref().map(|alloc| (job, alloc)))
+    }
+
+    /// GPUs held right now by each tenant's own jobs.
+    pub fn gpus_in_use(&self) -> BTreeMap<&str, u32> {
+        let mut held = BTreeMap::new();
+        for (job, alloc) in self.holding() {
+            *held.entry(job.spec.tenant.as_str()).or_default() += alloc.gpu_count();
+        }
+        held
+    }
+
+    /// GPU-milliseconds a tenant has consumed, counting running jobs up to `now_ms`.
+    pub fn used_gpu_ms(&self, tenant: &str, now_ms: u64) -> u64 {
+        let finished = self.tenants.get(tenant).map_or(0, Tenant::used_gpu_ms);
+        let running: u64 = self
+            .holding()
+            .filter(|(job, _)| job.spec.tenant == tenant)
+            .map(|(_, alloc)| {
+                u64::from(alloc.gpu_count())
+                    .saturating_mul(now_ms.saturating_sub(alloc.started_at_ms))
+            })
+            .sum();
+        finished.saturating_add(running)
+    }
+
+    /// What the budget check counts: finished usage plus the worst case of
+    /// every running job, so concurrent jobs cannot overrun a budget together.
+    pub fn committed_gpu_seconds(&self, tenant: &str) -> u64 {
+        let finished = self.tenants.get(tenant).map_or(0, Tenant::used_gpu_ms) / 1000;
+        let running: u64 = self
+            .holding()
+            .filter(|(job, _)| job.spec.tenant == tenant)
+            .map(|(job, alloc)| u64::from(alloc.gpu_count()).saturating_mul(job.spec.time_limit_s))
+            .sum();
+        finished.saturating_add(running)
+    }
+
+    /// A tenant and its ancestors, nearest first. Stops at a cycle or a missing parent.
+    pub fn ancestry<'a>(&'a self, tenant: &'a str) -> Vec<&'a str> {
+        let mut chain = Vec::new();
+        let mut current = Some(tenant);
+        while let Some(name) = current {
+            if chain.contains(&name) || !self.tenants.contains_key(name) {
+                break;
+            }
+            chain.push(name);
+            current = self.tenants[name].limits.parent.as_deref();
+        }
+        chain
+    }
+
+    /// Names of `tenant` and every tenant below it.
+    pub fn subtree(&self, tenant: &str) -> Vec<&str> {
+        self.tenants
+            .keys()
+            .filter(|name| self.ancestry(name).contains(&tenant))
+            .map(String::as_str)
+            .collect()
+    }
+}

@@ -1,0 +1,508 @@
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use shoal_sdk::{GpuInfo, MemberState};
+
+use super::*;
+use crate::ledger::{Command, Ledger, LedgerRequest, LedgerResponse, MemberSpec};
+use crate::sched::{schedule, Policy, TopologyProximity};
+
+fn gpus(count: u32, model: &str) -> Vec<GpuInfo> {
+    (0..count)
+        .map(|index| GpuInfo {
+            index,
+            model: model.into(),
+            memory_mb: 81_920,
+            uuid: format!("GPU-{index}"),
+            allocated_to: None,
+            numa_node: Some(index / 4),
+            nvlink_peers: vec![],
+            mig_enabled: false,
+        })
+        .collect()
+}
+
+fn member(name: &str, rack: &str, gpu_count: u32) -> MemberSpec {
+    MemberSpec {
+        name: name.into(),
+        rpc_addr: "127.0.0.1:1".into(),
+        api_addr: "127.0.0.1:2".into(),
+        labels: [("rack".to_string(), rack.to_string())].into(),
+        gpus: gpus(gpu_count, "H100"),
+        gossip_peer_id: String::new(),
+        gossip_addr: String::new(),
+    }
+}
+
+/// A ledger with a log index counter, so tests read like a replica.
+struct Replica {
+    ledger: Ledger,
+    index: u64,
+    now_ms: u64,
+}
+
+impl Replica {
+    fn new(nodes: &[(&str, &str, u32)]) -> Self {
+        let mut replica = Replica {
+            ledger: Ledger::new(),
+            index: 0,
+            now_ms: 1_000,
+        };
+        let (name, rack, count) = nodes[0];
+        replica.apply(Command::Bootstrap {
+            cluster_id: "c".into(),
+            region: "r".into(),
+            ca_cert_pem: String::new(),
+            ca_key_pem: String::new(),
+            admin_token_hash: "a".into(),
+            first_member: 1,
+            spec: member(name, rack, count),
+        });
+        replica.apply(Command::CreateJoinToken {
+            hash: "t".into(),
+            expires_at_ms: u64::MAX,
+        });
+        for (name, rack, count) in &nodes[1..] {
+            replica.apply(Command::AddMember {
+                spec: member(name, rack, *count),
+                token_hash: "t".into(),
+            });
+        }
+        replica
+    }
+
+    fn apply(&mut self, cmd: Command) -> LedgerResponse {
+        self.index += 1;
+        self.ledger.apply(
+            self.index,
+            &LedgerRequest {
+                now_ms: self.now_ms,
+                cmd,
+            },
+        )
+    }
+
+    fn submit(&mut self, spec: JobSpec) -> JobId {
+        match self.apply(Command::SubmitJob { spec }) {
+            LedgerResponse::JobId(id) => id,
+            other => panic!("submit refused: {other:?}"),
+        }
+    }
+
+    fn plan(&self, policy: Policy) -> Plan {
+        let snapshot = SchedSnapshot::new(&self.ledger, self.now_ms, policy);
+        let prox = TopologyProximity::new(&snapshot.input.nodes);
+        let plan = schedule(&snapshot.input, &prox);
+        snapshot.to_plan(&plan, &self.ledger.workload)
+    }
+
+    fn pass(&mut self, policy: Policy) -> LedgerResponse {
+        let plan = self.plan(policy);
+        self.apply(Command::Schedule(plan))
+    }
+
+    fn job(&self, id: JobId) -> &Job {
+        &self.ledger.workload.jobs[&id]
+    }
+
+    fn exit_all(&mut self, id: JobId, code: i32) {
+        let alloc = self.job(id).alloc.clone().expect("job holds GPUs");
+        for rank in 0..alloc.nodes.len() as u32 {
+            let r = self.apply(Command::RankExited {
+                job: id,
+                epoch: alloc.epoch,
+                rank,
+                exit_code: code,
+            });
+            assert_eq!(r, LedgerResponse::Ok);
+        }
+    }
+}
+
+fn job(tenant: &str, nodes: u32, gpus_per_node: u32) -> JobSpec {
+    JobSpec {
+        name: "train".into(),
+        tenant: tenant.into(),
+        nodes,
+        gpus_per_node,
+        gpu_model: None,
+        time_limit_s: 3600,
+        priority: 0,
+        preemptible: true,
+        command: vec!["true".into()],
+        env: BTreeMap::new(),
+        workdir: None,
+        ckpt_interval_s: None,
+        max_restarts: 1,
+        same: None,
+        max_rtt_ms: None,
+        required_labels: BTreeMap::new(),
+    }
+}
+
+fn limits(max_gpus: Option<u32>, hours: Option<u64>, weight: u32) -> TenantLimits {
+    TenantLimits {
+        parent: None,
+        max_gpus,
+        gpu_seconds_limit: hours.map(|h| h * 3600),
+        weight,
+    }
+}
+
+#[test]
+fn a_job_runs_completes_and_charges_its_tenant() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let id = r.submit(job(DEFAULT_TENANT, 2, 4));
+    assert_eq!(r.job(id).state, JobState::Pending);
+    let LedgerResponse::Scheduled { started, refused } = r.pass(Policy::HdrfPreempt) else {
+        panic!("not a schedule answer")
+    };
+    assert_eq!((started, refused), (vec![id], vec![]));
+    let alloc = r.job(id).alloc.clone().expect("allocated");
+    assert_eq!(alloc.epoch, r.index, "the epoch is the log index of the plan");
+    assert_eq!(alloc.gpu_count(), 8);
+    r.now_ms += 60_000;
+    r.exit_all(id, 0);
+    let finished = r.job(id);
+    assert_eq!(finished.state, JobState::Completed);
+    assert_eq!(finished.exit_code, Some(0));
+    assert!(finished.alloc.is_none());
+    let tenant = &r.ledger.workload.tenants[DEFAULT_TENANT];
+    assert_eq!(tenant.used_gpu_ms(), 8 * 60_000);
+}
+
+#[test]
+fn a_stale_plan_never_double_books() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let a = r.submit(job(DEFAULT_TENANT, 1, 8));
+    let b = r.submit(job(DEFAULT_TENANT, 1, 8));
+    // Two leaders planned from the same snapshot: the old one thinks `a`
+    // fits, the new one placed `b` on the same GPUs first.
+    let snapshot = SchedSnapshot::new(&r.ledger, r.now_ms, Policy::Fifo);
+    let prox = TopologyProximity::new(&snapshot.input.nodes);
+    let old_leader_plan = snapshot.to_plan(
+        &schedule(&snapshot.input, &prox),
+        &r.ledger.workload,
+    );
+    let mut new_leader_plan = old_leader_plan.clone();
+    new_leader_plan.placements[0].job = b;
+    r.apply(Command::Schedule(new_leader_plan));
+    let LedgerResponse::Scheduled { started, refused } =
+        r.apply(Command::Schedule(old_leader_plan))
+    else {
+        panic!("not a schedule answer")
+    };
+    assert!(started.is_empty());
+    assert_eq!(refused.len(), 1);
+    assert!(refused[0].1.contains("already allocated"), "{refused:?}");
+    assert_eq!(r.job(a).state, JobState::Pending);
+    assert!(r.job(a).reason.starts_with("placement refused"));
+}
+
+#[test]
+fn reports_from_an_old_epoch_are_fenced_off() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r2", 8), ("n3", "r3", 8)]);
+    let id = r.submit(job(DEFAULT_TENANT, 1, 8));
+    r.pass(Policy::Hdrf);
+    let first = r.job(id).alloc.clone().expect("allocated");
+    let node = first.nodes[0].0;
+    r.apply(Command::SetMemberState {
+        id: node,
+        state: MemberState::Down,
+    });
+    assert_eq!(r.job(id).state, JobState::Requeued);
+    assert_eq!(r.job(id).restarts, 1);
+    r.pass(Policy::Hdrf);
+    let second = r.job(id).alloc.clone().expect("re-allocated");
+    assert!(second.epoch > first.epoch);
+    assert_ne!(second.nodes[0].0, node);
+    let stale = r.apply(Command::RankExited {
+        job: id,
+        epoch: first.epoch,
+        rank: 0,
+        exit_code: 1,
+    });
+    assert!(matches!(stale, LedgerResponse::Rejected(m) if m.contains("stale epoch")));
+    assert_eq!(r.job(id).state, JobState::Running);
+}
+
+#[test]
+fn preemption_requeues_the_victim_and_refunds_lost_work() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    r.apply(Command::CreateTenant {
+        name: "batch".into(),
+        limits: limits(None, None, 1),
+    });
+    r.apply(Command::CreateTenant {
+        name: "prod".into(),
+        limits: limits(None, None, 1),
+    });
+    let victim = r.submit(job("batch", 1, 8));
+    r.pass(Policy::HdrfPreempt);
+    let epoch = r.job(victim).alloc.as_ref().expect("running").epoch;
+    r.now_ms += 600_000;
+    r.apply(Command::Checkpointed {
+        job: victim,
+        epoch,
+        step: 100,
+    });
+    r.now_ms += 300_000;
+    let urgent = r.submit(job("prod", 1, 8));
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(r.job(victim).state, JobState::Preempted);
+    assert!(r.job(urgent).reason.contains("preempted job"));
+    // While the victim stops, no second victim is chosen and nothing starts.
+    let LedgerResponse::Scheduled { started, .. } = r.pass(Policy::HdrfPreempt) else {
+        panic!()
+    };
+    assert!(started.is_empty());
+    r.now_ms += 5_000;
+    r.exit_all(victim, 143);
+    let requeued = r.job(victim);
+    assert_eq!(requeued.state, JobState::Requeued);
+    assert_eq!(requeued.preemptions, 1);
+    assert_eq!(requeued.last_ckpt_step, Some(100));
+    let tenant = &r.ledger.workload.tenants["batch"];
+    // 8 GPUs × 300 s since the checkpoint, up to the preemption request.
+    assert_eq!(tenant.refunded_gpu_ms, 8 * 300_000);
+    assert_eq!(tenant.charged_gpu_ms, 8 * 905_000);
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(r.job(urgent).state, JobState::Running);
+}
+
+#[test]
+fn admission_refuses_what_can_never_run() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    r.apply(Command::CreateTenant {
+        name: "vision".into(),
+        limits: limits(Some(4), Some(10), 1),
+    });
+    let too_big = r.apply(Command::SubmitJob {
+        spec: job("vision", 1, 8),
+    });
+    assert!(matches!(too_big, LedgerResponse::Rejected(m) if m.starts_with("quota: ")));
+    let mut long = job("vision", 1, 4);
+    long.time_limit_s = 3 * 3600;
+    let over_budget = r.apply(Command::SubmitJob { spec: long });
+    assert!(matches!(over_budget, LedgerResponse::Rejected(m) if m.starts_with("budget: ")));
+    let unknown = r.apply(Command::SubmitJob {
+        spec: job("nobody", 1, 1),
+    });
+    assert!(matches!(unknown, LedgerResponse::Rejected(m) if m.contains("no tenant")));
+}
+
+#[test]
+fn tenant_trees_refuse_cycles() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    r.apply(Command::CreateTenant {
+        name: "org".into(),
+        limits: limits(None, None, 1),
+    });
+    let mut team = limits(None, None, 2);
+    team.parent = Some("org".into());
+    assert_eq!(
+        r.apply(Command::CreateTenant {
+            name: "team".into(),
+            limits: team
+        }),
+        LedgerResponse::Ok
+    );
+    let cycle = r.apply(Command::UpdateTenant {
+        name: "org".into(),
+        update: TenantUpdate {
+            parent: Some(Some("team".into())),
+            ..Default::default()
+        },
+    });
+    assert!(matches!(cycle, LedgerResponse::Rejected(m) if m.contains("cycle")));
+}
+
+#[test]
+fn cancelling_a_running_job_waits_for_its_ranks() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let id = r.submit(job(DEFAULT_TENANT, 1, 2));
+    r.pass(Policy::Hdrf);
+    r.apply(Command::CancelJob { job: id });
+    assert_eq!(r.job(id).state, JobState::Running);
+    let epoch = r.job(id).alloc.as_ref().map(|a| a.epoch).unwrap_or_default();
+    let early = r.apply(Command::ReleaseJob { job: id, epoch });
+    assert!(matches!(early, LedgerResponse::Rejected(_)));
+    r.now_ms += STOP_DEADLINE_MS;
+    assert_eq!(r.apply(Command::ReleaseJob { job: id, epoch }), LedgerResponse::Ok);
+    assert_eq!(r.job(id).state, JobState::Cancelled);
+}
+
+#[test]
+fn the_time_limit_stops_a_job() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let mut spec = job(DEFAULT_TENANT, 1, 2);
+    spec.time_limit_s = 60;
+    let id = r.submit(spec);
+    r.pass(Policy::Hdrf);
+    r.now_ms += 61_000;
+    r.pass(Policy::Hdrf);
+    assert!(r.job(id).reason.contains("time limit"));
+    r.exit_all(id, 143);
+    assert_eq!(r.job(id).state, JobState::Failed);
+    assert_eq!(r.job(id).reason, "time limit reached");
+}
+
+#[test]
+fn decay_halves_per_half_life() {
+    let mut tenant = apply::new_tenant("t", TenantLimits::default(), 1_000);
+    tenant.fair_usage_gpu_ms = 1_000;
+    apply::decay_fair_usage(&mut tenant, FAIR_SHARE_HALF_LIFE_MS * 2 + 1_000 + 5);
+    assert_eq!(tenant.fair_usage_gpu_ms, 250);
+    assert_eq!(tenant.fair_usage_at_ms, FAIR_SHARE_HALF_LIFE_MS * 2 + 1_000);
+}
+
+/// A random cluster and job stream, driven through the ledger with the
+/// scheduler in the loop and random exits, cancels, node failures and
+/// recoveries.
+#[derive(Clone, Debug)]
+enum Event {
+    Submit {
+        tenant: usize,
+        nodes: u32,
+        gpus: u32,
+        limit_s: u64,
+        priority: i32,
+    },
+    Pass(Policy),
+    ExitAll {
+        pick: usize,
+        code: i32,
+    },
+    Cancel {
+        pick: usize,
+    },
+    NodeState {
+        node: u64,
+        down: bool,
+    },
+    Tick(u64),
+}
+
+fn arb_event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        4 => (0usize..3, 1u32..4, 1u32..9, 60u64..7200, 0i32..3).prop_map(
+            |(tenant, nodes, gpus, limit_s, priority)| Event::Submit {
+                tenant,
+                nodes,
+                gpus,
+                limit_s,
+                priority
+            }
+        ),
+        4 => prop::sample::select(vec![Policy::Fifo, Policy::Hdrf, Policy::HdrfPreempt])
+            .prop_map(Event::Pass),
+        2 => (0usize..50, prop::sample::select(vec![0, 1, 143]))
+            .prop_map(|(pick, code)| Event::ExitAll { pick, code }),
+        1 => (0usize..50).prop_map(|pick| Event::Cancel { pick }),
+        1 => (1u64..7, any::<bool>()).prop_map(|(node, down)| Event::NodeState { node, down }),
+        2 => (1u64..4000).prop_map(Event::Tick),
+    ]
+}
+
+const TENANTS: [&str; 3] = ["a", "b", "c"];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn ledger_scheduling_keeps_the_invariants(events in prop::collection::vec(arb_event(), 1..80)) {
+        let mut r = Replica::new(&[
+            ("n1", "r1", 8), ("n2", "r1", 8), ("n3", "r2", 8),
+            ("n4", "r2", 4), ("n5", "r3", 8), ("n6", "r3", 2),
+        ]);
+        r.apply(Command::CreateTenant { name: "a".into(), limits: limits(Some(16), None, 1) });
+        r.apply(Command::CreateTenant { name: "b".into(), limits: limits(None, Some(40), 2) });
+        let mut c = limits(Some(8), None, 1);
+        c.parent = Some("a".into());
+        r.apply(Command::CreateTenant { name: "c".into(), limits: c });
+        let mut twin = Replica { ledger: r.ledger.clone(), index: r.index, now_ms: r.now_ms };
+        for event in events {
+            let cmd_list: Vec<Command> = match event {
+                Event::Submit { tenant, nodes, gpus, limit_s, priority } => {
+                    let mut spec = job(TENANTS[tenant], nodes, gpus);
+                    spec.time_limit_s = limit_s;
+                    spec.priority = priority;
+                    vec![Command::SubmitJob { spec }]
+                }
+                Event::Pass(policy) => vec![Command::Schedule(r.plan(policy))],
+                Event::ExitAll { pick, code } => {
+                    let holding: Vec<_> = r.ledger.workload.holding()
+                        .map(|(job, alloc)| (job.id, alloc.clone())).collect();
+                    match holding.get(pick % holding.len().max(1)) {
+                        Some((id, alloc)) => (0..alloc.nodes.len() as u32)
+                            .map(|rank| Command::RankExited { job: *id, epoch: alloc.epoch, rank, exit_code: code })
+                            .collect(),
+                        None => vec![],
+                    }
+                }
+                Event::Cancel { pick } => {
+                    let ids: Vec<JobId> = r.ledger.workload.jobs.keys().copied().collect();
+                    ids.get(pick % ids.len().max(1)).map(|id| vec![Command::CancelJob { job: *id }]).unwrap_or_default()
+                }
+                Event::NodeState { node, down } => vec![Command::SetMemberState {
+                    id: node,
+                    state: if down { MemberState::Down } else { MemberState::Alive },
+                }],
+                Event::Tick(s) => { r.now_ms += s * 1000; twin.now_ms = r.now_ms; vec![] }
+            };
+            for cmd in cmd_list {
+                let a = r.apply(cmd.clone());
+                let b = twin.apply(cmd);
+                prop_assert_eq!(a, b);
+            }
+            check_invariants(&r.ledger)?;
+        }
+        prop_assert_eq!(&r.ledger, &twin.ledger);
+    }
+}
+
+fn check_invariants(ledger: &Ledger) -> Result<(), TestCaseError> {
+    let workload = &ledger.workload;
+    let mut booked = BTreeSet::new();
+    for (job, alloc) in workload.holding() {
+        // Gangs are whole.
+        prop_assert_eq!(alloc.nodes.len(), job.spec.nodes as usize);
+        for (node, gpus) in &alloc.nodes {
+            prop_assert_eq!(gpus.len(), job.spec.gpus_per_node as usize);
+            let member = &ledger.members[node];
+            for gpu in gpus {
+                prop_assert!(member.spec.gpus.iter().any(|g| g.index == *gpu));
+                // No GPU double-booked.
+                prop_assert!(booked.insert((*node, *gpu)), "GPU {}/{} double-booked", node, gpu);
+            }
+        }
+        prop_assert!(!job.state.is_waiting() && !job.state.is_final());
+    }
+    // Tenant caps hold for every subtree.
+    let held = workload.gpus_in_use();
+    for (name, tenant) in &workload.tenants {
+        if let Some(max) = tenant.limits.max_gpus {
+            let in_use: u32 = workload
+                .subtree(name)
+                .iter()
+                .map(|t| held.get(t).copied().unwrap_or(0))
+                .sum();
+            prop_assert!(in_use <= max, "{} holds {} > {}", name, in_use, max);
+        }
+        if let Some(limit) = tenant.limits.gpu_seconds_limit {
+            let committed: u64 = workload
+                .subtree(name)
+                .iter()
+                .map(|t| workload.committed_gpu_seconds(t))
+                .sum();
+            prop_assert!(committed <= limit, "{} committed {} > {}", name, committed, limit);
+        }
+    }
+    // Every waiting job says why.
+    for job in workload.jobs.values() {
+        if job.state.is_waiting() {
+            prop_assert!(!job.reason.is_empty(), "job {} waits without a reason", job.id);
+        }
+    }
+    Ok(())
+}
