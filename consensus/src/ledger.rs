@@ -130,10 +130,12 @@ pub enum Command {
         rank: u32,
         exit_code: i32,
     },
-    /// Every rank completed checkpoint `step`.
+    /// A rank completed its part of checkpoint `step`; the step counts
+    /// as the job's checkpoint once every rank of the epoch has done so.
     Checkpointed {
         job: JobId,
         epoch: u64,
+        rank: u32,
         step: u64,
     },
     /// The leader frees a stopping job whose ranks never reported back.
@@ -379,9 +381,12 @@ impl Ledger {
                 self.workload
                     .rank_exited(*job, *epoch, *rank, *exit_code, now),
             ),
-            Command::Checkpointed { job, epoch, step } => {
-                answer(self.workload.checkpointed(*job, *epoch, *step, now))
-            }
+            Command::Checkpointed {
+                job,
+                epoch,
+                rank,
+                step,
+            } => answer(self.workload.checkpointed(*job, *epoch, *rank, *step, now)),
             Command::ReleaseJob { job, epoch } => answer(self.workload.release(*job, *epoch, now)),
         }
     }

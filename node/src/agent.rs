@@ -353,6 +353,14 @@ impl Agent {
             Arc::downgrade(&inner),
             inner.shutdown.subscribe(),
         ));
+        tokio::spawn(crate::scheduler::run(
+            Arc::downgrade(&inner),
+            inner.shutdown.subscribe(),
+        ));
+        tokio::spawn(crate::executor::run(
+            Arc::downgrade(&inner),
+            inner.shutdown.subscribe(),
+        ));
         tokio::spawn(keep_member_record_current(
             Arc::downgrade(&inner),
             inner.shutdown.subscribe(),
@@ -958,6 +966,11 @@ impl Inner {
         }
     }
 
+    /// A read of the ledger on the leader (linearizable).
+    pub async fn query(self: &Arc<Self>, q: Query) -> Result<Response, WireError> {
+        self.route(Request::Query(q)).await
+    }
+
     async fn query_local(&self, q: Query) -> Result<Response, WireError> {
         self.ensure_linearizable().await?;
         let metrics = self.raft.metrics().borrow().clone();
@@ -1000,7 +1013,26 @@ impl Inner {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
             )),
+            Query::Jobs { tenant, state } => crate::jobs_api::jobs(
+                &d.ledger,
+                tenant.as_deref(),
+                state.as_deref(),
+            )
+            .map(Response::Jobs)
+            .map_err(|m| WireError::new(ErrorCode::Invalid, m)),
+            Query::Job(id) => match d.ledger.workload.jobs.get(&id) {
+                Some(job) => Ok(Response::Jobs(vec![crate::jobs_api::job_info(
+                    &d.ledger, job,
+                )])),
+                None => Err(WireError::new(ErrorCode::NotFound, format!("no job {id}"))),
+            },
+            Query::Tenants => Ok(Response::Tenants(crate::jobs_api::tenants(&d.ledger))),
+            Query::Quota => Ok(Response::Quota(crate::jobs_api::quota(
+                &d.ledger,
+                d.ledger.clock_ms.max(wall_ms()),
+            ))),
             Query::Nodes => {
+                let owners = crate::jobs_api::gpu_owners(&d.ledger);
                 let now = Instant::now();
                 let nodes = d
                     .ledger
@@ -1015,13 +1047,18 @@ impl Inner {
                             ),
                             _ => (Some(0), Some(self.capacity_advert().load)),
                         };
-                        let gpus_total = m.spec.gpus.len() as u32;
-                        let gpus_free = m
+                        let gpus: Vec<_> = m
                             .spec
                             .gpus
                             .iter()
-                            .filter(|g| g.allocated_to.is_none())
-                            .count() as u32;
+                            .map(|g| shoal_sdk::GpuInfo {
+                                allocated_to: owners.get(&(m.id, g.index)).copied(),
+                                ..g.clone()
+                            })
+                            .collect();
+                        let gpus_total = gpus.len() as u32;
+                        let gpus_free =
+                            gpus.iter().filter(|g| g.allocated_to.is_none()).count() as u32;
                         NodeInfo {
                             id: m.id,
                             name: m.spec.name.clone(),
@@ -1029,7 +1066,7 @@ impl Inner {
                             addr: m.spec.rpc_addr.clone(),
                             api_addr: m.spec.api_addr.clone(),
                             labels: m.spec.labels.clone(),
-                            gpus: m.spec.gpus.clone(),
+                            gpus,
                             gpus_free,
                             gpus_total,
                             last_seen_ms,
@@ -1132,7 +1169,7 @@ impl Inner {
                 Some(id) => id,
                 None => return Err(WireError::new(ErrorCode::Rejected, m)),
             },
-            LedgerResponse::Ok | LedgerResponse::Batch(_) => {
+            _ => {
                 return Err(WireError::new(
                     ErrorCode::Internal,
                     "the ledger assigned no node id",

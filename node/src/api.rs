@@ -2,7 +2,7 @@
 //! hash the ledger knows; /health and /metrics are open.
 
 use crate::agent::Inner;
-use crate::proto::{ErrorCode, WireError};
+use crate::proto::{ErrorCode, Query as ProtoQuery, Response as ProtoResponse, WireError};
 use axum::extract::{MatchedPath, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -12,7 +12,8 @@ use axum::{Json, Router};
 use openraft::ServerState;
 use shoal_consensus::{Command, LedgerResponse};
 use shoal_sdk::{
-    ApiErrorBody, AttrPut, MemberState, TokenCreateRequest, TokenCreateResponse, WriteResponse,
+    ApiErrorBody, AttrPut, JobInfo, JobSubmitRequest, JobSubmitResponse, MemberState, QuotaInfo,
+    TenantInfo, TenantRequest, TokenCreateRequest, TokenCreateResponse, WriteResponse,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,7 @@ impl From<WireError> for ApiError {
             ErrorCode::Invalid => (StatusCode::BAD_REQUEST, "invalid"),
             ErrorCode::Rejected => (StatusCode::CONFLICT, "rejected"),
             ErrorCode::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            ErrorCode::NotFound => (StatusCode::NOT_FOUND, "not_found"),
         };
         ApiError(
             status,
@@ -70,6 +72,13 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes/{node}/remove", post(remove_node))
         .route("/tokens", post(create_token))
         .route("/attrs", post(put_attr).get(get_attrs))
+        .route("/jobs", post(submit_job).get(list_jobs))
+        .route("/jobs/{id}", get(show_job))
+        .route("/jobs/{id}/cancel", post(cancel_job))
+        .route("/jobs/{id}/logs", get(job_logs))
+        .route("/tenants", post(create_tenant).get(list_tenants))
+        .route("/tenants/{name}", post(set_tenant))
+        .route("/quota", get(quota))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/health", get(health))
@@ -250,4 +259,147 @@ async fn get_attrs(
     Query(q): Query<AttrQuery>,
 ) -> Result<Json<std::collections::BTreeMap<String, String>>, ApiError> {
     Ok(Json(inner.attrs(q.prefix).await?))
+}
+
+/// A ledger write whose refusal is the caller's fault (HTTP 409 with the reason).
+async fn write_or_reject(inner: &Arc<Inner>, cmd: Command) -> Result<(LedgerResponse, u64), ApiError> {
+    let (resp, index) = inner.write(cmd).await?;
+    match resp {
+        LedgerResponse::Rejected(m) => Err(ApiError(
+            StatusCode::CONFLICT,
+            ApiErrorBody {
+                code: "rejected".into(),
+                message: m,
+            },
+        )),
+        other => Ok((other, index)),
+    }
+}
+
+fn unexpected() -> ApiError {
+    ApiError(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        ApiErrorBody {
+            code: "internal".into(),
+            message: "unexpected answer from the ledger".into(),
+        },
+    )
+}
+
+async fn submit_job(
+    State(inner): State<AppState>,
+    Json(req): Json<JobSubmitRequest>,
+) -> Result<Json<JobSubmitResponse>, ApiError> {
+    let spec = crate::jobs_api::job_spec(&req).map_err(bad_request)?;
+    match write_or_reject(&inner, Command::SubmitJob { spec }).await?.0 {
+        LedgerResponse::JobId(id) => Ok(Json(JobSubmitResponse { id })),
+        _ => Err(unexpected()),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct JobQuery {
+    tenant: Option<String>,
+    state: Option<String>,
+}
+
+async fn list_jobs(
+    State(inner): State<AppState>,
+    Query(q): Query<JobQuery>,
+) -> Result<Json<Vec<JobInfo>>, ApiError> {
+    match inner.query(ProtoQuery::Jobs { tenant: q.tenant, state: q.state }).await? {
+        ProtoResponse::Jobs(jobs) => Ok(Json(jobs)),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn show_job(
+    State(inner): State<AppState>,
+    Path(id): Path<u64>,
+) -> Result<Json<JobInfo>, ApiError> {
+    match inner.query(ProtoQuery::Job(id)).await? {
+        ProtoResponse::Jobs(mut jobs) if jobs.len() == 1 => Ok(Json(jobs.remove(0))),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn cancel_job(
+    State(inner): State<AppState>,
+    Path(id): Path<u64>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_or_reject(&inner, Command::CancelJob { job: id }).await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+#[derive(serde::Deserialize)]
+struct LogQuery {
+    #[serde(default)]
+    rank: u32,
+    /// Byte offset to read from, for `shoal logs -f`.
+    #[serde(default)]
+    offset: u64,
+}
+
+/// A rank's log as this node has it; the CLI asks the node that ran the rank.
+async fn job_logs(
+    State(inner): State<AppState>,
+    Path(id): Path<u64>,
+    Query(q): Query<LogQuery>,
+) -> Result<Response, ApiError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let path = crate::executor::log_path(&inner.cfg.jobs_dir(), id, q.rank);
+    let mut file = std::fs::File::open(&path).map_err(|_| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            ApiErrorBody {
+                code: "not_found".into(),
+                message: format!("node {} has no log of job {id} rank {}", inner.name, q.rank),
+            },
+        )
+    })?;
+    let mut bytes = Vec::new();
+    file.seek(SeekFrom::Start(q.offset))
+        .and_then(|_| file.take(4 << 20).read_to_end(&mut bytes))
+        .map_err(|e| bad_request(format!("cannot read {}: {e}", path.display())))?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response())
+}
+
+async fn create_tenant(
+    State(inner): State<AppState>,
+    Json(req): Json<TenantRequest>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let limits = crate::jobs_api::tenant_limits(&req).map_err(bad_request)?;
+    let (_, index) = write_or_reject(
+        &inner,
+        Command::CreateTenant {
+            name: req.name,
+            limits,
+        },
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn set_tenant(
+    State(inner): State<AppState>,
+    Path(name): Path<String>,
+    Json(req): Json<TenantRequest>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let update = crate::jobs_api::tenant_update(&req).map_err(bad_request)?;
+    let (_, index) = write_or_reject(&inner, Command::UpdateTenant { name, update }).await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn list_tenants(State(inner): State<AppState>) -> Result<Json<Vec<TenantInfo>>, ApiError> {
+    match inner.query(ProtoQuery::Tenants).await? {
+        ProtoResponse::Tenants(t) => Ok(Json(t)),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn quota(State(inner): State<AppState>) -> Result<Json<Vec<QuotaInfo>>, ApiError> {
+    match inner.query(ProtoQuery::Quota).await? {
+        ProtoResponse::Quota(q) => Ok(Json(q)),
+        _ => Err(unexpected()),
+    }
 }

@@ -29,6 +29,8 @@ pub struct Config {
     pub log_format: String,
     pub raft: RaftTuning,
     pub membership: MembershipTuning,
+    pub scheduler: SchedulerTuning,
+    pub executor: ExecutorTuning,
     /// Lifetime of the join token printed at bootstrap.
     pub join_token_ttl_s: u64,
     /// Test only: extra round-trip time added to RTT samples towards the
@@ -58,6 +60,42 @@ pub struct MembershipTuning {
     pub voter_replace_after_ms: u64,
     /// How long a forwarded write or read keeps retrying while there is no leader.
     pub request_timeout_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerTuning {
+    /// `fifo`, `hdrf` or `hdrf-preempt`.
+    pub policy: String,
+    /// Pause between scheduling passes on the leader.
+    pub interval_ms: u64,
+}
+
+impl Default for SchedulerTuning {
+    fn default() -> Self {
+        SchedulerTuning {
+            policy: "hdrf-preempt".into(),
+            interval_ms: 100,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecutorTuning {
+    /// Between SIGTERM and SIGKILL when a job is stopped.
+    pub stop_grace_s: u64,
+    /// Where job logs and checkpoint directories live; default `<data-dir>/jobs`.
+    pub jobs_dir: Option<PathBuf>,
+}
+
+impl Default for ExecutorTuning {
+    fn default() -> Self {
+        ExecutorTuning {
+            stop_grace_s: 30,
+            jobs_dir: None,
+        }
+    }
 }
 
 impl Default for RaftTuning {
@@ -101,6 +139,8 @@ impl Default for Config {
             log_format: "text".into(),
             raft: RaftTuning::default(),
             membership: MembershipTuning::default(),
+            scheduler: SchedulerTuning::default(),
+            executor: ExecutorTuning::default(),
             join_token_ttl_s: 24 * 3600,
             test_inject_rtt: BTreeMap::new(),
         }
@@ -128,6 +168,10 @@ const ENV_KEYS: &[&str] = &[
     "raft.logs_kept_after_snapshot",
     "membership.voter_replace_after_ms",
     "membership.request_timeout_ms",
+    "scheduler.policy",
+    "scheduler.interval_ms",
+    "executor.stop_grace_s",
+    "executor.jobs_dir",
 ];
 
 /// The default data dir: `/var/lib/shoal` for root, else `$XDG_DATA_HOME/shoal`.
@@ -227,11 +271,22 @@ impl Config {
         if let Some(n) = &self.name {
             shoal_consensus::ledger::validate_name(n)?;
         }
+        crate::scheduler::parse_policy(&self.scheduler.policy)?;
+        if self.scheduler.interval_ms == 0 {
+            return Err("scheduler.interval_ms must be positive".into());
+        }
         Ok(())
     }
 
     pub fn data_dir(&self) -> PathBuf {
         self.data_dir.clone().unwrap_or_else(default_data_dir)
+    }
+
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.executor
+            .jobs_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir().join("jobs"))
     }
 
     pub fn node_name(&self) -> String {

@@ -9,13 +9,16 @@ pub mod cli;
 pub mod config;
 pub mod dev;
 pub mod duration;
+pub mod executor;
 pub mod gpu;
 pub mod identity;
+pub mod jobs_api;
 pub mod local_cluster;
 pub mod metrics;
 pub mod peers;
 pub mod proto;
 pub mod reconcile;
+pub mod scheduler;
 pub mod sim;
 pub mod transport;
 

@@ -23,6 +23,10 @@ pub struct Metrics {
     pub members: Family<Labels, Gauge>,
     pub proposal_seconds: Histogram,
     pub api_requests: Family<Labels, Counter>,
+    pub sched_pass_seconds: Histogram,
+    pub placements: Counter,
+    pub jobs: Family<Labels, Gauge>,
+    pub rank_exits: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -48,6 +52,10 @@ impl Metrics {
             members: Family::default(),
             proposal_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             api_requests: Family::default(),
+            sched_pass_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
+            placements: Counter::default(),
+            jobs: Family::default(),
+            rank_exits: Family::default(),
             registry: Registry::default(),
         };
         registry.register("raft_term", "Current Raft term", m.raft_term.clone());
@@ -86,11 +94,45 @@ impl Metrics {
             "HTTP API requests by route and status code",
             m.api_requests.clone(),
         );
+        registry.register(
+            "scheduler_pass_seconds",
+            "Time the leader spends planning one scheduling pass (not committing it)",
+            m.sched_pass_seconds.clone(),
+        );
+        registry.register(
+            "scheduler_placements",
+            "Gang placements committed by this node as leader",
+            m.placements.clone(),
+        );
+        registry.register(
+            "jobs",
+            "Jobs in the ledger by state",
+            m.jobs.clone(),
+        );
+        registry.register(
+            "job_rank_exits",
+            "Job ranks this node ran that exited, by outcome",
+            m.rank_exits.clone(),
+        );
         Metrics { registry, ..m }
     }
 
     pub fn observe_proposal(&self, d: Duration) {
         self.proposal_seconds.observe(d.as_secs_f64());
+    }
+
+    pub fn observe_sched_pass(&self, d: Duration) {
+        self.sched_pass_seconds.observe(d.as_secs_f64());
+    }
+
+    pub fn count_placements(&self, n: u64) {
+        self.placements.inc_by(n);
+    }
+
+    pub fn count_rank_exit(&self, outcome: &str) {
+        self.rank_exits
+            .get_or_create(&vec![("outcome".into(), outcome.to_string())])
+            .inc();
     }
 
     pub fn count_request(&self, route: &str, code: u16) {

@@ -31,6 +31,13 @@ pub enum Query {
     Attrs {
         prefix: String,
     },
+    Jobs {
+        tenant: Option<String>,
+        state: Option<String>,
+    },
+    Job(u64),
+    Tenants,
+    Quota,
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -44,6 +51,9 @@ pub enum Response {
     Status(StatusResponse),
     Nodes(Vec<NodeInfo>),
     Attrs(std::collections::BTreeMap<String, String>),
+    Jobs(Vec<shoal_sdk::JobInfo>),
+    Tenants(Vec<shoal_sdk::TenantInfo>),
+    Quota(Vec<shoal_sdk::QuotaInfo>),
     Error(WireError),
 }
 
@@ -81,6 +91,7 @@ pub enum ErrorCode {
     Rejected,
     Unavailable,
     Internal,
+    NotFound,
 }
 
 impl WireError {

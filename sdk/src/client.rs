@@ -144,4 +144,50 @@ impl Client {
         )
         .await
     }
+
+    pub async fn submit_job(&self, req: &JobSubmitRequest) -> Result<JobSubmitResponse, ClientError> {
+        self.post("/v1/jobs", req).await
+    }
+
+    /// Jobs, filtered by tenant and state when given.
+    pub async fn jobs(
+        &self,
+        tenant: Option<&str>,
+        state: Option<&str>,
+    ) -> Result<Vec<JobInfo>, ClientError> {
+        let url = format!("{}/v1/jobs", self.base);
+        let mut query = Vec::new();
+        if let Some(t) = tenant {
+            query.push(("tenant", t));
+        }
+        if let Some(s) = state {
+            query.push(("state", s));
+        }
+        self.send(self.http.get(&url).query(&query), &url).await
+    }
+
+    pub async fn job(&self, id: u64) -> Result<JobInfo, ClientError> {
+        self.get(&format!("/v1/jobs/{id}")).await
+    }
+
+    pub async fn cancel_job(&self, id: u64) -> Result<WriteResponse, ClientError> {
+        self.post(&format!("/v1/jobs/{id}/cancel"), &serde_json::json!({}))
+            .await
+    }
+
+    pub async fn create_tenant(&self, req: &TenantRequest) -> Result<WriteResponse, ClientError> {
+        self.post("/v1/tenants", req).await
+    }
+
+    pub async fn set_tenant(&self, req: &TenantRequest) -> Result<WriteResponse, ClientError> {
+        self.post(&format!("/v1/tenants/{}", req.name), req).await
+    }
+
+    pub async fn tenants(&self) -> Result<Vec<TenantInfo>, ClientError> {
+        self.get("/v1/tenants").await
+    }
+
+    pub async fn quota(&self) -> Result<Vec<QuotaInfo>, ClientError> {
+        self.get("/v1/quota").await
+    }
 }

@@ -146,3 +146,131 @@ pub struct ApiErrorBody {
     pub code: String,
     pub message: String,
 }
+
+/// `POST /v1/jobs`: what `shoal submit` sends.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct JobSubmitRequest {
+    #[serde(default)]
+    pub name: String,
+    /// Default tenant when absent.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+    pub time_limit_s: u64,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default = "default_true")]
+    pub preemptible: bool,
+    /// Empty for an allocation only (`shoal alloc`).
+    #[serde(default)]
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
+    #[serde(default)]
+    pub ckpt_interval_s: Option<u64>,
+    #[serde(default)]
+    pub max_restarts: u32,
+    /// `rack`, `zone` or `region`.
+    #[serde(default)]
+    pub same: Option<String>,
+    #[serde(default)]
+    pub max_rtt_ms: Option<u32>,
+    /// Node labels every node of the gang must carry.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Answer to a submission.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct JobSubmitResponse {
+    pub id: u64,
+}
+
+/// `shoal show --json` (and each element of `shoal queue --json`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct JobInfo {
+    pub id: u64,
+    pub name: String,
+    pub tenant: String,
+    pub state: String,
+    /// Why a pending job waits, or how a finished one ended.
+    pub reason: String,
+    /// Node names in rank order (the current or last allocation).
+    pub nodes: Vec<String>,
+    /// GPU indices per node name.
+    pub gpus: BTreeMap<String, Vec<u32>>,
+    /// The current or last allocation's fencing epoch.
+    pub epoch: Option<u64>,
+    pub restarts: u32,
+    pub preemptions: u32,
+    pub priority: i32,
+    pub nodes_requested: u32,
+    pub gpus_per_node: u32,
+    pub time_limit_s: u64,
+    pub preemptible: bool,
+    pub command: Vec<String>,
+    /// RFC 3339, UTC.
+    pub submitted_at: String,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub exit_code: Option<i32>,
+    pub last_ckpt_step: Option<u64>,
+}
+
+/// `POST /v1/tenants` (create) and `POST /v1/tenants/{name}` (set).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct TenantRequest {
+    pub name: String,
+    #[serde(default)]
+    pub parent: Option<String>,
+    #[serde(default)]
+    pub max_gpus: Option<u32>,
+    #[serde(default)]
+    pub gpu_hours: Option<f64>,
+    #[serde(default)]
+    pub weight: Option<u32>,
+    /// Limits to remove (`max_gpus`, `gpu_hours`, `parent`) on set.
+    #[serde(default)]
+    pub unset: Vec<String>,
+}
+
+/// `shoal tenant ls --json`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct TenantInfo {
+    pub name: String,
+    pub parent: Option<String>,
+    pub max_gpus: Option<u32>,
+    pub gpu_hours_limit: Option<f64>,
+    pub weight: u32,
+    pub created_at: String,
+}
+
+/// `shoal quota --json`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct QuotaInfo {
+    pub tenant: String,
+    /// Held by the tenant's whole subtree.
+    pub gpus_in_use: u32,
+    pub max_gpus: Option<u32>,
+    /// Consumed by the subtree, net of refunds, running jobs up to now.
+    pub gpu_hours_used: f64,
+    pub gpu_hours_limit: Option<f64>,
+    /// Fraction of the cluster's healthy GPUs the subtree holds.
+    pub share: f64,
+    pub weight: u32,
+    /// Credited back for work lost to preemption.
+    pub gpu_hours_refunded: f64,
+    /// Usage with the fair-share half-life applied.
+    pub fair_usage_gpu_hours: f64,
+    pub running_jobs: u32,
+    pub pending_jobs: u32,
+}

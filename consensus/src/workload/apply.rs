@@ -400,6 +400,7 @@ impl Workload {
                 started_at_ms: now_ms,
                 diameter_us: placement.diameter_us,
                 exits: BTreeMap::new(),
+                ckpt_steps: BTreeMap::new(),
                 stop: None,
             });
         }
@@ -464,19 +465,30 @@ impl Workload {
         Ok(())
     }
 
-    /// A checkpoint step was completed by every rank of the current epoch.
+    /// A rank completed its part of a checkpoint step; the step is the
+    /// job's once every rank of the current epoch has reached it.
     pub(crate) fn checkpointed(
         &mut self,
         id: JobId,
         epoch: u64,
+        rank: u32,
         step: u64,
         now_ms: u64,
     ) -> Result<(), String> {
         let job = self.jobs.get_mut(&id).ok_or_else(|| format!("no job {id}"))?;
-        match &job.alloc {
-            Some(alloc) if alloc.epoch == epoch => {}
+        let alloc = match job.alloc.as_mut() {
+            Some(alloc) if alloc.epoch == epoch => alloc,
             _ => return Err(format!("stale epoch {epoch} for job {id}")),
+        };
+        if rank as usize >= alloc.nodes.len() {
+            return Err(format!("job {id} has no rank {rank}"));
         }
+        let entry = alloc.ckpt_steps.entry(rank).or_insert(step);
+        *entry = (*entry).max(step);
+        if alloc.ckpt_steps.len() < alloc.nodes.len() {
+            return Ok(());
+        }
+        let step = alloc.ckpt_steps.values().copied().min().unwrap_or(step);
         if job.last_ckpt_step.is_none_or(|last| step > last) {
             job.last_ckpt_step = Some(step);
             job.last_ckpt_at_ms = Some(now_ms);

@@ -221,6 +221,8 @@ pub struct Allocation {
     pub diameter_us: u64,
     /// Exit codes reported so far, by rank.
     pub exits: BTreeMap<u32, i32>,
+    /// Latest checkpoint step each rank has completed.
+    pub ckpt_steps: BTreeMap<u32, u64>,
     pub stop: Option<Stop>,
 }
 

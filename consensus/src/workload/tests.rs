@@ -244,6 +244,7 @@ fn preemption_requeues_the_victim_and_refunds_lost_work() {
     r.apply(Command::Checkpointed {
         job: victim,
         epoch,
+        rank: 0,
         step: 100,
     });
     r.now_ms += 300_000;

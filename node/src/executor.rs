@@ -1,0 +1,398 @@
+//! Runs this node's ranks of the jobs the ledger placed here. Every node runs
+//! the same loop: read the ledger, start ranks it does not run yet, signal
+//! ranks that must stop, kill ranks whose epoch is no longer the job's
+//! current one (fencing: a requeued job may already run elsewhere), and
+//! report exits and completed checkpoints back to the ledger.
+//!
+//! One process per node and rank, in its own process group so that signals
+//! reach the whole tree, and with a parent-death signal so that a crashed
+//! agent does not leave ranks running that the ledger no longer accounts for.
+
+use crate::agent::Inner;
+use shoal_consensus::workload::{Job, JobId, StopCause};
+use shoal_consensus::{Command, LedgerResponse, NodeId};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use tokio::process::Child;
+use tokio::sync::watch;
+
+const TICK: Duration = Duration::from_millis(100);
+/// Base of the rendezvous port handed to rank 0 (torchrun's default is 29500).
+const MASTER_PORT_BASE: u64 = 29_400;
+
+/// What this node was asked to run: one rank of one allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct RankKey {
+    job: JobId,
+    epoch: u64,
+    rank: u32,
+}
+
+struct RunningRank {
+    child: Child,
+    term_sent: Option<Instant>,
+    last_usr1: Instant,
+    ckpt_dir: PathBuf,
+    reported_step: Option<u64>,
+}
+
+/// The directory of a job's files on this node.
+pub fn job_dir(jobs_dir: &Path, job: JobId) -> PathBuf {
+    jobs_dir.join(job.to_string())
+}
+
+pub fn log_path(jobs_dir: &Path, job: JobId, rank: u32) -> PathBuf {
+    job_dir(jobs_dir, job).join(format!("rank-{rank}.log"))
+}
+
+pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let mut ranks: BTreeMap<RankKey, RunningRank> = BTreeMap::new();
+    // Exits waiting to be committed, so a rank is never started twice.
+    let mut exited: BTreeMap<RankKey, i32> = BTreeMap::new();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => {
+                for rank in ranks.values_mut() {
+                    signal(&rank.child, libc::SIGKILL);
+                }
+                return;
+            }
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let assigned = match assignments(&inner) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(error = %e, "executor could not read the ledger");
+                continue;
+            }
+        };
+        let grace = Duration::from_secs(inner.cfg.executor.stop_grace_s);
+        // Fencing: anything not (or no longer) assigned to us dies now.
+        for (key, rank) in ranks.iter_mut() {
+            if !assigned.contains_key(key) {
+                tracing::info!(job = key.job, epoch = key.epoch, "the allocation moved on; killing the rank");
+                signal(&rank.child, libc::SIGKILL);
+            }
+        }
+        for (key, a) in &assigned {
+            if a.reported_exit || exited.contains_key(key) {
+                continue;
+            }
+            match ranks.get_mut(key) {
+                None if a.stop.is_some() => {
+                    // Asked to stop before we started it: report a clean stop.
+                    exited.insert(key.clone(), 0);
+                }
+                None => match launch(&inner, key, a) {
+                    Ok(rank) => {
+                        ranks.insert(key.clone(), rank);
+                    }
+                    Err(e) => {
+                        tracing::warn!(job = key.job, rank = key.rank, error = %e, "could not start the rank");
+                        inner.metrics.count_rank_exit("launch_failed");
+                        exited.insert(key.clone(), 127);
+                    }
+                },
+                Some(rank) => {
+                    if a.stop.is_some() && rank.term_sent.is_none() {
+                        tracing::info!(job = key.job, rank = key.rank, cause = ?a.stop, "stopping the rank (SIGTERM)");
+                        signal(&rank.child, libc::SIGTERM);
+                        rank.term_sent = Some(Instant::now());
+                    }
+                    if rank.term_sent.is_some_and(|t| t.elapsed() >= grace) {
+                        signal(&rank.child, libc::SIGKILL);
+                    }
+                    if let Some(every) = a.ckpt_interval {
+                        if rank.term_sent.is_none() && rank.last_usr1.elapsed() >= every {
+                            signal(&rank.child, libc::SIGUSR1);
+                            rank.last_usr1 = Instant::now();
+                        }
+                    }
+                }
+            }
+        }
+        // Checkpoints completed by running ranks.
+        for (key, rank) in ranks.iter_mut() {
+            if let Some(step) = latest_done_step(&rank.ckpt_dir) {
+                if rank.reported_step.is_none_or(|s| step > s) && assigned.contains_key(key) {
+                    let cmd = Command::Checkpointed {
+                        job: key.job,
+                        epoch: key.epoch,
+                        rank: key.rank,
+                        step,
+                    };
+                    if inner.write(cmd).await.is_ok() {
+                        rank.reported_step = Some(step);
+                    }
+                }
+            }
+        }
+        // Reap.
+        let mut done = Vec::new();
+        for (key, rank) in ranks.iter_mut() {
+            if let Ok(Some(status)) = rank.child.try_wait() {
+                done.push((key.clone(), exit_code(status)));
+            }
+        }
+        for (key, code) in done {
+            let outcome = if code == 0 { "success" } else { "failure" };
+            inner.metrics.count_rank_exit(outcome);
+            tracing::info!(job = key.job, epoch = key.epoch, rank = key.rank, code, "rank exited");
+            // A final checkpoint written during the grace period still counts.
+            if let Some(rank) = ranks.remove(&key) {
+                if let Some(step) = latest_done_step(&rank.ckpt_dir) {
+                    if rank.reported_step.is_none_or(|s| step > s) {
+                        let _ = inner
+                            .write(Command::Checkpointed {
+                                job: key.job,
+                                epoch: key.epoch,
+                                rank: key.rank,
+                                step,
+                            })
+                            .await;
+                    }
+                }
+            }
+            if assigned.contains_key(&key) {
+                exited.insert(key, code);
+            }
+        }
+        // Report exits; keep retrying until the ledger has them or the
+        // allocation is gone.
+        let mut reported = Vec::new();
+        for (key, code) in &exited {
+            if !assigned.contains_key(key) || assigned[key].reported_exit {
+                reported.push(key.clone());
+                continue;
+            }
+            let cmd = Command::RankExited {
+                job: key.job,
+                epoch: key.epoch,
+                rank: key.rank,
+                exit_code: *code,
+            };
+            match inner.write(cmd).await {
+                Ok((LedgerResponse::Ok, _)) | Ok((LedgerResponse::Rejected(_), _)) => {
+                    reported.push(key.clone())
+                }
+                Ok(_) => reported.push(key.clone()),
+                Err(e) => tracing::debug!(job = key.job, error = %e.message, "could not report a rank exit yet"),
+            }
+        }
+        for key in reported {
+            exited.remove(&key);
+        }
+    }
+}
+
+/// A rank of a job the ledger has placed on this node.
+struct Assignment {
+    spec: shoal_consensus::workload::JobSpec,
+    gpus: Vec<u32>,
+    world: Vec<NodeId>,
+    stop: Option<StopCause>,
+    reported_exit: bool,
+    ckpt_interval: Option<Duration>,
+    restore_step: Option<u64>,
+}
+
+fn assignments(inner: &Inner) -> Result<HashMap<RankKey, Assignment>, String> {
+    let data = inner.read_ledger().map_err(|e| e.message)?;
+    let mut out = HashMap::new();
+    for (job, alloc) in data.ledger.workload.holding() {
+        let Some(rank) = alloc.rank_of(inner.id) else {
+            continue;
+        };
+        out.insert(
+            RankKey {
+                job: job.id,
+                epoch: alloc.epoch,
+                rank,
+            },
+            assignment(job, alloc, rank),
+        );
+    }
+    Ok(out)
+}
+
+fn assignment(job: &Job, alloc: &shoal_consensus::workload::Allocation, rank: u32) -> Assignment {
+    Assignment {
+        spec: job.spec.clone(),
+        gpus: alloc.nodes[rank as usize].1.clone(),
+        world: alloc.nodes.iter().map(|(n, _)| *n).collect(),
+        stop: alloc.stop.map(|s| s.cause),
+        reported_exit: alloc.exits.contains_key(&rank),
+        ckpt_interval: job.spec.ckpt_interval_s.map(Duration::from_secs),
+        restore_step: job.last_ckpt_step,
+    }
+}
+
+fn launch(inner: &Arc<Inner>, key: &RankKey, a: &Assignment) -> Result<RunningRank, String> {
+    let jobs_dir = inner.cfg.jobs_dir();
+    let dir = job_dir(&jobs_dir, key.job);
+    let ckpt_dir = dir.join("ckpt");
+    std::fs::create_dir_all(&ckpt_dir)
+        .map_err(|e| format!("cannot create {}: {e}", ckpt_dir.display()))?;
+    let log = log_path(&jobs_dir, key.job, key.rank);
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            out,
+            "--- shoal: job {} epoch {} rank {} starting on {} ---",
+            key.job, key.epoch, key.rank, inner.name
+        );
+    }
+    if a.spec.command.is_empty() {
+        // An allocation only (`shoal alloc`): hold the GPUs with a process
+        // that does nothing until it is stopped, so stop and fencing work the
+        // same way for allocations as for jobs.
+        return spawn(
+            inner,
+            key,
+            a,
+            &["sleep".to_string(), "infinity".to_string()],
+            out,
+            err,
+            ckpt_dir,
+        );
+    }
+    spawn(inner, key, a, &a.spec.command, out, err, ckpt_dir)
+}
+
+fn spawn(
+    inner: &Arc<Inner>,
+    key: &RankKey,
+    a: &Assignment,
+    argv: &[String],
+    out: std::fs::File,
+    err: std::fs::File,
+    ckpt_dir: PathBuf,
+) -> Result<RunningRank, String> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| "the job has no command".to_string())?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .envs(gang_env(inner, key, a, &ckpt_dir))
+        .envs(&a.spec.env)
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true);
+    if let Some(dir) = &a.spec.workdir {
+        cmd.current_dir(dir);
+    }
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // Own process group, so signals reach the rank's children too.
+            libc::setsid();
+            // Die with the agent: the ledger is the only record of what runs.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run '{program}': {e}"))?;
+    tracing::info!(job = key.job, epoch = key.epoch, rank = key.rank, pid = child.id(), "rank started");
+    Ok(RunningRank {
+        child,
+        term_sent: None,
+        last_usr1: Instant::now(),
+        ckpt_dir,
+        reported_step: None,
+    })
+}
+
+/// The torchrun-compatible environment of INTERFACE.md.
+fn gang_env(
+    inner: &Inner,
+    key: &RankKey,
+    a: &Assignment,
+    ckpt_dir: &Path,
+) -> Vec<(String, String)> {
+    let master_addr = inner
+        .read_ledger()
+        .ok()
+        .and_then(|d| {
+            let first = a.world.first()?;
+            let member = d.ledger.members.get(first)?;
+            member
+                .spec
+                .rpc_addr
+                .parse::<std::net::SocketAddr>()
+                .ok()
+                .map(|s| s.ip().to_string())
+        })
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let gpus: Vec<String> = a.gpus.iter().map(u32::to_string).collect();
+    let mut env = vec![
+        ("SHOAL_JOB_ID".into(), key.job.to_string()),
+        ("SHOAL_EPOCH".into(), key.epoch.to_string()),
+        ("RANK".into(), key.rank.to_string()),
+        ("NODE_RANK".into(), key.rank.to_string()),
+        ("WORLD_SIZE".into(), a.world.len().to_string()),
+        ("LOCAL_RANK".into(), "0".into()),
+        ("LOCAL_WORLD_SIZE".into(), "1".into()),
+        ("MASTER_ADDR".into(), master_addr),
+        (
+            "MASTER_PORT".into(),
+            (MASTER_PORT_BASE + key.epoch % 1000).to_string(),
+        ),
+        ("CUDA_VISIBLE_DEVICES".into(), gpus.join(",")),
+        ("SHOAL_CKPT_DIR".into(), ckpt_dir.display().to_string()),
+        ("SHOAL_API".into(), format!("http://{}", inner.api_addr)),
+        ("SHOAL_NODE".into(), inner.name.clone()),
+    ];
+    if let Some(step) = a.restore_step {
+        env.push(("SHOAL_RESTORE_STEP".into(), step.to_string()));
+    }
+    env
+}
+
+/// The highest step `N` with `<ckpt_dir>/N/.done`.
+pub fn latest_done_step(ckpt_dir: &Path) -> Option<u64> {
+    std::fs::read_dir(ckpt_dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let step = entry.file_name().to_str()?.parse::<u64>().ok()?;
+            entry.path().join(".done").exists().then_some(step)
+        })
+        .max()
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    if let Some(pid) = child.id() {
+        if let Ok(pid) = libc::pid_t::try_from(pid) {
+            // The rank leads its own process group (setsid), so -pid reaches
+            // everything it started. SAFETY: plain syscall on a pid we own.
+            unsafe {
+                libc::kill(-pid, sig);
+            }
+        }
+    }
+}
+
+/// Shell convention: 128 + signal number for a rank killed by a signal.
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(255)
+}

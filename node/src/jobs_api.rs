@@ -1,0 +1,311 @@
+//! Conversions between the API's job and tenant types and the ledger's.
+//! Pure, so the API handlers stay thin and the mapping is tested here.
+
+use shoal_consensus::ledger::Ledger;
+use shoal_consensus::sched::TopologyTier;
+use shoal_consensus::workload::{
+    Job, JobSpec, JobState, TenantLimits, TenantUpdate, DEFAULT_TENANT,
+};
+use shoal_sdk::{JobInfo, JobSubmitRequest, MemberState, QuotaInfo, TenantInfo, TenantRequest};
+use std::collections::BTreeMap;
+
+/// RFC 3339 in UTC, to the second.
+pub fn rfc3339(ms: u64) -> String {
+    let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("@{secs}"))
+}
+
+pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
+    let same = match req.same.as_deref() {
+        None => None,
+        Some("rack") => Some(TopologyTier::Rack),
+        Some("zone") => Some(TopologyTier::Zone),
+        Some("region") => Some(TopologyTier::Region),
+        Some(other) => {
+            return Err(format!(
+                "--same must be rack, zone or region, not '{other}'"
+            ))
+        }
+    };
+    Ok(JobSpec {
+        name: if req.name.is_empty() {
+            req.command
+                .first()
+                .map(|c| c.rsplit('/').next().unwrap_or(c).to_string())
+                .unwrap_or_else(|| "alloc".into())
+        } else {
+            req.name.clone()
+        },
+        tenant: req
+            .tenant
+            .clone()
+            .unwrap_or_else(|| DEFAULT_TENANT.to_string()),
+        nodes: req.nodes,
+        gpus_per_node: req.gpus_per_node,
+        gpu_model: req.gpu_model.clone(),
+        time_limit_s: req.time_limit_s,
+        priority: req.priority,
+        preemptible: req.preemptible,
+        command: req.command.clone(),
+        env: req.env.clone(),
+        workdir: req.workdir.clone(),
+        ckpt_interval_s: req.ckpt_interval_s,
+        max_restarts: req.max_restarts,
+        same,
+        max_rtt_ms: req.max_rtt_ms,
+        required_labels: req.labels.clone(),
+    })
+}
+
+pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
+    let name_of = |id: u64| {
+        ledger
+            .members
+            .get(&id)
+            .map(|m| m.spec.name.clone())
+            .unwrap_or_else(|| id.to_string())
+    };
+    let placed = job
+        .alloc
+        .as_ref()
+        .map(|a| &a.nodes)
+        .unwrap_or(&job.last_nodes);
+    JobInfo {
+        id: job.id,
+        name: job.spec.name.clone(),
+        tenant: job.spec.tenant.clone(),
+        state: job.state.as_str().to_string(),
+        reason: job.reason.clone(),
+        nodes: placed.iter().map(|(n, _)| name_of(*n)).collect(),
+        gpus: placed
+            .iter()
+            .map(|(n, gpus)| (name_of(*n), gpus.clone()))
+            .collect(),
+        epoch: job.alloc.as_ref().map(|a| a.epoch).or(job.last_epoch),
+        restarts: job.restarts,
+        preemptions: job.preemptions,
+        priority: job.spec.priority,
+        nodes_requested: job.spec.nodes,
+        gpus_per_node: job.spec.gpus_per_node,
+        time_limit_s: job.spec.time_limit_s,
+        preemptible: job.spec.preemptible,
+        command: job.spec.command.clone(),
+        submitted_at: rfc3339(job.submitted_at_ms),
+        started_at: job.started_at_ms.map(rfc3339),
+        ended_at: job.ended_at_ms.map(rfc3339),
+        exit_code: job.exit_code,
+        last_ckpt_step: job.last_ckpt_step,
+    }
+}
+
+pub fn jobs(ledger: &Ledger, tenant: Option<&str>, state: Option<&str>) -> Result<Vec<JobInfo>, String> {
+    let state = match state {
+        None => None,
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            format!("unknown job state '{s}' (pending, running, checkpointing, requeued, completed, failed, cancelled, preempted)")
+        })?),
+    };
+    Ok(ledger
+        .workload
+        .jobs
+        .values()
+        .filter(|j| tenant.is_none_or(|t| j.spec.tenant == t))
+        .filter(|j| state.is_none_or(|s| j.state == s))
+        .map(|j| job_info(ledger, j))
+        .collect())
+}
+
+pub fn tenant_limits(req: &TenantRequest) -> Result<TenantLimits, String> {
+    if let Some(unknown) = req.unset.first() {
+        return Err(format!("'{unknown}' cannot be unset when creating a tenant"));
+    }
+    Ok(TenantLimits {
+        parent: req.parent.clone(),
+        max_gpus: req.max_gpus,
+        gpu_seconds_limit: req.gpu_hours.map(hours_to_seconds).transpose()?,
+        weight: req.weight.unwrap_or(1),
+    })
+}
+
+pub fn tenant_update(req: &TenantRequest) -> Result<TenantUpdate, String> {
+    let mut update = TenantUpdate {
+        parent: req.parent.clone().map(Some),
+        max_gpus: req.max_gpus.map(Some),
+        gpu_seconds_limit: req.gpu_hours.map(hours_to_seconds).transpose()?.map(Some),
+        weight: req.weight,
+    };
+    for field in &req.unset {
+        match field.as_str() {
+            "parent" => update.parent = Some(None),
+            "max_gpus" => update.max_gpus = Some(None),
+            "gpu_hours" => update.gpu_seconds_limit = Some(None),
+            other => {
+                return Err(format!(
+                    "cannot unset '{other}' (parent, max_gpus or gpu_hours)"
+                ))
+            }
+        }
+    }
+    Ok(update)
+}
+
+fn hours_to_seconds(hours: f64) -> Result<u64, String> {
+    if !hours.is_finite() || hours < 0.0 || hours > 1e12 {
+        return Err(format!("--gpu-hours must be a non-negative number, not {hours}"));
+    }
+    Ok((hours * 3600.0).round() as u64)
+}
+
+pub fn tenants(ledger: &Ledger) -> Vec<TenantInfo> {
+    ledger
+        .workload
+        .tenants
+        .values()
+        .map(|t| TenantInfo {
+            name: t.name.clone(),
+            parent: t.limits.parent.clone(),
+            max_gpus: t.limits.max_gpus,
+            gpu_hours_limit: t.limits.gpu_seconds_limit.map(|s| s as f64 / 3600.0),
+            weight: t.limits.weight,
+            created_at: rfc3339(t.created_at_ms),
+        })
+        .collect()
+}
+
+/// Quota and usage per tenant, subtree totals, as of `now_ms`.
+pub fn quota(ledger: &Ledger, now_ms: u64) -> Vec<QuotaInfo> {
+    let workload = &ledger.workload;
+    let held = workload.gpus_in_use();
+    let healthy_gpus: usize = ledger
+        .active_members()
+        .filter(|m| m.state == MemberState::Alive)
+        .map(|m| m.spec.gpus.len())
+        .sum();
+    let mut counts: BTreeMap<&str, (u32, u32)> = BTreeMap::new();
+    for job in workload.jobs.values() {
+        let entry = counts.entry(job.spec.tenant.as_str()).or_default();
+        if job.alloc.is_some() {
+            entry.0 += 1;
+        } else if job.state.is_waiting() {
+            entry.1 += 1;
+        }
+    }
+    workload
+        .tenants
+        .values()
+        .map(|t| {
+            let subtree = workload.subtree(&t.name);
+            let gpus_in_use: u32 = subtree.iter().map(|s| held.get(s).copied().unwrap_or(0)).sum();
+            let used_ms: u64 = subtree.iter().map(|s| workload.used_gpu_ms(s, now_ms)).sum();
+            let refunded_ms: u64 = subtree
+                .iter()
+                .map(|s| workload.tenants[*s].refunded_gpu_ms)
+                .sum();
+            let fair_ms: u64 = subtree
+                .iter()
+                .map(|s| workload.tenants[*s].fair_usage_gpu_ms)
+                .sum();
+            let (running, pending) = subtree.iter().fold((0, 0), |acc, s| {
+                let c = counts.get(s).copied().unwrap_or_default();
+                (acc.0 + c.0, acc.1 + c.1)
+            });
+            QuotaInfo {
+                tenant: t.name.clone(),
+                gpus_in_use,
+                max_gpus: t.limits.max_gpus,
+                gpu_hours_used: used_ms as f64 / 3_600_000.0,
+                gpu_hours_limit: t.limits.gpu_seconds_limit.map(|s| s as f64 / 3600.0),
+                share: if healthy_gpus == 0 {
+                    0.0
+                } else {
+                    f64::from(gpus_in_use) / healthy_gpus as f64
+                },
+                weight: t.limits.weight,
+                gpu_hours_refunded: refunded_ms as f64 / 3_600_000.0,
+                fair_usage_gpu_hours: fair_ms as f64 / 3_600_000.0,
+                running_jobs: running,
+                pending_jobs: pending,
+            }
+        })
+        .collect()
+}
+
+/// GPUs of each node held by jobs, for `shoal nodes`.
+pub fn gpu_owners(ledger: &Ledger) -> BTreeMap<(u64, u32), u64> {
+    let mut owners = BTreeMap::new();
+    for (job, alloc) in ledger.workload.holding() {
+        for (node, gpus) in &alloc.nodes {
+            for gpu in gpus {
+                owners.insert((*node, *gpu), job.id);
+            }
+        }
+    }
+    owners
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_000_000_123), "2026-11-18T08:26:40Z");
+    }
+
+    #[test]
+    fn submissions_map_to_specs_with_defaults() {
+        let req = JobSubmitRequest {
+            name: String::new(),
+            tenant: None,
+            nodes: 2,
+            gpus_per_node: 8,
+            gpu_model: None,
+            time_limit_s: 60,
+            priority: 0,
+            preemptible: true,
+            command: vec!["/usr/bin/python3".into(), "train.py".into()],
+            env: BTreeMap::new(),
+            workdir: None,
+            ckpt_interval_s: None,
+            max_restarts: 0,
+            same: Some("rack".into()),
+            max_rtt_ms: None,
+            labels: BTreeMap::new(),
+        };
+        let spec = job_spec(&req).expect("valid");
+        assert_eq!(spec.name, "python3");
+        assert_eq!(spec.tenant, DEFAULT_TENANT);
+        assert_eq!(spec.same, Some(TopologyTier::Rack));
+        let bad = JobSubmitRequest {
+            same: Some("building".into()),
+            ..req
+        };
+        assert!(job_spec(&bad).unwrap_err().contains("--same"));
+    }
+
+    #[test]
+    fn tenant_updates_can_unset_limits() {
+        let req = TenantRequest {
+            name: "t".into(),
+            gpu_hours: Some(1.5),
+            unset: vec!["max_gpus".into()],
+            ..Default::default()
+        };
+        let update = tenant_update(&req).expect("valid");
+        assert_eq!(update.max_gpus, Some(None));
+        assert_eq!(update.gpu_seconds_limit, Some(Some(5400)));
+        assert!(tenant_limits(&req).is_err());
+        let bad = TenantRequest {
+            unset: vec!["weight".into()],
+            ..req
+        };
+        assert!(tenant_update(&bad).is_err());
+    }
+}
