@@ -2,6 +2,7 @@
 //! command is a client of some node's HTTP API (INTERFACE.md).
 
 use crate::agent::{Agent, StartMode};
+use crate::cli_jobs::{ExitWith, JobArgs, QueueArgs, TenantCmd};
 use crate::config::{default_data_dir, parse_label, Config};
 use clap::{Args, Parser, Subcommand};
 use shoal_sdk::{Client, ClientError, NodeInfo, StatusResponse};
@@ -13,7 +14,8 @@ use std::path::PathBuf;
 #[command(
     name = "shoal",
     version,
-    about = "A peer-to-peer compute mesh for AI training"
+    about = "A peer-to-peer compute mesh for AI training",
+    args_override_self = true
 )]
 pub struct Cli {
     /// API of the node to talk to [env: SHOAL_API] [default: http://127.0.0.1:7070]
@@ -58,6 +60,44 @@ enum Cmd {
     Node {
         #[command(subcommand)]
         cmd: NodeCmd,
+    },
+    /// Submit a gang job; prints its id alone on stdout
+    Submit {
+        #[command(flatten)]
+        job: JobArgs,
+        /// Print "Submitted batch job N" like sbatch
+        #[arg(long, hide = true)]
+        banner: bool,
+    },
+    /// Allocate a gang, run CMD here with its environment, release it when CMD ends
+    Alloc(JobArgs),
+    /// Jobs that are waiting or running (-a for finished ones too)
+    Queue(QueueArgs),
+    /// One job in detail
+    Show { job: u64 },
+    /// Cancel jobs
+    Cancel {
+        #[arg(required = true)]
+        jobs: Vec<u64>,
+    },
+    /// A rank's output, from the node that ran it
+    Logs {
+        job: u64,
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// Keep printing until the job ends
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+    /// Tenants (teams, projects) and their limits
+    Tenant {
+        #[command(subcommand)]
+        cmd: TenantCmd,
+    },
+    /// GPU and GPU-hour usage against each tenant's limits
+    Quota {
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Replay a GPU-cluster trace through the real scheduler (discrete-event simulation)
     Sim(SimArgs),
@@ -164,7 +204,28 @@ struct AgentArgs {
 /// Parses arguments, runs the command, and returns the exit code. Errors are
 /// printed as one `error:` line; usage errors exit 2, others 1.
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    let mut argv: Vec<String> = std::env::args().collect();
+    let program = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("shoal")
+        .to_string();
+    if crate::slurm::NAMES.contains(&program.as_str()) {
+        match crate::slurm::translate(&program, &argv[1..]) {
+            Ok(t) => {
+                for w in t.warnings {
+                    eprintln!("{w}");
+                }
+                argv = t.argv;
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return 2;
+            }
+        }
+    }
+    let cli = match Cli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
@@ -184,6 +245,9 @@ pub fn main() -> i32 {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => 0,
+        Err(e) if e.downcast_ref::<ExitWith>().is_some() => {
+            e.downcast_ref::<ExitWith>().map_or(1, |x| x.0)
+        }
         Err(e) => {
             let msg = format!("{e:#}");
             eprintln!("error: {}", msg.lines().next().unwrap_or("unknown error"));
@@ -310,6 +374,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("node {node} removed");
                 Ok(())
             }
+        }
+        Cmd::Submit { job, banner } => {
+            crate::cli_jobs::submit(&client(&cli), job, cli.json, *banner).await
+        }
+        Cmd::Alloc(job) => crate::cli_jobs::alloc(&client(&cli), job).await,
+        Cmd::Queue(args) => crate::cli_jobs::queue(&client(&cli), args, cli.json).await,
+        Cmd::Show { job } => crate::cli_jobs::show(&client(&cli), *job, cli.json).await,
+        Cmd::Cancel { jobs } => crate::cli_jobs::cancel(&client(&cli), jobs, cli.json).await,
+        Cmd::Logs { job, rank, follow } => {
+            crate::cli_jobs::logs(&client(&cli), *job, *rank, *follow).await
+        }
+        Cmd::Tenant { cmd } => crate::cli_jobs::tenant(&client(&cli), cmd, cli.json).await,
+        Cmd::Quota { tenant } => {
+            crate::cli_jobs::quota(&client(&cli), tenant.as_deref(), cli.json).await
         }
         Cmd::Sim(args) => run_sim(args, cli.json),
         Cmd::Bench { cmd } => {

@@ -6,6 +6,7 @@ pub mod api;
 pub mod batcher;
 pub mod bench;
 pub mod cli;
+pub mod cli_jobs;
 pub mod config;
 pub mod dev;
 pub mod duration;
@@ -20,6 +21,7 @@ pub mod proto;
 pub mod reconcile;
 pub mod scheduler;
 pub mod sim;
+pub mod slurm;
 pub mod transport;
 
 pub use agent::{Agent, AgentError, StartMode};

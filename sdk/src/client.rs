@@ -46,6 +46,10 @@ impl Client {
         &self.base
     }
 
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     async fn send<T: DeserializeOwned>(
         &self,
         req: reqwest::RequestBuilder,
@@ -189,5 +193,37 @@ impl Client {
 
     pub async fn quota(&self) -> Result<Vec<QuotaInfo>, ClientError> {
         self.get("/v1/quota").await
+    }
+
+    /// Raw bytes of a rank's log on this node, from `offset`.
+    pub async fn job_log(&self, id: u64, rank: u32, offset: u64) -> Result<Vec<u8>, ClientError> {
+        let url = format!("{}/v1/jobs/{id}/logs", self.base);
+        let mut req = self
+            .http
+            .get(&url)
+            .query(&[("rank", rank as u64), ("offset", offset)]);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|source| ClientError::Connect {
+            url: url.clone(),
+            source,
+        })?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| ClientError::Decode {
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
+        if !status.is_success() {
+            let message = serde_json::from_slice::<ApiErrorBody>(&bytes)
+                .map(|b| b.message)
+                .unwrap_or_else(|_| format!("{url} returned HTTP {status}"));
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                code: "http".into(),
+                message,
+            });
+        }
+        Ok(bytes.to_vec())
     }
 }
