@@ -1,0 +1,314 @@
+//! Jobs end to end on real `shoal agent` processes: gang placement by rack,
+//! the rank environment, exit codes, cancel with SIGTERM, failover when a
+//! node dies, preemption with checkpoint and refund, and the Slurm names.
+
+mod common;
+
+use common::{shoal_bin, wait_for, NodeProc};
+use shoal_sdk::{Client, JobInfo, JobSubmitRequest, TenantRequest};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Cluster {
+    nodes: Vec<NodeProc>,
+    token: String,
+    root: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(racks: &[&str]) -> Cluster {
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut nodes: Vec<NodeProc> = racks
+            .iter()
+            .enumerate()
+            .map(|(i, rack)| {
+                let label = format!("rack={rack}");
+                let mut node = NodeProc::new(root.path(), &format!("n{}", i + 1), &[&label]);
+                node.extra_env
+                    .push(("SHOAL_EXECUTOR__STOP_GRACE_S".into(), "5".into()));
+                node
+            })
+            .collect();
+        let join = nodes[0].bootstrap();
+        let via = nodes[0].rpc_addr();
+        for node in nodes.iter_mut().skip(1) {
+            node.join(&via, &join);
+        }
+        let token = nodes[0].admin_token();
+        let cluster = Cluster { nodes, token, root };
+        let client = cluster.client(0);
+        let want = racks.len();
+        wait_for("every node alive in the ledger", TIMEOUT, || {
+            let client = client.clone();
+            async move {
+                let nodes = client.nodes().await.ok()?;
+                (nodes.len() == want
+                    && nodes
+                        .iter()
+                        .all(|n| n.state == shoal_sdk::MemberState::Alive))
+                .then_some(())
+            }
+        })
+        .await;
+        cluster
+    }
+
+    fn client(&self, i: usize) -> Client {
+        self.nodes[i].client(&self.token)
+    }
+
+    fn job_dir(&self, node: &str, job: u64) -> PathBuf {
+        self.root.path().join(node).join("jobs").join(job.to_string())
+    }
+}
+
+fn request(nodes: u32, gpus: u32, script: &str) -> JobSubmitRequest {
+    JobSubmitRequest {
+        name: String::new(),
+        tenant: None,
+        nodes,
+        gpus_per_node: gpus,
+        gpu_model: None,
+        time_limit_s: 600,
+        priority: 0,
+        preemptible: true,
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        env: BTreeMap::new(),
+        workdir: None,
+        ckpt_interval_s: None,
+        max_restarts: 0,
+        same: None,
+        max_rtt_ms: None,
+        labels: BTreeMap::new(),
+    }
+}
+
+async fn wait_state(client: &Client, id: u64, state: &str) -> JobInfo {
+    let want = state.to_string();
+    wait_for(&format!("job {id} {state}"), TIMEOUT, || {
+        let client = client.clone();
+        let want = want.clone();
+        async move {
+            let job = client.job(id).await.ok()?;
+            (job.state == want).then_some(job)
+        }
+    })
+    .await
+}
+
+fn read_env(path: &Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gangs_run_with_their_environment_and_survive_node_loss() {
+    let cluster = Cluster::start(&["r1", "r2", "r2"]).await;
+    let client = cluster.client(0);
+
+    // A 2-node gang that fits in one rack lands in that rack, and every rank
+    // gets the torchrun environment.
+    let mut req = request(2, 2, "env > \"$SHOAL_CKPT_DIR/../env-$RANK\"");
+    req.same = Some("rack".into());
+    let id = client.submit_job(&req).await.expect("submit").id;
+    let job = wait_state(&client, id, "completed").await;
+    assert_eq!(job.exit_code, Some(0));
+    let mut nodes = job.nodes.clone();
+    nodes.sort();
+    assert_eq!(nodes, ["n2", "n3"], "the gang stays in rack r2");
+    for (rank, node) in job.nodes.iter().enumerate() {
+        let env = read_env(&cluster.job_dir(node, id).join(format!("env-{rank}")));
+        assert_eq!(env["RANK"], rank.to_string());
+        assert_eq!(env["NODE_RANK"], rank.to_string());
+        assert_eq!(env["WORLD_SIZE"], "2");
+        assert_eq!(env["LOCAL_RANK"], "0");
+        assert_eq!(env["SHOAL_JOB_ID"], id.to_string());
+        assert_eq!(env["SHOAL_EPOCH"], job.epoch.expect("epoch").to_string());
+        assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
+        let gpus: Vec<String> = job.gpus[node].iter().map(u32::to_string).collect();
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], gpus.join(","));
+        assert!(env.contains_key("MASTER_PORT") && env.contains_key("SHOAL_API"));
+    }
+
+    // A failing rank fails the job with its exit code.
+    let id = client
+        .submit_job(&request(1, 1, "exit 3"))
+        .await
+        .expect("submit")
+        .id;
+    let job = wait_state(&client, id, "failed").await;
+    assert_eq!(job.exit_code, Some(3));
+
+    // Cancel sends SIGTERM to the ranks and waits for them.
+    let script = "trap 'echo term > \"$SHOAL_CKPT_DIR/../term\"; exit 0' TERM; \
+                  touch \"$SHOAL_CKPT_DIR/../started\"; while true; do sleep 0.1; done";
+    let id = client
+        .submit_job(&request(1, 1, script))
+        .await
+        .expect("submit")
+        .id;
+    let job = wait_state(&client, id, "running").await;
+    let started = cluster.job_dir(&job.nodes[0], id).join("started");
+    wait_for("the rank is up", TIMEOUT, || {
+        let started = started.clone();
+        async move { started.exists().then_some(()) }
+    })
+    .await;
+    client.cancel_job(id).await.expect("cancel");
+    wait_state(&client, id, "cancelled").await;
+    assert!(cluster.job_dir(&job.nodes[0], id).join("term").exists());
+
+    // A node dies under a running job: the job restarts elsewhere under a
+    // newer epoch.
+    let mut req = request(1, 4, "while true; do sleep 0.1; done");
+    req.max_restarts = 1;
+    let id = client.submit_job(&req).await.expect("submit").id;
+    let first = wait_state(&client, id, "running").await;
+    let victim = first.nodes[0].clone();
+    let idx: usize = victim[1..].parse::<usize>().expect("node index") - 1;
+    let survivor = if idx == 0 { 1 } else { 0 };
+    let mut cluster = cluster;
+    cluster.nodes[idx].kill9();
+    let client = cluster.client(survivor);
+    let moved = wait_for("job restarted on another node", TIMEOUT, || {
+        let client = client.clone();
+        let victim = victim.clone();
+        async move {
+            let job = client.job(id).await.ok()?;
+            (job.state == "running" && job.nodes[0] != victim).then_some(job)
+        }
+    })
+    .await;
+    assert_eq!(moved.restarts, 1);
+    assert!(moved.epoch > first.epoch);
+    client.cancel_job(id).await.expect("cancel");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_checkpoints_requeues_and_refunds() {
+    let cluster = Cluster::start(&["r1"]).await;
+    let client = cluster.client(0);
+    for name in ["batch", "prod"] {
+        client
+            .create_tenant(&TenantRequest {
+                name: name.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("tenant");
+    }
+    // The victim checkpoints step 1 at once, then works until SIGTERM.
+    let script = "mkdir -p \"$SHOAL_CKPT_DIR/1\" && touch \"$SHOAL_CKPT_DIR/1/.done\"; \
+                  trap 'echo term > \"$SHOAL_CKPT_DIR/../sigterm-$SHOAL_EPOCH\"; exit 0' TERM; \
+                  while true; do sleep 0.1; done";
+    let mut req = request(1, 4, script);
+    req.tenant = Some("batch".into());
+    let victim = client.submit_job(&req).await.expect("submit").id;
+    wait_for("the victim's checkpoint is recorded", TIMEOUT, || {
+        let client = client.clone();
+        async move {
+            let job = client.job(victim).await.ok()?;
+            (job.last_ckpt_step == Some(1)).then_some(())
+        }
+    })
+    .await;
+    let first_epoch = client.job(victim).await.expect("job").epoch.expect("epoch");
+    // Work done after the checkpoint is what preemption destroys.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let mut urgent = request(1, 4, "while true; do sleep 0.1; done");
+    urgent.tenant = Some("prod".into());
+    urgent.preemptible = false;
+    let urgent = client.submit_job(&urgent).await.expect("submit").id;
+    wait_state(&client, urgent, "running").await;
+
+    let requeued = client.job(victim).await.expect("victim");
+    assert_eq!(requeued.state, "requeued", "{requeued:?}");
+    assert_eq!(requeued.preemptions, 1);
+    assert_eq!(requeued.last_ckpt_step, Some(1));
+    assert!(cluster
+        .job_dir("n1", victim)
+        .join(format!("sigterm-{first_epoch}"))
+        .exists());
+    let quota = client.quota().await.expect("quota");
+    let batch = quota.iter().find(|q| q.tenant == "batch").expect("batch");
+    // 4 GPUs × at least the 2 s slept since the checkpoint.
+    assert!(
+        batch.gpu_hours_refunded >= 4.0 * 2.0 / 3600.0,
+        "refund {}",
+        batch.gpu_hours_refunded
+    );
+    assert!(batch.gpu_hours_used < 4.0 * 60.0 / 3600.0);
+
+    // When the urgent job ends, the victim resumes from its checkpoint.
+    client.cancel_job(urgent).await.expect("cancel");
+    wait_state(&client, victim, "running").await;
+    client.cancel_job(victim).await.expect("cancel");
+    wait_state(&client, victim, "cancelled").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_names_drive_the_cluster() {
+    let cluster = Cluster::start(&["r1"]).await;
+    let bin = tempfile::tempdir().expect("tempdir");
+    for name in ["sbatch", "squeue", "scancel", "sacctmgr", "sinfo"] {
+        std::os::unix::fs::symlink(shoal_bin(), bin.path().join(name)).expect("symlink");
+    }
+    let run = |name: &str, args: &[&str]| {
+        let out = Command::new(bin.path().join(name))
+            .args(args)
+            .env("SHOAL_API", cluster.nodes[0].api_url())
+            .env("SHOAL_TOKEN", &cluster.token)
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, _, err) = run("sacctmgr", &["-i", "create", "group", "vision"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = run(
+        "sacctmgr",
+        &["modify", "group", "vision", "set", "GrpTRES=accelerator=2"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = run(
+        "sbatch",
+        &["-N", "1", "--gres=accelerator:2", "-A", "vision", "-t", "10:00", "--wrap", "sleep 30"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let id: u64 = out
+        .trim()
+        .strip_prefix("Submitted batch job ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("sbatch printed {out:?}"));
+    // Over the tenant's GPU cap: refused with the reason.
+    let (code, _, err) = run("sbatch", &["--gres=accelerator:4", "-A", "vision", "--wrap", "true"]);
+    assert_eq!(code, Some(1));
+    assert!(err.starts_with("error: quota:"), "{err}");
+    let client = cluster.client(0);
+    wait_state(&client, id, "running").await;
+    let (code, out, err) = run("squeue", &["-j", &id.to_string(), "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let jobs: Vec<JobInfo> = serde_json::from_str(&out).expect("squeue --json");
+    assert_eq!(jobs[0].tenant, "vision");
+    let (code, out, _) = run("sinfo", &[]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("n1"));
+    let (code, _, err) = run("scancel", &[&id.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    wait_state(&client, id, "cancelled").await;
+    let (code, _, err) = run("sbatch", &["--frobnicate", "x.sh"]);
+    assert_eq!(code, Some(2));
+    assert!(err.starts_with("error: sbatch: unsupported option"), "{err}");
+}
