@@ -62,7 +62,11 @@ impl Cluster {
     }
 
     fn job_dir(&self, node: &str, job: u64) -> PathBuf {
-        self.root.path().join(node).join("jobs").join(job.to_string())
+        self.root
+            .path()
+            .join(node)
+            .join("jobs")
+            .join(job.to_string())
     }
 }
 
@@ -284,7 +288,17 @@ async fn slurm_names_drive_the_cluster() {
     assert_eq!(code, Some(0), "{err}");
     let (code, out, err) = run(
         "sbatch",
-        &["-N", "1", "--gres=accelerator:2", "-A", "vision", "-t", "10:00", "--wrap", "sleep 30"],
+        &[
+            "-N",
+            "1",
+            "--gres=accelerator:2",
+            "-A",
+            "vision",
+            "-t",
+            "10:00",
+            "--wrap",
+            "sleep 30",
+        ],
     );
     assert_eq!(code, Some(0), "{err}");
     let id: u64 = out
@@ -293,7 +307,10 @@ async fn slurm_names_drive_the_cluster() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("sbatch printed {out:?}"));
     // Over the tenant's GPU cap: refused with the reason.
-    let (code, _, err) = run("sbatch", &["--gres=accelerator:4", "-A", "vision", "--wrap", "true"]);
+    let (code, _, err) = run(
+        "sbatch",
+        &["--gres=accelerator:4", "-A", "vision", "--wrap", "true"],
+    );
     assert_eq!(code, Some(1));
     assert!(err.starts_with("error: quota:"), "{err}");
     let client = cluster.client(0);
@@ -310,5 +327,8 @@ async fn slurm_names_drive_the_cluster() {
     wait_state(&client, id, "cancelled").await;
     let (code, _, err) = run("sbatch", &["--frobnicate", "x.sh"]);
     assert_eq!(code, Some(2));
-    assert!(err.starts_with("error: sbatch: unsupported option"), "{err}");
+    assert!(
+        err.starts_with("error: sbatch: unsupported option"),
+        "{err}"
+    );
 }

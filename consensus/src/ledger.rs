@@ -364,9 +364,7 @@ impl Ledger {
             },
             Command::CancelJob { job } => answer(self.workload.cancel(*job, now)),
             Command::Schedule(plan) => {
-                let outcome = self
-                    .workload
-                    .apply_plan(plan, &self.members, index, now);
+                let outcome = self.workload.apply_plan(plan, &self.members, index, now);
                 LedgerResponse::Scheduled {
                     started: outcome.started,
                     refused: outcome.refused,
@@ -457,18 +455,21 @@ mod tests {
 
     fn bootstrapped() -> Ledger {
         let mut l = Ledger::new();
-        let r = l.apply(1, &LedgerRequest {
-            now_ms: 1000,
-            cmd: Command::Bootstrap {
-                cluster_id: "c".into(),
-                region: "r".into(),
-                ca_cert_pem: "cert".into(),
-                ca_key_pem: "key".into(),
-                admin_token_hash: "admin".into(),
-                first_member: 1,
-                spec: spec("n1"),
+        let r = l.apply(
+            1,
+            &LedgerRequest {
+                now_ms: 1000,
+                cmd: Command::Bootstrap {
+                    cluster_id: "c".into(),
+                    region: "r".into(),
+                    ca_cert_pem: "cert".into(),
+                    ca_key_pem: "key".into(),
+                    admin_token_hash: "admin".into(),
+                    first_member: 1,
+                    spec: spec("n1"),
+                },
             },
-        });
+        );
         assert_eq!(r, LedgerResponse::NodeId(1));
         l
     }
@@ -480,37 +481,52 @@ mod tests {
             spec: spec(name),
             token_hash: "t".into(),
         };
-        let r = l.apply(1, &LedgerRequest {
-            now_ms: 1100,
-            cmd: add("n2"),
-        });
-        assert_eq!(r, LedgerResponse::Rejected("unknown join token".into()));
-        l.apply(1, &LedgerRequest {
-            now_ms: 1200,
-            cmd: Command::CreateJoinToken {
-                hash: "t".into(),
-                expires_at_ms: 5000,
+        let r = l.apply(
+            1,
+            &LedgerRequest {
+                now_ms: 1100,
+                cmd: add("n2"),
             },
-        });
+        );
+        assert_eq!(r, LedgerResponse::Rejected("unknown join token".into()));
+        l.apply(
+            1,
+            &LedgerRequest {
+                now_ms: 1200,
+                cmd: Command::CreateJoinToken {
+                    hash: "t".into(),
+                    expires_at_ms: 5000,
+                },
+            },
+        );
         assert_eq!(
-            l.apply(1, &LedgerRequest {
-                now_ms: 1300,
-                cmd: add("n2")
-            }),
+            l.apply(
+                1,
+                &LedgerRequest {
+                    now_ms: 1300,
+                    cmd: add("n2")
+                }
+            ),
             LedgerResponse::NodeId(2)
         );
         assert!(matches!(
-            l.apply(1, &LedgerRequest {
-                now_ms: 1400,
-                cmd: add("n2")
-            }),
+            l.apply(
+                1,
+                &LedgerRequest {
+                    now_ms: 1400,
+                    cmd: add("n2")
+                }
+            ),
             LedgerResponse::Rejected(_)
         ));
         assert_eq!(
-            l.apply(1, &LedgerRequest {
-                now_ms: 6000,
-                cmd: add("n3")
-            }),
+            l.apply(
+                1,
+                &LedgerRequest {
+                    now_ms: 6000,
+                    cmd: add("n3")
+                }
+            ),
             LedgerResponse::Rejected("the join token has expired".into())
         );
     }
@@ -522,15 +538,18 @@ mod tests {
             key: k.into(),
             value: "v".into(),
         };
-        let r = l.apply(1, &LedgerRequest {
-            now_ms: 2000,
-            cmd: Command::Batch(vec![
-                put("a"),
-                put(""),
-                Command::Batch(vec![put("c")]),
-                put("b"),
-            ]),
-        });
+        let r = l.apply(
+            1,
+            &LedgerRequest {
+                now_ms: 2000,
+                cmd: Command::Batch(vec![
+                    put("a"),
+                    put(""),
+                    Command::Batch(vec![put("c")]),
+                    put("b"),
+                ]),
+            },
+        );
         match r {
             LedgerResponse::Batch(v) => {
                 assert_eq!(v.len(), 4);
@@ -547,13 +566,16 @@ mod tests {
     #[test]
     fn ledger_clock_never_runs_backwards() {
         let mut l = bootstrapped();
-        l.apply(1, &LedgerRequest {
-            now_ms: 500,
-            cmd: Command::PutAttr {
-                key: "k".into(),
-                value: "v".into(),
+        l.apply(
+            1,
+            &LedgerRequest {
+                now_ms: 500,
+                cmd: Command::PutAttr {
+                    key: "k".into(),
+                    value: "v".into(),
+                },
             },
-        });
+        );
         assert_eq!(l.clock_ms, 1000);
     }
 

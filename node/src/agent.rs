@@ -357,10 +357,12 @@ impl Agent {
             Arc::downgrade(&inner),
             inner.shutdown.subscribe(),
         ));
-        tokio::spawn(crate::executor::run(
-            Arc::downgrade(&inner),
-            inner.shutdown.subscribe(),
-        ));
+        if inner.cfg.executor.enabled {
+            tokio::spawn(crate::executor::run(
+                Arc::downgrade(&inner),
+                inner.shutdown.subscribe(),
+            ));
+        }
         tokio::spawn(keep_member_record_current(
             Arc::downgrade(&inner),
             inner.shutdown.subscribe(),
@@ -1013,13 +1015,11 @@ impl Inner {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
             )),
-            Query::Jobs { tenant, state } => crate::jobs_api::jobs(
-                &d.ledger,
-                tenant.as_deref(),
-                state.as_deref(),
-            )
-            .map(Response::Jobs)
-            .map_err(|m| WireError::new(ErrorCode::Invalid, m)),
+            Query::Jobs { tenant, state } => {
+                crate::jobs_api::jobs(&d.ledger, tenant.as_deref(), state.as_deref())
+                    .map(Response::Jobs)
+                    .map_err(|m| WireError::new(ErrorCode::Invalid, m))
+            }
             Query::Job(id) => match d.ledger.workload.jobs.get(&id) {
                 Some(job) => Ok(Response::Jobs(vec![crate::jobs_api::job_info(
                     &d.ledger, job,

@@ -262,7 +262,10 @@ async fn get_attrs(
 }
 
 /// A ledger write whose refusal is the caller's fault (HTTP 409 with the reason).
-async fn write_or_reject(inner: &Arc<Inner>, cmd: Command) -> Result<(LedgerResponse, u64), ApiError> {
+async fn write_or_reject(
+    inner: &Arc<Inner>,
+    cmd: Command,
+) -> Result<(LedgerResponse, u64), ApiError> {
     let (resp, index) = inner.write(cmd).await?;
     match resp {
         LedgerResponse::Rejected(m) => Err(ApiError(
@@ -291,7 +294,10 @@ async fn submit_job(
     Json(req): Json<JobSubmitRequest>,
 ) -> Result<Json<JobSubmitResponse>, ApiError> {
     let spec = crate::jobs_api::job_spec(&req).map_err(bad_request)?;
-    match write_or_reject(&inner, Command::SubmitJob { spec }).await?.0 {
+    match write_or_reject(&inner, Command::SubmitJob { spec })
+        .await?
+        .0
+    {
         LedgerResponse::JobId(id) => Ok(Json(JobSubmitResponse { id })),
         _ => Err(unexpected()),
     }
@@ -307,7 +313,13 @@ async fn list_jobs(
     State(inner): State<AppState>,
     Query(q): Query<JobQuery>,
 ) -> Result<Json<Vec<JobInfo>>, ApiError> {
-    match inner.query(ProtoQuery::Jobs { tenant: q.tenant, state: q.state }).await? {
+    match inner
+        .query(ProtoQuery::Jobs {
+            tenant: q.tenant,
+            state: q.state,
+        })
+        .await?
+    {
         ProtoResponse::Jobs(jobs) => Ok(Json(jobs)),
         _ => Err(unexpected()),
     }
@@ -361,7 +373,14 @@ async fn job_logs(
     file.seek(SeekFrom::Start(q.offset))
         .and_then(|_| file.take(4 << 20).read_to_end(&mut bytes))
         .map_err(|e| bad_request(format!("cannot read {}: {e}", path.display())))?;
-    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response())
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        bytes,
+    )
+        .into_response())
 }
 
 async fn create_tenant(

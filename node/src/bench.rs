@@ -24,6 +24,16 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 64)]
         value_bytes: usize,
     },
+    /// Gang placement: pure decisions/s and p99, one full pass, and placements/s through Raft
+    Place {
+        #[arg(long, default_value_t = 4096)]
+        nodes: u64,
+        #[arg(long, default_value_t = 10_000)]
+        jobs: usize,
+        /// Three-node gangs for the end-to-end run on 3 voters, at most 1024 (0 skips it)
+        #[arg(long, default_value_t = 1000)]
+        e2e_gangs: usize,
+    },
 }
 
 #[derive(Serialize, Debug)]
@@ -39,6 +49,19 @@ pub struct LedgerBenchRow {
 
 pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
     match cmd {
+        BenchCmd::Place {
+            nodes,
+            jobs,
+            e2e_gangs,
+        } => {
+            let report = crate::bench_place::run(*nodes, *jobs, *e2e_gangs).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                crate::bench_place::print(&report);
+            }
+            Ok(())
+        }
         BenchCmd::Ledger {
             nodes,
             clients,

@@ -79,7 +79,10 @@ pub fn parse_gres(s: &str) -> Result<(Option<String>, u32), String> {
     match parts.as_slice() {
         [_] => Ok((None, 1)),
         [_, count] => Ok((None, count.parse().map_err(|_| bad())?)),
-        [_, model, count] => Ok((Some((*model).to_string()), count.parse().map_err(|_| bad())?)),
+        [_, model, count] => Ok((
+            Some((*model).to_string()),
+            count.parse().map_err(|_| bad())?,
+        )),
         _ => Err(bad()),
     }
 }
@@ -226,11 +229,18 @@ fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn submit(client: &Client, args: &JobArgs, json: bool, banner: bool) -> anyhow::Result<()> {
+pub async fn submit(
+    client: &Client,
+    args: &JobArgs,
+    json: bool,
+    banner: bool,
+) -> anyhow::Result<()> {
     if args.command.is_empty() {
         anyhow::bail!("a command is required: shoal submit [OPTIONS] -- CMD [ARGS...]");
     }
-    let req = args.request(args.command.clone()).map_err(anyhow::Error::msg)?;
+    let req = args
+        .request(args.command.clone())
+        .map_err(anyhow::Error::msg)?;
     let resp = client.submit_job(&req).await.map_err(api)?;
     if json {
         print_json(&resp)
@@ -261,7 +271,10 @@ pub async fn alloc(client: &Client, args: &JobArgs) -> anyhow::Result<()> {
         match job.state.as_str() {
             "running" => break job,
             "pending" | "requeued" => continue,
-            other => anyhow::bail!("job allocation {id} ended before it started ({other}): {}", job.reason),
+            other => anyhow::bail!(
+                "job allocation {id} ended before it started ({other}): {}",
+                job.reason
+            ),
         }
     };
     let nodes = client.nodes().await.map_err(api)?;
@@ -330,7 +343,8 @@ pub fn format_queue(jobs: &[JobInfo]) -> String {
         "JOBID", "NAME", "TENANT", "STATE", "NODES", "GPUS", "TIME_LIMIT", "NODELIST(REASON)"
     );
     for j in jobs {
-        let where_ = if j.state == "running" || j.state == "preempted" || j.state == "checkpointing" {
+        let where_ = if j.state == "running" || j.state == "preempted" || j.state == "checkpointing"
+        {
             j.nodes.join(",")
         } else if j.reason.is_empty() {
             j.nodes.join(",")
@@ -362,7 +376,13 @@ fn truncate(s: &str, n: usize) -> String {
 
 fn format_limit(s: u64) -> String {
     if s >= 86_400 {
-        format!("{}-{:02}:{:02}:{:02}", s / 86_400, (s / 3600) % 24, (s / 60) % 60, s % 60)
+        format!(
+            "{}-{:02}:{:02}:{:02}",
+            s / 86_400,
+            (s / 3600) % 24,
+            (s / 60) % 60,
+            s % 60
+        )
     } else {
         format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
     }
@@ -387,7 +407,11 @@ pub async fn show(client: &Client, id: u64, json: bool) -> anyhow::Result<()> {
         job.gpus_per_node,
         format_limit(job.time_limit_s),
         job.priority,
-        if job.preemptible { "" } else { ", not preemptible" }
+        if job.preemptible {
+            ""
+        } else {
+            ", not preemptible"
+        }
     );
     for (rank, node) in job.nodes.iter().enumerate() {
         let gpus = job.gpus.get(node).cloned().unwrap_or_default();
@@ -395,9 +419,14 @@ pub async fn show(client: &Client, id: u64, json: bool) -> anyhow::Result<()> {
     }
     println!(
         "epoch:       {}",
-        job.epoch.map(|e| e.to_string()).unwrap_or_else(|| "-".into())
+        job.epoch
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "-".into())
     );
-    println!("restarts:    {} (preempted {} times)", job.restarts, job.preemptions);
+    println!(
+        "restarts:    {} (preempted {} times)",
+        job.restarts, job.preemptions
+    );
     println!("submitted:   {}", job.submitted_at);
     println!("started:     {}", opt(&job.started_at));
     println!("ended:       {}", opt(&job.ended_at));
@@ -511,7 +540,9 @@ fn format_tenants(tenants: &[TenantInfo]) -> String {
             "{:<16}{:<16}{:>9}{:>12}{:>8}\n",
             t.name,
             t.parent.clone().unwrap_or_else(|| "-".into()),
-            t.max_gpus.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
+            t.max_gpus
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "-".into()),
             t.gpu_hours_limit
                 .map(|h| format!("{h:.1}"))
                 .unwrap_or_else(|| "-".into()),

@@ -83,6 +83,10 @@ impl Default for SchedulerTuning {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct ExecutorTuning {
+    /// Run the ranks placed on this node. `false` only for nodes whose GPUs
+    /// are managed by something else (and for the placement benchmark):
+    /// jobs placed there hold their GPUs until cancelled.
+    pub enabled: bool,
     /// Between SIGTERM and SIGKILL when a job is stopped.
     pub stop_grace_s: u64,
     /// Where job logs and checkpoint directories live; default `<data-dir>/jobs`.
@@ -92,6 +96,7 @@ pub struct ExecutorTuning {
 impl Default for ExecutorTuning {
     fn default() -> Self {
         ExecutorTuning {
+            enabled: true,
             stop_grace_s: 30,
             jobs_dir: None,
         }
@@ -170,6 +175,7 @@ const ENV_KEYS: &[&str] = &[
     "membership.request_timeout_ms",
     "scheduler.policy",
     "scheduler.interval_ms",
+    "executor.enabled",
     "executor.stop_grace_s",
     "executor.jobs_dir",
 ];

@@ -75,7 +75,11 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
         // Fencing: anything not (or no longer) assigned to us dies now.
         for (key, rank) in ranks.iter_mut() {
             if !assigned.contains_key(key) {
-                tracing::info!(job = key.job, epoch = key.epoch, "the allocation moved on; killing the rank");
+                tracing::info!(
+                    job = key.job,
+                    epoch = key.epoch,
+                    "the allocation moved on; killing the rank"
+                );
                 signal(&rank.child, libc::SIGKILL);
             }
         }
@@ -142,7 +146,13 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
         for (key, code) in done {
             let outcome = if code == 0 { "success" } else { "failure" };
             inner.metrics.count_rank_exit(outcome);
-            tracing::info!(job = key.job, epoch = key.epoch, rank = key.rank, code, "rank exited");
+            tracing::info!(
+                job = key.job,
+                epoch = key.epoch,
+                rank = key.rank,
+                code,
+                "rank exited"
+            );
             // A final checkpoint written during the grace period still counts.
             if let Some(rank) = ranks.remove(&key) {
                 if let Some(step) = latest_done_step(&rank.ckpt_dir) {
@@ -181,7 +191,9 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
                     reported.push(key.clone())
                 }
                 Ok(_) => reported.push(key.clone()),
-                Err(e) => tracing::debug!(job = key.job, error = %e.message, "could not report a rank exit yet"),
+                Err(e) => {
+                    tracing::debug!(job = key.job, error = %e.message, "could not report a rank exit yet")
+                }
             }
         }
         for key in reported {
@@ -308,7 +320,13 @@ fn spawn(
     let child = cmd
         .spawn()
         .map_err(|e| format!("cannot run '{program}': {e}"))?;
-    tracing::info!(job = key.job, epoch = key.epoch, rank = key.rank, pid = child.id(), "rank started");
+    tracing::info!(
+        job = key.job,
+        epoch = key.epoch,
+        rank = key.rank,
+        pid = child.id(),
+        "rank started"
+    );
     Ok(RunningRank {
         child,
         term_sent: None,

@@ -104,7 +104,11 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
     }
 }
 
-pub fn jobs(ledger: &Ledger, tenant: Option<&str>, state: Option<&str>) -> Result<Vec<JobInfo>, String> {
+pub fn jobs(
+    ledger: &Ledger,
+    tenant: Option<&str>,
+    state: Option<&str>,
+) -> Result<Vec<JobInfo>, String> {
     let state = match state {
         None => None,
         Some(s) => Some(JobState::parse(s).ok_or_else(|| {
@@ -123,7 +127,9 @@ pub fn jobs(ledger: &Ledger, tenant: Option<&str>, state: Option<&str>) -> Resul
 
 pub fn tenant_limits(req: &TenantRequest) -> Result<TenantLimits, String> {
     if let Some(unknown) = req.unset.first() {
-        return Err(format!("'{unknown}' cannot be unset when creating a tenant"));
+        return Err(format!(
+            "'{unknown}' cannot be unset when creating a tenant"
+        ));
     }
     Ok(TenantLimits {
         parent: req.parent.clone(),
@@ -157,7 +163,9 @@ pub fn tenant_update(req: &TenantRequest) -> Result<TenantUpdate, String> {
 
 fn hours_to_seconds(hours: f64) -> Result<u64, String> {
     if !hours.is_finite() || hours < 0.0 || hours > 1e12 {
-        return Err(format!("--gpu-hours must be a non-negative number, not {hours}"));
+        return Err(format!(
+            "--gpu-hours must be a non-negative number, not {hours}"
+        ));
     }
     Ok((hours * 3600.0).round() as u64)
 }
@@ -201,8 +209,14 @@ pub fn quota(ledger: &Ledger, now_ms: u64) -> Vec<QuotaInfo> {
         .values()
         .map(|t| {
             let subtree = workload.subtree(&t.name);
-            let gpus_in_use: u32 = subtree.iter().map(|s| held.get(s).copied().unwrap_or(0)).sum();
-            let used_ms: u64 = subtree.iter().map(|s| workload.used_gpu_ms(s, now_ms)).sum();
+            let gpus_in_use: u32 = subtree
+                .iter()
+                .map(|s| held.get(s).copied().unwrap_or(0))
+                .sum();
+            let used_ms: u64 = subtree
+                .iter()
+                .map(|s| workload.used_gpu_ms(s, now_ms))
+                .sum();
             let refunded_ms: u64 = subtree
                 .iter()
                 .map(|s| workload.tenants[*s].refunded_gpu_ms)

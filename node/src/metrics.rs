@@ -104,11 +104,7 @@ impl Metrics {
             "Gang placements committed by this node as leader",
             m.placements.clone(),
         );
-        registry.register(
-            "jobs",
-            "Jobs in the ledger by state",
-            m.jobs.clone(),
-        );
+        registry.register("jobs", "Jobs in the ledger by state", m.jobs.clone());
         registry.register(
             "job_rank_exits",
             "Job ranks this node ran that exited, by outcome",

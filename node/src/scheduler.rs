@@ -111,7 +111,11 @@ pub async fn pass(inner: &Inner) -> Result<PassOutcome, crate::proto::WireError>
         }
     }
     for (job, epoch) in overdue {
-        tracing::warn!(job, epoch, "ranks did not report back before the stop deadline; releasing the GPUs");
+        tracing::warn!(
+            job,
+            epoch,
+            "ranks did not report back before the stop deadline; releasing the GPUs"
+        );
         inner
             .write_local(Command::ReleaseJob { job, epoch })
             .await?;

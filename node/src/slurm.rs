@@ -80,7 +80,11 @@ pub fn translate(program: &str, args: &[String]) -> Result<Translation, String> 
             argv
         }
         "sacctmgr" => sacctmgr(args)?,
-        other => return Err(format!("'{other}' is not a Slurm command this binary emulates")),
+        other => {
+            return Err(format!(
+                "'{other}' is not a Slurm command this binary emulates"
+            ))
+        }
     };
     Ok(Translation { argv, warnings })
 }
@@ -272,13 +276,20 @@ fn sacctmgr(args: &[String]) -> Result<Vec<String>, String> {
     let words: Vec<&str> = args
         .iter()
         .map(String::as_str)
-        .filter(|a| !matches!(*a, "-i" | "--immediate" | "-n" | "--noheader" | "-P" | "--parsable2"))
+        .filter(|a| {
+            !matches!(
+                *a,
+                "-i" | "--immediate" | "-n" | "--noheader" | "-P" | "--parsable2"
+            )
+        })
         .collect();
     let json = words.contains(&"--json");
     let words: Vec<&str> = words.into_iter().filter(|w| *w != "--json").collect();
     let (verb, entity) = match (words.first(), words.get(1)) {
         (Some(v), Some(e)) => (v.to_ascii_lowercase(), e.to_ascii_lowercase()),
-        _ => return Err("sacctmgr: use 'sacctmgr create group NAME [GrpTRES=accelerator=N]'".into()),
+        _ => {
+            return Err("sacctmgr: use 'sacctmgr create group NAME [GrpTRES=accelerator=N]'".into())
+        }
     };
     let mut argv = vec!["shoal".to_string()];
     match verb.as_str() {
@@ -297,7 +308,9 @@ fn sacctmgr(args: &[String]) -> Result<Vec<String>, String> {
         other => return Err(format!("sacctmgr: '{other}' is not supported")),
     }
     if !matches!(entity.as_str(), "account" | "group" | "tenant") {
-        return Err(format!("sacctmgr: '{entity}' is not supported (use account or group)"));
+        return Err(format!(
+            "sacctmgr: '{entity}' is not supported (use account or group)"
+        ));
     }
     let mut name = None;
     let mut flags = Vec::new();
@@ -355,12 +368,21 @@ fn sacctmgr(args: &[String]) -> Result<Vec<String>, String> {
 fn gpu_tres(value: &str) -> Result<String, String> {
     for item in value.split(',') {
         if let Some((kind, n)) = item.split_once('=') {
-            if matches!(kind, "gres/gpu" | "gpu" | "accelerator" | "gres/accelerator") {
-                return Ok(if n == "-1" { "none".into() } else { n.to_string() });
+            if matches!(
+                kind,
+                "gres/gpu" | "gpu" | "accelerator" | "gres/accelerator"
+            ) {
+                return Ok(if n == "-1" {
+                    "none".into()
+                } else {
+                    n.to_string()
+                });
             }
         }
     }
-    Err(format!("sacctmgr: no GPU count in '{value}' (use accelerator=N or gres/gpu=N)"))
+    Err(format!(
+        "sacctmgr: no GPU count in '{value}' (use accelerator=N or gres/gpu=N)"
+    ))
 }
 
 #[cfg(test)]
@@ -376,13 +398,31 @@ mod tests {
     fn salloc_with_gres_and_time() {
         assert_eq!(
             t("salloc", "-N 32 --gres=accelerator:8 -t 72:00:00"),
-            ["shoal", "alloc", "-N", "32", "--gres", "accelerator:8", "--time", "72:00:00"]
+            [
+                "shoal",
+                "alloc",
+                "-N",
+                "32",
+                "--gres",
+                "accelerator:8",
+                "--time",
+                "72:00:00"
+            ]
         );
         assert_eq!(
             t("salloc", "-N2 --gpus-per-node=H100:4 -A vision python x.py"),
             [
-                "shoal", "alloc", "-N", "2", "--gres", "gpu:H100:4", "--tenant", "vision", "--",
-                "python", "x.py"
+                "shoal",
+                "alloc",
+                "-N",
+                "2",
+                "--gres",
+                "gpu:H100:4",
+                "--tenant",
+                "vision",
+                "--",
+                "python",
+                "x.py"
             ]
         );
     }
@@ -391,16 +431,25 @@ mod tests {
     fn sbatch_reads_directives_and_prints_the_banner() {
         let dir = tempfile::tempdir().expect("tempdir");
         let script = dir.path().join("job.sh");
-        std::fs::write(&script, "#!/bin/sh\n#SBATCH -N 2\n#SBATCH --time=10\necho hi\n")
-            .expect("write");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\n#SBATCH -N 2\n#SBATCH --time=10\necho hi\n",
+        )
+        .expect("write");
         let path = script.display().to_string();
         let argv = t("sbatch", &format!("-t 20 {path} a"));
         assert_eq!(
             argv,
-            ["shoal", "submit", "-N", "2", "--time", "10", "--time", "20", "--banner", "--", &path, "a"]
+            [
+                "shoal", "submit", "-N", "2", "--time", "10", "--time", "20", "--banner", "--",
+                &path, "a"
+            ]
         );
         let parsable = t("sbatch", "--parsable --wrap=hostname");
-        assert_eq!(parsable, ["shoal", "submit", "--", "/bin/sh", "-c", "hostname"]);
+        assert_eq!(
+            parsable,
+            ["shoal", "submit", "--", "/bin/sh", "-c", "hostname"]
+        );
     }
 
     #[test]
@@ -421,14 +470,28 @@ mod tests {
             ["shoal", "tenant", "create", "vision"]
         );
         assert_eq!(
-            t("sacctmgr", "modify group vision set GrpTRES=accelerator=800"),
+            t(
+                "sacctmgr",
+                "modify group vision set GrpTRES=accelerator=800"
+            ),
             ["shoal", "tenant", "set", "vision", "--max-gpus", "800"]
         );
         assert_eq!(
-            t("sacctmgr", "-i add account nlp parent=research fairshare=2 GrpTRESMins=gres/gpu=600"),
+            t(
+                "sacctmgr",
+                "-i add account nlp parent=research fairshare=2 GrpTRESMins=gres/gpu=600"
+            ),
             [
-                "shoal", "tenant", "create", "nlp", "--parent", "research", "--weight", "2",
-                "--gpu-hours", "10"
+                "shoal",
+                "tenant",
+                "create",
+                "nlp",
+                "--parent",
+                "research",
+                "--weight",
+                "2",
+                "--gpu-hours",
+                "10"
             ]
         );
         assert_eq!(t("sacctmgr", "show assoc"), ["shoal", "quota"]);

@@ -149,7 +149,10 @@ impl Client {
         .await
     }
 
-    pub async fn submit_job(&self, req: &JobSubmitRequest) -> Result<JobSubmitResponse, ClientError> {
+    pub async fn submit_job(
+        &self,
+        req: &JobSubmitRequest,
+    ) -> Result<JobSubmitResponse, ClientError> {
         self.post("/v1/jobs", req).await
     }
 

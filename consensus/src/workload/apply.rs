@@ -47,7 +47,11 @@ impl Workload {
         Ok(())
     }
 
-    pub(crate) fn update_tenant(&mut self, name: &str, update: &TenantUpdate) -> Result<(), String> {
+    pub(crate) fn update_tenant(
+        &mut self,
+        name: &str,
+        update: &TenantUpdate,
+    ) -> Result<(), String> {
         let Some(tenant) = self.tenants.get(name) else {
             return Err(format!("no tenant named '{name}'"));
         };
@@ -203,9 +207,10 @@ impl Workload {
         for id in &plan.timed_out {
             if let Some(alloc) = self.jobs.get_mut(id).and_then(|job| job.alloc.as_mut()) {
                 if alloc.stop.is_none()
-                    && now_ms >= alloc.started_at_ms.saturating_add(
-                        self.jobs[id].spec.time_limit_s.saturating_mul(1000),
-                    )
+                    && now_ms
+                        >= alloc
+                            .started_at_ms
+                            .saturating_add(self.jobs[id].spec.time_limit_s.saturating_mul(1000))
                 {
                     self.request_stop(*id, StopCause::TimeLimit, now_ms);
                 }
@@ -340,7 +345,10 @@ impl Workload {
                     }
                 }
                 if busy.contains(&(*node, *gpu)) {
-                    return Err(format!("GPU {gpu} of {} is already allocated", member.spec.name));
+                    return Err(format!(
+                        "GPU {gpu} of {} is already allocated",
+                        member.spec.name
+                    ));
                 }
             }
             for (key, value) in &spec.required_labels {
@@ -363,7 +371,10 @@ impl Workload {
             let subtree = self.subtree(name);
             let limits = &self.tenants[name].limits;
             if let Some(max) = limits.max_gpus {
-                let in_use: u32 = subtree.iter().map(|t| held.get(t).copied().unwrap_or(0)).sum();
+                let in_use: u32 = subtree
+                    .iter()
+                    .map(|t| held.get(t).copied().unwrap_or(0))
+                    .sum();
                 if in_use.saturating_add(spec.total_gpus()) > max {
                     return Err(format!(
                         "quota: {name} uses {in_use}/{max} GPUs, job needs {}",
@@ -440,7 +451,10 @@ impl Workload {
         exit_code: i32,
         now_ms: u64,
     ) -> Result<(), String> {
-        let job = self.jobs.get_mut(&id).ok_or_else(|| format!("no job {id}"))?;
+        let job = self
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| format!("no job {id}"))?;
         let Some(alloc) = job.alloc.as_mut() else {
             return Err(format!("job {id} holds no allocation"));
         };
@@ -475,7 +489,10 @@ impl Workload {
         step: u64,
         now_ms: u64,
     ) -> Result<(), String> {
-        let job = self.jobs.get_mut(&id).ok_or_else(|| format!("no job {id}"))?;
+        let job = self
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| format!("no job {id}"))?;
         let alloc = match job.alloc.as_mut() {
             Some(alloc) if alloc.epoch == epoch => alloc,
             _ => return Err(format!("stale epoch {epoch} for job {id}")),
@@ -560,11 +577,7 @@ impl Workload {
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
-        let first_failure = alloc
-            .exits
-            .values()
-            .copied()
-            .find(|code| *code != 0);
+        let first_failure = alloc.exits.values().copied().find(|code| *code != 0);
         match alloc.stop.map(|s| s.cause) {
             None => {
                 job.exit_code = Some(first_failure.unwrap_or(0));
@@ -723,7 +736,11 @@ fn validate_spec(spec: &JobSpec) -> Result<(), String> {
         return Err("job names are at most 128 characters".into());
     }
     let bytes: usize = spec.command.iter().map(String::len).sum::<usize>()
-        + spec.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        + spec
+            .env
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>();
     if bytes > MAX_JOB_SPEC_BYTES {
         return Err(format!(
             "the command and environment take {bytes} bytes; the limit is {MAX_JOB_SPEC_BYTES}"

@@ -159,7 +159,10 @@ fn a_job_runs_completes_and_charges_its_tenant() {
     };
     assert_eq!((started, refused), (vec![id], vec![]));
     let alloc = r.job(id).alloc.clone().expect("allocated");
-    assert_eq!(alloc.epoch, r.index, "the epoch is the log index of the plan");
+    assert_eq!(
+        alloc.epoch, r.index,
+        "the epoch is the log index of the plan"
+    );
     assert_eq!(alloc.gpu_count(), 8);
     r.now_ms += 60_000;
     r.exit_all(id, 0);
@@ -180,10 +183,7 @@ fn a_stale_plan_never_double_books() {
     // fits, the new one placed `b` on the same GPUs first.
     let snapshot = SchedSnapshot::new(&r.ledger, r.now_ms, Policy::Fifo);
     let prox = TopologyProximity::new(&snapshot.input.nodes);
-    let old_leader_plan = snapshot.to_plan(
-        &schedule(&snapshot.input, &prox),
-        &r.ledger.workload,
-    );
+    let old_leader_plan = snapshot.to_plan(&schedule(&snapshot.input, &prox), &r.ledger.workload);
     let mut new_leader_plan = old_leader_plan.clone();
     new_leader_plan.placements[0].job = b;
     r.apply(Command::Schedule(new_leader_plan));
@@ -325,11 +325,19 @@ fn cancelling_a_running_job_waits_for_its_ranks() {
     r.pass(Policy::Hdrf);
     r.apply(Command::CancelJob { job: id });
     assert_eq!(r.job(id).state, JobState::Running);
-    let epoch = r.job(id).alloc.as_ref().map(|a| a.epoch).unwrap_or_default();
+    let epoch = r
+        .job(id)
+        .alloc
+        .as_ref()
+        .map(|a| a.epoch)
+        .unwrap_or_default();
     let early = r.apply(Command::ReleaseJob { job: id, epoch });
     assert!(matches!(early, LedgerResponse::Rejected(_)));
     r.now_ms += STOP_DEADLINE_MS;
-    assert_eq!(r.apply(Command::ReleaseJob { job: id, epoch }), LedgerResponse::Ok);
+    assert_eq!(
+        r.apply(Command::ReleaseJob { job: id, epoch }),
+        LedgerResponse::Ok
+    );
     assert_eq!(r.job(id).state, JobState::Cancelled);
 }
 
@@ -474,7 +482,12 @@ fn check_invariants(ledger: &Ledger) -> Result<(), TestCaseError> {
             for gpu in gpus {
                 prop_assert!(member.spec.gpus.iter().any(|g| g.index == *gpu));
                 // No GPU double-booked.
-                prop_assert!(booked.insert((*node, *gpu)), "GPU {}/{} double-booked", node, gpu);
+                prop_assert!(
+                    booked.insert((*node, *gpu)),
+                    "GPU {}/{} double-booked",
+                    node,
+                    gpu
+                );
             }
         }
         prop_assert!(!job.state.is_waiting() && !job.state.is_final());
@@ -496,13 +509,23 @@ fn check_invariants(ledger: &Ledger) -> Result<(), TestCaseError> {
                 .iter()
                 .map(|t| workload.committed_gpu_seconds(t))
                 .sum();
-            prop_assert!(committed <= limit, "{} committed {} > {}", name, committed, limit);
+            prop_assert!(
+                committed <= limit,
+                "{} committed {} > {}",
+                name,
+                committed,
+                limit
+            );
         }
     }
     // Every waiting job says why.
     for job in workload.jobs.values() {
         if job.state.is_waiting() {
-            prop_assert!(!job.reason.is_empty(), "job {} waits without a reason", job.id);
+            prop_assert!(
+                !job.reason.is_empty(),
+                "job {} waits without a reason",
+                job.id
+            );
         }
     }
     Ok(())
