@@ -343,10 +343,8 @@ pub fn format_queue(jobs: &[JobInfo]) -> String {
         "JOBID", "NAME", "TENANT", "STATE", "NODES", "GPUS", "TIME_LIMIT", "NODELIST(REASON)"
     );
     for j in jobs {
-        let where_ = if j.state == "running" || j.state == "preempted" || j.state == "checkpointing"
-        {
-            j.nodes.join(",")
-        } else if j.reason.is_empty() {
+        let holds_gpus = matches!(j.state.as_str(), "running" | "preempted" | "checkpointing");
+        let where_ = if holds_gpus || j.reason.is_empty() {
             j.nodes.join(",")
         } else {
             format!("({})", j.reason)

@@ -162,7 +162,7 @@ pub fn tenant_update(req: &TenantRequest) -> Result<TenantUpdate, String> {
 }
 
 fn hours_to_seconds(hours: f64) -> Result<u64, String> {
-    if !hours.is_finite() || hours < 0.0 || hours > 1e12 {
+    if !(0.0..=1e12).contains(&hours) {
         return Err(format!(
             "--gpu-hours must be a non-negative number, not {hours}"
         ));
