@@ -8,7 +8,7 @@ use shoal_sdk::{GpuInfo, MemberState};
 use std::collections::BTreeMap;
 
 use crate::types::NodeId;
-use crate::workload::{JobId, JobSpec, Plan, TenantLimits, TenantUpdate, Workload};
+use crate::workload::{CkptPart, JobId, JobSpec, Plan, TenantLimits, TenantUpdate, Workload};
 
 /// Cluster-wide facts fixed at bootstrap.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -130,13 +130,14 @@ pub enum Command {
         rank: u32,
         exit_code: i32,
     },
-    /// A rank completed its part of checkpoint `step`; the step counts
-    /// as the job's checkpoint once every rank of the epoch has done so.
-    Checkpointed {
+    /// A rank's part of checkpoint `step` is stored locally and replicated;
+    /// the step is committed once every rank of the epoch has recorded its part.
+    CheckpointPart {
         job: JobId,
         epoch: u64,
         rank: u32,
         step: u64,
+        part: CkptPart,
     },
     /// The leader frees a stopping job whose ranks never reported back.
     ReleaseJob {
@@ -379,12 +380,16 @@ impl Ledger {
                 self.workload
                     .rank_exited(*job, *epoch, *rank, *exit_code, now),
             ),
-            Command::Checkpointed {
+            Command::CheckpointPart {
                 job,
                 epoch,
                 rank,
                 step,
-            } => answer(self.workload.checkpointed(*job, *epoch, *rank, *step, now)),
+                part,
+            } => answer(
+                self.workload
+                    .checkpoint_part(*job, *epoch, *rank, *step, part, now),
+            ),
             Command::ReleaseJob { job, epoch } => answer(self.workload.release(*job, *epoch, now)),
         }
     }

@@ -84,6 +84,8 @@ pub struct Inner {
     /// Gossip-fed view of the other members (failure detector, coordinates, adverts).
     pub peers: crate::peers::SharedPeerView,
     pub gpu: std::sync::Mutex<GpuState>,
+    /// Checkpoint chunks held by this node (its own and replicas for peers).
+    pub chunks: Arc<shoal_storage::ChunkStore>,
     batcher: crate::batcher::Batcher,
     pub started: Instant,
     shutdown: watch::Sender<bool>,
@@ -281,6 +283,11 @@ impl Agent {
         let log = LogStore::new(db.clone()).map_err(|e| AgentError::Raft(e.to_string()))?;
         let sm = StateMachineStore::new(db).map_err(|e| AgentError::Raft(e.to_string()))?;
         let ledger = sm.handle();
+        let chunks = shoal_storage::ChunkStore::open(
+            data_dir.join("chunks"),
+            shoal_storage::StoreConfig::default(),
+        )
+        .map_err(|e| io("opening the chunk store", e))?;
         let contacts = ContactTracker::default();
         let network = NetworkFactory::new(
             Arc::new(MeshTransport { rpc: rpc.clone() }),
@@ -318,6 +325,7 @@ impl Agent {
                 ..spec
             },
             peers: crate::peers::new_view(cfg.test_inject_rtt.clone()),
+            chunks: Arc::new(chunks),
             gpu: std::sync::Mutex::new(GpuState {
                 source: gpu_source,
                 latest: Vec::new(),
@@ -791,6 +799,12 @@ impl Inner {
                 "this request needs a certificate signed by the cluster CA",
             )),
             Request::Raft(rpc) => Ok(Response::Raft(self.serve_raft(rpc).await)),
+            Request::Chunk(req) => {
+                let inner = self.clone();
+                tokio::task::spawn_blocking(move || inner.serve_chunk(req))
+                    .await
+                    .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))
+            }
             other => self.serve_as_leader(other).await,
         };
         result.unwrap_or_else(Response::Error)
@@ -888,9 +902,9 @@ impl Inner {
             Request::Query(q) => self.query_local(q).await,
             Request::Join(j) => self.admit(j).await.map(Response::Join),
             Request::RemoveMember(id) => self.remove_local(id).await,
-            Request::Raft(_) => Err(WireError::new(
+            Request::Raft(_) | Request::Chunk(_) => Err(WireError::new(
                 ErrorCode::Invalid,
-                "Raft RPCs are not routed",
+                "Raft and chunk RPCs are not routed",
             )),
         }
     }

@@ -92,7 +92,7 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
                     // Asked to stop before we started it: report a clean stop.
                     exited.insert(key.clone(), 0);
                 }
-                None => match launch(&inner, key, a) {
+                None => match prepare_and_launch(&inner, key, a).await {
                     Ok(rank) => {
                         ranks.insert(key.clone(), rank);
                     }
@@ -120,21 +120,22 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
                 }
             }
         }
-        // Checkpoints completed by running ranks.
+        // Checkpoints completed by running ranks: replicate in the background
+        // so the job never waits beyond its own local write.
         for (key, rank) in ranks.iter_mut() {
-            if let Some(step) = latest_done_step(&rank.ckpt_dir) {
-                if rank.reported_step.is_none_or(|s| step > s) && assigned.contains_key(key) {
-                    let cmd = Command::Checkpointed {
-                        job: key.job,
-                        epoch: key.epoch,
-                        rank: key.rank,
-                        step,
-                    };
-                    if inner.write(cmd).await.is_ok() {
-                        rank.reported_step = Some(step);
-                    }
-                }
+            let Some(step) = latest_done_step(&rank.ckpt_dir) else {
+                continue;
+            };
+            if rank.reported_step.is_some_and(|s| step <= s) || !assigned.contains_key(key) {
+                continue;
             }
+            rank.reported_step = Some(step);
+            let inner = inner.clone();
+            let key = key.clone();
+            let dir = rank.ckpt_dir.join(step.to_string());
+            tokio::spawn(async move {
+                record_checkpoint(&inner, &key, step, dir).await;
+            });
         }
         // Reap.
         let mut done = Vec::new();
@@ -153,18 +154,13 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
                 code,
                 "rank exited"
             );
-            // A final checkpoint written during the grace period still counts.
+            // A final checkpoint written during the grace period still counts,
+            // and must be recorded before the exit releases the allocation.
             if let Some(rank) = ranks.remove(&key) {
                 if let Some(step) = latest_done_step(&rank.ckpt_dir) {
-                    if rank.reported_step.is_none_or(|s| step > s) {
-                        let _ = inner
-                            .write(Command::Checkpointed {
-                                job: key.job,
-                                epoch: key.epoch,
-                                rank: key.rank,
-                                step,
-                            })
-                            .await;
+                    if rank.reported_step.is_none_or(|s| step > s) && assigned.contains_key(&key) {
+                        let dir = rank.ckpt_dir.join(step.to_string());
+                        record_checkpoint(&inner, &key, step, dir).await;
                     }
                 }
             }
@@ -210,13 +206,14 @@ struct Assignment {
     stop: Option<StopCause>,
     reported_exit: bool,
     ckpt_interval: Option<Duration>,
-    restore_step: Option<u64>,
+    restore: Option<shoal_consensus::workload::Checkpoint>,
 }
 
 fn assignments(inner: &Inner) -> Result<HashMap<RankKey, Assignment>, String> {
     let data = inner.read_ledger().map_err(|e| e.message)?;
+    let workload = &data.ledger.workload;
     let mut out = HashMap::new();
-    for (job, alloc) in data.ledger.workload.holding() {
+    for (job, alloc) in workload.holding() {
         let Some(rank) = alloc.rank_of(inner.id) else {
             continue;
         };
@@ -226,13 +223,23 @@ fn assignments(inner: &Inner) -> Result<HashMap<RankKey, Assignment>, String> {
                 epoch: alloc.epoch,
                 rank,
             },
-            assignment(job, alloc, rank),
+            assignment(
+                job,
+                alloc,
+                rank,
+                workload.latest_checkpoint(job.id).cloned(),
+            ),
         );
     }
     Ok(out)
 }
 
-fn assignment(job: &Job, alloc: &shoal_consensus::workload::Allocation, rank: u32) -> Assignment {
+fn assignment(
+    job: &Job,
+    alloc: &shoal_consensus::workload::Allocation,
+    rank: u32,
+    restore: Option<shoal_consensus::workload::Checkpoint>,
+) -> Assignment {
     Assignment {
         spec: job.spec.clone(),
         gpus: alloc.nodes[rank as usize].1.clone(),
@@ -240,7 +247,82 @@ fn assignment(job: &Job, alloc: &shoal_consensus::workload::Allocation, rank: u3
         stop: alloc.stop.map(|s| s.cause),
         reported_exit: alloc.exits.contains_key(&rank),
         ckpt_interval: job.spec.ckpt_interval_s.map(Duration::from_secs),
-        restore_step: job.last_ckpt_step,
+        restore,
+    }
+}
+
+/// Restores the checkpoint to resume from (every rank's part), then starts the rank.
+async fn prepare_and_launch(
+    inner: &Arc<Inner>,
+    key: &RankKey,
+    a: &Assignment,
+) -> Result<RunningRank, String> {
+    if let Some(ckpt) = a.restore.clone() {
+        let ckpt_dir = job_dir(&inner.cfg.jobs_dir(), key.job).join("ckpt");
+        let started = Instant::now();
+        let worker = inner.clone();
+        let handle = tokio::runtime::Handle::current();
+        let dir = ckpt_dir.clone();
+        let step = ckpt.step;
+        let restored = tokio::task::spawn_blocking(move || {
+            crate::ckpt::restore_checkpoint(&worker, handle, &ckpt, &dir)
+        })
+        .await
+        .map_err(|e| format!("restore task failed: {e}"))??;
+        tracing::info!(
+            job = key.job,
+            rank = key.rank,
+            step,
+            bytes = restored,
+            ms = started.elapsed().as_millis() as u64,
+            "checkpoint restored"
+        );
+    }
+    launch(inner, key, a)
+}
+
+/// Stores and replicates this rank's part of `step`, then records it in the ledger.
+async fn record_checkpoint(inner: &Arc<Inner>, key: &RankKey, step: u64, dir: PathBuf) {
+    let started = Instant::now();
+    let worker = inner.clone();
+    let handle = tokio::runtime::Handle::current();
+    let (job, rank) = (key.job, key.rank);
+    let part = tokio::task::spawn_blocking(move || {
+        crate::ckpt::replicate_part(&worker, handle, job, rank, step, &dir)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    let part = match part {
+        Ok(part) => part,
+        Err(e) => {
+            tracing::warn!(job, rank, step, error = %e, "checkpoint not replicated");
+            return;
+        }
+    };
+    let holders = part.holders.clone();
+    let cmd = Command::CheckpointPart {
+        job,
+        epoch: key.epoch,
+        rank,
+        step,
+        part,
+    };
+    match inner.write(cmd).await {
+        Ok((LedgerResponse::Rejected(reason), _)) => {
+            tracing::info!(job, rank, step, %reason, "checkpoint part not recorded")
+        }
+        Ok(_) => tracing::info!(
+            job,
+            rank,
+            step,
+            ?holders,
+            ms = started.elapsed().as_millis() as u64,
+            "checkpoint part replicated and recorded"
+        ),
+        Err(e) => {
+            tracing::warn!(job, rank, step, error = %e.message, "checkpoint part not recorded")
+        }
     }
 }
 
@@ -376,8 +458,8 @@ fn gang_env(
         ("SHOAL_API".into(), format!("http://{}", inner.api_addr)),
         ("SHOAL_NODE".into(), inner.name.clone()),
     ];
-    if let Some(step) = a.restore_step {
-        env.push(("SHOAL_RESTORE_STEP".into(), step.to_string()));
+    if let Some(ckpt) = &a.restore {
+        env.push(("SHOAL_RESTORE_STEP".into(), ckpt.step.to_string()));
     }
     env
 }

@@ -270,7 +270,7 @@ mod tests {
     #[test]
     fn timestamps_are_rfc3339_utc() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_795_000_000_123), "2026-11-18T08:26:40Z");
+        assert_eq!(rfc3339(1_795_000_000_123), "2026-11-18T11:06:40Z");
     }
 
     #[test]

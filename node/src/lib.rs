@@ -6,6 +6,7 @@ pub mod api;
 pub mod batcher;
 pub mod bench;
 pub mod bench_place;
+pub mod ckpt;
 pub mod cli;
 pub mod cli_jobs;
 pub mod config;

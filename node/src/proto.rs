@@ -21,6 +21,23 @@ pub enum Request {
     Query(Query),
     /// Remove a member from the cluster (leader only).
     RemoveMember(u64),
+    /// Checkpoint chunks, served by the receiving node's own store.
+    Chunk(ChunkRequest),
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub enum ChunkRequest {
+    /// Store a chunk frame; the receiver verifies it against the id.
+    Put {
+        id: shoal_storage::chunk::ChunkId,
+        frame: Vec<u8>,
+    },
+    Fetch {
+        id: shoal_storage::chunk::ChunkId,
+    },
+    Has {
+        ids: Vec<shoal_storage::chunk::ChunkId>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -54,6 +71,9 @@ pub enum Response {
     Jobs(Vec<shoal_sdk::JobInfo>),
     Tenants(Vec<shoal_sdk::TenantInfo>),
     Quota(Vec<shoal_sdk::QuotaInfo>),
+    ChunkStored,
+    Chunk(Vec<u8>),
+    Has(Vec<bool>),
     Error(WireError),
 }
 

@@ -5,9 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use shoal_sdk::MemberState;
 
 use super::{
-    Allocation, Job, JobId, JobSpec, JobState, Plan, PlannedPlacement, Stop, StopCause, Tenant,
-    TenantLimits, TenantUpdate, Workload, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS,
-    MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES, STOP_DEADLINE_MS,
+    Allocation, Checkpoint, CkptPart, Job, JobId, JobSpec, JobState, Plan, PlannedPlacement, Stop,
+    StopCause, Tenant, TenantLimits, TenantUpdate, Workload, CKPT_RETAIN, DEFAULT_TENANT,
+    FAIR_SHARE_HALF_LIFE_MS, MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES,
+    STOP_DEADLINE_MS,
 };
 use crate::ledger::{validate_name, Member};
 use crate::types::NodeId;
@@ -411,7 +412,6 @@ impl Workload {
                 started_at_ms: now_ms,
                 diameter_us: placement.diameter_us,
                 exits: BTreeMap::new(),
-                ckpt_steps: BTreeMap::new(),
                 stop: None,
             });
         }
@@ -479,36 +479,81 @@ impl Workload {
         Ok(())
     }
 
-    /// A rank completed its part of a checkpoint step; the step is the
-    /// job's once every rank of the current epoch has reached it.
-    pub(crate) fn checkpointed(
+    /// A rank's part of checkpoint `step` is stored and replicated; the step
+    /// is committed (and becomes the job's restore point) once every rank of
+    /// the epoch has recorded its part. Parts from another epoch are refused.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn checkpoint_part(
         &mut self,
         id: JobId,
         epoch: u64,
         rank: u32,
         step: u64,
+        part: &CkptPart,
         now_ms: u64,
     ) -> Result<(), String> {
+        if part.manifest.len() > MAX_MANIFEST_BYTES {
+            return Err(format!(
+                "checkpoint manifest of {} bytes exceeds {MAX_MANIFEST_BYTES}",
+                part.manifest.len()
+            ));
+        }
         let job = self
             .jobs
             .get_mut(&id)
             .ok_or_else(|| format!("no job {id}"))?;
-        let alloc = match job.alloc.as_mut() {
-            Some(alloc) if alloc.epoch == epoch => alloc,
+        let ranks = match &job.alloc {
+            Some(alloc) if alloc.epoch == epoch => alloc.nodes.len() as u32,
             _ => return Err(format!("stale epoch {epoch} for job {id}")),
         };
-        if rank as usize >= alloc.nodes.len() {
+        if rank >= ranks {
             return Err(format!("job {id} has no rank {rank}"));
         }
-        let entry = alloc.ckpt_steps.entry(rank).or_insert(step);
-        *entry = (*entry).max(step);
-        if alloc.ckpt_steps.len() < alloc.nodes.len() {
+        if job.last_ckpt_step.is_some_and(|last| step <= last) {
             return Ok(());
         }
-        let step = alloc.ckpt_steps.values().copied().min().unwrap_or(step);
-        if job.last_ckpt_step.is_none_or(|last| step > last) {
+        let catalog = self.checkpoints.entry(id).or_default();
+        let position = match catalog.iter().position(|c| c.step == step) {
+            Some(i) => i,
+            None => {
+                catalog.push(Checkpoint {
+                    step,
+                    epoch,
+                    ranks,
+                    parts: BTreeMap::new(),
+                    committed_at_ms: None,
+                });
+                catalog.sort_by_key(|c| c.step);
+                catalog.iter().position(|c| c.step == step).unwrap_or(0)
+            }
+        };
+        let entry = &mut catalog[position];
+        if entry.epoch != epoch {
+            // The same step written again after a restart: start over.
+            entry.epoch = epoch;
+            entry.ranks = ranks;
+            entry.parts.clear();
+        }
+        entry.parts.insert(rank, part.clone());
+        if entry.parts.len() as u32 == entry.ranks && entry.committed_at_ms.is_none() {
+            entry.committed_at_ms = Some(now_ms);
             job.last_ckpt_step = Some(step);
             job.last_ckpt_at_ms = Some(now_ms);
+            // Keep the last CKPT_RETAIN committed steps; drop older ones and
+            // unfinished ones that can no longer become the latest.
+            let committed: Vec<u64> = catalog
+                .iter()
+                .filter(|c| c.committed_at_ms.is_some())
+                .map(|c| c.step)
+                .collect();
+            let oldest_kept = committed
+                .len()
+                .checked_sub(CKPT_RETAIN)
+                .map(|i| committed[i])
+                .unwrap_or(0);
+            catalog.retain(|c| {
+                c.step >= oldest_kept && (c.committed_at_ms.is_some() || c.step > step)
+            });
         }
         Ok(())
     }
@@ -678,6 +723,7 @@ impl Workload {
         if finished.len() > MAX_FINISHED_JOBS {
             for id in &finished[..finished.len() - MAX_FINISHED_JOBS] {
                 self.jobs.remove(id);
+                self.checkpoints.remove(id);
             }
         }
     }

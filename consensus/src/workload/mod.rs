@@ -47,6 +47,10 @@ pub const MAX_FINISHED_JOBS: usize = 10_000;
 pub const STOP_DEADLINE_MS: u64 = 60_000;
 /// Half-life of the fair-share usage figure shown by `shoal quota`.
 pub const FAIR_SHARE_HALF_LIFE_MS: u64 = 7 * 24 * 3600 * 1000;
+/// Committed checkpoints kept per job (older ones are dropped from the catalog).
+pub const CKPT_RETAIN: usize = 3;
+/// Largest manifest one checkpoint part may record in the ledger.
+pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
 /// Longest command line (bytes over all arguments and environment) a job may carry.
 pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024;
 
@@ -221,8 +225,6 @@ pub struct Allocation {
     pub diameter_us: u64,
     /// Exit codes reported so far, by rank.
     pub exits: BTreeMap<u32, i32>,
-    /// Latest checkpoint step each rank has completed.
-    pub ckpt_steps: BTreeMap<u32, u64>,
     pub stop: Option<Stop>,
 }
 
@@ -312,12 +314,54 @@ impl Plan {
     }
 }
 
+/// One rank's part of a checkpoint: its manifest (files → chunks) and the
+/// nodes holding every chunk.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct CkptPart {
+    pub manifest: Vec<u8>,
+    pub bytes: u64,
+    pub holders: Vec<NodeId>,
+}
+
+/// A checkpoint step of a job: committed once every rank's part is
+/// replicated (each part on a write quorum of holders).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub step: u64,
+    pub epoch: u64,
+    pub ranks: u32,
+    pub parts: BTreeMap<u32, CkptPart>,
+    pub committed_at_ms: Option<u64>,
+}
+
+impl Checkpoint {
+    pub fn bytes(&self) -> u64 {
+        self.parts.values().map(|p| p.bytes).sum()
+    }
+
+    /// Nodes holding every part.
+    pub fn replicas(&self) -> Vec<NodeId> {
+        let mut parts = self.parts.values();
+        let Some(first) = parts.next() else {
+            return Vec::new();
+        };
+        let mut common: Vec<NodeId> = first.holders.clone();
+        for part in parts {
+            common.retain(|n| part.holders.contains(n));
+        }
+        common.sort_unstable();
+        common
+    }
+}
+
 /// Jobs and tenants.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Workload {
     pub tenants: BTreeMap<String, Tenant>,
     pub jobs: BTreeMap<JobId, Job>,
     pub next_job_id: JobId,
+    /// The checkpoint catalog, by job, in step order.
+    pub checkpoints: BTreeMap<JobId, Vec<Checkpoint>>,
 }
 
 impl Workload {
@@ -375,6 +419,15 @@ impl Workload {
             current = self.tenants[name].limits.parent.as_deref();
         }
         chain
+    }
+
+    /// The latest committed checkpoint of a job.
+    pub fn latest_checkpoint(&self, job: JobId) -> Option<&Checkpoint> {
+        self.checkpoints
+            .get(&job)?
+            .iter()
+            .rev()
+            .find(|c| c.committed_at_ms.is_some())
     }
 
     /// Names of `tenant` and every tenant below it.

@@ -241,11 +241,16 @@ fn preemption_requeues_the_victim_and_refunds_lost_work() {
     r.pass(Policy::HdrfPreempt);
     let epoch = r.job(victim).alloc.as_ref().expect("running").epoch;
     r.now_ms += 600_000;
-    r.apply(Command::Checkpointed {
+    r.apply(Command::CheckpointPart {
         job: victim,
         epoch,
         rank: 0,
         step: 100,
+        part: CkptPart {
+            manifest: vec![],
+            bytes: 10,
+            holders: vec![1],
+        },
     });
     r.now_ms += 300_000;
     let urgent = r.submit(job("prod", 1, 8));
@@ -529,4 +534,49 @@ fn check_invariants(ledger: &Ledger) -> Result<(), TestCaseError> {
         }
     }
     Ok(())
+}
+
+#[test]
+fn a_checkpoint_commits_when_every_rank_has_its_part_and_old_ones_are_dropped() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let id = r.submit(job(DEFAULT_TENANT, 2, 1));
+    r.pass(Policy::Hdrf);
+    let epoch = r.job(id).alloc.as_ref().expect("running").epoch;
+    let part = |holders: Vec<u64>| CkptPart {
+        manifest: vec![1, 2, 3],
+        bytes: 100,
+        holders,
+    };
+    for step in 1..=5u64 {
+        r.now_ms += 1_000;
+        r.apply(Command::CheckpointPart {
+            job: id,
+            epoch,
+            rank: 0,
+            step,
+            part: part(vec![1, 2]),
+        });
+        assert_eq!(r.job(id).last_ckpt_step, (step > 1).then(|| step - 1));
+        r.apply(Command::CheckpointPart {
+            job: id,
+            epoch,
+            rank: 1,
+            step,
+            part: part(vec![2, 1]),
+        });
+        assert_eq!(r.job(id).last_ckpt_step, Some(step));
+    }
+    let catalog = &r.ledger.workload.checkpoints[&id];
+    let steps: Vec<u64> = catalog.iter().map(|c| c.step).collect();
+    assert_eq!(steps, [3, 4, 5]);
+    assert_eq!(catalog[2].replicas(), [1, 2]);
+    assert_eq!(catalog[2].bytes(), 200);
+    let stale = r.apply(Command::CheckpointPart {
+        job: id,
+        epoch: epoch - 1,
+        rank: 0,
+        step: 9,
+        part: part(vec![1]),
+    });
+    assert!(matches!(stale, LedgerResponse::Rejected(m) if m.contains("stale epoch")));
 }
