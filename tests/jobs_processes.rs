@@ -332,3 +332,149 @@ async fn slurm_names_drive_the_cluster() {
         "{err}"
     );
 }
+
+fn python3() -> Option<&'static str> {
+    Command::new("python3")
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|_| "python3")
+}
+
+fn example_script() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/train.py")
+        .canonicalize()
+        .expect("examples/train.py")
+        .display()
+        .to_string()
+}
+
+/// The checksum an uninterrupted run of `rank` prints.
+fn uninterrupted_checksum(rank: u32, steps: u32) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new("python3")
+        .arg(example_script())
+        .args(["--steps", &steps.to_string(), "--step-seconds", "0"])
+        .env("RANK", rank.to_string())
+        .env("SHOAL_CKPT_DIR", dir.path().join("ckpt"))
+        .output()
+        .expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("rank {rank} checksum ")))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no checksum in {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
+    if python3().is_none() {
+        eprintln!("skipped: python3 is not installed (the example job is a Python script)");
+        return;
+    }
+    let steps = 120;
+    let mut cluster = Cluster::start(&["r1", "r1", "r2", "r2"]).await;
+    let client = cluster.client(0);
+    let mut req = request(2, 1, "");
+    req.command = vec![
+        "python3".into(),
+        example_script(),
+        "--steps".into(),
+        steps.to_string(),
+        "--step-seconds".into(),
+        "0.05".into(),
+        "--ckpt-every".into(),
+        "10".into(),
+    ];
+    req.max_restarts = 2;
+    let id = client.submit_job(&req).await.expect("submit").id;
+    let before = wait_for("a committed checkpoint", TIMEOUT, || {
+        let client = client.clone();
+        async move {
+            let job = client.job(id).await.ok()?;
+            (job.state == "running" && job.last_ckpt_step.is_some_and(|s| s >= 20)).then_some(job)
+        }
+    })
+    .await;
+    let committed = before.last_ckpt_step.expect("step");
+    let ckpts = client.checkpoints(id).await.expect("ckpt ls");
+    let latest = ckpts
+        .iter()
+        .filter(|c| c.committed_at.is_some())
+        .max_by_key(|c| c.step)
+        .expect("committed");
+    assert!(latest.replicas.len() >= 3, "replicas {:?}", latest.replicas);
+
+    // Kill a gang node other than n1 when possible (n1 answers the API).
+    let victim = before
+        .nodes
+        .iter()
+        .find(|n| n.as_str() != "n1")
+        .cloned()
+        .unwrap_or_else(|| before.nodes[0].clone());
+    let idx: usize = victim[1..].parse::<usize>().expect("index") - 1;
+    let api = if idx == 0 { 1 } else { 0 };
+    let killed_at = std::time::Instant::now();
+    cluster.nodes[idx].kill9();
+    let client = cluster.client(api);
+    let after = wait_for("the gang running again elsewhere", TIMEOUT, || {
+        let client = client.clone();
+        let victim = victim.clone();
+        async move {
+            let job = client.job(id).await.ok()?;
+            (job.state == "running" && job.epoch > before.epoch && !job.nodes.contains(&victim))
+                .then_some(job)
+        }
+    })
+    .await;
+    let recovery = killed_at.elapsed();
+    eprintln!("recovery: running again {recovery:.2?} after kill -9 of {victim}");
+    assert!(
+        recovery < Duration::from_secs(10),
+        "recovery took {recovery:?}"
+    );
+    assert_eq!(after.restarts, 1);
+
+    let done = wait_state(&client, id, "completed").await;
+    // Every rank resumed from the committed step (or a later one) and ended
+    // with the state of an uninterrupted run.
+    for (rank, node) in done.nodes.iter().enumerate() {
+        let log =
+            std::fs::read_to_string(cluster.job_dir(node, id).join(format!("rank-{rank}.log")))
+                .expect("rank log");
+        let resumed: u64 = log
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("rank {rank} resumed from step ")))
+            .last()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("rank {rank} did not resume:\n{log}"));
+        assert!(
+            resumed >= committed,
+            "resumed from {resumed}, committed {committed}"
+        );
+        let checksum = log
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("rank {rank} checksum ")))
+            .last()
+            .unwrap_or_else(|| panic!("rank {rank} printed no checksum:\n{log}"));
+        assert_eq!(checksum, uninterrupted_checksum(rank as u32, steps));
+    }
+
+    // The catalog can be restored anywhere, every rank's part included.
+    let to = cluster.root.path().join("restored");
+    let out = Command::new(shoal_bin())
+        .args(["ckpt", "restore", &id.to_string(), "--to"])
+        .arg(&to)
+        .env("SHOAL_API", cluster.nodes[api].api_url())
+        .env("SHOAL_TOKEN", &cluster.token)
+        .output()
+        .expect("ckpt restore");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(to.join("rank-0.state").exists() && to.join("rank-1.state").exists());
+}

@@ -1040,6 +1040,9 @@ impl Inner {
                 )])),
                 None => Err(WireError::new(ErrorCode::NotFound, format!("no job {id}"))),
             },
+            Query::Checkpoints(id) => crate::jobs_api::checkpoints(&d.ledger, id)
+                .map(Response::Checkpoints)
+                .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("no job {id}"))),
             Query::Tenants => Ok(Response::Tenants(crate::jobs_api::tenants(&d.ledger))),
             Query::Quota => Ok(Response::Quota(crate::jobs_api::quota(
                 &d.ledger,

@@ -76,6 +76,8 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}", get(show_job))
         .route("/jobs/{id}/cancel", post(cancel_job))
         .route("/jobs/{id}/logs", get(job_logs))
+        .route("/jobs/{id}/checkpoints", get(list_checkpoints))
+        .route("/chunks/{id}", get(get_chunk))
         .route("/tenants", post(create_tenant).get(list_tenants))
         .route("/tenants/{name}", post(set_tenant))
         .route("/quota", get(quota))
@@ -421,4 +423,43 @@ async fn quota(State(inner): State<AppState>) -> Result<Json<Vec<QuotaInfo>>, Ap
         ProtoResponse::Quota(q) => Ok(Json(q)),
         _ => Err(unexpected()),
     }
+}
+
+async fn list_checkpoints(
+    State(inner): State<AppState>,
+    Path(id): Path<u64>,
+) -> Result<Json<Vec<shoal_sdk::CheckpointInfo>>, ApiError> {
+    match inner.query(ProtoQuery::Checkpoints(id)).await? {
+        ProtoResponse::Checkpoints(c) => Ok(Json(c)),
+        _ => Err(unexpected()),
+    }
+}
+
+/// A chunk frame from this node's store, for `shoal ckpt restore`; the
+/// client verifies it against the id.
+async fn get_chunk(
+    State(inner): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id: shoal_storage::chunk::ChunkId = id
+        .parse()
+        .map_err(|_| bad_request(format!("'{id}' is not a chunk id")))?;
+    let store = inner.chunks.clone();
+    let frame = tokio::task::spawn_blocking(move || store.get_encoded(&id))
+        .await
+        .map_err(|e| bad_request(e.to_string()))?
+        .map_err(|e| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                ApiErrorBody {
+                    code: "not_found".into(),
+                    message: format!("node {} does not hold chunk {id}: {e}", inner.name),
+                },
+            )
+        })?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        frame.into_bytes(),
+    )
+        .into_response())
 }

@@ -260,7 +260,7 @@ pub fn restore_checkpoint(
 }
 
 /// Moves every file of `from` into `to`, keeping files that already exist.
-fn merge_into(from: &Path, to: &Path) -> Result<(), String> {
+pub fn merge_into(from: &Path, to: &Path) -> Result<(), String> {
     let entries =
         std::fs::read_dir(from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
     for entry in entries {

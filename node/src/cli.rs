@@ -89,6 +89,11 @@ enum Cmd {
         #[arg(short = 'f', long)]
         follow: bool,
     },
+    /// Checkpoints of a job
+    Ckpt {
+        #[command(subcommand)]
+        cmd: crate::cli_ckpt::CkptCmd,
+    },
     /// Tenants (teams, projects) and their limits
     Tenant {
         #[command(subcommand)]
@@ -386,6 +391,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::cli_jobs::logs(&client(&cli), *job, *rank, *follow).await
         }
         Cmd::Tenant { cmd } => crate::cli_jobs::tenant(&client(&cli), cmd, cli.json).await,
+        Cmd::Ckpt { cmd } => crate::cli_ckpt::run(&client(&cli), cmd, cli.json).await,
         Cmd::Quota { tenant } => {
             crate::cli_jobs::quota(&client(&cli), tenant.as_deref(), cli.json).await
         }

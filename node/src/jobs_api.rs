@@ -6,7 +6,10 @@ use shoal_consensus::sched::TopologyTier;
 use shoal_consensus::workload::{
     Job, JobSpec, JobState, TenantLimits, TenantUpdate, DEFAULT_TENANT,
 };
-use shoal_sdk::{JobInfo, JobSubmitRequest, MemberState, QuotaInfo, TenantInfo, TenantRequest};
+use shoal_sdk::{
+    CheckpointInfo, CheckpointPartInfo, JobInfo, JobSubmitRequest, MemberState, QuotaInfo,
+    TenantInfo, TenantRequest,
+};
 use std::collections::BTreeMap;
 
 /// RFC 3339 in UTC, to the second.
@@ -123,6 +126,39 @@ pub fn jobs(
         .filter(|j| state.is_none_or(|s| j.state == s))
         .map(|j| job_info(ledger, j))
         .collect())
+}
+
+pub fn checkpoints(ledger: &Ledger, job: u64) -> Option<Vec<CheckpointInfo>> {
+    ledger.workload.jobs.get(&job)?;
+    Some(
+        ledger
+            .workload
+            .checkpoints
+            .get(&job)
+            .map(|catalog| {
+                catalog
+                    .iter()
+                    .map(|c| CheckpointInfo {
+                        step: c.step,
+                        bytes: c.bytes(),
+                        replicas: c.replicas(),
+                        committed_at: c.committed_at_ms.map(rfc3339),
+                        epoch: c.epoch,
+                        parts: c
+                            .parts
+                            .iter()
+                            .map(|(rank, part)| CheckpointPartInfo {
+                                rank: *rank,
+                                bytes: part.bytes,
+                                holders: part.holders.clone(),
+                                manifest_hex: hex::encode(&part.manifest),
+                            })
+                            .collect(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    )
 }
 
 pub fn tenant_limits(req: &TenantRequest) -> Result<TenantLimits, String> {

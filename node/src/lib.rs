@@ -8,6 +8,7 @@ pub mod bench;
 pub mod bench_place;
 pub mod ckpt;
 pub mod cli;
+pub mod cli_ckpt;
 pub mod cli_jobs;
 pub mod config;
 pub mod dev;

@@ -53,6 +53,7 @@ pub enum Query {
         state: Option<String>,
     },
     Job(u64),
+    Checkpoints(u64),
     Tenants,
     Quota,
 }
@@ -71,6 +72,7 @@ pub enum Response {
     Jobs(Vec<shoal_sdk::JobInfo>),
     Tenants(Vec<shoal_sdk::TenantInfo>),
     Quota(Vec<shoal_sdk::QuotaInfo>),
+    Checkpoints(Vec<shoal_sdk::CheckpointInfo>),
     ChunkStored,
     Chunk(Vec<u8>),
     Has(Vec<bool>),

@@ -198,13 +198,32 @@ impl Client {
         self.get("/v1/quota").await
     }
 
+    pub async fn checkpoints(&self, id: u64) -> Result<Vec<CheckpointInfo>, ClientError> {
+        self.get(&format!("/v1/jobs/{id}/checkpoints")).await
+    }
+
+    /// A stored chunk frame from this node's chunk store (hex chunk id).
+    pub async fn chunk(&self, id_hex: &str) -> Result<Vec<u8>, ClientError> {
+        let url = format!("{}/v1/chunks/{id_hex}", self.base);
+        self.get_raw(self.http.get(&url), &url).await
+    }
+
     /// Raw bytes of a rank's log on this node, from `offset`.
     pub async fn job_log(&self, id: u64, rank: u32, offset: u64) -> Result<Vec<u8>, ClientError> {
         let url = format!("{}/v1/jobs/{id}/logs", self.base);
-        let mut req = self
+        let req = self
             .http
             .get(&url)
             .query(&[("rank", rank as u64), ("offset", offset)]);
+        self.get_raw(req, &url).await
+    }
+
+    async fn get_raw(
+        &self,
+        mut req: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<Vec<u8>, ClientError> {
+        let url = url.to_string();
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }

@@ -274,3 +274,25 @@ pub struct QuotaInfo {
     pub running_jobs: u32,
     pub pending_jobs: u32,
 }
+
+/// `shoal ckpt ls --json`: one committed (or in-progress) checkpoint step.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CheckpointInfo {
+    pub step: u64,
+    pub bytes: u64,
+    /// Nodes holding every part of the step.
+    pub replicas: Vec<u64>,
+    /// RFC 3339; `None` while some rank's part is missing.
+    pub committed_at: Option<String>,
+    pub epoch: u64,
+    pub parts: Vec<CheckpointPartInfo>,
+}
+
+/// One rank's part: its manifest (hex of the binary encoding) and holders.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CheckpointPartInfo {
+    pub rank: u32,
+    pub bytes: u64,
+    pub holders: Vec<u64>,
+    pub manifest_hex: String,
+}

@@ -1,0 +1,199 @@
+//! `shoal ckpt ls` and `shoal ckpt restore`: the checkpoint catalog, and a
+//! restore to a local directory from whichever holders answer, verifying
+//! every chunk against its hash.
+
+use clap::Subcommand;
+use shoal_sdk::{CheckpointInfo, Client};
+use shoal_storage::chunk::{ChunkId, EncodedChunk};
+use shoal_storage::manifest::{restore_manifest, Manifest};
+use shoal_storage::replicate::{restore_from_replicas, ChunkTransport, TransportError};
+use shoal_storage::{ChunkStore, StoreConfig};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand, Debug)]
+pub enum CkptCmd {
+    /// Checkpoints of a job: step, size, replicas, commit time
+    Ls { job: u64 },
+    /// Copy a committed checkpoint (every rank's part) into a new directory
+    Restore {
+        job: u64,
+        /// Default: the latest committed step
+        #[arg(long)]
+        step: Option<u64>,
+        #[arg(long)]
+        to: PathBuf,
+    },
+}
+
+fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
+    anyhow::anyhow!(e.to_string())
+}
+
+pub async fn run(client: &Client, cmd: &CkptCmd, json: bool) -> anyhow::Result<()> {
+    match cmd {
+        CkptCmd::Ls { job } => {
+            let list = client.checkpoints(*job).await.map_err(api)?;
+            if json {
+                // INTERFACE.md's fields first; parts (with manifests) stay in the API.
+                let rows: Vec<serde_json::Value> = list
+                    .iter()
+                    .map(|c| {
+                        serde_json::json!({
+                            "step": c.step,
+                            "bytes": c.bytes,
+                            "replicas": c.replicas,
+                            "committed_at": c.committed_at,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!("{:>8} {:>14} {:<16} COMMITTED", "STEP", "BYTES", "REPLICAS");
+                for c in &list {
+                    let replicas: Vec<String> = c.replicas.iter().map(u64::to_string).collect();
+                    println!(
+                        "{:>8} {:>14} {:<16} {}",
+                        c.step,
+                        c.bytes,
+                        replicas.join(","),
+                        c.committed_at
+                            .clone()
+                            .unwrap_or_else(|| "(in progress)".into())
+                    );
+                }
+            }
+            Ok(())
+        }
+        CkptCmd::Restore { job, step, to } => {
+            let list = client.checkpoints(*job).await.map_err(api)?;
+            let chosen = pick(&list, *step).map_err(anyhow::Error::msg)?.clone();
+            let bytes = restore(client, &chosen, to).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"step": chosen.step, "bytes": bytes, "to": to})
+                );
+            } else {
+                println!(
+                    "restored step {} of job {job} ({bytes} bytes) to {}",
+                    chosen.step,
+                    to.display()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn pick(list: &[CheckpointInfo], step: Option<u64>) -> Result<&CheckpointInfo, String> {
+    let committed = list.iter().filter(|c| c.committed_at.is_some());
+    match step {
+        Some(s) => committed
+            .into_iter()
+            .find(|c| c.step == s)
+            .ok_or_else(|| format!("no committed checkpoint at step {s}")),
+        None => committed
+            .max_by_key(|c| c.step)
+            .ok_or_else(|| "the job has no committed checkpoint".to_string()),
+    }
+}
+
+/// Fetches chunks over the holders' HTTP APIs (read-only).
+struct HttpFetch {
+    handle: tokio::runtime::Handle,
+    holders: BTreeMap<u64, Client>,
+}
+
+impl ChunkTransport for HttpFetch {
+    fn push(&self, node: u64, chunk: &EncodedChunk) -> Result<(), TransportError> {
+        Err(TransportError::Rejected {
+            node,
+            id: chunk.id(),
+            reason: "restores only read".into(),
+        })
+    }
+
+    fn fetch(&self, node: u64, id: &ChunkId) -> Result<EncodedChunk, TransportError> {
+        let client = self.holders.get(&node).ok_or(TransportError::Unreachable {
+            node,
+            reason: "no API address known".into(),
+        })?;
+        let frame = self
+            .handle
+            .block_on(client.chunk(&id.to_string()))
+            .map_err(|e| TransportError::Unreachable {
+                node,
+                reason: e.to_string(),
+            })?;
+        EncodedChunk::from_wire(*id, frame).map_err(|e| TransportError::Rejected {
+            node,
+            id: *id,
+            reason: e.to_string(),
+        })
+    }
+
+    fn has(&self, _node: u64, ids: &[ChunkId]) -> Result<Vec<bool>, TransportError> {
+        Ok(vec![false; ids.len()])
+    }
+}
+
+async fn restore(client: &Client, ckpt: &CheckpointInfo, to: &Path) -> anyhow::Result<u64> {
+    if std::fs::symlink_metadata(to).is_ok() {
+        anyhow::bail!(
+            "{} already exists; restore into a new directory",
+            to.display()
+        );
+    }
+    let parent = match to.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let nodes = client.nodes().await.map_err(api)?;
+    let holders: BTreeMap<u64, Client> = nodes
+        .iter()
+        .map(|n| {
+            (
+                n.id,
+                Client::new(
+                    format!("http://{}", n.api_addr),
+                    client.token().map(str::to_string),
+                ),
+            )
+        })
+        .collect();
+    let scratch = tempfile::Builder::new()
+        .prefix(".shoal-restore-")
+        .tempdir_in(&parent)
+        .map_err(|e| anyhow::anyhow!("cannot create a scratch dir in {}: {e}", parent.display()))?;
+    let ckpt = ckpt.clone();
+    let to = to.to_path_buf();
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
+        let store = ChunkStore::open(
+            scratch.path().join("chunks"),
+            StoreConfig {
+                fsync: false,
+                ..StoreConfig::default()
+            },
+        )?;
+        let transport = HttpFetch { handle, holders };
+        let staging = scratch.path().join("tree");
+        std::fs::create_dir_all(&staging)?;
+        let mut bytes = 0;
+        for part in &ckpt.parts {
+            let raw = hex::decode(&part.manifest_hex)
+                .map_err(|e| anyhow::anyhow!("rank {}'s manifest is not hex: {e}", part.rank))?;
+            let manifest = Manifest::from_bytes(&raw)?;
+            restore_from_replicas(&manifest, &part.holders, &transport, &store)?;
+            let dest = scratch.path().join(format!("rank-{}", part.rank));
+            let stats = restore_manifest(&manifest, &store, &dest)?;
+            crate::ckpt::merge_into(&dest, &staging).map_err(anyhow::Error::msg)?;
+            bytes += stats.bytes_written;
+        }
+        std::fs::rename(&staging, &to)
+            .map_err(|e| anyhow::anyhow!("cannot move the restore into {}: {e}", to.display()))?;
+        Ok(bytes)
+    })
+    .await?
+}
