@@ -446,8 +446,9 @@ async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
                 .expect("rank log");
         let resumed: u64 = log
             .lines()
+            .rev()
             .filter_map(|l| l.strip_prefix(&format!("rank {rank} resumed from step ")))
-            .last()
+            .next()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or_else(|| panic!("rank {rank} did not resume:\n{log}"));
         assert!(
@@ -456,8 +457,9 @@ async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
         );
         let checksum = log
             .lines()
+            .rev()
             .filter_map(|l| l.strip_prefix(&format!("rank {rank} checksum ")))
-            .last()
+            .next()
             .unwrap_or_else(|| panic!("rank {rank} printed no checksum:\n{log}"));
         assert_eq!(checksum, uninterrupted_checksum(rank as u32, steps));
     }

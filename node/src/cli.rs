@@ -38,6 +38,8 @@ pub struct Cli {
 enum Cmd {
     /// Run a node
     Agent(Box<AgentArgs>),
+    /// Start here: a 4-node mesh on loopback runs a training job, loses a node, and recovers
+    Demo,
     /// Run a one-node cluster with simulated GPUs in a temporary dir
     Dev {
         #[arg(long)]
@@ -300,6 +302,10 @@ fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Cmd::Agent(args) => run_agent(&cli, args).await,
+        Cmd::Demo => {
+            init_logging_quiet();
+            crate::demo::run().await
+        }
         Cmd::Dev { api_addr, sim_gpus } => {
             init_logging("text");
             crate::dev::run(*api_addr, sim_gpus.clone()).await
@@ -405,6 +411,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn api_err(e: ClientError) -> anyhow::Error {
     anyhow::anyhow!(e.to_string())
+}
+
+/// Warnings only, unless RUST_LOG says otherwise: for commands whose own
+/// output is the point (the demo's timeline).
+fn init_logging_quiet() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 pub fn init_logging(format: &str) {

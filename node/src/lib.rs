@@ -11,6 +11,7 @@ pub mod cli;
 pub mod cli_ckpt;
 pub mod cli_jobs;
 pub mod config;
+pub mod demo;
 pub mod dev;
 pub mod duration;
 pub mod executor;
