@@ -78,6 +78,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--step-seconds", type=float, default=0.05)
     parser.add_argument("--ckpt-every", type=int, default=20)
+    parser.add_argument(
+        "--log-steps", action="store_true", help="append every step to ranks.log (for fencing tests)"
+    )
     args = parser.parse_args()
 
     signal.signal(signal.SIGUSR1, on_usr1)
@@ -96,6 +99,8 @@ def main() -> int:
         step += 1
         state = advance(state, step)
         time.sleep(args.step_seconds)
+        if args.log_steps:
+            log_rank("step")
         if step % args.ckpt_every == 0 or requested["checkpoint"]:
             save(step, state)
             requested["checkpoint"] = False
@@ -106,7 +111,8 @@ def main() -> int:
             log_rank("stop")
             return 0
 
-    save(step, state)
+    if step % args.ckpt_every != 0:
+        save(step, state)  # a step directory is never rewritten after its .done
     log_rank("stop")
     # The same for an interrupted-and-resumed run as for an uninterrupted one.
     print("rank %d checksum %s" % (RANK, hashlib.blake2b(state, digest_size=16).hexdigest()), flush=True)

@@ -9,7 +9,7 @@
 //! agent does not leave ranks running that the ledger no longer accounts for.
 
 use crate::agent::Inner;
-use shoal_consensus::workload::{Job, JobId, StopCause};
+use shoal_consensus::workload::{Job, JobId, StopCause, SELF_FENCE_MS};
 use shoal_consensus::{Command, LedgerResponse, NodeId};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -72,6 +72,22 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
             }
         };
         let grace = Duration::from_secs(inner.cfg.executor.stop_grace_s);
+        // Self-fencing: cut off from a majority of the voters, this node can
+        // no longer learn that its jobs moved, so it stops them itself before
+        // the cluster may start them elsewhere.
+        let fenced = !in_contact_with_voter_majority(&inner);
+        if fenced {
+            if !ranks.is_empty() {
+                tracing::warn!(
+                    ranks = ranks.len(),
+                    "no contact with a majority of the voters for {} ms; killing this node's ranks",
+                    SELF_FENCE_MS
+                );
+            }
+            for rank in ranks.values_mut() {
+                signal(&rank.child, libc::SIGKILL);
+            }
+        }
         // Fencing: anything not (or no longer) assigned to us dies now.
         for (key, rank) in ranks.iter_mut() {
             if !assigned.contains_key(key) {
@@ -84,7 +100,7 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
             }
         }
         for (key, a) in &assigned {
-            if a.reported_exit || exited.contains_key(key) {
+            if fenced || a.reported_exit || exited.contains_key(key) {
                 continue;
             }
             match ranks.get_mut(key) {
@@ -196,6 +212,37 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
             exited.remove(&key);
         }
     }
+}
+
+/// Whether this node heard from a majority of the Raft voters (itself
+/// included) within the last `SELF_FENCE_MS`.
+fn in_contact_with_voter_majority(inner: &Inner) -> bool {
+    let voters: Vec<NodeId> = inner
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    if voters.is_empty() {
+        return true;
+    }
+    let window = Duration::from_millis(SELF_FENCE_MS);
+    let heard = match inner.peers.lock() {
+        Ok(view) => voters
+            .iter()
+            .filter(|v| {
+                **v == inner.id
+                    || view
+                        .last_heard
+                        .get(v)
+                        .is_some_and(|t| t.elapsed() <= window)
+            })
+            .count(),
+        Err(_) => 0,
+    };
+    heard * 2 > voters.len()
 }
 
 /// A rank of a job the ledger has placed on this node.

@@ -53,6 +53,10 @@ pub struct NodeProc {
     pub extra_env: Vec<(String, String)>,
     /// `--sim-gpus`; None runs the node with real discovery (NVML).
     pub sim_gpus: Option<String>,
+    /// Address the node binds and advertises (127.0.0.1 unless in a netns).
+    pub host: String,
+    /// Run inside this network namespace (`ip netns exec`).
+    pub netns: Option<String>,
     child: Option<Child>,
 }
 
@@ -67,31 +71,40 @@ impl NodeProc {
             labels: labels.iter().map(|s| s.to_string()).collect(),
             extra_env: Vec::new(),
             sim_gpus: Some("4xH100-80GB".into()),
+            host: "127.0.0.1".into(),
+            netns: None,
             child: None,
         }
     }
 
     pub fn rpc_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.rpc_port)
+        format!("{}:{}", self.host, self.rpc_port)
     }
 
     pub fn api_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.api_port)
+        format!("http://{}:{}", self.host, self.api_port)
     }
 
     fn command(&self) -> Command {
-        let mut c = Command::new(shoal_bin());
+        let mut c = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(shoal_bin());
+                c
+            }
+            None => Command::new(shoal_bin()),
+        };
         c.arg("agent")
             .arg("--name")
             .arg(&self.name)
             .arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--api-addr")
-            .arg(format!("127.0.0.1:{}", self.api_port))
+            .arg(format!("{}:{}", self.host, self.api_port))
             .arg("--rpc-addr")
             .arg(self.rpc_addr())
             .arg("--gossip-addr")
-            .arg("127.0.0.1:0");
+            .arg(format!("{}:0", self.host));
         if let Some(spec) = &self.sim_gpus {
             c.arg("--sim-gpus").arg(spec);
         }

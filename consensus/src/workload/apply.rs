@@ -8,7 +8,7 @@ use super::{
     Allocation, Checkpoint, CkptPart, Job, JobId, JobSpec, JobState, Plan, PlannedPlacement, Stop,
     StopCause, Tenant, TenantLimits, TenantUpdate, Workload, CKPT_RETAIN, DEFAULT_TENANT,
     FAIR_SHARE_HALF_LIFE_MS, MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES,
-    STOP_DEADLINE_MS,
+    REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
 };
 use crate::ledger::{validate_name, Member};
 use crate::types::NodeId;
@@ -158,6 +158,7 @@ impl Workload {
                 last_ckpt_at_ms: None,
                 waiting_for: Vec::new(),
                 yields_to: None,
+                not_before_ms: None,
             },
         );
         self.forget_old_jobs();
@@ -239,7 +240,7 @@ impl Workload {
         let mut outcome = PlanOutcome::default();
         let mut busy = self.busy_gpus();
         for placement in &plan.placements {
-            match self.validate_placement(placement, members, &busy) {
+            match self.validate_placement(placement, members, &busy, now_ms) {
                 Ok(()) => {
                     for (node, gpus) in &placement.nodes {
                         for gpu in gpus {
@@ -285,6 +286,7 @@ impl Workload {
         placement: &PlannedPlacement,
         members: &BTreeMap<NodeId, Member>,
         busy: &BTreeSet<(NodeId, u32)>,
+        now_ms: u64,
     ) -> Result<(), String> {
         let job = self
             .jobs
@@ -293,7 +295,7 @@ impl Workload {
         if !job.state.is_waiting() {
             return Err(format!("job {} is {}, not waiting", job.id, job.state));
         }
-        if !job.schedulable(&self.jobs) {
+        if !job.schedulable(&self.jobs, now_ms) {
             return Err(format!(
                 "job {} waits for preempted jobs {:?} or yields to job {:?}",
                 job.id, job.waiting_for, job.yields_to
@@ -403,6 +405,7 @@ impl Workload {
             job.state = JobState::Running;
             job.reason = String::new();
             job.yields_to = None;
+            job.not_before_ms = None;
             job.started_at_ms.get_or_insert(now_ms);
             job.last_nodes = placement.nodes.clone();
             job.last_epoch = Some(epoch);
@@ -596,8 +599,9 @@ impl Workload {
                 if job.restarts < job.spec.max_restarts {
                     job.restarts += 1;
                     job.state = JobState::Requeued;
+                    job.not_before_ms = Some(now_ms.saturating_add(REPLACE_AFTER_NODE_LOSS_MS));
                     job.reason = format!(
-                        "node {name} went down; restart {} of {}",
+                        "node {name} went down; restart {} of {} once its ranks are fenced",
                         job.restarts, job.spec.max_restarts
                     );
                 } else {

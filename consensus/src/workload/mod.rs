@@ -45,6 +45,14 @@ pub const MAX_FINISHED_JOBS: usize = 10_000;
 /// How long stopping ranks get between SIGTERM and the leader's right to
 /// release their GPUs anyway (when a node never reports back).
 pub const STOP_DEADLINE_MS: u64 = 60_000;
+/// After a node is declared down, its jobs wait this long before they are
+/// placed again. A node cut off from the voters kills its own ranks after
+/// `SELF_FENCE_MS` without contact, and being declared down takes longer
+/// than that already, so by the time a replacement starts the old ranks are
+/// gone: a job never runs twice at once, even across a partition.
+pub const REPLACE_AFTER_NODE_LOSS_MS: u64 = 3_000;
+/// See [`REPLACE_AFTER_NODE_LOSS_MS`]; agents use it for self-fencing.
+pub const SELF_FENCE_MS: u64 = 3_000;
 /// Half-life of the fair-share usage figure shown by `shoal quota`.
 pub const FAIR_SHARE_HALF_LIFE_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Committed checkpoints kept per job (older ones are dropped from the catalog).
@@ -274,13 +282,16 @@ pub struct Job {
     /// Set on a preemption victim: it is not rescheduled while the job it
     /// made room for is still waiting, so the freed GPUs go to that job.
     pub yields_to: Option<JobId>,
+    /// Not placed before this ledger time (the fencing wait after node loss).
+    pub not_before_ms: Option<u64>,
 }
 
 impl Job {
-    /// Waiting and free to be scheduled now.
-    pub fn schedulable(&self, jobs: &BTreeMap<JobId, Job>) -> bool {
+    /// Waiting and free to be scheduled at `now_ms`.
+    pub fn schedulable(&self, jobs: &BTreeMap<JobId, Job>, now_ms: u64) -> bool {
         self.state.is_waiting()
             && self.waiting_for.is_empty()
+            && self.not_before_ms.is_none_or(|t| now_ms >= t)
             && self
                 .yields_to
                 .is_none_or(|other| !jobs.get(&other).is_some_and(|j| j.state.is_waiting()))

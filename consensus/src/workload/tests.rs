@@ -212,6 +212,10 @@ fn reports_from_an_old_epoch_are_fenced_off() {
     });
     assert_eq!(r.job(id).state, JobState::Requeued);
     assert_eq!(r.job(id).restarts, 1);
+    // Not before the fencing lease of the lost node has run out.
+    r.pass(Policy::Hdrf);
+    assert!(r.job(id).alloc.is_none());
+    r.now_ms += REPLACE_AFTER_NODE_LOSS_MS;
     r.pass(Policy::Hdrf);
     let second = r.job(id).alloc.clone().expect("re-allocated");
     assert!(second.epoch > first.epoch);

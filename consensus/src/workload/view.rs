@@ -87,7 +87,7 @@ impl SchedSnapshot {
         let pending = workload
             .jobs
             .values()
-            .filter(|job| job.schedulable(&workload.jobs))
+            .filter(|job| job.schedulable(&workload.jobs, now_ms))
             .map(|job| {
                 (
                     PendingJob {
