@@ -139,6 +139,13 @@ pub enum Command {
         step: u64,
         part: CkptPart,
     },
+    /// A holder re-replicated a committed part after holders were lost.
+    SetCheckpointHolders {
+        job: JobId,
+        step: u64,
+        rank: u32,
+        holders: Vec<NodeId>,
+    },
     /// The leader frees a stopping job whose ranks never reported back.
     ReleaseJob {
         job: JobId,
@@ -391,6 +398,15 @@ impl Ledger {
                     .checkpoint_part(*job, *epoch, *rank, *step, part, now),
             ),
             Command::ReleaseJob { job, epoch } => answer(self.workload.release(*job, *epoch, now)),
+            Command::SetCheckpointHolders {
+                job,
+                step,
+                rank,
+                holders,
+            } => answer(
+                self.workload
+                    .set_checkpoint_holders(*job, *step, *rank, holders),
+            ),
         }
     }
 

@@ -371,6 +371,10 @@ impl Agent {
                 inner.shutdown.subscribe(),
             ));
         }
+        tokio::spawn(crate::durability::run(
+            Arc::downgrade(&inner),
+            inner.shutdown.subscribe(),
+        ));
         tokio::spawn(keep_member_record_current(
             Arc::downgrade(&inner),
             inner.shutdown.subscribe(),

@@ -31,6 +31,7 @@ pub struct Config {
     pub membership: MembershipTuning,
     pub scheduler: SchedulerTuning,
     pub executor: ExecutorTuning,
+    pub storage: StorageTuning,
     /// Lifetime of the join token printed at bootstrap.
     pub join_token_ttl_s: u64,
     /// Test only: extra round-trip time added to RTT samples towards the
@@ -76,6 +77,22 @@ impl Default for SchedulerTuning {
         SchedulerTuning {
             policy: "hdrf-preempt".into(),
             interval_ms: 100,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageTuning {
+    /// Re-hash every stored checkpoint chunk this often; corrupt ones are
+    /// quarantined and fetched again from other holders.
+    pub scrub_interval_s: u64,
+}
+
+impl Default for StorageTuning {
+    fn default() -> Self {
+        StorageTuning {
+            scrub_interval_s: 3600,
         }
     }
 }
@@ -146,6 +163,7 @@ impl Default for Config {
             membership: MembershipTuning::default(),
             scheduler: SchedulerTuning::default(),
             executor: ExecutorTuning::default(),
+            storage: StorageTuning::default(),
             join_token_ttl_s: 24 * 3600,
             test_inject_rtt: BTreeMap::new(),
         }
@@ -178,6 +196,7 @@ const ENV_KEYS: &[&str] = &[
     "executor.enabled",
     "executor.stop_grace_s",
     "executor.jobs_dir",
+    "storage.scrub_interval_s",
 ];
 
 /// The default data dir: `/var/lib/shoal` for root, else `$XDG_DATA_HOME/shoal`.

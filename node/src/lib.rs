@@ -13,6 +13,7 @@ pub mod cli_jobs;
 pub mod config;
 pub mod demo;
 pub mod dev;
+pub mod durability;
 pub mod duration;
 pub mod executor;
 pub mod gpu;

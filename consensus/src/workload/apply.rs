@@ -561,6 +561,34 @@ impl Workload {
         Ok(())
     }
 
+    /// New holders of a committed part, after re-replication. Holder sets are
+    /// facts about storage, not about the running allocation, so no epoch.
+    pub(crate) fn set_checkpoint_holders(
+        &mut self,
+        id: JobId,
+        step: u64,
+        rank: u32,
+        holders: &[NodeId],
+    ) -> Result<(), String> {
+        let part = self
+            .checkpoints
+            .get_mut(&id)
+            .and_then(|catalog| catalog.iter_mut().find(|c| c.step == step))
+            .and_then(|c| c.parts.get_mut(&rank))
+            .ok_or_else(|| format!("job {id} has no checkpoint part {step}/{rank}"))?;
+        let mut unique: Vec<NodeId> = Vec::new();
+        for h in holders {
+            if !unique.contains(h) {
+                unique.push(*h);
+            }
+        }
+        if unique.is_empty() {
+            return Err("a checkpoint part needs at least one holder".into());
+        }
+        part.holders = unique;
+        Ok(())
+    }
+
     /// The leader gives up waiting for a stopping job's ranks.
     pub(crate) fn release(&mut self, id: JobId, epoch: u64, now_ms: u64) -> Result<(), String> {
         let job = self.jobs.get(&id).ok_or_else(|| format!("no job {id}"))?;

@@ -583,4 +583,23 @@ fn a_checkpoint_commits_when_every_rank_has_its_part_and_old_ones_are_dropped() 
         part: part(vec![1]),
     });
     assert!(matches!(stale, LedgerResponse::Rejected(m) if m.contains("stale epoch")));
+    // Re-replication records new holders, deduplicated, for committed parts only.
+    let moved = r.apply(Command::SetCheckpointHolders {
+        job: id,
+        step: 5,
+        rank: 0,
+        holders: vec![2, 2, 1],
+    });
+    assert_eq!(moved, LedgerResponse::Ok);
+    assert_eq!(
+        r.ledger.workload.checkpoints[&id][2].parts[&0].holders,
+        [2, 1]
+    );
+    let missing = r.apply(Command::SetCheckpointHolders {
+        job: id,
+        step: 99,
+        rank: 0,
+        holders: vec![1],
+    });
+    assert!(matches!(missing, LedgerResponse::Rejected(_)));
 }
