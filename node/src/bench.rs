@@ -24,6 +24,12 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 64)]
         value_bytes: usize,
     },
+    /// Replicated checkpoint: chunking, quorum, 3 replicas, restore, vs 3 × cp
+    Ckpt {
+        /// e.g. 1GiB, 512MiB
+        #[arg(long, default_value = "1GiB")]
+        size: String,
+    },
     /// Gang placement: pure decisions/s and p99, one full pass, and placements/s through Raft
     Place {
         #[arg(long, default_value_t = 4096)]
@@ -49,6 +55,16 @@ pub struct LedgerBenchRow {
 
 pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
     match cmd {
+        BenchCmd::Ckpt { size } => {
+            let bytes = parse_size(size).map_err(anyhow::Error::msg)?;
+            let report = crate::bench_ckpt::run(bytes).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                crate::bench_ckpt::print(&report);
+            }
+            Ok(())
+        }
         BenchCmd::Place {
             nodes,
             jobs,
@@ -106,6 +122,28 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `1GiB`, `512MiB`, `100MB`, `4096` (bytes).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("invalid size '{s}': use e.g. 1GiB, 512MiB or 100MB"))?;
+    let factor: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        _ => return Err(format!("invalid size unit in '{s}'")),
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("size '{s}' is too large"))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

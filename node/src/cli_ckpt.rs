@@ -6,7 +6,7 @@ use clap::Subcommand;
 use shoal_sdk::{CheckpointInfo, Client};
 use shoal_storage::chunk::{ChunkId, EncodedChunk};
 use shoal_storage::manifest::{restore_manifest, Manifest};
-use shoal_storage::replicate::{restore_from_replicas, ChunkTransport, TransportError};
+use shoal_storage::replicate::{restore_from_replicas_parallel, ChunkTransport, TransportError};
 use shoal_storage::{ChunkStore, StoreConfig};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -185,7 +185,13 @@ async fn restore(client: &Client, ckpt: &CheckpointInfo, to: &Path) -> anyhow::R
             let raw = hex::decode(&part.manifest_hex)
                 .map_err(|e| anyhow::anyhow!("rank {}'s manifest is not hex: {e}", part.rank))?;
             let manifest = Manifest::from_bytes(&raw)?;
-            restore_from_replicas(&manifest, &part.holders, &transport, &store)?;
+            restore_from_replicas_parallel(
+                &manifest,
+                &part.holders,
+                &transport,
+                &store,
+                crate::ckpt::FETCH_THREADS,
+            )?;
             let dest = scratch.path().join(format!("rank-{}", part.rank));
             let stats = restore_manifest(&manifest, &store, &dest)?;
             crate::ckpt::merge_into(&dest, &staging).map_err(anyhow::Error::msg)?;

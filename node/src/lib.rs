@@ -5,6 +5,7 @@ pub mod agent;
 pub mod api;
 pub mod batcher;
 pub mod bench;
+pub mod bench_ckpt;
 pub mod bench_place;
 pub mod ckpt;
 pub mod cli;

@@ -258,44 +258,108 @@ pub fn restore_from_replicas<T: ChunkTransport + ?Sized>(
         ..FetchReport::default()
     };
     for chunk in chunks {
-        let id = chunk.id;
-        if local_store.contains(&id)? {
-            report.already_local += 1;
-            continue;
-        }
-        let mut attempts: Vec<(u64, String)> = Vec::new();
-        let mut stored = false;
-        for &node in holders {
-            let encoded = match transport.fetch(node, &id) {
-                Ok(encoded) => encoded,
-                Err(error) => {
-                    attempts.push((node, error.to_string()));
-                    report.failed_attempts.push((node, id, error));
-                    continue;
-                }
-            };
-            if encoded.id() != id {
-                attempts.push((node, format!("answered with chunk {}", encoded.id())));
-                report.corrupt_copies.push((node, id));
-                continue;
-            }
-            match local_store.put(&encoded) {
-                Ok(_) => {
-                    report.fetched += 1;
-                    report.bytes_fetched += encoded.stored_len();
-                    stored = true;
-                    break;
-                }
-                Err(error) if error.is_corruption() => {
-                    attempts.push((node, error.to_string()));
-                    report.corrupt_copies.push((node, id));
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        if !stored {
-            return Err(StorageError::ChunkUnavailable { id, attempts });
-        }
+        fetch_chunk(chunk.id, holders, transport, local_store, &mut report)?;
     }
     Ok(report)
+}
+
+/// [`restore_from_replicas`] with `threads` fetchers working on disjoint
+/// chunks at once, each starting with a different holder so the load spreads
+/// over the replicas. Same guarantees: only verified chunks are stored; the
+/// first chunk no holder can supply fails the whole call.
+pub fn restore_from_replicas_parallel<T: ChunkTransport + Sync + ?Sized>(
+    manifest: &Manifest,
+    holders: &[u64],
+    transport: &T,
+    local_store: &ChunkStore,
+    threads: usize,
+) -> Result<FetchReport> {
+    let chunks = manifest.unique_chunks();
+    let threads = threads.clamp(1, chunks.len().max(1));
+    let results: Vec<Result<FetchReport>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|worker| {
+                let chunks = &chunks;
+                scope.spawn(move || {
+                    let mut order = holders.to_vec();
+                    let len = order.len();
+                    if len > 0 {
+                        order.rotate_left(worker % len);
+                    }
+                    let mut report = FetchReport::default();
+                    for chunk in chunks.iter().skip(worker).step_by(threads) {
+                        fetch_chunk(chunk.id, &order, transport, local_store, &mut report)?;
+                    }
+                    Ok(report)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join().unwrap_or_else(|_| {
+                    Err(StorageError::InvalidArgument(
+                        "a fetch thread panicked".into(),
+                    ))
+                })
+            })
+            .collect()
+    });
+    let mut total = FetchReport {
+        chunks_total: chunks.len() as u64,
+        ..FetchReport::default()
+    };
+    for result in results {
+        let part = result?;
+        total.already_local += part.already_local;
+        total.fetched += part.fetched;
+        total.bytes_fetched += part.bytes_fetched;
+        total.corrupt_copies.extend(part.corrupt_copies);
+        total.failed_attempts.extend(part.failed_attempts);
+    }
+    Ok(total)
+}
+
+/// Makes `id` present in `local_store`, asking `holders` in order; see
+/// [`restore_from_replicas`].
+fn fetch_chunk<T: ChunkTransport + ?Sized>(
+    id: ChunkId,
+    holders: &[u64],
+    transport: &T,
+    local_store: &ChunkStore,
+    report: &mut FetchReport,
+) -> Result<()> {
+    if local_store.contains(&id)? {
+        report.already_local += 1;
+        return Ok(());
+    }
+    let mut attempts: Vec<(u64, String)> = Vec::new();
+    for &node in holders {
+        let encoded = match transport.fetch(node, &id) {
+            Ok(encoded) => encoded,
+            Err(error) => {
+                attempts.push((node, error.to_string()));
+                report.failed_attempts.push((node, id, error));
+                continue;
+            }
+        };
+        if encoded.id() != id {
+            attempts.push((node, format!("answered with chunk {}", encoded.id())));
+            report.corrupt_copies.push((node, id));
+            continue;
+        }
+        match local_store.put(&encoded) {
+            Ok(_) => {
+                report.fetched += 1;
+                report.bytes_fetched += encoded.stored_len();
+                return Ok(());
+            }
+            Err(error) if error.is_corruption() => {
+                attempts.push((node, error.to_string()));
+                report.corrupt_copies.push((node, id));
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(StorageError::ChunkUnavailable { id, attempts })
 }

@@ -4,9 +4,9 @@ use std::fs;
 use std::path::Path;
 
 use shoal_storage::{
-    build_manifest_with, replicate_manifest, restore_from_replicas, restore_manifest_with,
-    BuildOptions, ChunkStore, ChunkTransport, Manifest, MemoryTransport, RestoreOptions,
-    StorageError, StoreConfig, TransportError,
+    build_manifest_with, replicate_manifest, restore_from_replicas, restore_from_replicas_parallel,
+    restore_manifest_with, BuildOptions, ChunkStore, ChunkTransport, Manifest, MemoryTransport,
+    RestoreOptions, StorageError, StoreConfig, TransportError,
 };
 
 const FAST_STORE: StoreConfig = StoreConfig {
@@ -229,6 +229,36 @@ fn fresh_restore_falls_back_across_down_and_corrupting_holders() {
         restore_from_replicas(&fixture.manifest, &[1, 2, 3], &transport, &fresh).expect("fetch");
     assert_eq!(again.fetched, 0);
     assert_eq!(again.already_local, 12);
+}
+
+#[test]
+fn parallel_restore_spreads_over_holders_and_skips_bad_ones() {
+    let fixture = fixture();
+    let transport = MemoryTransport::with_nodes([1, 2, 3]);
+    replicate_manifest(&fixture.manifest, &fixture.store, &[1, 2, 3], &transport, 3)
+        .expect("replicate");
+    transport.set_corrupt_fetches(1, true);
+    let fresh = ChunkStore::open(fixture.work.path().join("fresh"), FAST_STORE).expect("store");
+    let report =
+        restore_from_replicas_parallel(&fixture.manifest, &[1, 2, 3], &transport, &fresh, 3)
+            .expect("fetch");
+    assert_eq!(report.chunks_total, 12);
+    assert_eq!(report.fetched, 12);
+    assert!(report.corrupt_copies.iter().all(|(node, _)| *node == 1));
+    // Each worker starts with a different holder, so the good ones share the load.
+    assert!(transport.fetch_calls(2) > 0 && transport.fetch_calls(3) > 0);
+    let dest = restore_dir(&fixture, &fresh, "parallel-restore");
+    same_file(
+        &fixture.work.path().join("source/shards/0.bin"),
+        &dest.join("shards/0.bin"),
+    );
+    transport.set_down(2, true);
+    transport.set_down(3, true);
+    let empty = ChunkStore::open(fixture.work.path().join("empty"), FAST_STORE).expect("store");
+    assert!(matches!(
+        restore_from_replicas_parallel(&fixture.manifest, &[1, 2, 3], &transport, &empty, 4),
+        Err(StorageError::ChunkUnavailable { .. })
+    ));
 }
 
 #[test]
