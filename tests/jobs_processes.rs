@@ -480,3 +480,74 @@ async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
     );
     assert!(to.join("rank-0.state").exists() && to.join("rank-1.state").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_a_node_checkpoints_on_sigterm_and_resumes_elsewhere() {
+    if python3().is_none() {
+        eprintln!("skipped: python3 is not installed (the example job is a Python script)");
+        return;
+    }
+    let cluster = Cluster::start(&["r1", "r1", "r2"]).await;
+    let client = cluster.client(0);
+    let mut req = request(1, 1, "");
+    req.command = vec![
+        "python3".into(),
+        example_script(),
+        "--steps".into(),
+        "400".into(),
+        "--step-seconds".into(),
+        "0.05".into(),
+        "--ckpt-every".into(),
+        "1000".into(),
+    ];
+    let id = client.submit_job(&req).await.expect("submit").id;
+    let first = wait_state(&client, id, "running").await;
+    let drained = first.nodes[0].clone();
+    // Let it make progress that only a SIGTERM checkpoint can save.
+    let log_path = cluster.job_dir(&drained, id).join("rank-0.log");
+    wait_for("the job to step", TIMEOUT, || {
+        let path = log_path.clone();
+        async move {
+            let ranks = std::fs::read_to_string(path.with_file_name("ranks.log")).ok()?;
+            (ranks.lines().count() > 1 || std::fs::metadata(&path).ok()?.len() > 0).then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    client.drain_node(&drained, true).await.expect("drain");
+    let moved = wait_for("the job running on another node", TIMEOUT, || {
+        let client = client.clone();
+        let drained = drained.clone();
+        async move {
+            let job = client.job(id).await.ok()?;
+            (job.state == "running" && !job.nodes.contains(&drained)).then_some(job)
+        }
+    })
+    .await;
+    assert_eq!(moved.restarts, 0, "a drain is not a failure");
+    let old_log = std::fs::read_to_string(&log_path).expect("old log");
+    let saved: u64 = old_log
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("rank 0 stopping at step "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no SIGTERM checkpoint in:\n{old_log}"));
+    let new_log_path = cluster.job_dir(&moved.nodes[0], id).join("rank-0.log");
+    let resumed = wait_for("the resumed rank to report its step", TIMEOUT, || {
+        let path = new_log_path.clone();
+        async move {
+            let log = std::fs::read_to_string(path).ok()?;
+            log.lines()
+                .rev()
+                .find_map(|l| l.strip_prefix("rank 0 resumed from step "))
+                .and_then(|s| s.trim().parse::<u64>().ok())
+        }
+    })
+    .await;
+    assert_eq!(resumed, saved, "resumed from the SIGTERM checkpoint");
+    // Nothing new lands on the drained node.
+    let nodes = client.nodes().await.expect("nodes");
+    assert!(nodes.iter().any(|n| n.name == drained && n.drained));
+    client.cancel_job(id).await.expect("cancel");
+}

@@ -139,6 +139,11 @@ pub enum Command {
         step: u64,
         part: CkptPart,
     },
+    /// `shoal drain` / `shoal undrain`.
+    SetDrain {
+        id: NodeId,
+        drain: bool,
+    },
     /// A holder re-replicated a committed part after holders were lost.
     SetCheckpointHolders {
         job: JobId,
@@ -398,6 +403,13 @@ impl Ledger {
                     .checkpoint_part(*job, *epoch, *rank, *step, part, now),
             ),
             Command::ReleaseJob { job, epoch } => answer(self.workload.release(*job, *epoch, now)),
+            Command::SetDrain { id, drain } => {
+                if !self.members.contains_key(id) {
+                    return LedgerResponse::Rejected(format!("no member with id {id}"));
+                }
+                self.workload.set_drain(*id, *drain, now);
+                LedgerResponse::Ok
+            }
             Command::SetCheckpointHolders {
                 job,
                 step,

@@ -1094,6 +1094,7 @@ impl Inner {
                             voter: voters.contains(&m.id),
                             joined_at_ms: m.joined_at_ms,
                             gpu_util,
+                            drained: d.ledger.workload.drained.contains(&m.id),
                         }
                     })
                     .collect();

@@ -70,6 +70,8 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes", get(nodes))
         .route("/peers", get(peers))
         .route("/nodes/{node}/remove", post(remove_node))
+        .route("/nodes/{node}/drain", post(drain_node))
+        .route("/nodes/{node}/undrain", post(undrain_node))
         .route("/tokens", post(create_token))
         .route("/attrs", post(put_attr).get(get_attrs))
         .route("/jobs", post(submit_job).get(list_jobs))
@@ -462,4 +464,34 @@ async fn get_chunk(
         frame.into_bytes(),
     )
         .into_response())
+}
+
+async fn set_drain(
+    inner: &Arc<Inner>,
+    node: &str,
+    drain: bool,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let id = {
+        let d = inner.read_ledger()?;
+        d.ledger
+            .member_by_name_or_id(node)
+            .map(|m| m.id)
+            .ok_or_else(|| bad_request(format!("no node named or numbered '{node}'")))?
+    };
+    let (_, index) = write_or_reject(inner, Command::SetDrain { id, drain }).await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn drain_node(
+    State(inner): State<AppState>,
+    Path(node): Path<String>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    set_drain(&inner, &node, true).await
+}
+
+async fn undrain_node(
+    State(inner): State<AppState>,
+    Path(node): Path<String>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    set_drain(&inner, &node, false).await
 }

@@ -58,6 +58,10 @@ enum Cmd {
     Nodes,
     /// This node's own view of its peers (gossip): health, estimated RTT, capacity
     Mesh,
+    /// Drain a node: its gangs checkpoint (SIGTERM), stop and run elsewhere; no new work lands there
+    Drain { node: String },
+    /// Return a drained node to service
+    Undrain { node: String },
     /// Node administration
     Node {
         #[command(subcommand)]
@@ -386,6 +390,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
         }
+        Cmd::Drain { node } | Cmd::Undrain { node } => {
+            let drain = matches!(cli.command, Cmd::Drain { .. });
+            let r = client(&cli)
+                .drain_node(node, drain)
+                .await
+                .map_err(api_err)?;
+            if cli.json {
+                print_json(&r)
+            } else {
+                println!(
+                    "node {node} {}",
+                    if drain { "drained" } else { "back in service" }
+                );
+                Ok(())
+            }
+        }
         Cmd::Submit { job, banner } => {
             crate::cli_jobs::submit(&client(&cli), job, cli.json, *banner).await
         }
@@ -614,7 +634,11 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
             "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{}\n",
             n.id,
             n.name,
-            n.state,
+            if n.drained {
+                format!("{}*", n.state)
+            } else {
+                n.state.to_string()
+            },
             n.addr,
             format!("{}/{}", n.gpus_free, n.gpus_total),
             if models.is_empty() {

@@ -36,6 +36,8 @@ struct RunningRank {
     last_usr1: Instant,
     ckpt_dir: PathBuf,
     reported_step: Option<u64>,
+    /// Replication of the last reported step, still running.
+    replicating: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The directory of a job's files on this node.
@@ -145,13 +147,16 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
             if rank.reported_step.is_some_and(|s| step <= s) || !assigned.contains_key(key) {
                 continue;
             }
+            if rank.replicating.as_ref().is_some_and(|h| !h.is_finished()) {
+                continue; // one step at a time; the next tick takes the newest
+            }
             rank.reported_step = Some(step);
             let inner = inner.clone();
             let key = key.clone();
             let dir = rank.ckpt_dir.join(step.to_string());
-            tokio::spawn(async move {
+            rank.replicating = Some(tokio::spawn(async move {
                 record_checkpoint(&inner, &key, step, dir).await;
-            });
+            }));
         }
         // Reap.
         let mut done = Vec::new();
@@ -172,7 +177,10 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
             );
             // A final checkpoint written during the grace period still counts,
             // and must be recorded before the exit releases the allocation.
-            if let Some(rank) = ranks.remove(&key) {
+            if let Some(mut rank) = ranks.remove(&key) {
+                if let Some(pending) = rank.replicating.take() {
+                    let _ = pending.await;
+                }
                 if let Some(step) = latest_done_step(&rank.ckpt_dir) {
                     if rank.reported_step.is_none_or(|s| step > s) && assigned.contains_key(&key) {
                         let dir = rank.ckpt_dir.join(step.to_string());
@@ -462,6 +470,7 @@ fn spawn(
         last_usr1: Instant::now(),
         ckpt_dir,
         reported_step: None,
+        replicating: None,
     })
 }
 

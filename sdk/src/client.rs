@@ -141,6 +141,16 @@ impl Client {
             .await
     }
 
+    /// Drains a node (`drain = true`) or returns it to service.
+    pub async fn drain_node(&self, node: &str, drain: bool) -> Result<WriteResponse, ClientError> {
+        let action = if drain { "drain" } else { "undrain" };
+        self.post(
+            &format!("/v1/nodes/{node}/{action}"),
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
     pub async fn remove_node(&self, node: &str) -> Result<WriteResponse, ClientError> {
         self.post(
             &format!("/v1/nodes/{}/remove", node),

@@ -92,6 +92,9 @@ pub struct NodeInfo {
     /// Average GPU utilization (0-1) from the node's latest capacity advert.
     #[serde(default)]
     pub gpu_util: Option<f32>,
+    /// Drained (`shoal drain`): takes no new work.
+    #[serde(default)]
+    pub drained: bool,
 }
 
 /// One row of `shoal mesh --json`: how the answering node sees a peer,

@@ -320,6 +320,9 @@ impl Workload {
             if member.state != MemberState::Alive {
                 return Err(format!("node {} is {}", member.spec.name, member.state));
             }
+            if self.drained.contains(node) {
+                return Err(format!("node {} is drained", member.spec.name));
+            }
             if gpus.len() != spec.gpus_per_node as usize {
                 return Err(format!(
                     "{} GPUs planned on {}, {} requested",
@@ -442,6 +445,9 @@ impl Workload {
             StopCause::TimeLimit => job.reason = "time limit reached: stopping".into(),
             StopCause::Cancelled => job.reason = "cancelling: waiting for the ranks to exit".into(),
             StopCause::RankFailed => job.reason = "a rank failed: stopping the others".into(),
+            StopCause::Drained => {
+                job.reason = "a node of the gang is draining: checkpointing and stopping".into()
+            }
         }
     }
 
@@ -666,6 +672,10 @@ impl Workload {
                 job.reason = String::new();
                 job.ended_at_ms = Some(now_ms);
             }
+            Some(StopCause::Drained) => {
+                job.state = JobState::Requeued;
+                job.reason = "requeued: a node of the gang was drained".into();
+            }
             Some(StopCause::Preempted) => {
                 job.preemptions += 1;
                 job.state = JobState::Requeued;
@@ -757,6 +767,24 @@ impl Workload {
                 self.jobs.remove(id);
                 self.checkpoints.remove(id);
             }
+        }
+    }
+
+    /// Drains a node (no new work; its gangs checkpoint, stop and are placed
+    /// elsewhere) or returns it to service.
+    pub(crate) fn set_drain(&mut self, node: NodeId, drain: bool, now_ms: u64) {
+        if !drain {
+            self.drained.remove(&node);
+            return;
+        }
+        self.drained.insert(node);
+        let hit: Vec<JobId> = self
+            .holding()
+            .filter(|(_, alloc)| alloc.nodes.iter().any(|(n, _)| *n == node))
+            .map(|(job, _)| job.id)
+            .collect();
+        for id in hit {
+            self.request_stop(id, StopCause::Drained, now_ms);
         }
     }
 

@@ -219,6 +219,8 @@ pub enum StopCause {
     TimeLimit,
     /// Another rank failed.
     RankFailed,
+    /// A node of the gang is being drained: checkpoint, stop, run elsewhere.
+    Drained,
 }
 
 /// Where and under which epoch a job runs.
@@ -373,6 +375,8 @@ pub struct Workload {
     pub next_job_id: JobId,
     /// The checkpoint catalog, by job, in step order.
     pub checkpoints: BTreeMap<JobId, Vec<Checkpoint>>,
+    /// Nodes that accept no new work (`shoal drain`).
+    pub drained: std::collections::BTreeSet<NodeId>,
 }
 
 impl Workload {

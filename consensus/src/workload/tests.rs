@@ -603,3 +603,37 @@ fn a_checkpoint_commits_when_every_rank_has_its_part_and_old_ones_are_dropped() 
     });
     assert!(matches!(missing, LedgerResponse::Rejected(_)));
 }
+
+#[test]
+fn draining_a_node_moves_its_gangs_and_keeps_new_work_away() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let id = r.submit(job(DEFAULT_TENANT, 1, 8));
+    r.pass(Policy::Hdrf);
+    let node = r.job(id).alloc.as_ref().expect("running").nodes[0].0;
+    r.apply(Command::SetDrain {
+        id: node,
+        drain: true,
+    });
+    assert!(r.job(id).reason.contains("draining"));
+    r.exit_all(id, 0);
+    assert_eq!(r.job(id).state, JobState::Requeued);
+    assert_eq!(r.job(id).restarts, 0, "a drain is not a failure");
+    r.pass(Policy::Hdrf);
+    let moved = r.job(id).alloc.as_ref().expect("re-placed").nodes[0].0;
+    assert_ne!(moved, node);
+    let other = r.submit(job(DEFAULT_TENANT, 1, 1));
+    r.pass(Policy::Hdrf);
+    assert!(
+        r.job(other).alloc.is_none(),
+        "nothing lands on a drained node"
+    );
+    r.apply(Command::SetDrain {
+        id: node,
+        drain: false,
+    });
+    r.pass(Policy::Hdrf);
+    assert_eq!(
+        r.job(other).alloc.as_ref().expect("placed").nodes[0].0,
+        node
+    );
+}

@@ -53,7 +53,8 @@ impl SchedSnapshot {
             .map(|member| NodeView {
                 id: member.id,
                 name: member.spec.name.clone(),
-                healthy: member.state == MemberState::Alive,
+                healthy: member.state == MemberState::Alive
+                    && !workload.drained.contains(&member.id),
                 labels: member.spec.labels.clone(),
                 gpus: member
                     .spec
