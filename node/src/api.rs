@@ -9,10 +9,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use openraft::ServerState;
 use shoal_consensus::{Command, LedgerResponse};
 use shoal_sdk::{
-    ApiErrorBody, AttrPut, JobInfo, JobSubmitRequest, JobSubmitResponse, MemberState, QuotaInfo,
+    ApiErrorBody, AttrPut, JobInfo, JobSubmitRequest, JobSubmitResponse, QuotaInfo,
     TenantInfo, TenantRequest, TokenCreateRequest, TokenCreateResponse, WriteResponse,
 };
 use std::sync::Arc;
@@ -149,41 +148,11 @@ async fn health(State(inner): State<AppState>) -> Json<serde_json::Value> {
 }
 
 async fn metrics(State(inner): State<AppState>) -> impl IntoResponse {
-    {
-        let m = inner.raft.metrics().borrow().clone();
-        let mm = &inner.metrics;
-        mm.raft_term.set(m.current_term as i64);
-        mm.raft_is_leader
-            .set(i64::from(m.state == ServerState::Leader));
-        mm.raft_commit_index
-            .set(m.last_applied.map(|l| l.index as i64).unwrap_or(0));
-        mm.raft_last_log_index
-            .set(m.last_log_index.map(|i| i as i64).unwrap_or(0));
-        mm.raft_voters
-            .set(m.membership_config.membership().voter_ids().count() as i64);
-        if let Ok(d) = inner.ledger.read() {
-            for state in [
-                MemberState::Alive,
-                MemberState::Suspect,
-                MemberState::Down,
-                MemberState::Left,
-            ] {
-                let n = d
-                    .ledger
-                    .members
-                    .values()
-                    .filter(|m| m.state == state)
-                    .count();
-                mm.members
-                    .get_or_create(&vec![("state".into(), state.as_str().into())])
-                    .set(n as i64);
-            }
-        }
-    }
+    crate::scrape::refresh(&inner);
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         inner.metrics.render(),
     )

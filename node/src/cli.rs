@@ -62,6 +62,12 @@ enum Cmd {
     Drain { node: String },
     /// Return a drained node to service
     Undrain { node: String },
+    /// Prometheus file_sd targets: every alive node's metrics address
+    PrometheusSd {
+        /// Write the JSON here atomically (for file_sd_configs) instead of stdout
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Node administration
     Node {
         #[command(subcommand)]
@@ -404,6 +410,33 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     if drain { "drained" } else { "back in service" }
                 );
                 Ok(())
+            }
+        }
+        Cmd::PrometheusSd { out } => {
+            let c = client(&cli);
+            let status = c.status().await.map_err(api_err)?;
+            let nodes = c.nodes().await.map_err(api_err)?;
+            let targets: Vec<String> = nodes
+                .iter()
+                .filter(|n| n.state == shoal_sdk::MemberState::Alive)
+                .map(|n| n.api_addr.clone())
+                .collect();
+            let doc = serde_json::json!([{
+                "targets": targets,
+                "labels": {"shoal_cluster": status.cluster_id, "__metrics_path__": "/metrics"},
+            }]);
+            let text = serde_json::to_string_pretty(&doc)?;
+            match out {
+                None => {
+                    println!("{text}");
+                    Ok(())
+                }
+                Some(path) => {
+                    let tmp = path.with_extension("tmp");
+                    std::fs::write(&tmp, text.as_bytes())
+                        .and_then(|_| std::fs::rename(&tmp, path))
+                        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
+                }
             }
         }
         Cmd::Submit { job, banner } => {

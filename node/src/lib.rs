@@ -26,6 +26,7 @@ pub mod peers;
 pub mod proto;
 pub mod reconcile;
 pub mod scheduler;
+pub mod scrape;
 pub mod sim;
 pub mod slurm;
 pub mod transport;

@@ -12,6 +12,100 @@ use prometheus_client::registry::Registry;
 use std::time::Duration;
 
 type Labels = Vec<(String, String)>;
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// dcgm-exporter's series names, so existing GPU dashboards work unchanged.
+/// Registered without the `shoal_` prefix, in a registry of their own.
+pub struct DcgmSeries {
+    registry: Registry,
+    pub gpu_util: Family<Labels, Gauge>,
+    pub fb_used: Family<Labels, Gauge>,
+    pub fb_free: Family<Labels, Gauge>,
+    pub gpu_temp: Family<Labels, Gauge>,
+    pub power_usage: Family<Labels, FloatGauge>,
+    pub ecc_sbe: Family<Labels, Gauge>,
+    pub ecc_dbe: Family<Labels, Gauge>,
+    pub xid: Family<Labels, Gauge>,
+    pub throttle: Family<Labels, Gauge>,
+}
+
+impl DcgmSeries {
+    fn new() -> Self {
+        let mut registry = Registry::default();
+        let d = DcgmSeries {
+            registry: Registry::default(),
+            gpu_util: Family::default(),
+            fb_used: Family::default(),
+            fb_free: Family::default(),
+            gpu_temp: Family::default(),
+            power_usage: Family::default(),
+            ecc_sbe: Family::default(),
+            ecc_dbe: Family::default(),
+            xid: Family::default(),
+            throttle: Family::default(),
+        };
+        registry.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", d.gpu_util.clone());
+        registry.register("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)", d.fb_used.clone());
+        registry.register("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)", d.fb_free.clone());
+        registry.register("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)", d.gpu_temp.clone());
+        registry.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)", d.power_usage.clone());
+        registry.register(
+            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+            "Total number of single-bit volatile ECC errors",
+            d.ecc_sbe.clone(),
+        );
+        registry.register(
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            "Total number of double-bit volatile ECC errors",
+            d.ecc_dbe.clone(),
+        );
+        registry.register(
+            "DCGM_FI_DEV_XID_ERRORS",
+            "Value of the last XID error encountered",
+            d.xid.clone(),
+        );
+        registry.register(
+            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+            "Number of active clock throttle reasons",
+            d.throttle.clone(),
+        );
+        DcgmSeries { registry, ..d }
+    }
+
+    /// Replaces every series with the latest samples. `labels_of` gives the
+    /// identifying labels of a GPU index (gpu, UUID, device, modelName,
+    /// Hostname, shoal_job).
+    pub fn update(&self, samples: &[crate::gpu::GpuSample], labels_of: impl Fn(u32) -> Labels) {
+        for family in [
+            &self.gpu_util,
+            &self.fb_used,
+            &self.fb_free,
+            &self.gpu_temp,
+            &self.ecc_sbe,
+            &self.ecc_dbe,
+            &self.xid,
+            &self.throttle,
+        ] {
+            family.clear();
+        }
+        self.power_usage.clear();
+        for s in samples {
+            let labels = labels_of(s.index);
+            let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            self.gpu_util.get_or_create(&labels).set(i64::from(s.util_pct));
+            self.fb_used.get_or_create(&labels).set(as_i64(s.fb_used_mb));
+            self.fb_free.get_or_create(&labels).set(as_i64(s.fb_free_mb));
+            self.gpu_temp.get_or_create(&labels).set(i64::from(s.temp_c));
+            self.power_usage.get_or_create(&labels).set(s.power_w);
+            self.ecc_sbe.get_or_create(&labels).set(as_i64(s.ecc_sbe_total));
+            self.ecc_dbe.get_or_create(&labels).set(as_i64(s.ecc_dbe_total));
+            self.xid.get_or_create(&labels).set(as_i64(s.last_xid));
+            self.throttle
+                .get_or_create(&labels)
+                .set(s.throttle.len() as i64);
+        }
+    }
+}
 
 pub struct Metrics {
     registry: Registry,
@@ -27,6 +121,12 @@ pub struct Metrics {
     pub placements: Counter,
     pub jobs: Family<Labels, Gauge>,
     pub rank_exits: Family<Labels, Counter>,
+    pub gpus: Family<Labels, Gauge>,
+    pub tenant_gpus: Family<Labels, Gauge>,
+    pub tenant_gpu_hours: Family<Labels, FloatGauge>,
+    pub tenant_gpu_hours_limit: Family<Labels, FloatGauge>,
+    pub ckpt_under_replicated: Gauge,
+    pub dcgm: DcgmSeries,
 }
 
 impl Metrics {
@@ -56,6 +156,12 @@ impl Metrics {
             placements: Counter::default(),
             jobs: Family::default(),
             rank_exits: Family::default(),
+            gpus: Family::default(),
+            tenant_gpus: Family::default(),
+            tenant_gpu_hours: Family::default(),
+            tenant_gpu_hours_limit: Family::default(),
+            ckpt_under_replicated: Gauge::default(),
+            dcgm: DcgmSeries::new(),
             registry: Registry::default(),
         };
         registry.register("raft_term", "Current Raft term", m.raft_term.clone());
@@ -110,6 +216,31 @@ impl Metrics {
             "Job ranks this node ran that exited, by outcome",
             m.rank_exits.clone(),
         );
+        registry.register(
+            "gpus",
+            "GPUs of the cluster's alive members by state (allocated or free)",
+            m.gpus.clone(),
+        );
+        registry.register(
+            "tenant_gpus_in_use",
+            "GPUs held by each tenant's own jobs",
+            m.tenant_gpus.clone(),
+        );
+        registry.register(
+            "tenant_gpu_hours_used",
+            "GPU-hours consumed by each tenant's own jobs, net of refunds",
+            m.tenant_gpu_hours.clone(),
+        );
+        registry.register(
+            "tenant_gpu_hours_limit",
+            "GPU-hour budget of each tenant that has one",
+            m.tenant_gpu_hours_limit.clone(),
+        );
+        registry.register(
+            "checkpoint_parts_under_replicated",
+            "Committed checkpoint parts with fewer live holders than written",
+            m.ckpt_under_replicated.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -140,11 +271,21 @@ impl Metrics {
             .inc();
     }
 
+    /// OpenMetrics text: the DCGM series, then Shoal's own, one `# EOF`.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        if encode(&mut out, &self.registry).is_err() {
-            out.clear();
+        let mut dcgm = String::new();
+        if encode(&mut dcgm, &self.dcgm.registry).is_err() {
+            dcgm.clear();
         }
+        let mut own = String::new();
+        if encode(&mut own, &self.registry).is_err() {
+            own.clear();
+        }
+        let mut out = dcgm
+            .strip_suffix("# EOF\n")
+            .unwrap_or(&dcgm)
+            .to_string();
+        out.push_str(&own);
         out
     }
 }

@@ -212,6 +212,13 @@ impl Client {
         self.get(&format!("/v1/jobs/{id}/checkpoints")).await
     }
 
+    /// The node's `/metrics` text (OpenMetrics).
+    pub async fn metrics_text(&self) -> Result<String, ClientError> {
+        let url = format!("{}/metrics", self.base);
+        let bytes = self.get_raw(self.http.get(&url), &url).await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     /// A stored chunk frame from this node's chunk store (hex chunk id).
     pub async fn chunk(&self, id_hex: &str) -> Result<Vec<u8>, ClientError> {
         let url = format!("{}/v1/chunks/{id_hex}", self.base);

@@ -1,0 +1,129 @@
+//! Brings the gauges that mirror state (Raft, ledger, GPU samples) up to
+//! date right before `/metrics` is encoded; counters and histograms are
+//! updated where their events happen.
+
+use crate::agent::Inner;
+use openraft::ServerState;
+use shoal_sdk::MemberState;
+use std::collections::BTreeMap;
+
+type Labels = Vec<(String, String)>;
+
+pub fn refresh(inner: &Inner) {
+    let m = inner.raft.metrics().borrow().clone();
+    let mm = &inner.metrics;
+    mm.raft_term.set(m.current_term as i64);
+    mm.raft_is_leader
+        .set(i64::from(m.state == ServerState::Leader));
+    mm.raft_commit_index
+        .set(m.last_applied.map(|l| l.index as i64).unwrap_or(0));
+    mm.raft_last_log_index
+        .set(m.last_log_index.map(|i| i as i64).unwrap_or(0));
+    mm.raft_voters
+        .set(m.membership_config.membership().voter_ids().count() as i64);
+    let Ok(d) = inner.ledger.read() else {
+        return;
+    };
+    let ledger = &d.ledger;
+    for state in [
+        MemberState::Alive,
+        MemberState::Suspect,
+        MemberState::Down,
+        MemberState::Left,
+    ] {
+        let n = ledger.members.values().filter(|m| m.state == state).count();
+        mm.members
+            .get_or_create(&vec![("state".into(), state.as_str().into())])
+            .set(n as i64);
+    }
+    let workload = &ledger.workload;
+    mm.jobs.clear();
+    for job in workload.jobs.values() {
+        mm.jobs
+            .get_or_create(&vec![("state".into(), job.state.as_str().into())])
+            .inc();
+    }
+    let owners = crate::jobs_api::gpu_owners(ledger);
+    let alive_gpus: usize = ledger
+        .active_members()
+        .filter(|m| m.state == MemberState::Alive)
+        .map(|m| m.spec.gpus.len())
+        .sum();
+    let allocated = owners.len() as i64;
+    mm.gpus
+        .get_or_create(&vec![("state".into(), "allocated".into())])
+        .set(allocated);
+    mm.gpus
+        .get_or_create(&vec![("state".into(), "free".into())])
+        .set((alive_gpus as i64 - allocated).max(0));
+    let held = workload.gpus_in_use();
+    let now = ledger.clock_ms.max(crate::agent::wall_ms());
+    mm.tenant_gpus.clear();
+    mm.tenant_gpu_hours.clear();
+    mm.tenant_gpu_hours_limit.clear();
+    for tenant in workload.tenants.values() {
+        let labels: Labels = vec![("tenant".into(), tenant.name.clone())];
+        mm.tenant_gpus
+            .get_or_create(&labels)
+            .set(i64::from(held.get(tenant.name.as_str()).copied().unwrap_or(0)));
+        mm.tenant_gpu_hours
+            .get_or_create(&labels)
+            .set(workload.used_gpu_ms(&tenant.name, now) as f64 / 3_600_000.0);
+        if let Some(limit) = tenant.limits.gpu_seconds_limit {
+            mm.tenant_gpu_hours_limit
+                .get_or_create(&labels)
+                .set(limit as f64 / 3600.0);
+        }
+    }
+    let alive: Vec<u64> = ledger
+        .active_members()
+        .filter(|m| m.state == MemberState::Alive)
+        .map(|m| m.id)
+        .collect();
+    let wanted = (crate::ckpt::REPLICAS + 1).min(alive.len());
+    let under = workload
+        .checkpoints
+        .values()
+        .flatten()
+        .filter(|c| c.committed_at_ms.is_some())
+        .flat_map(|c| c.parts.values())
+        .filter(|p| p.holders.iter().filter(|h| alive.contains(h)).count() < wanted)
+        .count();
+    mm.ckpt_under_replicated.set(under as i64);
+
+    // The DCGM series of this node's own GPUs, with the job holding each.
+    let inventory: BTreeMap<u32, shoal_sdk::GpuInfo> = inner
+        .spec
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.clone()))
+        .collect();
+    let samples = inner
+        .gpu
+        .lock()
+        .map(|g| g.latest.clone())
+        .unwrap_or_default();
+    mm.dcgm.update(&samples, |index| {
+        let info = inventory.get(&index);
+        vec![
+            ("gpu".into(), index.to_string()),
+            (
+                "UUID".into(),
+                info.map(|g| g.uuid.clone()).unwrap_or_default(),
+            ),
+            ("device".into(), format!("nvidia{index}")),
+            (
+                "modelName".into(),
+                info.map(|g| g.model.clone()).unwrap_or_default(),
+            ),
+            ("Hostname".into(), inner.name.clone()),
+            (
+                "shoal_job".into(),
+                owners
+                    .get(&(inner.id, index))
+                    .map(u64::to_string)
+                    .unwrap_or_default(),
+            ),
+        ]
+    });
+}
