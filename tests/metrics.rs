@@ -17,7 +17,9 @@ fn assert_well_formed(text: &str) {
     assert!(text.ends_with("# EOF\n"), "no trailing # EOF");
     assert_eq!(text.matches("# EOF").count(), 1, "more than one # EOF");
     for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line}"));
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line}"));
         assert!(value.parse::<f64>().is_ok(), "bad value in {line}");
         let name = series.split('{').next().unwrap_or_default();
         assert!(
@@ -118,7 +120,28 @@ async fn metrics_carry_dcgm_series_per_gpu_and_shoal_series() {
             .arg(format!("promtool check metrics < {}", path.display()))
             .output()
             .expect("promtool");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        // dcgm-exporter's own label names (modelName, UUID, Hostname) are
+        // camelCase; dashboards depend on them, so that one lint is expected.
+        let report = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // OpenMetrics writes `# HELP name` for a counter whose samples are
+        // `name_total`; the text-format linter looks for `# HELP name_total`.
+        let problems: Vec<&str> = report
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .filter(|l| {
+                !(l.starts_with("DCGM_FI_")
+                    && l.ends_with("label names should be written in 'snake_case' not 'camelCase'"))
+            })
+            .filter(|l| {
+                !l.strip_suffix("_total no help text")
+                    .is_some_and(|name| text.contains(&format!("# HELP {name} ")))
+            })
+            .collect();
+        assert!(problems.is_empty(), "promtool: {problems:?}");
     } else {
         eprintln!("promtool not installed; checked the text format by hand only");
     }
@@ -129,9 +152,39 @@ async fn metrics_carry_dcgm_series_per_gpu_and_shoal_series() {
         .env("SHOAL_TOKEN", &token)
         .output()
         .expect("prometheus-sd");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let addr = node.api_url().trim_start_matches("http://").to_string();
     assert_eq!(doc[0]["targets"], serde_json::json!([addr]));
     client.cancel_job(id).await.expect("cancel");
+}
+
+#[test]
+fn prometheus_rules_check_and_pass_their_unit_tests() {
+    if Command::new("promtool").arg("--version").output().is_err() {
+        eprintln!("skipped: promtool is not installed (Debian package `prometheus`)");
+        return;
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/prometheus");
+    for args in [
+        ["check", "rules", "shoal.rules.yml"],
+        ["test", "rules", "shoal.rules.test.yml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("promtool");
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -11,8 +11,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use shoal_consensus::{Command, LedgerResponse};
 use shoal_sdk::{
-    ApiErrorBody, AttrPut, JobInfo, JobSubmitRequest, JobSubmitResponse, QuotaInfo,
-    TenantInfo, TenantRequest, TokenCreateRequest, TokenCreateResponse, WriteResponse,
+    ApiErrorBody, AttrPut, JobInfo, JobSubmitRequest, JobSubmitResponse, QuotaInfo, TenantInfo,
+    TenantRequest, TokenCreateRequest, TokenCreateResponse, WriteResponse,
 };
 use std::sync::Arc;
 use std::time::Duration;

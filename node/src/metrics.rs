@@ -44,11 +44,31 @@ impl DcgmSeries {
             xid: Family::default(),
             throttle: Family::default(),
         };
-        registry.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", d.gpu_util.clone());
-        registry.register("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)", d.fb_used.clone());
-        registry.register("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)", d.fb_free.clone());
-        registry.register("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)", d.gpu_temp.clone());
-        registry.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)", d.power_usage.clone());
+        registry.register(
+            "DCGM_FI_DEV_GPU_UTIL",
+            "GPU utilization (in %)",
+            d.gpu_util.clone(),
+        );
+        registry.register(
+            "DCGM_FI_DEV_FB_USED",
+            "Framebuffer memory used (in MiB)",
+            d.fb_used.clone(),
+        );
+        registry.register(
+            "DCGM_FI_DEV_FB_FREE",
+            "Framebuffer memory free (in MiB)",
+            d.fb_free.clone(),
+        );
+        registry.register(
+            "DCGM_FI_DEV_GPU_TEMP",
+            "GPU temperature (in C)",
+            d.gpu_temp.clone(),
+        );
+        registry.register(
+            "DCGM_FI_DEV_POWER_USAGE",
+            "Power draw (in W)",
+            d.power_usage.clone(),
+        );
         registry.register(
             "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
             "Total number of single-bit volatile ECC errors",
@@ -92,13 +112,25 @@ impl DcgmSeries {
         for s in samples {
             let labels = labels_of(s.index);
             let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            self.gpu_util.get_or_create(&labels).set(i64::from(s.util_pct));
-            self.fb_used.get_or_create(&labels).set(as_i64(s.fb_used_mb));
-            self.fb_free.get_or_create(&labels).set(as_i64(s.fb_free_mb));
-            self.gpu_temp.get_or_create(&labels).set(i64::from(s.temp_c));
+            self.gpu_util
+                .get_or_create(&labels)
+                .set(i64::from(s.util_pct));
+            self.fb_used
+                .get_or_create(&labels)
+                .set(as_i64(s.fb_used_mb));
+            self.fb_free
+                .get_or_create(&labels)
+                .set(as_i64(s.fb_free_mb));
+            self.gpu_temp
+                .get_or_create(&labels)
+                .set(i64::from(s.temp_c));
             self.power_usage.get_or_create(&labels).set(s.power_w);
-            self.ecc_sbe.get_or_create(&labels).set(as_i64(s.ecc_sbe_total));
-            self.ecc_dbe.get_or_create(&labels).set(as_i64(s.ecc_dbe_total));
+            self.ecc_sbe
+                .get_or_create(&labels)
+                .set(as_i64(s.ecc_sbe_total));
+            self.ecc_dbe
+                .get_or_create(&labels)
+                .set(as_i64(s.ecc_dbe_total));
             self.xid.get_or_create(&labels).set(as_i64(s.last_xid));
             self.throttle
                 .get_or_create(&labels)
@@ -227,13 +259,13 @@ impl Metrics {
             m.tenant_gpus.clone(),
         );
         registry.register(
-            "tenant_gpu_hours_used",
-            "GPU-hours consumed by each tenant's own jobs, net of refunds",
+            "tenant_gpu_seconds_used",
+            "GPU-seconds consumed by each tenant's own jobs, net of refunds",
             m.tenant_gpu_hours.clone(),
         );
         registry.register(
-            "tenant_gpu_hours_limit",
-            "GPU-hour budget of each tenant that has one",
+            "tenant_gpu_seconds_limit",
+            "GPU-second budget of each tenant that has one",
             m.tenant_gpu_hours_limit.clone(),
         );
         registry.register(
@@ -281,10 +313,7 @@ impl Metrics {
         if encode(&mut own, &self.registry).is_err() {
             own.clear();
         }
-        let mut out = dcgm
-            .strip_suffix("# EOF\n")
-            .unwrap_or(&dcgm)
-            .to_string();
+        let mut out = dcgm.strip_suffix("# EOF\n").unwrap_or(&dcgm).to_string();
         out.push_str(&own);
         out
     }

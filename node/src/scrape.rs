@@ -63,16 +63,16 @@ pub fn refresh(inner: &Inner) {
     mm.tenant_gpu_hours_limit.clear();
     for tenant in workload.tenants.values() {
         let labels: Labels = vec![("tenant".into(), tenant.name.clone())];
-        mm.tenant_gpus
-            .get_or_create(&labels)
-            .set(i64::from(held.get(tenant.name.as_str()).copied().unwrap_or(0)));
+        mm.tenant_gpus.get_or_create(&labels).set(i64::from(
+            held.get(tenant.name.as_str()).copied().unwrap_or(0),
+        ));
         mm.tenant_gpu_hours
             .get_or_create(&labels)
-            .set(workload.used_gpu_ms(&tenant.name, now) as f64 / 3_600_000.0);
+            .set(workload.used_gpu_ms(&tenant.name, now) as f64 / 1000.0);
         if let Some(limit) = tenant.limits.gpu_seconds_limit {
             mm.tenant_gpu_hours_limit
                 .get_or_create(&labels)
-                .set(limit as f64 / 3600.0);
+                .set(limit as f64);
         }
     }
     let alive: Vec<u64> = ledger
