@@ -188,3 +188,61 @@ fn prometheus_rules_check_and_pass_their_unit_tests() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_gpu_faults_become_one_event_each_within_a_second() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut node = NodeProc::new(root.path(), "e1", &[]);
+    node.bootstrap();
+    let token = node.admin_token();
+    let client = node.client(&token);
+    wait_for("the node to serve", TIMEOUT, || {
+        let c = client.clone();
+        async move { c.status().await.ok() }
+    })
+    .await;
+    // Give the sampler a first sample to compare against.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let faults = [
+        (2u32, "ecc-dbe", "gpu_ecc_dbe"),
+        (1, "xid:79", "gpu_xid"),
+        (3, "hot", "gpu_throttle"),
+    ];
+    for (gpu, fault, kind) in faults {
+        let injected = std::time::Instant::now();
+        client.gpu_fault(gpu, fault).await.expect("inject");
+        let latency = wait_for(&format!("a {kind} event"), TIMEOUT, || {
+            let c = client.clone();
+            async move {
+                let events = c.events(0).await.ok()?;
+                events
+                    .iter()
+                    .any(|e| {
+                        e.kind == kind && e.gpu == Some(gpu) && e.node.as_deref() == Some("e1")
+                    })
+                    .then(|| injected.elapsed())
+            }
+        })
+        .await;
+        eprintln!("{kind}: event committed {latency:.2?} after the injection");
+        assert!(latency < Duration::from_secs(1), "{kind} took {latency:?}");
+    }
+    // Persistent faults are not reported again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let events = client.events(0).await.expect("events");
+    for (gpu, _, kind) in faults {
+        let n = events
+            .iter()
+            .filter(|e| e.kind == kind && e.gpu == Some(gpu))
+            .count();
+        assert_eq!(n, 1, "{kind} on GPU {gpu} reported {n} times: {events:?}");
+    }
+    let bad = Command::new(shoal_bin())
+        .args(["debug", "gpu-fault", "--gpu", "9", "ecc-dbe"])
+        .env("SHOAL_API", node.api_url())
+        .env("SHOAL_TOKEN", &token)
+        .output()
+        .expect("cli");
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).starts_with("error: node e1 has no GPU 9"));
+}

@@ -139,6 +139,8 @@ pub enum Command {
         step: u64,
         part: CkptPart,
     },
+    /// An anomaly or state change for the event log (de-duplicated in apply).
+    RecordEvent(crate::events::EventSpec),
     /// `shoal drain` / `shoal undrain`.
     SetDrain {
         id: NodeId,
@@ -193,6 +195,7 @@ pub struct Ledger {
     pub api_tokens: BTreeMap<String, ApiToken>,
     pub attrs: BTreeMap<String, String>,
     pub workload: Workload,
+    pub events: crate::events::EventLog,
     /// The largest leader timestamp applied; time never runs backwards in
     /// the ledger even if a new leader's clock is behind.
     pub clock_ms: u64,
@@ -325,6 +328,22 @@ impl Ledger {
                         m.state_since_ms = now;
                         let member = m.clone();
                         self.workload.on_member_state(&member, now);
+                        if member.state == MemberState::Down {
+                            self.events.record(
+                                &crate::events::EventSpec {
+                                    severity: crate::events::Severity::Critical,
+                                    kind: "node_down".into(),
+                                    node: Some(member.id),
+                                    gpu: None,
+                                    job: None,
+                                    message: format!(
+                                        "node {} stopped answering heartbeats",
+                                        member.spec.name
+                                    ),
+                                },
+                                now,
+                            );
+                        }
                     }
                     LedgerResponse::Ok
                 }
@@ -403,6 +422,10 @@ impl Ledger {
                     .checkpoint_part(*job, *epoch, *rank, *step, part, now),
             ),
             Command::ReleaseJob { job, epoch } => answer(self.workload.release(*job, *epoch, now)),
+            Command::RecordEvent(spec) => {
+                self.events.record(spec, now);
+                LedgerResponse::Ok
+            }
             Command::SetDrain { id, drain } => {
                 if !self.members.contains_key(id) {
                     return LedgerResponse::Rejected(format!("no member with id {id}"));

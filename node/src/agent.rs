@@ -93,24 +93,9 @@ pub struct Inner {
 
 pub struct GpuState {
     pub source: Option<Box<dyn crate::gpu::GpuSource>>,
+    /// Present when the GPUs are simulated.
+    pub faults: Option<crate::gpu::sim::FaultInjector>,
     pub latest: Vec<crate::gpu::GpuSample>,
-}
-
-/// Reads the accelerators once a second.
-async fn sample_gpus(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        let Some(inner) = inner.upgrade() else { return };
-        let Ok(mut g) = inner.gpu.lock() else { return };
-        if let Some(src) = g.source.as_mut() {
-            let samples = src.sample();
-            g.latest = samples;
-        }
-    }
 }
 
 struct NodeRpc {
@@ -327,6 +312,7 @@ impl Agent {
             peers: crate::peers::new_view(cfg.test_inject_rtt.clone()),
             chunks: Arc::new(chunks),
             gpu: std::sync::Mutex::new(GpuState {
+                faults: gpu_source.as_ref().and_then(|g| g.fault_injector()),
                 source: gpu_source,
                 latest: Vec::new(),
             }),
@@ -353,10 +339,6 @@ impl Agent {
             inner.peers.clone(),
             inner.shutdown.subscribe(),
         );
-        tokio::spawn(sample_gpus(
-            Arc::downgrade(&inner),
-            inner.shutdown.subscribe(),
-        ));
         tokio::spawn(crate::reconcile::run(
             Arc::downgrade(&inner),
             inner.shutdown.subscribe(),
@@ -371,6 +353,10 @@ impl Agent {
                 inner.shutdown.subscribe(),
             ));
         }
+        tokio::spawn(crate::anomaly::run(
+            Arc::downgrade(&inner),
+            inner.shutdown.subscribe(),
+        ));
         tokio::spawn(crate::durability::run(
             Arc::downgrade(&inner),
             inner.shutdown.subscribe(),
@@ -1047,6 +1033,9 @@ impl Inner {
             Query::Checkpoints(id) => crate::jobs_api::checkpoints(&d.ledger, id)
                 .map(Response::Checkpoints)
                 .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("no job {id}"))),
+            Query::Events { after } => {
+                Ok(Response::Events(crate::jobs_api::events(&d.ledger, after)))
+            }
             Query::Tenants => Ok(Response::Tenants(crate::jobs_api::tenants(&d.ledger))),
             Query::Quota => Ok(Response::Quota(crate::jobs_api::quota(
                 &d.ledger,

@@ -82,6 +82,8 @@ pub fn router(state: AppState) -> Router {
         .route("/tenants", post(create_tenant).get(list_tenants))
         .route("/tenants/{name}", post(set_tenant))
         .route("/quota", get(quota))
+        .route("/events", get(list_events))
+        .route("/debug/gpu-fault", post(gpu_fault))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/health", get(health))
@@ -463,4 +465,44 @@ async fn undrain_node(
     Path(node): Path<String>,
 ) -> Result<Json<WriteResponse>, ApiError> {
     set_drain(&inner, &node, false).await
+}
+
+#[derive(serde::Deserialize)]
+struct EventQuery {
+    #[serde(default)]
+    after: u64,
+}
+
+async fn list_events(
+    State(inner): State<AppState>,
+    Query(q): Query<EventQuery>,
+) -> Result<Json<Vec<shoal_sdk::EventInfo>>, ApiError> {
+    match inner.query(ProtoQuery::Events { after: q.after }).await? {
+        ProtoResponse::Events(e) => Ok(Json(e)),
+        _ => Err(unexpected()),
+    }
+}
+
+/// Makes a simulated GPU of this node misbehave (tests, demos, drills).
+async fn gpu_fault(
+    State(inner): State<AppState>,
+    Json(req): Json<shoal_sdk::GpuFaultRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let fault = crate::gpu::sim::SimFault::parse(&req.fault).map_err(bad_request)?;
+    let injector = inner
+        .gpu
+        .lock()
+        .ok()
+        .and_then(|g| g.faults.clone())
+        .ok_or_else(|| bad_request(format!("node {} has no simulated GPUs", inner.name)))?;
+    if !inner.spec.gpus.iter().any(|g| g.index == req.gpu) {
+        return Err(bad_request(format!(
+            "node {} has no GPU {}",
+            inner.name, req.gpu
+        )));
+    }
+    injector.inject(req.gpu, fault);
+    Ok(Json(
+        serde_json::json!({"node": inner.name, "gpu": req.gpu, "fault": req.fault}),
+    ))
 }

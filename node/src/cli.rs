@@ -62,6 +62,17 @@ enum Cmd {
     Drain { node: String },
     /// Return a drained node to service
     Undrain { node: String },
+    /// The cluster's event log: GPU faults, node loss
+    Events {
+        /// Keep printing new events
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+    /// Debugging aids
+    Debug {
+        #[command(subcommand)]
+        cmd: DebugCmd,
+    },
     /// Prometheus file_sd targets: every alive node's metrics address
     PrometheusSd {
         /// Write the JSON here atomically (for file_sd_configs) instead of stdout
@@ -132,6 +143,16 @@ enum TokenCmd {
         /// Lifetime, e.g. 24h, 30m, 1-00:00:00
         #[arg(long)]
         ttl: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DebugCmd {
+    /// Make a simulated GPU of the --api node misbehave: ecc-dbe, xid:CODE, hot, slow, clear
+    GpuFault {
+        #[arg(long)]
+        gpu: u32,
+        fault: String,
     },
 }
 
@@ -409,6 +430,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "node {node} {}",
                     if drain { "drained" } else { "back in service" }
                 );
+                Ok(())
+            }
+        }
+        Cmd::Events { follow } => crate::cli_jobs::events(&client(&cli), *follow, cli.json).await,
+        Cmd::Debug {
+            cmd: DebugCmd::GpuFault { gpu, fault },
+        } => {
+            let r = client(&cli).gpu_fault(*gpu, fault).await.map_err(api_err)?;
+            if cli.json {
+                print_json(&r)
+            } else {
+                println!("injected {fault} into GPU {gpu}");
                 Ok(())
             }
         }

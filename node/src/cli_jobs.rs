@@ -494,6 +494,40 @@ pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::
     }
 }
 
+/// `shoal events [-f]`: the event log, then (with -f) new events as they come.
+pub async fn events(client: &Client, follow: bool, json: bool) -> anyhow::Result<()> {
+    let mut after = 0;
+    loop {
+        let batch = client.events(after).await.map_err(api)?;
+        if let Some(last) = batch.last() {
+            after = last.id;
+        }
+        if json && !follow {
+            return print_json(&batch);
+        }
+        for e in &batch {
+            if json {
+                println!("{}", serde_json::to_string(e)?);
+            } else {
+                let place = match (&e.node, e.gpu) {
+                    (Some(n), Some(g)) => format!("{n}/gpu{g}"),
+                    (Some(n), None) => n.clone(),
+                    _ => "-".into(),
+                };
+                let job = e.job.map(|j| format!(" job {j}")).unwrap_or_default();
+                println!(
+                    "{}  {:<8} {:<13} {:<12}{job}  {}",
+                    e.at, e.severity, e.kind, place, e.message
+                );
+            }
+        }
+        if !follow {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 pub async fn tenant(client: &Client, cmd: &TenantCmd, json: bool) -> anyhow::Result<()> {
     match cmd {
         TenantCmd::Create(args) => {

@@ -161,6 +161,30 @@ pub fn checkpoints(ledger: &Ledger, job: u64) -> Option<Vec<CheckpointInfo>> {
     )
 }
 
+pub fn events(ledger: &Ledger, after: u64) -> Vec<shoal_sdk::EventInfo> {
+    ledger
+        .events
+        .after(after)
+        .map(|e| shoal_sdk::EventInfo {
+            id: e.id,
+            at: rfc3339(e.at_ms),
+            at_ms: e.at_ms,
+            severity: e.spec.severity.as_str().to_string(),
+            kind: e.spec.kind.clone(),
+            node: e.spec.node.map(|n| {
+                ledger
+                    .members
+                    .get(&n)
+                    .map(|m| m.spec.name.clone())
+                    .unwrap_or_else(|| n.to_string())
+            }),
+            gpu: e.spec.gpu,
+            job: e.spec.job,
+            message: e.spec.message.clone(),
+        })
+        .collect()
+}
+
 pub fn tenant_limits(req: &TenantRequest) -> Result<TenantLimits, String> {
     if let Some(unknown) = req.unset.first() {
         return Err(format!(

@@ -2,6 +2,7 @@
 //! storage together, the HTTP API, and the command-line interface.
 
 pub mod agent;
+pub mod anomaly;
 pub mod api;
 pub mod batcher;
 pub mod bench;

@@ -54,6 +54,9 @@ pub enum Query {
     },
     Job(u64),
     Checkpoints(u64),
+    Events {
+        after: u64,
+    },
     Tenants,
     Quota,
 }
@@ -73,6 +76,7 @@ pub enum Response {
     Tenants(Vec<shoal_sdk::TenantInfo>),
     Quota(Vec<shoal_sdk::QuotaInfo>),
     Checkpoints(Vec<shoal_sdk::CheckpointInfo>),
+    Events(Vec<shoal_sdk::EventInfo>),
     ChunkStored,
     Chunk(Vec<u8>),
     Has(Vec<bool>),

@@ -212,6 +212,23 @@ impl Client {
         self.get(&format!("/v1/jobs/{id}/checkpoints")).await
     }
 
+    /// Events with an id above `after`, oldest first.
+    pub async fn events(&self, after: u64) -> Result<Vec<EventInfo>, ClientError> {
+        self.get(&format!("/v1/events?after={after}")).await
+    }
+
+    /// Injects a fault into a simulated GPU of this node.
+    pub async fn gpu_fault(&self, gpu: u32, fault: &str) -> Result<serde_json::Value, ClientError> {
+        self.post(
+            "/v1/debug/gpu-fault",
+            &GpuFaultRequest {
+                gpu,
+                fault: fault.to_string(),
+            },
+        )
+        .await
+    }
+
     /// The node's `/metrics` text (OpenMetrics).
     pub async fn metrics_text(&self) -> Result<String, ClientError> {
         let url = format!("{}/metrics", self.base);

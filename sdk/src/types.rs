@@ -299,3 +299,29 @@ pub struct CheckpointPartInfo {
     pub holders: Vec<u64>,
     pub manifest_hex: String,
 }
+
+/// `shoal events --json`: one entry of the cluster's event log.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct EventInfo {
+    pub id: u64,
+    /// RFC 3339, UTC.
+    pub at: String,
+    pub at_ms: u64,
+    /// `info`, `warning` or `critical`.
+    pub severity: String,
+    /// e.g. `gpu_ecc_dbe`, `gpu_xid`, `gpu_throttle`, `gpu_lost`, `node_down`.
+    pub kind: String,
+    /// Node name.
+    pub node: Option<String>,
+    pub gpu: Option<u32>,
+    pub job: Option<u64>,
+    pub message: String,
+}
+
+/// `POST /v1/debug/gpu-fault`: make a simulated GPU of the answering node misbehave.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct GpuFaultRequest {
+    pub gpu: u32,
+    /// `ecc-dbe`, `xid:CODE`, `hot`, `slow` or `clear`.
+    pub fault: String,
+}

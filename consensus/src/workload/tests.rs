@@ -212,6 +212,11 @@ fn reports_from_an_old_epoch_are_fenced_off() {
     });
     assert_eq!(r.job(id).state, JobState::Requeued);
     assert_eq!(r.job(id).restarts, 1);
+    let down = r.ledger.events.events.back().expect("a node_down event");
+    assert_eq!(
+        (down.spec.kind.as_str(), down.spec.node),
+        ("node_down", Some(node))
+    );
     // Not before the fencing lease of the lost node has run out.
     r.pass(Policy::Hdrf);
     assert!(r.job(id).alloc.is_none());

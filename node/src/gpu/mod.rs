@@ -42,6 +42,10 @@ pub trait GpuSource: Send {
     /// Reads every GPU now. A GPU that cannot be read is left out.
     fn sample(&mut self) -> Vec<GpuSample>;
     fn kind(&self) -> &'static str;
+    /// A handle to make simulated GPUs misbehave; `None` for real ones.
+    fn fault_injector(&self) -> Option<sim::FaultInjector> {
+        None
+    }
 }
 
 /// Picks the source: simulated GPUs when asked for, else NVML when it finds

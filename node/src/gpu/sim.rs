@@ -25,6 +25,24 @@ pub enum SimFault {
     Clear,
 }
 
+impl SimFault {
+    /// `ecc-dbe`, `xid:CODE`, `hot`, `slow` or `clear`.
+    pub fn parse(s: &str) -> Result<SimFault, String> {
+        match s {
+            "ecc-dbe" => Ok(SimFault::EccDoubleBit),
+            "hot" => Ok(SimFault::Hot),
+            "slow" => Ok(SimFault::Slow),
+            "clear" => Ok(SimFault::Clear),
+            other => match other.strip_prefix("xid:").map(str::parse) {
+                Some(Ok(code)) => Ok(SimFault::Xid(code)),
+                _ => Err(format!(
+                    "unknown fault '{other}': use ecc-dbe, xid:CODE, hot, slow or clear"
+                )),
+            },
+        }
+    }
+}
+
 /// Shared handle to inject faults while the node runs.
 #[derive(Clone, Default)]
 pub struct FaultInjector {
@@ -101,6 +119,10 @@ impl SimGpus {
 impl GpuSource for SimGpus {
     fn inventory(&self) -> Vec<GpuInfo> {
         self.inventory.clone()
+    }
+
+    fn fault_injector(&self) -> Option<FaultInjector> {
+        Some(self.faults.clone())
     }
 
     fn kind(&self) -> &'static str {
