@@ -141,6 +141,18 @@ pub enum Command {
     },
     /// An anomaly or state change for the event log (de-duplicated in apply).
     RecordEvent(crate::events::EventSpec),
+    /// `shoal cp` into `mesh:/`: the object's chunks are already on its holders.
+    PutObject {
+        object: crate::namespace::MeshObject,
+        replace: bool,
+    },
+    RemoveObject {
+        path: String,
+    },
+    SetObjectHolders {
+        path: String,
+        holders: Vec<NodeId>,
+    },
     /// `shoal drain` / `shoal undrain`.
     SetDrain {
         id: NodeId,
@@ -196,6 +208,7 @@ pub struct Ledger {
     pub attrs: BTreeMap<String, String>,
     pub workload: Workload,
     pub events: crate::events::EventLog,
+    pub namespace: crate::namespace::Namespace,
     /// The largest leader timestamp applied; time never runs backwards in
     /// the ledger even if a new leader's clock is behind.
     pub clock_ms: u64,
@@ -422,6 +435,15 @@ impl Ledger {
                     .checkpoint_part(*job, *epoch, *rank, *step, part, now),
             ),
             Command::ReleaseJob { job, epoch } => answer(self.workload.release(*job, *epoch, now)),
+            Command::PutObject { object, replace } => {
+                let mut object = object.clone();
+                object.mtime_ms = now;
+                answer(self.namespace.put(&object, *replace))
+            }
+            Command::RemoveObject { path } => answer(self.namespace.remove(path).map(|_| ())),
+            Command::SetObjectHolders { path, holders } => {
+                answer(self.namespace.set_holders(path, holders))
+            }
             Command::RecordEvent(spec) => {
                 self.events.record(spec, now);
                 LedgerResponse::Ok

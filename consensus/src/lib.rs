@@ -5,6 +5,7 @@
 
 pub mod events;
 pub mod ledger;
+pub mod namespace;
 pub mod network;
 pub mod sched;
 pub mod store;

@@ -1033,6 +1033,9 @@ impl Inner {
             Query::Checkpoints(id) => crate::jobs_api::checkpoints(&d.ledger, id)
                 .map(Response::Checkpoints)
                 .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("no job {id}"))),
+            Query::Objects { path } => Ok(Response::Objects(crate::jobs_api::objects(
+                &d.ledger, &path,
+            ))),
             Query::Events { after } => {
                 Ok(Response::Events(crate::jobs_api::events(&d.ledger, after)))
             }

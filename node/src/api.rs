@@ -78,7 +78,15 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}/cancel", post(cancel_job))
         .route("/jobs/{id}/logs", get(job_logs))
         .route("/jobs/{id}/checkpoints", get(list_checkpoints))
-        .route("/chunks/{id}", get(get_chunk))
+        .route(
+            "/chunks/{id}",
+            get(get_chunk)
+                .put(put_chunk)
+                .layer(axum::extract::DefaultBodyLimit::max(32 << 20)),
+        )
+        .route("/chunks/has", post(has_chunks))
+        .route("/objects", post(put_object).get(list_objects))
+        .route("/objects/rm", post(remove_object))
         .route("/tenants", post(create_tenant).get(list_tenants))
         .route("/tenants/{name}", post(set_tenant))
         .route("/quota", get(quota))
@@ -505,4 +513,110 @@ async fn gpu_fault(
     Ok(Json(
         serde_json::json!({"node": inner.name, "gpu": req.gpu, "fault": req.fault}),
     ))
+}
+
+fn parse_chunk_id(id: &str) -> Result<shoal_storage::chunk::ChunkId, ApiError> {
+    id.parse()
+        .map_err(|_| bad_request(format!("'{id}' is not a chunk id")))
+}
+
+/// Stores an uploaded chunk frame after verifying it against its id.
+async fn put_chunk(
+    State(inner): State<AppState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = parse_chunk_id(&id)?;
+    let store = inner.chunks.clone();
+    tokio::task::spawn_blocking(move || {
+        shoal_storage::EncodedChunk::from_wire(id, body.to_vec()).and_then(|c| store.put(&c))
+    })
+    .await
+    .map_err(|e| bad_request(e.to_string()))?
+    .map_err(|e| {
+        let full = matches!(e, shoal_storage::StorageError::StoreFull { .. });
+        ApiError(
+            if full {
+                StatusCode::INSUFFICIENT_STORAGE
+            } else {
+                StatusCode::BAD_REQUEST
+            },
+            ApiErrorBody {
+                code: if full { "full" } else { "invalid" }.into(),
+                message: format!("node {}: {e}", inner.name),
+            },
+        )
+    })?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn has_chunks(
+    State(inner): State<AppState>,
+    Json(ids): Json<Vec<String>>,
+) -> Result<Json<Vec<bool>>, ApiError> {
+    let mut out = Vec::with_capacity(ids.len());
+    for id in &ids {
+        let id = parse_chunk_id(id)?;
+        out.push(inner.chunks.contains(&id).unwrap_or(false));
+    }
+    Ok(Json(out))
+}
+
+async fn put_object(
+    State(inner): State<AppState>,
+    Json(req): Json<shoal_sdk::ObjectPut>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let manifest =
+        hex::decode(&req.manifest_hex).map_err(|_| bad_request("manifest_hex is not hex"))?;
+    let object = shoal_consensus::namespace::MeshObject {
+        path: req.path,
+        is_dir: req.is_dir,
+        manifest,
+        bytes: req.bytes,
+        files: req.files,
+        holders: req.holders,
+        replica: req.replica,
+        tenant: req
+            .tenant
+            .unwrap_or_else(|| shoal_consensus::workload::DEFAULT_TENANT.to_string()),
+        mtime_ms: 0,
+    };
+    let (_, index) = write_or_reject(
+        &inner,
+        Command::PutObject {
+            object,
+            replace: req.replace,
+        },
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+#[derive(serde::Deserialize)]
+struct ObjectQuery {
+    #[serde(default)]
+    path: String,
+}
+
+async fn list_objects(
+    State(inner): State<AppState>,
+    Query(q): Query<ObjectQuery>,
+) -> Result<Json<Vec<shoal_sdk::ObjectInfo>>, ApiError> {
+    match inner.query(ProtoQuery::Objects { path: q.path }).await? {
+        ProtoResponse::Objects(o) => Ok(Json(o)),
+        _ => Err(unexpected()),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct RemoveQuery {
+    path: String,
+}
+
+async fn remove_object(
+    State(inner): State<AppState>,
+    Json(req): Json<RemoveQuery>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_or_reject(&inner, Command::RemoveObject { path: req.path }).await?;
+    Ok(Json(WriteResponse { index }))
 }

@@ -112,6 +112,17 @@ enum Cmd {
         #[arg(short = 'f', long)]
         follow: bool,
     },
+    /// Replicated copy: local ↔ mesh:/path ↔ mesh:/path
+    Cp(crate::cli_cp::CpArgs),
+    /// List mesh:/ objects
+    Ls {
+        #[arg(default_value = "mesh:/")]
+        path: String,
+    },
+    /// One mesh:/ object: size, holders, health
+    Stat { path: String },
+    /// Remove a mesh:/ object (or everything below a path)
+    Rm { path: String },
     /// Checkpoints of a job
     Ckpt {
         #[command(subcommand)]
@@ -483,6 +494,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::cli_jobs::logs(&client(&cli), *job, *rank, *follow).await
         }
         Cmd::Tenant { cmd } => crate::cli_jobs::tenant(&client(&cli), cmd, cli.json).await,
+        Cmd::Cp(args) => crate::cli_cp::cp(&client(&cli), args, cli.json).await,
+        Cmd::Ls { path } => crate::cli_cp::ls(&client(&cli), path, cli.json).await,
+        Cmd::Stat { path } => crate::cli_cp::stat(&client(&cli), path, cli.json).await,
+        Cmd::Rm { path } => crate::cli_cp::rm(&client(&cli), path).await,
         Cmd::Ckpt { cmd } => crate::cli_ckpt::run(&client(&cli), cmd, cli.json).await,
         Cmd::Quota { tenant } => {
             crate::cli_jobs::quota(&client(&cli), tenant.as_deref(), cli.json).await

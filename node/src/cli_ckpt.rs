@@ -100,9 +100,15 @@ fn pick(list: &[CheckpointInfo], step: Option<u64>) -> Result<&CheckpointInfo, S
 }
 
 /// Fetches chunks over the holders' HTTP APIs (read-only).
-struct HttpFetch {
+pub struct HttpFetch {
     handle: tokio::runtime::Handle,
     holders: BTreeMap<u64, Client>,
+}
+
+impl HttpFetch {
+    pub fn new(handle: tokio::runtime::Handle, holders: BTreeMap<u64, Client>) -> Self {
+        HttpFetch { handle, holders }
+    }
 }
 
 impl ChunkTransport for HttpFetch {

@@ -24,13 +24,20 @@ use tokio::sync::watch;
 
 const TICK: Duration = Duration::from_secs(2);
 
-/// One part this node should look after.
+/// What a held manifest belongs to, and so how new holders are recorded.
+#[derive(Clone, Debug)]
+enum Owner {
+    Checkpoint { job: u64, step: u64, rank: u32 },
+    Object { path: String },
+}
+
+/// One manifest this node holds and should look after.
 struct HeldPart {
-    job: u64,
-    step: u64,
-    rank: u32,
+    owner: Owner,
     manifest: Vec<u8>,
     holders: Vec<NodeId>,
+    /// Live holders wanted.
+    copies: usize,
 }
 
 pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
@@ -85,14 +92,30 @@ fn held_parts(inner: &Inner) -> Result<(Vec<HeldPart>, BTreeSet<NodeId>), String
             for (rank, part) in &ckpt.parts {
                 if part.holders.contains(&inner.id) {
                     out.push(HeldPart {
-                        job: *job,
-                        step: ckpt.step,
-                        rank: *rank,
+                        owner: Owner::Checkpoint {
+                            job: *job,
+                            step: ckpt.step,
+                            rank: *rank,
+                        },
                         manifest: part.manifest.clone(),
                         holders: part.holders.clone(),
+                        // The source copy plus REPLICAS peers, as written.
+                        copies: REPLICAS + 1,
                     });
                 }
             }
+        }
+    }
+    for object in data.ledger.namespace.objects.values() {
+        if object.holders.contains(&inner.id) {
+            out.push(HeldPart {
+                owner: Owner::Object {
+                    path: object.path.clone(),
+                },
+                manifest: object.manifest.clone(),
+                holders: object.holders.clone(),
+                copies: object.replica as usize,
+            });
         }
     }
     Ok((out, alive))
@@ -106,11 +129,14 @@ async fn look_after(inner: &Arc<Inner>, part: HeldPart, alive: &BTreeSet<NodeId>
         .filter(|h| alive.contains(h))
         .collect();
     let responsible = live.iter().min() == Some(&inner.id);
-    // The source copy plus REPLICAS peers, as written.
-    let wanted = (REPLICAS + 1).min(alive.len());
+    let wanted = part.copies.min(alive.len());
     let worker = inner.clone();
     let handle = tokio::runtime::Handle::current();
-    let (job, step, rank) = (part.job, part.step, part.rank);
+    let owner = part.owner.clone();
+    let key = match &owner {
+        Owner::Checkpoint { job, step, rank } => format!("{job}/{step}/{rank}"),
+        Owner::Object { path } => path.clone(),
+    };
     let outcome = tokio::task::spawn_blocking(move || -> Result<Option<Vec<NodeId>>, String> {
         let manifest = Manifest::from_bytes(&part.manifest).map_err(|e| e.to_string())?;
         let transport = QuicChunkTransport::new(worker.clone(), handle);
@@ -135,11 +161,7 @@ async fn look_after(inner: &Arc<Inner>, part: HeldPart, alive: &BTreeSet<NodeId>
                 free_bytes: None,
             })
             .collect();
-        let targets = place_replicas(
-            format!("{job}/{step}/{rank}").as_bytes(),
-            &candidates,
-            wanted - live.len(),
-        );
+        let targets = place_replicas(key.as_bytes(), &candidates, wanted - live.len());
         if targets.is_empty() {
             return Ok(None);
         }
@@ -152,21 +174,27 @@ async fn look_after(inner: &Arc<Inner>, part: HeldPart, alive: &BTreeSet<NodeId>
     .await;
     match outcome {
         Ok(Ok(Some(holders))) => {
-            let cmd = Command::SetCheckpointHolders {
-                job,
-                step,
-                rank,
-                holders: holders.clone(),
+            let cmd = match owner.clone() {
+                Owner::Checkpoint { job, step, rank } => Command::SetCheckpointHolders {
+                    job,
+                    step,
+                    rank,
+                    holders: holders.clone(),
+                },
+                Owner::Object { path } => Command::SetObjectHolders {
+                    path,
+                    holders: holders.clone(),
+                },
             };
             match inner.write(cmd).await {
-                Ok(_) => tracing::info!(job, step, rank, ?holders, "checkpoint part re-replicated"),
+                Ok(_) => tracing::info!(?owner, ?holders, "re-replicated"),
                 Err(e) => {
-                    tracing::warn!(job, step, rank, error = %e.message, "could not record new holders")
+                    tracing::warn!(?owner, error = %e.message, "could not record new holders")
                 }
             }
         }
         Ok(Ok(None)) => {}
-        Ok(Err(e)) => tracing::warn!(job, step, rank, error = %e, "checkpoint part not repaired"),
-        Err(e) => tracing::warn!(job, step, rank, error = %e, "repair task failed"),
+        Ok(Err(e)) => tracing::warn!(?owner, error = %e, "not repaired"),
+        Err(e) => tracing::warn!(?owner, error = %e, "repair task failed"),
     }
 }

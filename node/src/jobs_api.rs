@@ -161,6 +161,32 @@ pub fn checkpoints(ledger: &Ledger, job: u64) -> Option<Vec<CheckpointInfo>> {
     )
 }
 
+pub fn objects(ledger: &Ledger, path: &str) -> Vec<shoal_sdk::ObjectInfo> {
+    let alive: Vec<u64> = ledger
+        .active_members()
+        .filter(|m| m.state == MemberState::Alive)
+        .map(|m| m.id)
+        .collect();
+    ledger
+        .namespace
+        .list(path)
+        .into_iter()
+        .map(|o| shoal_sdk::ObjectInfo {
+            path: o.path.clone(),
+            is_dir: o.is_dir,
+            bytes: o.bytes,
+            files: o.files,
+            replicas: o.holders.clone(),
+            replica: o.replica,
+            healthy: o.holders.iter().all(|h| alive.contains(h))
+                && o.holders.len() >= o.replica as usize,
+            tenant: o.tenant.clone(),
+            mtime: rfc3339(o.mtime_ms),
+            manifest_hex: hex::encode(&o.manifest),
+        })
+        .collect()
+}
+
 pub fn events(ledger: &Ledger, after: u64) -> Vec<shoal_sdk::EventInfo> {
     ledger
         .events

@@ -11,6 +11,7 @@ pub mod bench_place;
 pub mod ckpt;
 pub mod cli;
 pub mod cli_ckpt;
+pub mod cli_cp;
 pub mod cli_jobs;
 pub mod config;
 pub mod demo;

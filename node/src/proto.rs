@@ -57,6 +57,9 @@ pub enum Query {
     Events {
         after: u64,
     },
+    Objects {
+        path: String,
+    },
     Tenants,
     Quota,
 }
@@ -77,6 +80,7 @@ pub enum Response {
     Quota(Vec<shoal_sdk::QuotaInfo>),
     Checkpoints(Vec<shoal_sdk::CheckpointInfo>),
     Events(Vec<shoal_sdk::EventInfo>),
+    Objects(Vec<shoal_sdk::ObjectInfo>),
     ChunkStored,
     Chunk(Vec<u8>),
     Has(Vec<bool>),

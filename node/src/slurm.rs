@@ -3,7 +3,9 @@
 //! the matching `shoal` command line. Pure: argv in, argv out.
 
 /// The names the binary answers to besides `shoal`.
-pub const NAMES: [&str; 6] = ["salloc", "sbatch", "squeue", "scancel", "sinfo", "sacctmgr"];
+pub const NAMES: [&str; 7] = [
+    "salloc", "sbatch", "squeue", "scancel", "sinfo", "sacctmgr", "ai-cp",
+];
 
 /// Slurm options that take a value, with the shoal flag they become (`None`:
 /// accepted and ignored, with a warning).
@@ -80,6 +82,7 @@ pub fn translate(program: &str, args: &[String]) -> Result<Translation, String> 
             argv
         }
         "sacctmgr" => sacctmgr(args)?,
+        "ai-cp" => ai_cp(args)?,
         other => {
             return Err(format!(
                 "'{other}' is not a Slurm command this binary emulates"
@@ -255,6 +258,50 @@ fn squeue(args: &[String]) -> Result<Vec<String>, String> {
         }
         i += 1;
     }
+    Ok(argv)
+}
+
+/// `ai-cp [--replica N | --replicaN] [-r] SRC... DST`, where paths under
+/// `/shared/` are mesh paths.
+fn ai_cp(args: &[String]) -> Result<Vec<String>, String> {
+    let mut argv = vec!["shoal".to_string(), "cp".to_string()];
+    let mut paths = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        match arg {
+            "-r" | "-R" | "--recursive" => argv.push("-r".into()),
+            "-f" | "--force" => argv.push("--force".into()),
+            "--json" => argv.push("--json".into()),
+            "--replica" => {
+                i += 1;
+                let n = args.get(i).ok_or("ai-cp: --replica needs a number")?;
+                argv.extend(["--replica".to_string(), n.clone()]);
+            }
+            other if other.starts_with("--replica") => {
+                let n = other
+                    .trim_start_matches("--replica")
+                    .trim_start_matches('=');
+                n.parse::<u32>()
+                    .map_err(|_| format!("ai-cp: bad replica count in '{other}'"))?;
+                argv.extend(["--replica".to_string(), n.to_string()]);
+            }
+            other if other.starts_with('-') => {
+                return Err(format!("ai-cp: unsupported option '{other}'"))
+            }
+            path => paths.push(match path.strip_prefix("/shared") {
+                Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+                    format!("mesh:{}", if rest.is_empty() { "/" } else { rest })
+                }
+                _ => path.to_string(),
+            }),
+        }
+        i += 1;
+    }
+    if paths.len() < 2 {
+        return Err("ai-cp: give one or more sources and a destination".into());
+    }
+    argv.extend(paths);
     Ok(argv)
 }
 
@@ -496,6 +543,26 @@ mod tests {
         );
         assert_eq!(t("sacctmgr", "show assoc"), ["shoal", "quota"]);
         assert!(translate("sacctmgr", &["delete".into(), "account".into()]).is_err());
+    }
+
+    #[test]
+    fn ai_cp_maps_shared_paths_to_the_mesh() {
+        assert_eq!(
+            t("ai-cp", "--replica3 -r /important/data /shared/secure/"),
+            [
+                "shoal",
+                "cp",
+                "--replica",
+                "3",
+                "-r",
+                "/important/data",
+                "mesh:/secure/"
+            ]
+        );
+        assert_eq!(
+            t("ai-cp", "--replica 2 /shared/a.bin ./a.bin"),
+            ["shoal", "cp", "--replica", "2", "mesh:/a.bin", "./a.bin"]
+        );
     }
 
     #[test]

@@ -212,6 +212,35 @@ impl Client {
         self.get(&format!("/v1/jobs/{id}/checkpoints")).await
     }
 
+    /// Stores a chunk frame on this node (verified by the node).
+    pub async fn put_chunk(&self, id_hex: &str, frame: Vec<u8>) -> Result<(), ClientError> {
+        let url = format!("{}/v1/chunks/{id_hex}", self.base);
+        self.get_raw(self.http.put(&url).body(frame), &url)
+            .await
+            .map(|_| ())
+    }
+
+    /// Which of these chunks this node holds.
+    pub async fn has_chunks(&self, ids_hex: &[String]) -> Result<Vec<bool>, ClientError> {
+        self.post("/v1/chunks/has", &ids_hex).await
+    }
+
+    pub async fn put_object(&self, req: &ObjectPut) -> Result<WriteResponse, ClientError> {
+        self.post("/v1/objects", req).await
+    }
+
+    /// Objects at or below `path`.
+    pub async fn objects(&self, path: &str) -> Result<Vec<ObjectInfo>, ClientError> {
+        let url = format!("{}/v1/objects", self.base);
+        self.send(self.http.get(&url).query(&[("path", path)]), &url)
+            .await
+    }
+
+    pub async fn remove_object(&self, path: &str) -> Result<WriteResponse, ClientError> {
+        self.post("/v1/objects/rm", &serde_json::json!({ "path": path }))
+            .await
+    }
+
     /// Events with an id above `after`, oldest first.
     pub async fn events(&self, after: u64) -> Result<Vec<EventInfo>, ClientError> {
         self.get(&format!("/v1/events?after={after}")).await

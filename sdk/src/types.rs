@@ -325,3 +325,37 @@ pub struct GpuFaultRequest {
     /// `ecc-dbe`, `xid:CODE`, `hot`, `slow` or `clear`.
     pub fault: String,
 }
+
+/// `shoal stat --json` / `shoal ls --json`: one object of the `mesh:/` namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ObjectInfo {
+    pub path: String,
+    pub is_dir: bool,
+    pub bytes: u64,
+    pub files: u64,
+    /// Node ids holding every chunk.
+    pub replicas: Vec<u64>,
+    /// Copies asked for.
+    pub replica: u32,
+    /// Every holder alive and at least `replica` of them.
+    pub healthy: bool,
+    pub tenant: String,
+    pub mtime: String,
+    pub manifest_hex: String,
+}
+
+/// `POST /v1/objects`: records an object whose chunks are already on `holders`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ObjectPut {
+    pub path: String,
+    pub is_dir: bool,
+    pub manifest_hex: String,
+    pub bytes: u64,
+    pub files: u64,
+    pub holders: Vec<u64>,
+    pub replica: u32,
+    #[serde(default)]
+    pub tenant: Option<String>,
+    #[serde(default)]
+    pub replace: bool,
+}
