@@ -30,6 +30,13 @@ pub enum BenchCmd {
         #[arg(long, default_value = "1GiB")]
         size: String,
     },
+    /// shoal cp --replica N into a 4-node mesh vs N plain local copies
+    Cp {
+        #[arg(long, default_value = "1GiB")]
+        size: String,
+        #[arg(long, default_value_t = 3)]
+        replica: u32,
+    },
     /// Gang placement: pure decisions/s and p99, one full pass, and placements/s through Raft
     Place {
         #[arg(long, default_value_t = 4096)]
@@ -55,6 +62,16 @@ pub struct LedgerBenchRow {
 
 pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
     match cmd {
+        BenchCmd::Cp { size, replica } => {
+            let bytes = parse_size(size).map_err(anyhow::Error::msg)?;
+            let rows = crate::bench_cp::run(bytes, *replica).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                crate::bench_cp::print(&rows);
+            }
+            Ok(())
+        }
         BenchCmd::Ckpt { size } => {
             let bytes = parse_size(size).map_err(anyhow::Error::msg)?;
             let report = crate::bench_ckpt::run(bytes).await?;
