@@ -30,6 +30,7 @@ pub enum ChunkRequest {
     /// Store a chunk frame; the receiver verifies it against the id.
     Put {
         id: shoal_storage::chunk::ChunkId,
+        #[serde(with = "serde_bytes")]
         frame: Vec<u8>,
     },
     Fetch {
@@ -82,7 +83,7 @@ pub enum Response {
     Events(Vec<shoal_sdk::EventInfo>),
     Objects(Vec<shoal_sdk::ObjectInfo>),
     ChunkStored,
-    Chunk(Vec<u8>),
+    Chunk(#[serde(with = "serde_bytes")] Vec<u8>),
     Has(Vec<bool>),
     Error(WireError),
 }
