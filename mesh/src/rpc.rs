@@ -61,6 +61,13 @@ fn transport_config() -> Arc<TransportConfig> {
         t.max_idle_timeout(Some(idle));
     }
     t.max_concurrent_bidi_streams(1024u32.into());
+    // Let MTU discovery climb past Ethernet's 1500 bytes where the path
+    // allows it (loopback, jumbo-frame fabrics): bulk chunk transfers are
+    // bound by packets per second, not bytes. Probes that get no answer
+    // simply leave the MTU where it was, so this is safe on any network.
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(65_000);
+    t.mtu_discovery_config(Some(mtu));
     Arc::new(t)
 }
 

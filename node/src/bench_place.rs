@@ -18,7 +18,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use shoal_consensus::sched::model::{GangRequest, GpuView, NodeView};
 use shoal_consensus::sched::{
-    place_gang, schedule, PendingJob, Policy, Proximity, SchedInput, TenantView, TopologyProximity,
+    place_gang, schedule, PendingJob, Placer, Policy, Proximity, SchedInput, TenantView,
+    TopologyProximity,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -143,13 +144,17 @@ fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)].as_secs_f64() * 1000.0
 }
 
+/// `shared_index`: decide against one prebuilt index, as inside a
+/// scheduling pass; otherwise every call builds it, as an isolated call does.
 fn decisions(
     label: &str,
     nodes: &[NodeView],
     prox: &dyn Proximity,
     requests: usize,
+    shared_index: bool,
     rng: &mut ChaCha8Rng,
 ) -> DecisionRow {
+    let placer = Placer::new(nodes);
     let mut latencies = Vec::with_capacity(requests);
     let mut placed = 0usize;
     let mut diameter_sum = 0.0;
@@ -166,7 +171,11 @@ fn decisions(
             required_labels: Default::default(),
         };
         let begin = Instant::now();
-        let outcome = place_gang(nodes, prox, &request);
+        let outcome = if shared_index {
+            placer.place(prox, &request)
+        } else {
+            place_gang(nodes, prox, &request)
+        };
         latencies.push(begin.elapsed());
         if let Ok(placement) = outcome {
             placed += 1;
@@ -359,8 +368,10 @@ pub async fn run(nodes: u64, jobs: usize, e2e_gangs: usize) -> anyhow::Result<Pl
     let topology = TopologyProximity::new(&view);
     let coords = coordinates(nodes, &mut rng);
     let decisions = vec![
-        decisions("topology labels", &view, &topology, jobs, &mut rng),
-        decisions("coordinates", &view, &coords, jobs, &mut rng),
+        decisions("topology labels", &view, &topology, jobs, false, &mut rng),
+        decisions("coordinates", &view, &coords, jobs, false, &mut rng),
+        decisions("labels, in a pass", &view, &topology, jobs, true, &mut rng),
+        decisions("coords, in a pass", &view, &coords, jobs, true, &mut rng),
     ];
     let pass = full_pass(&view, jobs, &mut rng);
     let end_to_end = if e2e_gangs > 0 {

@@ -81,15 +81,34 @@ pub fn place_gang(
     prox: &dyn Proximity,
     req: &GangRequest,
 ) -> Result<Placement, Unplaceable> {
-    let cluster = ClusterIndex::new(nodes);
-    let gpus = &cluster.gpus;
-    place_indexed(
-        &cluster,
-        prox,
-        req,
-        &|gpu| gpus[gpu].allocated_to.is_none(),
-        None,
-    )
+    Placer::new(nodes).place(prox, req)
+}
+
+/// Places gangs against one snapshot, building the cluster index once, as a
+/// scheduling pass does: for callers that make many decisions against the
+/// same view (the leader's pass, benchmarks). Each call is independent; it
+/// does not remember earlier placements.
+pub struct Placer<'a> {
+    cluster: ClusterIndex<'a>,
+}
+
+impl<'a> Placer<'a> {
+    pub fn new(nodes: &'a [NodeView]) -> Self {
+        Placer {
+            cluster: ClusterIndex::new(nodes),
+        }
+    }
+
+    pub fn place(&self, prox: &dyn Proximity, req: &GangRequest) -> Result<Placement, Unplaceable> {
+        let gpus = &self.cluster.gpus;
+        place_indexed(
+            &self.cluster,
+            prox,
+            req,
+            &|gpu| gpus[gpu].allocated_to.is_none(),
+            None,
+        )
+    }
 }
 
 /// Marks a GPU without a known model in [`ClusterIndex`]; never happens for
