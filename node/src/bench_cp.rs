@@ -81,14 +81,7 @@ pub async fn run(bytes: u64, replica: u32) -> anyhow::Result<Vec<CpBenchRow>> {
     }
     let cluster = LocalCluster::start(4, |_, cfg| cfg.executor.enabled = false).await?;
     cluster
-        .wait_until("four alive members", Duration::from_secs(30), |c| {
-            let client = c.client(0);
-            async move {
-                client.nodes().await.is_ok_and(|n| {
-                    n.len() == 4 && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive)
-                })
-            }
-        })
+        .wait_all_alive(Duration::from_secs(30))
         .await
         .map_err(anyhow::Error::msg)?;
     let client = cluster.client(0);

@@ -106,8 +106,28 @@ pub struct HttpFetch {
 }
 
 impl HttpFetch {
-    pub fn new(handle: tokio::runtime::Handle, holders: BTreeMap<u64, Client>) -> Self {
+    /// A fetcher that can reach every listed node's API with `client`'s token.
+    pub fn for_nodes(
+        handle: tokio::runtime::Handle,
+        nodes: &[shoal_sdk::NodeInfo],
+        client: &Client,
+    ) -> Self {
+        let holders = nodes
+            .iter()
+            .map(|n| {
+                let url = format!("http://{}", n.api_addr);
+                (n.id, Client::new(url, client.token().map(str::to_string)))
+            })
+            .collect();
         HttpFetch { handle, holders }
+    }
+}
+
+/// The directory a new `path` will be created in.
+pub fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
     }
 }
 
@@ -151,29 +171,15 @@ async fn restore(client: &Client, ckpt: &CheckpointInfo, to: &Path) -> anyhow::R
             to.display()
         );
     }
-    let parent = match to.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let parent = parent_dir(to);
     let nodes = client.nodes().await.map_err(api)?;
-    let holders: BTreeMap<u64, Client> = nodes
-        .iter()
-        .map(|n| {
-            (
-                n.id,
-                Client::new(
-                    format!("http://{}", n.api_addr),
-                    client.token().map(str::to_string),
-                ),
-            )
-        })
-        .collect();
     let scratch = tempfile::Builder::new()
         .prefix(".shoal-restore-")
         .tempdir_in(&parent)
         .map_err(|e| anyhow::anyhow!("cannot create a scratch dir in {}: {e}", parent.display()))?;
     let ckpt = ckpt.clone();
     let to = to.to_path_buf();
+    let client = client.clone();
     let handle = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
         let store = ChunkStore::open(
@@ -183,7 +189,7 @@ async fn restore(client: &Client, ckpt: &CheckpointInfo, to: &Path) -> anyhow::R
                 ..StoreConfig::default()
             },
         )?;
-        let transport = HttpFetch { handle, holders };
+        let transport = HttpFetch::for_nodes(handle, &nodes, &client);
         let staging = scratch.path().join("tree");
         std::fs::create_dir_all(&staging)?;
         let mut bytes = 0;

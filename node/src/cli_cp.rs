@@ -351,23 +351,8 @@ async fn download(
             to.display()
         );
     }
-    let parent = match to.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let parent = crate::cli_ckpt::parent_dir(to);
     let nodes = client.nodes().await?;
-    let holders: BTreeMap<u64, Client> = nodes
-        .iter()
-        .map(|n| {
-            (
-                n.id,
-                Client::new(
-                    format!("http://{}", n.api_addr),
-                    client.token().map(str::to_string),
-                ),
-            )
-        })
-        .collect();
     let alive: Vec<u64> = nodes
         .iter()
         .filter(|n| n.state == MemberState::Alive)
@@ -382,6 +367,7 @@ async fn download(
         .tempdir_in(&parent)
         .map_err(|e| anyhow::anyhow!("cannot write in {}: {e}", parent.display()))?;
     let handle = tokio::runtime::Handle::current();
+    let client = client.clone();
     let to = to.to_path_buf();
     let force = args.force;
     let is_dir = object.is_dir;
@@ -393,7 +379,7 @@ async fn download(
                 ..StoreConfig::default()
             },
         )?;
-        let transport = HttpFetch::new(handle, holders);
+        let transport = HttpFetch::for_nodes(handle, &nodes, &client);
         let report = restore_from_replicas_parallel(
             &manifest,
             &order,

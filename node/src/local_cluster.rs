@@ -63,6 +63,20 @@ impl LocalCluster {
         })
     }
 
+    /// Waits until node 0 sees every node alive in the ledger.
+    pub async fn wait_all_alive(&self, timeout: Duration) -> Result<Duration, String> {
+        let want = self.agents.len();
+        self.wait_until("every node alive", timeout, |c| {
+            let client = c.client(0);
+            async move {
+                client.nodes().await.is_ok_and(|n| {
+                    n.len() == want && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive)
+                })
+            }
+        })
+        .await
+    }
+
     pub fn root(&self) -> &std::path::Path {
         self.dir.path()
     }
