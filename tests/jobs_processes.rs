@@ -263,7 +263,7 @@ async fn preemption_checkpoints_requeues_and_refunds() {
 async fn slurm_names_drive_the_cluster() {
     let cluster = Cluster::start(&["r1"]).await;
     let bin = tempfile::tempdir().expect("tempdir");
-    for name in ["sbatch", "squeue", "scancel", "sacctmgr", "sinfo"] {
+    for name in ["sbatch", "salloc", "squeue", "scancel", "sacctmgr", "sinfo"] {
         std::os::unix::fs::symlink(shoal_bin(), bin.path().join(name)).expect("symlink");
     }
     let run = |name: &str, args: &[&str]| {
@@ -325,6 +325,31 @@ async fn slurm_names_drive_the_cluster() {
     let (code, _, err) = run("scancel", &[&id.to_string()]);
     assert_eq!(code, Some(0), "{err}");
     wait_state(&client, id, "cancelled").await;
+    // salloc holds a gang, runs the command here with its environment, exits
+    // with the command's status and releases the allocation.
+    let (code, out, err) = run(
+        "salloc",
+        &[
+            "-N",
+            "1",
+            "--gres=accelerator:1",
+            "-t",
+            "5:00",
+            "--",
+            "sh",
+            "-c",
+            "echo $SHOAL_JOB_ID $SHOAL_NODES; exit 7",
+        ],
+    );
+    assert_eq!(code, Some(7), "{err}");
+    let mut fields = out.split_whitespace();
+    let alloc_id: u64 = fields.next().and_then(|s| s.parse().ok()).expect("job id");
+    assert_eq!(fields.next(), Some("n1"));
+    assert!(
+        err.contains(&format!("granted job allocation {alloc_id}")),
+        "{err}"
+    );
+    wait_state(&client, alloc_id, "cancelled").await;
     let (code, _, err) = run("sbatch", &["--frobnicate", "x.sh"]);
     assert_eq!(code, Some(2));
     assert!(
