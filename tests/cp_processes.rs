@@ -178,3 +178,94 @@ async fn a_tree_survives_a_lost_holder_and_comes_back_identical() {
     assert!(out.status.success());
     cli.fails(&["stat", "mesh:/data"], "does not exist");
 }
+
+/// Chunk files a node's store holds.
+fn stored_chunks(data_dir: &Path) -> usize {
+    let objects = data_dir.join("chunks/objects");
+    std::fs::read_dir(objects)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|shard| {
+            std::fs::read_dir(shard.path())
+                .map(|d| d.count())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_upload_leaves_nothing_and_resumes() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut nodes: Vec<NodeProc> = (1..=3)
+        .map(|i| NodeProc::new(root.path(), &format!("n{i}"), &[]))
+        .collect();
+    let join = nodes[0].bootstrap();
+    let via = nodes[0].rpc_addr();
+    for node in nodes.iter_mut().skip(1) {
+        node.join(&via, &join);
+    }
+    let token = nodes[0].admin_token();
+    let client = nodes[0].client(&token);
+    wait_for("three alive members", TIMEOUT, || {
+        let c = client.clone();
+        async move {
+            let n = c.nodes().await.ok()?;
+            (n.len() == 3 && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive))
+                .then_some(())
+        }
+    })
+    .await;
+    // 64 MiB of incompressible data: 16 chunks per copy.
+    let src = root.path().join("big.bin");
+    let mut state: u64 = 11;
+    let bytes: Vec<u8> = (0..64 << 20)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    std::fs::write(&src, &bytes).expect("write");
+    let src_s = src.display().to_string();
+    let mut upload = Command::new(shoal_bin())
+        .args(["cp", "--replica", "3", &src_s, "mesh:/big.bin"])
+        .env("SHOAL_API", nodes[0].api_url())
+        .env("SHOAL_TOKEN", &token)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("upload");
+    let dirs: Vec<std::path::PathBuf> = nodes.iter().map(|n| n.data_dir.clone()).collect();
+    wait_for("the first chunks to arrive", TIMEOUT, || {
+        let dirs = dirs.clone();
+        async move { dirs.iter().any(|d| stored_chunks(d) > 0).then_some(()) }
+    })
+    .await;
+    let _ = upload.kill();
+    let status = upload.wait().expect("wait");
+    assert!(
+        !status.success(),
+        "the upload finished before it could be interrupted"
+    );
+    let cli = Cli {
+        api: nodes[0].api_url(),
+        token: token.clone(),
+    };
+    cli.fails(&["stat", "mesh:/big.bin"], "does not exist");
+    let held_before: usize = dirs.iter().map(|d| stored_chunks(d)).sum();
+    let summary = cli.json(&["cp", "--replica", "3", "--json", &src_s, "mesh:/big.bin"]);
+    let sent = summary["chunks_sent"].as_u64().expect("chunks_sent") as usize;
+    assert_eq!(
+        sent + summary["deduplicated"].as_u64().expect("deduplicated") as usize,
+        48
+    );
+    assert!(
+        held_before > 0 && sent <= 48 - held_before,
+        "resent {sent} chunks, {held_before} were already there"
+    );
+    let out = root.path().join("back.bin");
+    cli.json(&["cp", "--json", "mesh:/big.bin", &out.display().to_string()]);
+    assert_eq!(std::fs::read(&out).expect("back"), bytes);
+}
