@@ -399,7 +399,8 @@ async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
         eprintln!("skipped: python3 is not installed (the example job is a Python script)");
         return;
     }
-    let steps = 120;
+    // Long enough to still be running when a loaded machine commits step 20.
+    let steps = 400;
     let mut cluster = Cluster::start(&["r1", "r1", "r2", "r2"]).await;
     let client = cluster.client(0);
     let mut req = request(2, 1, "");
