@@ -12,6 +12,17 @@ use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The tests of this file run one at a time: each starts several agents and
+/// real jobs, and on a 2-core machine running them all at once starves the
+/// heartbeats they measure.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn write_tree(root: &Path) {
     std::fs::create_dir_all(root.join("sub/deeper")).expect("mkdir");
     let mut state: u64 = 7;
@@ -80,6 +91,7 @@ impl Cli {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tree_survives_a_lost_holder_and_comes_back_identical() {
+    let _serial = one_at_a_time();
     let root = tempfile::tempdir().expect("tempdir");
     let mut nodes: Vec<NodeProc> = (1..=4)
         .map(|i| NodeProc::new(root.path(), &format!("n{i}"), &[]))
@@ -196,6 +208,7 @@ fn stored_chunks(data_dir: &Path) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_upload_leaves_nothing_and_resumes() {
+    let _serial = one_at_a_time();
     let root = tempfile::tempdir().expect("tempdir");
     let mut nodes: Vec<NodeProc> = (1..=3)
         .map(|i| NodeProc::new(root.path(), &format!("n{i}"), &[]))

@@ -13,6 +13,17 @@ use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The tests of this file run one at a time: each starts several agents and
+/// real jobs, and on a 2-core machine running them all at once starves the
+/// heartbeats they measure.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 struct Cluster {
     nodes: Vec<NodeProc>,
     token: String,
@@ -115,6 +126,7 @@ fn read_env(path: &Path) -> BTreeMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gangs_run_with_their_environment_and_survive_node_loss() {
+    let _serial = one_at_a_time();
     let cluster = Cluster::start(&["r1", "r2", "r2"]).await;
     let client = cluster.client(0);
 
@@ -198,6 +210,7 @@ async fn gangs_run_with_their_environment_and_survive_node_loss() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preemption_checkpoints_requeues_and_refunds() {
+    let _serial = one_at_a_time();
     let cluster = Cluster::start(&["r1"]).await;
     let client = cluster.client(0);
     for name in ["batch", "prod"] {
@@ -261,6 +274,7 @@ async fn preemption_checkpoints_requeues_and_refunds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_names_drive_the_cluster() {
+    let _serial = one_at_a_time();
     let cluster = Cluster::start(&["r1"]).await;
     let bin = tempfile::tempdir().expect("tempdir");
     for name in ["sbatch", "salloc", "squeue", "scancel", "sacctmgr", "sinfo"] {
@@ -395,6 +409,7 @@ fn uninterrupted_checksum(rank: u32, steps: u32) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
+    let _serial = one_at_a_time();
     if python3().is_none() {
         eprintln!("skipped: python3 is not installed (the example job is a Python script)");
         return;
@@ -509,6 +524,7 @@ async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_a_node_checkpoints_on_sigterm_and_resumes_elsewhere() {
+    let _serial = one_at_a_time();
     if python3().is_none() {
         eprintln!("skipped: python3 is not installed (the example job is a Python script)");
         return;
