@@ -2,6 +2,9 @@
 //! the rank environment, exit codes, cancel with SIGTERM, failover when a
 //! node dies, preemption with checkpoint and refund, and the Slurm names.
 
+// See `SERIAL`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
 mod common;
 
 use common::{shoal_bin, wait_for, NodeProc};
@@ -15,7 +18,9 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The tests of this file run one at a time: each starts several agents and
 /// real jobs, and on a 2-core machine running them all at once starves the
-/// heartbeats they measure.
+/// heartbeats they measure. Each test holds the guard for its whole body,
+/// across awaits, on purpose: every test runs on its own thread and runtime,
+/// so the lock only orders them and cannot deadlock.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
