@@ -7,8 +7,8 @@
 
 mod common;
 
-use common::{shoal_bin, wait_for, NodeProc};
-use shoal_sdk::{Client, JobInfo, JobSubmitRequest, TenantRequest};
+use common::{sh_job as request, shoal_bin, wait_for, NodeProc};
+use shoal_sdk::{Client, JobInfo, TenantRequest};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -83,27 +83,6 @@ impl Cluster {
             .join(node)
             .join("jobs")
             .join(job.to_string())
-    }
-}
-
-fn request(nodes: u32, gpus: u32, script: &str) -> JobSubmitRequest {
-    JobSubmitRequest {
-        name: String::new(),
-        tenant: None,
-        nodes,
-        gpus_per_node: gpus,
-        gpu_model: None,
-        time_limit_s: 600,
-        priority: 0,
-        preemptible: true,
-        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        env: BTreeMap::new(),
-        workdir: None,
-        ckpt_interval_s: None,
-        max_restarts: 0,
-        same: None,
-        max_rtt_ms: None,
-        labels: BTreeMap::new(),
     }
 }
 

@@ -132,6 +132,7 @@ fn advert(node_id: u64, seq: u64) -> CapacityAdvert {
         gpus_total: 12,
         healthy: true,
         load: 0.4,
+        job_util: BTreeMap::new(),
         coordinate: Some(vec![0; 32]),
         sent_at_ms: 0,
     }

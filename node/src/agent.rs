@@ -357,6 +357,13 @@ impl Agent {
             Arc::downgrade(&inner),
             inner.shutdown.subscribe(),
         ));
+        if let Some(url) = inner.cfg.anomaly.webhook_url.clone() {
+            tokio::spawn(crate::anomaly::webhook::run(
+                Arc::downgrade(&inner),
+                url,
+                inner.shutdown.subscribe(),
+            ));
+        }
         tokio::spawn(crate::durability::run(
             Arc::downgrade(&inner),
             inner.shutdown.subscribe(),
@@ -721,12 +728,15 @@ impl Inner {
 
     /// What this node offers right now, for its capacity advert.
     pub fn capacity_advert(&self) -> shoal_mesh::gossip::CapacityAdvert {
-        let gpus = self
+        let (gpus, owners) = self
             .ledger
             .read()
             .ok()
-            .and_then(|d| d.ledger.members.get(&self.id).map(|m| m.spec.gpus.clone()))
-            .unwrap_or_else(|| self.spec.gpus.clone());
+            .and_then(|d| {
+                let gpus = d.ledger.members.get(&self.id)?.spec.gpus.clone();
+                Some((gpus, crate::jobs_api::gpu_owners(&d.ledger)))
+            })
+            .unwrap_or_else(|| (self.spec.gpus.clone(), BTreeMap::new()));
         let mut free: BTreeMap<String, u32> = BTreeMap::new();
         for g in &gpus {
             let e = free.entry(g.model.clone()).or_default();
@@ -734,19 +744,16 @@ impl Inner {
                 *e += 1;
             }
         }
-        let load = self
+        let samples = self
             .gpu
             .lock()
-            .ok()
-            .map(|g| {
-                if g.latest.is_empty() {
-                    0.0
-                } else {
-                    g.latest.iter().map(|s| s.util_pct as f32).sum::<f32>()
-                        / (100.0 * g.latest.len() as f32)
-                }
-            })
-            .unwrap_or(0.0);
+            .map(|g| g.latest.clone())
+            .unwrap_or_default();
+        let load = if samples.is_empty() {
+            0.0
+        } else {
+            samples.iter().map(|s| s.util_pct as f32).sum::<f32>() / (100.0 * samples.len() as f32)
+        };
         shoal_mesh::gossip::CapacityAdvert {
             node_id: self.id,
             seq: 0,
@@ -754,6 +761,7 @@ impl Inner {
             gpus_total: gpus.len() as u32,
             healthy: true,
             load,
+            job_util: crate::anomaly::job_utilization(self.id, &samples, &owners),
             coordinate: None,
             sent_at_ms: 0,
         }

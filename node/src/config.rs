@@ -32,6 +32,7 @@ pub struct Config {
     pub scheduler: SchedulerTuning,
     pub executor: ExecutorTuning,
     pub storage: StorageTuning,
+    pub anomaly: AnomalyTuning,
     /// Lifetime of the join token printed at bootstrap.
     pub join_token_ttl_s: u64,
     /// Test only: extra round-trip time added to RTT samples towards the
@@ -93,6 +94,37 @@ impl Default for StorageTuning {
     fn default() -> Self {
         StorageTuning {
             scrub_interval_s: 3600,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnomalyTuning {
+    /// A rank whose GPUs stay below `straggler_below_pct` % of the median
+    /// utilization of its gang siblings for this long is reported as a
+    /// straggler (one event per episode).
+    pub straggler_window_ms: u64,
+    pub straggler_below_pct: u32,
+    /// Below this median sibling utilization (%) the gang is not computing
+    /// hard enough for a comparison to mean anything (start-up, I/O phases).
+    pub straggler_min_sibling_util_pct: u32,
+    /// A rank with no new output and no new checkpoint for this long is
+    /// reported as stalled; 0 turns the check off.
+    pub stall_after_s: u64,
+    /// Every new event is POSTed as JSON (the `shoal events --json` object)
+    /// to this http(s) URL by the leader.
+    pub webhook_url: Option<String>,
+}
+
+impl Default for AnomalyTuning {
+    fn default() -> Self {
+        AnomalyTuning {
+            straggler_window_ms: 10_000,
+            straggler_below_pct: 50,
+            straggler_min_sibling_util_pct: 50,
+            stall_after_s: 600,
+            webhook_url: None,
         }
     }
 }
@@ -164,6 +196,7 @@ impl Default for Config {
             scheduler: SchedulerTuning::default(),
             executor: ExecutorTuning::default(),
             storage: StorageTuning::default(),
+            anomaly: AnomalyTuning::default(),
             join_token_ttl_s: 24 * 3600,
             test_inject_rtt: BTreeMap::new(),
         }
@@ -197,6 +230,11 @@ const ENV_KEYS: &[&str] = &[
     "executor.stop_grace_s",
     "executor.jobs_dir",
     "storage.scrub_interval_s",
+    "anomaly.straggler_window_ms",
+    "anomaly.straggler_below_pct",
+    "anomaly.straggler_min_sibling_util_pct",
+    "anomaly.stall_after_s",
+    "anomaly.webhook_url",
 ];
 
 /// The default data dir: `/var/lib/shoal` for root, else `$XDG_DATA_HOME/shoal`.
@@ -299,6 +337,22 @@ impl Config {
         crate::scheduler::parse_policy(&self.scheduler.policy)?;
         if self.scheduler.interval_ms == 0 {
             return Err("scheduler.interval_ms must be positive".into());
+        }
+        if !(1..=100).contains(&self.anomaly.straggler_below_pct) {
+            return Err(format!(
+                "anomaly.straggler_below_pct must be 1-100, not {}",
+                self.anomaly.straggler_below_pct
+            ));
+        }
+        if self.anomaly.straggler_min_sibling_util_pct > 100 {
+            return Err("anomaly.straggler_min_sibling_util_pct must be 0-100".into());
+        }
+        if let Some(url) = &self.anomaly.webhook_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "anomaly.webhook_url must be an http:// or https:// URL, not '{url}'"
+                ));
+            }
         }
         Ok(())
     }

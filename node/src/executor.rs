@@ -9,6 +9,8 @@
 //! agent does not leave ranks running that the ledger no longer accounts for.
 
 use crate::agent::Inner;
+use crate::anomaly::stall::StallWatch;
+use shoal_consensus::events::{EventSpec, Severity};
 use shoal_consensus::workload::{Job, JobId, StopCause, SELF_FENCE_MS};
 use shoal_consensus::{Command, LedgerResponse, NodeId};
 use std::collections::{BTreeMap, HashMap};
@@ -38,6 +40,7 @@ struct RunningRank {
     reported_step: Option<u64>,
     /// Replication of the last reported step, still running.
     replicating: Option<tokio::task::JoinHandle<()>>,
+    stall: StallWatch,
 }
 
 /// The directory of a job's files on this node.
@@ -158,6 +161,23 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
                 record_checkpoint(&inner, &key, step, dir).await;
             }));
         }
+        // Alive but silent: no new output and no new checkpoint.
+        let stall_after = Duration::from_secs(inner.cfg.anomaly.stall_after_s);
+        let jobs_dir = inner.cfg.jobs_dir();
+        for (key, rank) in ranks.iter_mut() {
+            if rank.term_sent.is_some() {
+                continue;
+            }
+            let log_len = std::fs::metadata(log_path(&jobs_dir, key.job, key.rank))
+                .map(|m| m.len())
+                .unwrap_or(0);
+            if let Some(silent) =
+                rank.stall
+                    .observe(Instant::now(), log_len, rank.reported_step, stall_after)
+            {
+                report_stall(&inner, key, silent);
+            }
+        }
         // Reap.
         let mut done = Vec::new();
         for (key, rank) in ranks.iter_mut() {
@@ -220,6 +240,35 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
             exited.remove(&key);
         }
     }
+}
+
+fn report_stall(inner: &Arc<Inner>, key: &RankKey, silent: Duration) {
+    let spec = EventSpec {
+        severity: Severity::Warning,
+        kind: "job_stalled".into(),
+        node: Some(inner.id),
+        gpu: None,
+        job: Some(key.job),
+        message: format!(
+            "job {} rank {} on {}: no new output and no new checkpoint for {} s",
+            key.job,
+            key.rank,
+            inner.name,
+            silent.as_secs()
+        ),
+    };
+    tracing::warn!(job = key.job, rank = key.rank, "{}", spec.message);
+    inner
+        .metrics
+        .anomaly_events
+        .get_or_create(&vec![("kind".into(), spec.kind.clone())])
+        .inc();
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        if let Err(e) = inner.write(Command::RecordEvent(spec)).await {
+            tracing::warn!(error = %e.message, "could not record an event");
+        }
+    });
 }
 
 /// Whether this node heard from a majority of the Raft voters (itself
@@ -471,6 +520,7 @@ fn spawn(
         ckpt_dir,
         reported_step: None,
         replicating: None,
+        stall: StallWatch::new(Instant::now()),
     })
 }
 

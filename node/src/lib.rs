@@ -26,6 +26,7 @@ pub mod jobs_api;
 pub mod local_cluster;
 pub mod metrics;
 pub mod peers;
+pub mod procstat;
 pub mod proto;
 pub mod reconcile;
 pub mod scheduler;

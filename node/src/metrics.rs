@@ -13,6 +13,72 @@ use std::time::Duration;
 
 type Labels = Vec<(String, String)>;
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+type FloatCounter = Counter<f64, std::sync::atomic::AtomicU64>;
+
+/// The conventional `process_*` series (as the Go and Python clients export
+/// them), without a prefix so standard dashboards find them.
+pub struct ProcessSeries {
+    registry: Registry,
+    pub cpu_seconds: FloatCounter,
+    pub resident_memory_bytes: Gauge,
+    pub virtual_memory_bytes: Gauge,
+    pub open_fds: Gauge,
+    pub max_fds: Gauge,
+    pub start_time_seconds: FloatGauge,
+    pub threads: Gauge,
+}
+
+impl ProcessSeries {
+    fn new() -> Self {
+        let mut registry = Registry::default();
+        let p = ProcessSeries {
+            registry: Registry::default(),
+            cpu_seconds: FloatCounter::default(),
+            resident_memory_bytes: Gauge::default(),
+            virtual_memory_bytes: Gauge::default(),
+            open_fds: Gauge::default(),
+            max_fds: Gauge::default(),
+            start_time_seconds: FloatGauge::default(),
+            threads: Gauge::default(),
+        };
+        registry.register(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            p.cpu_seconds.clone(),
+        );
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            p.resident_memory_bytes.clone(),
+        );
+        registry.register(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            p.virtual_memory_bytes.clone(),
+        );
+        registry.register(
+            "process_open_fds",
+            "Number of open file descriptors",
+            p.open_fds.clone(),
+        );
+        registry.register(
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            p.max_fds.clone(),
+        );
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch in seconds",
+            p.start_time_seconds.clone(),
+        );
+        registry.register(
+            "process_threads",
+            "Number of OS threads in the process",
+            p.threads.clone(),
+        );
+        ProcessSeries { registry, ..p }
+    }
+}
 
 /// dcgm-exporter's series names, so existing GPU dashboards work unchanged.
 /// Registered without the `shoal_` prefix, in a registry of their own.
@@ -158,7 +224,18 @@ pub struct Metrics {
     pub tenant_gpu_hours: Family<Labels, FloatGauge>,
     pub tenant_gpu_hours_limit: Family<Labels, FloatGauge>,
     pub ckpt_under_replicated: Gauge,
+    pub gossip_messages: Family<Labels, Counter>,
+    pub gossip_rejected: Counter,
+    pub gossip_advert_delay: Histogram,
+    pub gossip_bytes: Family<Labels, Counter>,
+    pub gossip_peers_heard: Gauge,
+    pub fd_peers: Family<Labels, Gauge>,
+    pub fd_transitions: Family<Labels, Counter>,
+    pub fd_phi: Family<Labels, FloatGauge>,
+    pub fd_local_health: Gauge,
+    pub anomaly_events: Family<Labels, Counter>,
     pub dcgm: DcgmSeries,
+    pub process: ProcessSeries,
 }
 
 impl Metrics {
@@ -193,7 +270,18 @@ impl Metrics {
             tenant_gpu_hours: Family::default(),
             tenant_gpu_hours_limit: Family::default(),
             ckpt_under_replicated: Gauge::default(),
+            gossip_messages: Family::default(),
+            gossip_rejected: Counter::default(),
+            gossip_advert_delay: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            gossip_bytes: Family::default(),
+            gossip_peers_heard: Gauge::default(),
+            fd_peers: Family::default(),
+            fd_transitions: Family::default(),
+            fd_phi: Family::default(),
+            fd_local_health: Gauge::default(),
+            anomaly_events: Family::default(),
             dcgm: DcgmSeries::new(),
+            process: ProcessSeries::new(),
             registry: Registry::default(),
         };
         registry.register("raft_term", "Current Raft term", m.raft_term.clone());
@@ -273,6 +361,56 @@ impl Metrics {
             "Committed checkpoint parts with fewer live holders than written",
             m.ckpt_under_replicated.clone(),
         );
+        registry.register(
+            "gossip_messages_received",
+            "Gossip messages accepted from members, by topic",
+            m.gossip_messages.clone(),
+        );
+        registry.register(
+            "gossip_messages_rejected",
+            "Gossip messages rejected in validation (non-members, malformed)",
+            m.gossip_rejected.clone(),
+        );
+        registry.register(
+            "gossip_advert_delay_seconds",
+            "Time from a member publishing a capacity advert to this node receiving it (sender's clock)",
+            m.gossip_advert_delay.clone(),
+        );
+        registry.register(
+            "gossip_bytes",
+            "Bytes of gossip traffic, by direction",
+            m.gossip_bytes.clone(),
+        );
+        registry.register(
+            "gossip_peers_heard",
+            "Members this node heard from within the last second",
+            m.gossip_peers_heard.clone(),
+        );
+        registry.register(
+            "fd_peers",
+            "Members by state in this node's own failure detector",
+            m.fd_peers.clone(),
+        );
+        registry.register(
+            "fd_transitions",
+            "State changes in this node's failure detector, by new state",
+            m.fd_transitions.clone(),
+        );
+        registry.register(
+            "fd_phi",
+            "Suspicion level (phi) of each member in this node's failure detector",
+            m.fd_phi.clone(),
+        );
+        registry.register(
+            "fd_local_health",
+            "Lifeguard local health score (0 = healthy; timeouts stretch by 1 + score)",
+            m.fd_local_health.clone(),
+        );
+        registry.register(
+            "anomaly_events",
+            "Anomalies this node detected and proposed to the event log, by kind",
+            m.anomaly_events.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -303,18 +441,18 @@ impl Metrics {
             .inc();
     }
 
-    /// OpenMetrics text: the DCGM series, then Shoal's own, one `# EOF`.
+    /// OpenMetrics text: the DCGM series, the process series, then Shoal's
+    /// own, with one `# EOF`.
     pub fn render(&self) -> String {
-        let mut dcgm = String::new();
-        if encode(&mut dcgm, &self.dcgm.registry).is_err() {
-            dcgm.clear();
+        let mut out = String::new();
+        for registry in [&self.dcgm.registry, &self.process.registry, &self.registry] {
+            let mut text = String::new();
+            if encode(&mut text, registry).is_err() {
+                continue;
+            }
+            out.push_str(text.strip_suffix("# EOF\n").unwrap_or(&text));
         }
-        let mut own = String::new();
-        if encode(&mut own, &self.registry).is_err() {
-            own.clear();
-        }
-        let mut out = dcgm.strip_suffix("# EOF\n").unwrap_or(&dcgm).to_string();
-        out.push_str(&own);
+        out.push_str("# EOF\n");
         out
     }
 }

@@ -149,11 +149,18 @@ async fn handle_events(
         match event {
             GossipEvent::Heartbeat { from, node_id, .. } => {
                 if v.node_of_peer.get(&from) == Some(&node_id) {
+                    count_message(&inner, "heartbeat");
                     v.heard(node_id, now);
                 }
             }
             GossipEvent::Capacity { from, advert } => {
                 if v.node_of_peer.get(&from) == Some(&advert.node_id) {
+                    count_message(&inner, "capacity");
+                    let delay_ms = wall_ms().saturating_sub(advert.sent_at_ms);
+                    inner
+                        .metrics
+                        .gossip_advert_delay
+                        .observe(delay_ms as f64 / 1000.0);
                     let node = advert.node_id;
                     v.capacity.apply(from, advert);
                     v.heard(node, now);
@@ -175,6 +182,7 @@ async fn handle_events(
                 }
             }
             GossipEvent::Rejected { from, reason } => {
+                inner.metrics.gossip_rejected.inc();
                 tracing::warn!(peer = %from, %reason, "rejected a gossip message");
             }
             GossipEvent::PeerConnected { .. } | GossipEvent::PeerDisconnected { .. } => {}
@@ -237,7 +245,28 @@ async fn publish_and_sync(
             v.unheard_since
                 .retain(|id, _| members.iter().any(|(m, ..)| m == id));
             for t in v.detector.tick(now) {
+                let to = match t.to {
+                    PeerState::Alive => "alive",
+                    PeerState::Suspect => "suspect",
+                    PeerState::Down => "down",
+                };
+                inner
+                    .metrics
+                    .fd_transitions
+                    .get_or_create(&vec![("to".into(), to.into())])
+                    .inc();
                 tracing::info!(node = t.peer, from = ?t.from, to = ?t.to, "peer state changed (local view)");
+            }
+        }
+        let traffic = handle.traffic();
+        for (direction, total) in [("in", traffic.bytes_in), ("out", traffic.bytes_out)] {
+            let counter = inner
+                .metrics
+                .gossip_bytes
+                .get_or_create(&vec![("direction".into(), direction.into())]);
+            let seen = counter.get();
+            if total > seen {
+                counter.inc_by(total - seen);
             }
         }
         let wanted: BTreeMap<PeerId, Multiaddr> =
@@ -267,6 +296,7 @@ async fn publish_and_sync(
                 now.duration_since(*at) >= CAPACITY_EVERY
                     || prev.gpus_free_by_model != advert.gpus_free_by_model
                     || prev.healthy != advert.healthy
+                    || job_util_moved(&prev.job_util, &advert.job_util)
             }
         };
         if due {
@@ -279,6 +309,28 @@ async fn publish_and_sync(
             last_capacity = Some((now, advert));
         }
     }
+}
+
+fn count_message(inner: &Inner, topic: &str) {
+    inner
+        .metrics
+        .gossip_messages
+        .get_or_create(&vec![("topic".into(), topic.into())])
+        .inc();
+}
+
+/// Utilization change (percentage points) of a job's GPUs that is worth an
+/// advert before the periodic one: enough to show a straggler within a
+/// sampling period, not so little that noise floods the topic.
+const JOB_UTIL_STEP: f32 = 15.0;
+
+fn job_util_moved(before: &BTreeMap<u64, f32>, now: &BTreeMap<u64, f32>) -> bool {
+    before.len() != now.len()
+        || now.iter().any(|(job, u)| {
+            before
+                .get(job)
+                .is_none_or(|b| (b - u).abs() >= JOB_UTIL_STEP)
+        })
 }
 
 /// Parses the test-only RTT injection, `NAME=MS,NAME=MS` (extra round-trip

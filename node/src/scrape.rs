@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 type Labels = Vec<(String, String)>;
 
 pub fn refresh(inner: &Inner) {
+    refresh_process(&inner.metrics.process);
+    refresh_peer_view(inner);
     let m = inner.raft.metrics().borrow().clone();
     let mm = &inner.metrics;
     mm.raft_term.set(m.current_term as i64);
@@ -126,4 +128,80 @@ pub fn refresh(inner: &Inner) {
             ),
         ]
     });
+}
+
+fn refresh_process(p: &crate::metrics::ProcessSeries) {
+    if let Some(stat) = crate::procstat::read_self() {
+        let seen = p.cpu_seconds.get();
+        if stat.cpu_seconds > seen {
+            p.cpu_seconds.inc_by(stat.cpu_seconds - seen);
+        }
+        p.resident_memory_bytes
+            .set(i64::try_from(stat.resident_bytes).unwrap_or(i64::MAX));
+        p.virtual_memory_bytes
+            .set(i64::try_from(stat.virtual_bytes).unwrap_or(i64::MAX));
+        p.threads
+            .set(i64::try_from(stat.threads).unwrap_or(i64::MAX));
+        if let Some(boot) = crate::procstat::boot_time_s() {
+            p.start_time_seconds
+                .set(boot as f64 + stat.started_after_boot_s);
+        }
+    }
+    if let Some(n) = crate::procstat::open_fds() {
+        p.open_fds.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    if let Some(n) = crate::procstat::max_fds() {
+        p.max_fds.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+/// This node's own failure-detector view, labelled with member names.
+fn refresh_peer_view(inner: &Inner) {
+    let mm = &inner.metrics;
+    let names: BTreeMap<u64, String> = inner
+        .ledger
+        .read()
+        .map(|d| {
+            d.ledger
+                .members
+                .values()
+                .map(|m| (m.id, m.spec.name.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let Ok(view) = inner.peers.lock() else {
+        return;
+    };
+    let now = std::time::Instant::now();
+    let mut by_state: BTreeMap<&str, i64> =
+        BTreeMap::from([("alive", 0), ("suspect", 0), ("down", 0)]);
+    mm.fd_phi.clear();
+    for (peer, state) in view.detector.peers() {
+        let state = match state {
+            shoal_mesh::failure_detector::PeerState::Alive => "alive",
+            shoal_mesh::failure_detector::PeerState::Suspect => "suspect",
+            shoal_mesh::failure_detector::PeerState::Down => "down",
+        };
+        *by_state.entry(state).or_default() += 1;
+        if let Some(phi) = view.detector.phi(peer, now) {
+            let name = names.get(peer).cloned().unwrap_or_else(|| peer.to_string());
+            // +Inf is valid OpenMetrics, but a capped value graphs better.
+            mm.fd_phi
+                .get_or_create(&vec![("peer".into(), name)])
+                .set(phi.min(1e6));
+        }
+    }
+    for (state, n) in by_state {
+        mm.fd_peers
+            .get_or_create(&vec![("state".into(), state.into())])
+            .set(n);
+    }
+    mm.fd_local_health
+        .set(i64::from(view.detector.local_health()));
+    let heard = view
+        .last_heard
+        .values()
+        .filter(|t| now.duration_since(**t) <= std::time::Duration::from_secs(1))
+        .count();
+    mm.gossip_peers_heard.set(heard as i64);
 }

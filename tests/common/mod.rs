@@ -3,7 +3,8 @@
 
 #![allow(dead_code)]
 
-use shoal_sdk::Client;
+use shoal_sdk::{Client, JobSubmitRequest};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -39,6 +40,29 @@ where
             panic!("timed out after {timeout:?} waiting for {what}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A job running `/bin/sh -c SCRIPT` on `nodes` nodes with `gpus` GPUs each,
+/// no restarts, a 10-minute limit.
+pub fn sh_job(nodes: u32, gpus: u32, script: &str) -> JobSubmitRequest {
+    JobSubmitRequest {
+        name: String::new(),
+        tenant: None,
+        nodes,
+        gpus_per_node: gpus,
+        gpu_model: None,
+        time_limit_s: 600,
+        priority: 0,
+        preemptible: true,
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        env: BTreeMap::new(),
+        workdir: None,
+        ckpt_interval_s: None,
+        max_restarts: 0,
+        same: None,
+        max_rtt_ms: None,
+        labels: BTreeMap::new(),
     }
 }
 

@@ -140,6 +140,7 @@ mod tests {
             gpus_total: 8,
             healthy: true,
             load: 0.5,
+            job_util: BTreeMap::new(),
             coordinate: None,
             sent_at_ms: 0,
         }

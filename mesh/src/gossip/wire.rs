@@ -13,7 +13,7 @@ use bincode::Options;
 use serde::{Deserialize, Serialize};
 
 /// Version byte prefixed to every payload.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 
 /// Upper bound for an encoded payload (version byte included). Adverts are a
 /// few hundred bytes; 64 KiB leaves room for large model maps and coordinates
@@ -35,6 +35,9 @@ pub struct CapacityAdvert {
     pub healthy: bool,
     /// Load in [0, 1] by convention; must be finite.
     pub load: f32,
+    /// Mean utilization (percent) of the GPUs each job holds on this node,
+    /// by job id: lets any node compare the ranks of a gang.
+    pub job_util: BTreeMap<u64, f32>,
     /// Opaque Vivaldi coordinate, encoded by the caller.
     pub coordinate: Option<Vec<u8>>,
     /// Publisher's wall clock at send time, milliseconds since the Unix epoch.
@@ -160,6 +163,16 @@ impl CapacityAdvert {
                 detail: format!("{} is not finite", self.load),
             });
         }
+        if let Some((job, util)) = self
+            .job_util
+            .iter()
+            .find(|(_, u)| !(0.0..=100.0).contains(*u))
+        {
+            return Err(WireError::InvalidField {
+                field: "job_util",
+                detail: format!("{util} for job {job} is not a percentage"),
+            });
+        }
         Ok(())
     }
 }
@@ -188,6 +201,7 @@ mod tests {
             gpus_total: 8,
             healthy: true,
             load: 0.25,
+            job_util: BTreeMap::new(),
             coordinate: Some(vec![1, 2, 3, 4]),
             sent_at_ms: 1_700_000_000_000,
         }
@@ -261,5 +275,26 @@ mod tests {
             CapacityAdvert::decode(&bytes),
             Err(WireError::InvalidField { .. })
         ));
+    }
+
+    #[test]
+    fn rejects_job_utilization_outside_0_to_100() {
+        for bad in [f32::NAN, -1.0, 100.5] {
+            let mut a = advert();
+            a.job_util.insert(9, bad);
+            let mut bytes = vec![WIRE_VERSION];
+            bytes.extend(bincode_options().serialize(&a).expect("serialize"));
+            assert!(matches!(
+                CapacityAdvert::decode(&bytes),
+                Err(WireError::InvalidField {
+                    field: "job_util",
+                    ..
+                })
+            ));
+        }
+        let mut ok = advert();
+        ok.job_util.insert(9, 91.5);
+        let bytes = ok.encode().expect("encode");
+        assert_eq!(CapacityAdvert::decode(&bytes), Ok(ok));
     }
 }

@@ -175,6 +175,7 @@ pub fn advert(node_id: u64, seq: u64, free: u32) -> CapacityAdvert {
         gpus_total: 8,
         healthy: true,
         load: 0.5,
+        job_util: BTreeMap::new(),
         coordinate: Some(vec![0; 16]),
         sent_at_ms: 0,
     }

@@ -42,6 +42,10 @@ pub trait GpuSource: Send {
     /// Reads every GPU now. A GPU that cannot be read is left out.
     fn sample(&mut self) -> Vec<GpuSample>;
     fn kind(&self) -> &'static str;
+    /// Which GPUs jobs hold now. Simulated GPUs work hard while held, so
+    /// dashboards and detectors see what a real cluster would show; real
+    /// GPUs report what they do and ignore this.
+    fn set_busy(&mut self, _busy: &std::collections::BTreeSet<u32>) {}
     /// A handle to make simulated GPUs misbehave; `None` for real ones.
     fn fault_injector(&self) -> Option<sim::FaultInjector> {
         None

@@ -7,7 +7,7 @@ use super::{GpuSample, GpuSource};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shoal_sdk::GpuInfo;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 /// Something a simulated GPU can be told to do.
@@ -73,6 +73,7 @@ pub struct SimGpus {
     state: BTreeMap<u32, GpuState>,
     rng: ChaCha8Rng,
     faults: FaultInjector,
+    busy: BTreeSet<u32>,
 }
 
 impl SimGpus {
@@ -108,6 +109,7 @@ impl SimGpus {
             state,
             rng: ChaCha8Rng::seed_from_u64(seed),
             faults: FaultInjector::default(),
+            busy: BTreeSet::new(),
         }
     }
 
@@ -123,6 +125,10 @@ impl GpuSource for SimGpus {
 
     fn fault_injector(&self) -> Option<FaultInjector> {
         Some(self.faults.clone())
+    }
+
+    fn set_busy(&mut self, busy: &BTreeSet<u32>) {
+        self.busy.clone_from(busy);
     }
 
     fn kind(&self) -> &'static str {
@@ -157,7 +163,7 @@ impl GpuSource for SimGpus {
             let Some(s) = self.state.get_mut(&g.index) else {
                 continue;
             };
-            let busy = g.allocated_to.is_some();
+            let busy = self.busy.contains(&g.index);
             let target = match (busy, s.slow) {
                 (_, true) => 15.0,
                 (true, false) => 92.0,
@@ -223,6 +229,21 @@ mod tests {
         assert_eq!(last[1].throttle, vec!["HW_THERMAL_SLOWDOWN".to_string()]);
         assert_eq!(last[3].last_xid, 79);
         assert_eq!(g.inventory()[0].nvlink_peers, vec![1]);
+    }
+
+    #[test]
+    fn held_gpus_work_hard_and_a_slow_one_falls_behind() {
+        let inv = crate::gpu::parse_sim_gpus("3xH100-80GB", "n1").expect("spec");
+        let mut g = SimGpus::new(inv, "n1");
+        g.set_busy(&BTreeSet::from([0, 1]));
+        g.injector().inject(1, SimFault::Slow);
+        let mut last = Vec::new();
+        for _ in 0..30 {
+            last = g.sample();
+        }
+        assert!(last[0].util_pct > 80, "{:?}", last[0]);
+        assert!(last[1].util_pct < 30, "{:?}", last[1]);
+        assert!(last[2].util_pct < 10, "{:?}", last[2]);
     }
 
     #[test]
