@@ -145,8 +145,10 @@ async fn count_requests(State(inner): State<AppState>, req: Request, next: Next)
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
+    let started = std::time::Instant::now();
     let resp = next.run(req).await;
     inner.metrics.count_request(&route, resp.status().as_u16());
+    inner.metrics.observe_request(&route, started.elapsed());
     resp
 }
 

@@ -37,6 +37,12 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 3)]
         replica: u32,
     },
+    /// Anomaly detection latency per kind over many injections, /metrics scrape cost, sampler CPU
+    Anomaly {
+        /// Injections per anomaly kind
+        #[arg(long, default_value_t = 100)]
+        injections: usize,
+    },
     /// Gang placement: pure decisions/s and p99, one full pass, and placements/s through Raft
     Place {
         #[arg(long, default_value_t = 4096)]
@@ -69,6 +75,15 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 crate::bench_cp::print(&rows);
+            }
+            Ok(())
+        }
+        BenchCmd::Anomaly { injections } => {
+            let report = crate::bench_anomaly::run(*injections).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                crate::bench_anomaly::print(&report);
             }
             Ok(())
         }
@@ -163,7 +178,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size '{s}' is too large"))
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

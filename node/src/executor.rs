@@ -400,11 +400,13 @@ async fn record_checkpoint(inner: &Arc<Inner>, key: &RankKey, step: u64, dir: Pa
     let part = match part {
         Ok(part) => part,
         Err(e) => {
+            inner.metrics.count_checkpoint_part("failed");
             tracing::warn!(job, rank, step, error = %e, "checkpoint not replicated");
             return;
         }
     };
     let holders = part.holders.clone();
+    let bytes = part.bytes;
     let cmd = Command::CheckpointPart {
         job,
         epoch: key.epoch,
@@ -414,17 +416,27 @@ async fn record_checkpoint(inner: &Arc<Inner>, key: &RankKey, step: u64, dir: Pa
     };
     match inner.write(cmd).await {
         Ok((LedgerResponse::Rejected(reason), _)) => {
+            inner.metrics.count_checkpoint_part("rejected");
             tracing::info!(job, rank, step, %reason, "checkpoint part not recorded")
         }
-        Ok(_) => tracing::info!(
-            job,
-            rank,
-            step,
-            ?holders,
-            ms = started.elapsed().as_millis() as u64,
-            "checkpoint part replicated and recorded"
-        ),
+        Ok(_) => {
+            inner.metrics.count_checkpoint_part("recorded");
+            inner.metrics.ckpt_bytes.inc_by(bytes);
+            inner
+                .metrics
+                .ckpt_part_seconds
+                .observe(started.elapsed().as_secs_f64());
+            tracing::info!(
+                job,
+                rank,
+                step,
+                ?holders,
+                ms = started.elapsed().as_millis() as u64,
+                "checkpoint part replicated and recorded"
+            )
+        }
         Err(e) => {
+            inner.metrics.count_checkpoint_part("failed");
             tracing::warn!(job, rank, step, error = %e.message, "checkpoint part not recorded")
         }
     }

@@ -6,6 +6,7 @@ pub mod anomaly;
 pub mod api;
 pub mod batcher;
 pub mod bench;
+pub mod bench_anomaly;
 pub mod bench_ckpt;
 pub mod bench_cp;
 pub mod bench_place;

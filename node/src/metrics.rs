@@ -205,6 +205,10 @@ impl DcgmSeries {
     }
 }
 
+fn api_latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
 pub struct Metrics {
     registry: Registry,
     pub raft_term: Gauge,
@@ -218,6 +222,7 @@ pub struct Metrics {
     pub sched_pass_seconds: Histogram,
     pub placements: Counter,
     pub jobs: Family<Labels, Gauge>,
+    pub jobs_pending: Family<Labels, Gauge>,
     pub rank_exits: Family<Labels, Counter>,
     pub gpus: Family<Labels, Gauge>,
     pub tenant_gpus: Family<Labels, Gauge>,
@@ -234,6 +239,10 @@ pub struct Metrics {
     pub fd_phi: Family<Labels, FloatGauge>,
     pub fd_local_health: Gauge,
     pub anomaly_events: Family<Labels, Counter>,
+    pub api_request_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    pub ckpt_parts: Family<Labels, Counter>,
+    pub ckpt_bytes: Counter,
+    pub ckpt_part_seconds: Histogram,
     pub dcgm: DcgmSeries,
     pub process: ProcessSeries,
 }
@@ -264,6 +273,7 @@ impl Metrics {
             sched_pass_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
             placements: Counter::default(),
             jobs: Family::default(),
+            jobs_pending: Family::default(),
             rank_exits: Family::default(),
             gpus: Family::default(),
             tenant_gpus: Family::default(),
@@ -280,6 +290,10 @@ impl Metrics {
             fd_phi: Family::default(),
             fd_local_health: Gauge::default(),
             anomaly_events: Family::default(),
+            api_request_seconds: Family::new_with_constructor(api_latency_histogram),
+            ckpt_parts: Family::default(),
+            ckpt_bytes: Counter::default(),
+            ckpt_part_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             dcgm: DcgmSeries::new(),
             process: ProcessSeries::new(),
             registry: Registry::default(),
@@ -331,6 +345,11 @@ impl Metrics {
             m.placements.clone(),
         );
         registry.register("jobs", "Jobs in the ledger by state", m.jobs.clone());
+        registry.register(
+            "jobs_pending",
+            "Pending jobs by tenant and class of reason (quota, budget, fifo, backfill, invalid, resources)",
+            m.jobs_pending.clone(),
+        );
         registry.register(
             "job_rank_exits",
             "Job ranks this node ran that exited, by outcome",
@@ -411,7 +430,33 @@ impl Metrics {
             "Anomalies this node detected and proposed to the event log, by kind",
             m.anomaly_events.clone(),
         );
+        registry.register(
+            "api_request_seconds",
+            "HTTP API request latency by route",
+            m.api_request_seconds.clone(),
+        );
+        registry.register(
+            "checkpoint_parts",
+            "Checkpoint parts of this node's ranks, by outcome (recorded, rejected, failed)",
+            m.ckpt_parts.clone(),
+        );
+        registry.register(
+            "checkpoint_bytes",
+            "Bytes of checkpoint parts this node's ranks wrote and had recorded",
+            m.ckpt_bytes.clone(),
+        );
+        registry.register(
+            "checkpoint_part_seconds",
+            "From a rank's checkpoint step being done to its part being replicated and recorded",
+            m.ckpt_part_seconds.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    pub fn count_checkpoint_part(&self, outcome: &str) {
+        self.ckpt_parts
+            .get_or_create(&vec![("outcome".into(), outcome.to_string())])
+            .inc();
     }
 
     pub fn observe_proposal(&self, d: Duration) {
@@ -430,6 +475,12 @@ impl Metrics {
         self.rank_exits
             .get_or_create(&vec![("outcome".into(), outcome.to_string())])
             .inc();
+    }
+
+    pub fn observe_request(&self, route: &str, d: Duration) {
+        self.api_request_seconds
+            .get_or_create(&vec![("route".into(), route.to_string())])
+            .observe(d.as_secs_f64());
     }
 
     pub fn count_request(&self, route: &str, code: u16) {

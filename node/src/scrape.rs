@@ -45,6 +45,15 @@ pub fn refresh(inner: &Inner) {
             .get_or_create(&vec![("state".into(), job.state.as_str().into())])
             .inc();
     }
+    mm.jobs_pending.clear();
+    for job in workload.jobs.values().filter(|j| j.state.is_waiting()) {
+        mm.jobs_pending
+            .get_or_create(&vec![
+                ("tenant".into(), job.spec.tenant.clone()),
+                ("reason".into(), reason_class(&job.reason).into()),
+            ])
+            .inc();
+    }
     let owners = crate::jobs_api::gpu_owners(ledger);
     let alive_gpus: usize = ledger
         .active_members()
@@ -130,6 +139,17 @@ pub fn refresh(inner: &Inner) {
     });
 }
 
+/// The scheduler's reasons are sentences for people ("quota: tenant a is at
+/// 16 of 16 GPUs"); a label needs a small fixed set, which their prefix gives.
+fn reason_class(reason: &str) -> &'static str {
+    const CLASSES: [&str; 5] = ["quota", "budget", "fifo", "backfill", "invalid"];
+    let prefix = reason.split(':').next().unwrap_or_default();
+    CLASSES
+        .into_iter()
+        .find(|c| *c == prefix)
+        .unwrap_or("resources")
+}
+
 fn refresh_process(p: &crate::metrics::ProcessSeries) {
     if let Some(stat) = crate::procstat::read_self() {
         let seen = p.cpu_seconds.get();
@@ -204,4 +224,21 @@ fn refresh_peer_view(inner: &Inner) {
         .filter(|t| now.duration_since(**t) <= std::time::Duration::from_secs(1))
         .count();
     mm.gossip_peers_heard.set(heard as i64);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pending_reasons_fall_into_a_few_classes() {
+        assert_eq!(
+            super::reason_class("quota: tenant a is at 16 of 16 GPUs"),
+            "quota"
+        );
+        assert_eq!(super::reason_class("fifo: waiting behind job 3"), "fifo");
+        assert_eq!(
+            super::reason_class("no 4 nodes with 8 free H100"),
+            "resources"
+        );
+        assert_eq!(super::reason_class(""), "resources");
+    }
 }
