@@ -1,6 +1,7 @@
 //! `/metrics` of a running node: dcgm-exporter series for every GPU with
 //! the job holding it, Shoal's own series, valid OpenMetrics text; and
-//! `shoal prometheus-sd` listing the node.
+//! `shoal prometheus-sd` listing every node; anomaly events (GPU faults,
+//! stragglers, stalls) and the webhook; the dashboard and alert rules.
 
 mod common;
 
@@ -31,36 +32,9 @@ fn assert_well_formed(text: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_carry_dcgm_series_per_gpu_and_shoal_series() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let mut node = NodeProc::new(root.path(), "m1", &[]);
-    node.bootstrap();
-    let token = node.admin_token();
-    let client = node.client(&token);
-    let id = client
-        .submit_job(&JobSubmitRequest {
-            name: "hold".into(),
-            ..sh_job(1, 2, "sleep 60")
-        })
-        .await
-        .expect("submit")
-        .id;
-    let job = wait_for("the job running", TIMEOUT, || {
-        let c = client.clone();
-        async move { c.job(id).await.ok().filter(|j| j.state == "running") }
-    })
-    .await;
-    let held: Vec<u32> = job.gpus["m1"].clone();
-    let text = wait_for("GPU samples in /metrics", TIMEOUT, || {
-        let c = client.clone();
-        async move {
-            let text = c.metrics_text().await.ok()?;
-            (text.matches("DCGM_FI_DEV_GPU_UTIL{").count() == 4).then_some(text)
-        }
-    })
-    .await;
-    assert_well_formed(&text);
+/// The dcgm-exporter series of one node: every GPU, its identity labels,
+/// and the job holding it.
+fn assert_dcgm_series(text: &str, node: &str, job: u64, held: &[u32]) {
     for name in [
         "DCGM_FI_DEV_GPU_UTIL",
         "DCGM_FI_DEV_FB_USED",
@@ -75,91 +49,153 @@ async fn metrics_carry_dcgm_series_per_gpu_and_shoal_series() {
             let line = text
                 .lines()
                 .find(|l| l.starts_with(&format!("{name}{{gpu=\"{gpu}\"")))
-                .unwrap_or_else(|| panic!("no {name} for GPU {gpu}"));
+                .unwrap_or_else(|| panic!("{node}: no {name} for GPU {gpu}"));
             assert!(line.contains("UUID=\"GPU-"), "{line}");
             assert!(line.contains("modelName=\"H100-80GB\""), "{line}");
-            assert!(line.contains("Hostname=\"m1\""), "{line}");
+            assert!(line.contains(&format!("Hostname=\"{node}\"")), "{line}");
             let job_label = if held.contains(&gpu) {
-                format!("shoal_job=\"{id}\"")
+                format!("shoal_job=\"{job}\"")
             } else {
                 "shoal_job=\"\"".to_string()
             };
             assert!(line.contains(&job_label), "{line}");
         }
     }
-    for series in [
-        "shoal_raft_term ",
-        "shoal_jobs{state=\"running\"} 1",
-        "shoal_gpus{state=\"allocated\"} 2",
-        "shoal_tenant_gpus_in_use{tenant=\"default\"} 2",
-        "shoal_checkpoint_parts_under_replicated 0",
-        "shoal_scheduler_placements_total",
-    ] {
-        assert!(text.contains(series), "missing {series}");
+}
+
+/// `promtool check metrics`, apart from the two findings docs/metrics.md
+/// explains.
+fn assert_promtool_accepts(dir: &std::path::Path, text: &str) {
+    if Command::new("promtool").arg("--version").output().is_err() {
+        eprintln!("promtool not installed; checked the text format by hand only");
+        return;
     }
-    for series in [
-        "process_resident_memory_bytes ",
-        "process_cpu_seconds_total ",
-        "process_open_fds ",
-        "shoal_fd_local_health ",
-        "shoal_gossip_peers_heard ",
-    ] {
-        assert!(text.contains(series), "missing {series}");
-    }
-    // Every series the dashboard and the alert rules use is one a node exports.
-    let configs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
-    for file in ["grafana/shoal-dashboard.json", "prometheus/shoal.rules.yml"] {
-        let config = std::fs::read_to_string(configs.join(file)).expect("config file");
-        let names = series_names(&config);
-        assert!(names.len() >= 8, "{file} names only {names:?}");
-        for name in names {
-            let base = ["_bucket", "_total", "_sum", "_count"]
-                .iter()
-                .find_map(|suffix| name.strip_suffix(suffix))
-                .unwrap_or(&name);
-            assert!(
-                text.contains(&format!("# TYPE {base} ")),
-                "{file} uses {name}, which /metrics does not export"
-            );
-        }
-    }
-    if Command::new("promtool").arg("--version").output().is_ok() {
-        let path = root.path().join("metrics.txt");
-        std::fs::write(&path, &text).expect("write");
-        let out = Command::new("sh")
-            .arg("-c")
-            .arg(format!("promtool check metrics < {}", path.display()))
-            .output()
-            .expect("promtool");
+    let path = dir.join("metrics.txt");
+    std::fs::write(&path, text).expect("write");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("promtool check metrics < {}", path.display()))
+        .output()
+        .expect("promtool");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let problems: Vec<&str> = report
+        .lines()
+        .filter(|l| !l.trim().is_empty())
         // dcgm-exporter's own label names (modelName, UUID, Hostname) are
         // camelCase; dashboards depend on them, so that one lint is expected.
-        let report = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        .filter(|l| {
+            !(l.starts_with("DCGM_FI_")
+                && l.ends_with("label names should be written in 'snake_case' not 'camelCase'"))
+        })
         // OpenMetrics writes `# HELP name` for a counter whose samples are
         // `name_total`; the text-format linter looks for `# HELP name_total`.
-        let problems: Vec<&str> = report
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .filter(|l| {
-                !(l.starts_with("DCGM_FI_")
-                    && l.ends_with("label names should be written in 'snake_case' not 'camelCase'"))
-            })
-            .filter(|l| {
-                !l.strip_suffix("_total no help text")
-                    .is_some_and(|name| text.contains(&format!("# HELP {name} ")))
-            })
-            .collect();
-        assert!(problems.is_empty(), "promtool: {problems:?}");
-    } else {
-        eprintln!("promtool not installed; checked the text format by hand only");
+        .filter(|l| {
+            !l.strip_suffix("_total no help text")
+                .is_some_and(|name| text.contains(&format!("# HELP {name} ")))
+        })
+        .collect();
+    assert!(problems.is_empty(), "promtool: {problems:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_of_a_three_node_cluster_carry_dcgm_series_per_gpu_and_shoal_series() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut nodes: Vec<NodeProc> = ["m1", "m2", "m3"]
+        .iter()
+        .map(|name| NodeProc::new(root.path(), name, &[]))
+        .collect();
+    let join = nodes[0].bootstrap();
+    let via = nodes[0].rpc_addr();
+    for n in &mut nodes[1..] {
+        n.join(&via, &join);
+    }
+    let token = nodes[0].admin_token();
+    let client = nodes[0].client(&token);
+    wait_for("three alive nodes", TIMEOUT, || {
+        let c = client.clone();
+        async move {
+            let nodes = c.nodes().await.ok()?;
+            (nodes.len() == 3
+                && nodes
+                    .iter()
+                    .all(|n| n.state == shoal_sdk::MemberState::Alive))
+            .then_some(())
+        }
+    })
+    .await;
+    let id = client
+        .submit_job(&JobSubmitRequest {
+            name: "hold".into(),
+            ..sh_job(2, 2, "sleep 60")
+        })
+        .await
+        .expect("submit")
+        .id;
+    let job = wait_for("the job running", TIMEOUT, || {
+        let c = client.clone();
+        async move { c.job(id).await.ok().filter(|j| j.state == "running") }
+    })
+    .await;
+    for node in &nodes {
+        let c = node.client(&token);
+        let held: Vec<u32> = job.gpus.get(&node.name).cloned().unwrap_or_default();
+        let text = wait_for("GPU samples and the job in /metrics", TIMEOUT, || {
+            let c = c.clone();
+            async move {
+                let text = c.metrics_text().await.ok()?;
+                // Gossip peers are counted once heard from.
+                (text.matches("DCGM_FI_DEV_GPU_UTIL{").count() == 4
+                    && text.contains("shoal_jobs{state=\"running\"} 1")
+                    && text.contains("shoal_fd_peers{state=\"alive\"} 2"))
+                .then_some(text)
+            }
+        })
+        .await;
+        assert_well_formed(&text);
+        assert_dcgm_series(&text, &node.name, id, &held);
+        for series in [
+            "shoal_raft_term ",
+            "shoal_gpus{state=\"allocated\"} 4",
+            "shoal_tenant_gpus_in_use{tenant=\"default\"} 4",
+            "shoal_checkpoint_parts_under_replicated 0",
+            "shoal_scheduler_placements_total",
+            "shoal_members{state=\"alive\"} 3",
+            "process_resident_memory_bytes ",
+            "process_cpu_seconds_total ",
+            "process_open_fds ",
+            "shoal_fd_local_health ",
+            "shoal_gossip_peers_heard ",
+            "shoal_fd_peers{state=\"alive\"} 2",
+        ] {
+            assert!(text.contains(series), "{}: missing {series}", node.name);
+        }
+        assert_promtool_accepts(root.path(), &text);
+        // Every series the dashboard and the alert rules use is one a node exports.
+        let configs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        for file in ["grafana/shoal-dashboard.json", "prometheus/shoal.rules.yml"] {
+            let config = std::fs::read_to_string(configs.join(file)).expect("config file");
+            let names = series_names(&config);
+            assert!(names.len() >= 8, "{file} names only {names:?}");
+            for name in names {
+                let base = ["_bucket", "_total", "_sum", "_count"]
+                    .iter()
+                    .find_map(|suffix| name.strip_suffix(suffix))
+                    .unwrap_or(&name);
+                assert!(
+                    text.contains(&format!("# TYPE {base} ")),
+                    "{file} uses {name}, which /metrics does not export"
+                );
+            }
+        }
     }
 
     let out = Command::new(shoal_bin())
         .arg("prometheus-sd")
-        .env("SHOAL_API", node.api_url())
+        .env("SHOAL_API", nodes[1].api_url())
         .env("SHOAL_TOKEN", &token)
         .output()
         .expect("prometheus-sd");
@@ -169,8 +205,19 @@ async fn metrics_carry_dcgm_series_per_gpu_and_shoal_series() {
         String::from_utf8_lossy(&out.stderr)
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    let addr = node.api_url().trim_start_matches("http://").to_string();
-    assert_eq!(doc[0]["targets"], serde_json::json!([addr]));
+    let mut targets: Vec<String> = doc[0]["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .filter_map(|t| t.as_str().map(str::to_string))
+        .collect();
+    targets.sort();
+    let mut want: Vec<String> = nodes
+        .iter()
+        .map(|n| n.api_url().trim_start_matches("http://").to_string())
+        .collect();
+    want.sort();
+    assert_eq!(targets, want);
     client.cancel_job(id).await.expect("cancel");
 }
 
