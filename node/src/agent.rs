@@ -455,6 +455,9 @@ impl Agent {
     }
 }
 
+/// How long a joining node keeps asking while the cluster has no leader.
+const JOIN_RETRY_FOR: Duration = Duration::from_secs(60);
+
 async fn join_cluster(
     addr: SocketAddr,
     token: &str,
@@ -469,14 +472,30 @@ async fn join_cluster(
         spec: spec.clone(),
         csr_pem,
     });
-    let (reply, _ca) = shoal_mesh::rpc::call_as_joiner(
-        addr,
-        &parsed.ca_pin,
-        &proto::encode(&req),
-        Duration::from_secs(30),
-    )
-    .await
-    .map_err(|e| AgentError::Join(format!("cannot join via {addr}: {e}")))?;
+    // A leader change while the cluster admits us is transient: the node we
+    // asked forwards to the leader and retries for a while, and so do we.
+    // Admission is idempotent for the same name and gossip key.
+    let deadline = Instant::now() + JOIN_RETRY_FOR;
+    let reply = loop {
+        let (reply, _ca) = shoal_mesh::rpc::call_as_joiner(
+            addr,
+            &parsed.ca_pin,
+            &proto::encode(&req),
+            Duration::from_secs(30),
+        )
+        .await
+        .map_err(|e| AgentError::Join(format!("cannot join via {addr}: {e}")))?;
+        match proto::decode::<Response>(&reply) {
+            Ok(Response::Error(e))
+                if matches!(e.code, ErrorCode::NotLeader | ErrorCode::Unavailable)
+                    && Instant::now() < deadline =>
+            {
+                tracing::info!(error = %e.message, "the cluster could not admit us yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            _ => break reply,
+        }
+    };
     match proto::decode::<Response>(&reply).map_err(|e| AgentError::Join(e.to_string()))? {
         Response::Join(j) => {
             let got_pin = shoal_mesh::tls::pem_to_der(&j.ca_pem)

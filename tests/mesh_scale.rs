@@ -1,0 +1,192 @@
+//! The mesh at the scale and load the design promises: twenty in-process
+//! nodes learn a capacity change everywhere within a second, and ten nodes
+//! on a CPU-saturated machine never declare a live peer down. Their own test
+//! binary, so no other test competes for the cores while they measure.
+
+// See `SERIAL`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
+use shoal_node::local_cluster::LocalCluster;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The two tests run one at a time: each needs the machine to itself apart
+/// from the load it adds on purpose. Every test has its own thread and
+/// runtime, so holding the guard across awaits only orders them.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Waits until every node agrees on one leader.
+async fn stable_leader(c: &LocalCluster) {
+    c.wait_until("one leader everywhere", Duration::from_secs(60), |c| {
+        let ok = c.agreed_leader().is_some();
+        async move { ok }
+    })
+    .await
+    .expect("a leader");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_nodes_see_a_capacity_change_everywhere_within_1s() {
+    let _serial = one_at_a_time();
+    let n = 20;
+    let c = LocalCluster::start(n, |_, _| {}).await.expect("cluster");
+    c.wait_until(
+        "every node to hear every other node's capacity",
+        Duration::from_secs(120),
+        |c| {
+            let ok = c.agents.iter().all(|a| {
+                let v = a.peer_views();
+                v.len() == n - 1
+                    && v.iter()
+                        .all(|p| p.gpus_free == Some(4) && p.state == "alive")
+            });
+            async move { ok }
+        },
+    )
+    .await
+    .expect("mesh formed");
+    stable_leader(&c).await;
+
+    // Node 7 loses one GPU to a job (recorded in the ledger); every other node
+    // must learn it from node 7's capacity advert.
+    let changed = &c.agents[7];
+    let mut spec = changed
+        .ledger()
+        .read()
+        .expect("ledger")
+        .ledger
+        .members
+        .get(&changed.id())
+        .expect("member")
+        .spec
+        .clone();
+    spec.gpus[0].allocated_to = Some(42);
+    let start = Instant::now();
+    c.agents[0]
+        .write(shoal_consensus::Command::UpdateMember {
+            id: changed.id(),
+            spec,
+        })
+        .await
+        .expect("write");
+    let id = changed.id();
+    let took = c
+        .wait_until(
+            "the change to reach every node",
+            Duration::from_secs(10),
+            |c| {
+                let ok = c.agents.iter().filter(|a| a.id() != id).all(|a| {
+                    a.peer_views()
+                        .iter()
+                        .any(|p| p.id == id && p.gpus_free == Some(3))
+                });
+                async move { ok }
+            },
+        )
+        .await
+        .expect("converged");
+    println!(
+        "capacity change seen by all {} peers {took:?} after the write ({:?} incl. commit)",
+        n - 1,
+        start.elapsed()
+    );
+    assert!(
+        start.elapsed() <= Duration::from_secs(1),
+        "took {:?}",
+        start.elapsed()
+    );
+    c.shutdown().await;
+}
+
+/// Busy loops on every core, stopped on drop.
+struct CpuHogs(Vec<Child>);
+
+impl CpuHogs {
+    fn start() -> CpuHogs {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        CpuHogs(
+            (0..cores)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .stdin(Stdio::null())
+                        .spawn()
+                        .expect("busy loop")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_nodes_on_a_saturated_machine_declare_no_live_peer_down_in_60s() {
+    let _serial = one_at_a_time();
+    let n = 10;
+    let c = LocalCluster::start(n, |_, _| {}).await.expect("cluster");
+    c.wait_until(
+        "every node to see every other node alive",
+        Duration::from_secs(120),
+        |c| {
+            let ok = c.agents.iter().all(|a| {
+                let v = a.peer_views();
+                v.len() == n - 1 && v.iter().all(|p| p.state == "alive")
+            });
+            async move { ok }
+        },
+    )
+    .await
+    .expect("mesh formed");
+    let hogs = CpuHogs::start();
+    let started = Instant::now();
+    let mut suspicions = 0usize;
+    let mut worst_silence_ms = 0u64;
+    while started.elapsed() < Duration::from_secs(60) {
+        for a in &c.agents {
+            for p in a.peer_views() {
+                assert_ne!(
+                    p.state,
+                    "down",
+                    "{} declared live {} down after {:?} of load",
+                    a.name(),
+                    p.name,
+                    started.elapsed()
+                );
+                suspicions += usize::from(p.state == "suspect");
+                worst_silence_ms = worst_silence_ms.max(p.last_heard_ms.unwrap_or(0));
+            }
+            let members = a.ledger().read().expect("ledger").ledger.members.clone();
+            for m in members.values() {
+                assert_ne!(
+                    m.state,
+                    shoal_sdk::MemberState::Down,
+                    "the ledger (as {} sees it) records live {} down after {:?} of load",
+                    a.name(),
+                    m.spec.name,
+                    started.elapsed()
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(hogs);
+    println!(
+        "60 s on a saturated machine: no false down; {suspicions} suspect observations, \
+         longest silence seen {worst_silence_ms} ms"
+    );
+    c.shutdown().await;
+}
