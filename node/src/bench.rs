@@ -43,6 +43,23 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 100)]
         injections: usize,
     },
+    /// Capacity-advert propagation through gossip: p50/p99 to reach every node, bytes and CPU per node
+    Gossip {
+        #[arg(long, default_value_t = 50)]
+        nodes: usize,
+        /// Capacity changes published, one at a time from random nodes
+        #[arg(long, default_value_t = 100)]
+        publications: usize,
+        /// Pause between publications, milliseconds
+        #[arg(long, default_value_t = 100)]
+        interval_ms: u64,
+        /// Idle phase measured before publishing, seconds
+        #[arg(long, default_value_t = 10)]
+        idle_s: u64,
+        /// Wait after the mesh forms, before measuring, seconds
+        #[arg(long, default_value_t = 10)]
+        settle_s: u64,
+    },
     /// Gang placement: pure decisions/s and p99, one full pass, and placements/s through Raft
     Place {
         #[arg(long, default_value_t = 4096)]
@@ -75,6 +92,28 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 crate::bench_cp::print(&rows);
+            }
+            Ok(())
+        }
+        BenchCmd::Gossip {
+            nodes,
+            publications,
+            interval_ms,
+            idle_s,
+            settle_s,
+        } => {
+            let args = crate::bench_gossip::GossipBenchArgs {
+                nodes: *nodes,
+                publications: *publications,
+                interval: Duration::from_millis(*interval_ms),
+                idle: Duration::from_secs(*idle_s),
+                settle: Duration::from_secs(*settle_s),
+            };
+            let report = crate::bench_gossip::run(&args).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                crate::bench_gossip::print(&report);
             }
             Ok(())
         }

@@ -7,6 +7,7 @@ pub mod api;
 pub mod batcher;
 pub mod bench;
 pub mod bench_anomaly;
+pub mod bench_gossip;
 pub mod bench_ckpt;
 pub mod bench_cp;
 pub mod bench_place;
