@@ -87,9 +87,7 @@ fn cost(phase: &str, nodes: &[Node], from: &Mark) -> PhaseCost {
         bytes_out_per_s: to.traffic.bytes_out.saturating_sub(from.traffic.bytes_out) as f64
             / n
             / secs,
-        bytes_in_per_s: to.traffic.bytes_in.saturating_sub(from.traffic.bytes_in) as f64
-            / n
-            / secs,
+        bytes_in_per_s: to.traffic.bytes_in.saturating_sub(from.traffic.bytes_in) as f64 / n / secs,
         cpu_core_pct: (to.cpu_s - from.cpu_s).max(0.0) / n / secs * 100.0,
     }
 }
