@@ -59,8 +59,8 @@ use serde::{Deserialize, Serialize};
 
 use shoal_consensus::sched::model::{RACK_LABEL, REGION_LABEL, ZONE_LABEL};
 use shoal_consensus::sched::{
-    schedule, GangRequest, GpuView, NodeView, PendingJob, Policy, RunningJob, SchedInput,
-    SchedPlan, TenantView, TopologyProximity,
+    schedule, GangRequest, GpuView, NodeChanges, NodeView, PendingJob, Policy, RunningJob,
+    SchedCache, SchedInput, SchedPlan, TenantView, TopologyProximity,
 };
 
 use crate::sim::metrics::{self, Accounting, JobOutcome, RunSegment, SimReport};
@@ -138,7 +138,21 @@ pub fn parse_policy(name: &str) -> Option<Policy> {
 
 /// Replays `trace` on the cluster described by `cfg`.
 pub fn run(trace: &[TraceJob], cfg: &SimConfig) -> SimReport {
-    Engine::new(trace, cfg).run()
+    run_with(trace, cfg, PassInput::Cached)
+}
+
+/// How each pass reads the simulated cluster. Both give the same decisions;
+/// the full read exists so that tests can prove it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PassInput {
+    /// Through a [`SchedCache`] told which nodes changed since the last pass.
+    Cached,
+    /// Every pass reads the whole snapshot ([`schedule`]).
+    FullRead,
+}
+
+pub(crate) fn run_with(trace: &[TraceJob], cfg: &SimConfig, pass_input: PassInput) -> SimReport {
+    Engine::new(trace, cfg, pass_input).run()
 }
 
 /// Ordered so that, at equal times, capacity comes back before it is used.
@@ -212,6 +226,12 @@ struct Engine<'t> {
     /// nothing beyond what the scheduler itself copies.
     input: SchedInput,
     proximity: TopologyProximity,
+    pass_input: PassInput,
+    sched_cache: SchedCache,
+    /// Positions of nodes whose GPUs changed hands since the last pass, for
+    /// the cache; `node_changed` keeps the list free of repeats.
+    changed_nodes: Vec<usize>,
+    node_changed: Vec<bool>,
     jobs: Vec<JobState>,
     /// Position of each job in `input.pending` / `input.running`.
     pending_at: Vec<Option<usize>>,
@@ -235,8 +255,9 @@ struct Engine<'t> {
 }
 
 impl<'t> Engine<'t> {
-    fn new(trace: &'t [TraceJob], cfg: &'t SimConfig) -> Self {
+    fn new(trace: &'t [TraceJob], cfg: &'t SimConfig, pass_input: PassInput) -> Self {
         let nodes = build_nodes(cfg);
+        let node_count = nodes.len();
         let proximity = TopologyProximity::new(&nodes);
         let tenant_names: Vec<String> = {
             let mut names: Vec<String> = trace.iter().map(|job| job.tenant.clone()).collect();
@@ -316,6 +337,10 @@ impl<'t> Engine<'t> {
                 policy: cfg.policy,
             },
             proximity,
+            pass_input,
+            sched_cache: SchedCache::default(),
+            changed_nodes: Vec::new(),
+            node_changed: vec![false; node_count],
             pending_at: vec![None; jobs.len()],
             running_at: vec![None; jobs.len()],
             jobs,
@@ -492,7 +517,17 @@ impl<'t> Engine<'t> {
             self.dirty = false;
             self.refresh_tenant_usage();
             let clock = Instant::now();
-            let plan = schedule(&self.input, &self.proximity);
+            let plan = match self.pass_input {
+                PassInput::Cached => self.sched_cache.schedule(
+                    &self.input,
+                    &self.proximity,
+                    NodeChanges::Only(&self.changed_nodes),
+                ),
+                PassInput::FullRead => schedule(&self.input, &self.proximity),
+            };
+            for node in self.changed_nodes.drain(..) {
+                self.node_changed[node] = false;
+            }
             self.acct.scheduler_wall_s += clock.elapsed().as_secs_f64();
             self.acct.scheduler_passes += 1;
             let (started, timed_out) = self.apply(plan);
@@ -685,6 +720,7 @@ impl<'t> Engine<'t> {
         self.dequeue(job);
         let id = job as u64;
         for (node, gpus) in &nodes {
+            mark_changed(&mut self.changed_nodes, &mut self.node_changed, *node);
             for gpu in gpus {
                 if let Some(slot) = self.input.nodes[*node].gpus.get_mut(*gpu as usize) {
                     slot.allocated_to = Some(id);
@@ -751,6 +787,7 @@ impl<'t> Engine<'t> {
     fn release(&mut self, job: usize) -> Option<ActiveRun> {
         let run = self.jobs[job].run.take()?;
         for (node, gpus) in &run.nodes {
+            mark_changed(&mut self.changed_nodes, &mut self.node_changed, *node);
             for gpu in gpus {
                 if let Some(slot) = self.input.nodes[*node].gpus.get_mut(*gpu as usize) {
                     if slot.allocated_to == Some(job as u64) {
@@ -987,6 +1024,16 @@ fn exponential(rng: &mut ChaCha8Rng, mean_s: u64) -> u64 {
         (sample.round() as u64).max(1)
     } else {
         mean_s.max(1)
+    }
+}
+
+/// Notes that a node's GPUs changed hands, once per pass.
+fn mark_changed(changed: &mut Vec<usize>, flagged: &mut [bool], node: usize) {
+    if let Some(flag) = flagged.get_mut(node) {
+        if !*flag {
+            *flag = true;
+            changed.push(node);
+        }
     }
 }
 
