@@ -1040,3 +1040,54 @@ fn mark_changed(changed: &mut Vec<usize>, flagged: &mut [bool], node: usize) {
 fn gpu_count(len: usize) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::synthetic::synthetic_trace_for;
+
+    /// The cached passes must decide exactly what full reads decide: the
+    /// engine tells the cache which nodes changed, and a node it forgot
+    /// would show up here as a different placement, start time or metric.
+    /// Small random workloads, every policy, failures and checkpoints on so
+    /// that releases, requeues and repairs all happen.
+    #[test]
+    fn cached_passes_replay_exactly_like_full_reads() {
+        let mut compared_passes = 0;
+        for seed in 0..60u64 {
+            let nodes = 2 + (seed % 7) as u32;
+            let gpus_per_node = [4, 8][(seed % 2) as usize];
+            let load = 0.6 + (seed % 5) as f64 * 0.2;
+            let trace = synthetic_trace_for(
+                40 + (seed % 4) as usize * 20,
+                seed,
+                u64::from(nodes * gpus_per_node),
+                load,
+            );
+            for policy in [Policy::Fifo, Policy::Hdrf, Policy::HdrfPreempt] {
+                let config = SimConfig {
+                    seed,
+                    fail_mtbf_s: (seed % 3 == 0).then_some(5 * 86_400),
+                    ckpt_interval_s: (seed % 2 == 0).then_some(1_800),
+                    ..SimConfig::new(nodes, gpus_per_node, policy)
+                };
+                let cached = run_with(&trace, &config, PassInput::Cached);
+                let full = run_with(&trace, &config, PassInput::FullRead);
+                compared_passes += cached.scheduler_passes;
+                assert_eq!(
+                    cached.to_json(),
+                    full.to_json(),
+                    "seed {seed}, {policy:?}: cached passes decided differently"
+                );
+                // Per-job start and end times, which the summary may hide.
+                assert_eq!(
+                    format!("{:?}", cached.outcomes),
+                    format!("{:?}", full.outcomes),
+                    "seed {seed}, {policy:?}: cached passes ran jobs differently"
+                );
+            }
+        }
+        // Guard against a vacuous comparison.
+        assert!(compared_passes > 10_000, "only {compared_passes} passes");
+    }
+}
