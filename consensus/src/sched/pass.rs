@@ -298,6 +298,9 @@ pub(crate) struct Pass<'a> {
     /// Placements are written here as they are decided.
     holder: Vec<u32>,
     jobs: JobSlots,
+    /// Per entry of `input.running`: its job slot, so that per-running-job
+    /// loops need no hash lookup.
+    running_slots: Vec<usize>,
     /// Per node: free GPUs that placement may use (hostable node, unique
     /// index); an upper bound for every search inside the free area.
     free_usable: Vec<u32>,
@@ -384,8 +387,10 @@ impl<'a> Pass<'a> {
                 }
             }
         }
+        let mut running_slots = Vec::with_capacity(input.running.len());
         for job in &input.running {
             let slot = jobs.slot(job.id) as usize;
+            running_slots.push(slot);
             // The last listing of a job wins, as it always has.
             jobs.release_at[slot] = Some(job.deadline_s().max(input.now_s));
             jobs.running[slot] = true;
@@ -410,6 +415,7 @@ impl<'a> Pass<'a> {
             cluster,
             holder,
             jobs,
+            running_slots,
             free_usable,
             free_by_model,
             node_position,
@@ -444,11 +450,11 @@ impl<'a> Pass<'a> {
         // are exact whatever the order.
         let held = std::mem::take(&mut self.held);
         let mut held_by_tenant: Vec<Held> = vec![Held::default(); self.tree.len()];
-        for job in &self.input.running {
+        for (job, &slot) in self.input.running.iter().zip(&self.running_slots) {
             let Some(tenant) = self.tree.index_of(&job.tenant) else {
                 continue;
             };
-            let Some(resources) = self.jobs.get(job.id).and_then(|slot| held.get(slot)) else {
+            let Some(resources) = held.get(slot) else {
                 continue;
             };
             for (model, count) in resources.iter() {

@@ -11,13 +11,16 @@
 //! no hash-ordered collection reaches an output.
 
 pub mod engine;
+mod ledger_driver;
 pub mod metrics;
 pub mod plot;
 pub mod run;
 pub mod synthetic;
 pub mod trace;
 
-pub use engine::{parse_policy, policy_name, run, SimConfig, NODE_REPAIR_S};
+pub use engine::{
+    driver_name, parse_driver, parse_policy, policy_name, run, Driver, SimConfig, NODE_REPAIR_S,
+};
 pub use metrics::{JobOutcome, RunSegment, SimReport, TenantReport};
 pub use plot::{write_svg, PlotError};
 pub use synthetic::{synthetic_trace, synthetic_trace_for};
