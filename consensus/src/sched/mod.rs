@@ -69,8 +69,8 @@ pub use fairshare::{
     TenantAllocation, TenantView,
 };
 pub use model::{GangRequest, GpuView, JobId, NodeId, NodeView, Placement, TopologyTier};
-pub use placement::{place_gang, Placer, Unplaceable, UnplaceableKind};
 use placement::ClusterShape;
+pub use placement::{place_gang, Placer, Unplaceable, UnplaceableKind};
 pub use proximity::{MatrixProximity, Proximity, TopologyProximity};
 
 /// How a pass picks and starts jobs; see the module documentation.

@@ -30,8 +30,8 @@ use super::fairshare::{
 };
 use super::model::{GangRequest, JobId, NodeId, Placement, TopologyTier};
 use super::placement::{
-    count_feasible_nodes, ClusterShape, labels_suffix, model_name, not_enough_nodes, place_indexed, ClusterIndex,
-    Unplaceable, UnplaceableKind,
+    count_feasible_nodes, labels_suffix, model_name, not_enough_nodes, place_indexed, ClusterIndex,
+    ClusterShape, Unplaceable, UnplaceableKind,
 };
 use super::proximity::Proximity;
 use super::{Policy, Preemption, RunningJob, SchedInput, SchedPlan};

@@ -767,7 +767,9 @@ fn usable_gpus<'a, F: Fn(usize) -> bool + ?Sized>(
 ) -> Vec<&'a GpuView> {
     let mut gpus: Vec<&GpuView> = cluster
         .gpu_range(node)
-        .filter(|&gpu| cluster.shape.gpu_model[gpu] == model && cluster.shape.gpu_unique[gpu] && is_free(gpu))
+        .filter(|&gpu| {
+            cluster.shape.gpu_model[gpu] == model && cluster.shape.gpu_unique[gpu] && is_free(gpu)
+        })
         .map(|gpu| cluster.gpu(gpu))
         .collect();
     gpus.sort_by_key(|gpu| gpu.index);

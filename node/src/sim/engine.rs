@@ -773,7 +773,9 @@ impl<'t> Engine<'t> {
             // Stops and reasons first; then each gang on random nodes, one
             // command each, so that a refusal keeps submission order.
             let committed = ledger.commit(self.now, &planned, &[], true);
-            stopped_any = self.apply_committed(&mut ledger, &planned.engine_plan, committed).1;
+            stopped_any = self
+                .apply_committed(&mut ledger, &planned.engine_plan, committed)
+                .1;
             for placement in &placements {
                 let job = placement.job as usize;
                 if !self.is_pending(job) {
@@ -787,7 +789,9 @@ impl<'t> Engine<'t> {
                 let refused = !committed.refused.is_empty() || committed.started.is_empty();
                 // Nothing is being stopped here, so a refusal is a bug.
                 self.acct.bad_placements += committed.refused.len() as u64;
-                started_any |= self.apply_committed(&mut ledger, &planned.engine_plan, committed).0;
+                started_any |= self
+                    .apply_committed(&mut ledger, &planned.engine_plan, committed)
+                    .0;
                 if refused {
                     break;
                 }
@@ -855,12 +859,20 @@ impl<'t> Engine<'t> {
     ) -> (bool, bool) {
         let stopped_any = !committed.timed_out.is_empty() || !committed.preempted.is_empty();
         for job in committed.timed_out {
-            if self.jobs.get(job).is_some_and(|s| s.phase == Phase::Running) {
+            if self
+                .jobs
+                .get(job)
+                .is_some_and(|s| s.phase == Phase::Running)
+            {
                 self.end_run(job, true);
             }
         }
         for job in committed.preempted {
-            if self.jobs.get(job).is_some_and(|s| s.phase == Phase::Running) {
+            if self
+                .jobs
+                .get(job)
+                .is_some_and(|s| s.phase == Phase::Running)
+            {
                 self.acct.preemptions += 1;
                 self.interrupt(job, Interruption::Preemption);
             }
@@ -889,7 +901,9 @@ impl<'t> Engine<'t> {
     }
 
     fn is_pending(&self, job: usize) -> bool {
-        self.jobs.get(job).is_some_and(|s| s.phase == Phase::Pending)
+        self.jobs
+            .get(job)
+            .is_some_and(|s| s.phase == Phase::Pending)
     }
 
     /// The scheduler's placement, verified against the simulated cluster.
@@ -1414,18 +1428,32 @@ mod tests {
             });
             let mut engine = Engine::new(&trace, &config, PassInput::Cached);
             engine.run_events();
-            let ledger = engine.ledger.as_ref().expect("the ledger driver keeps a ledger");
+            let ledger = engine
+                .ledger
+                .as_ref()
+                .expect("the ledger driver keeps a ledger");
             for job in 0..trace.len() {
-                assert!(!ledger.is_running(job), "seed {seed}: job {job} still holds GPUs");
+                assert!(
+                    !ledger.is_running(job),
+                    "seed {seed}: job {job} still holds GPUs"
+                );
             }
             let report = engine.finish_report();
             // Refusals other than placements on victims' GPUs count as bad.
             assert_eq!(report.bad_placements, 0, "seed {seed}");
             refusals += report.ledger_refused_placements;
             assert_eq!(report.unfinished, 0, "seed {seed}");
-            let finished = report.outcomes.iter().filter(|o| o.finish_s.is_some()).count();
+            let finished = report
+                .outcomes
+                .iter()
+                .filter(|o| o.finish_s.is_some())
+                .count();
             assert_eq!(finished + report.rejected, trace.len(), "seed {seed}");
-            assert_eq!(report.to_json(), run(&trace, &config).to_json(), "seed {seed}");
+            assert_eq!(
+                report.to_json(),
+                run(&trace, &config).to_json(),
+                "seed {seed}"
+            );
             preemptions += report.preemptions;
             failures += report.node_failures;
         }

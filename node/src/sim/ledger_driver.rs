@@ -26,6 +26,10 @@ use shoal_sdk::{GpuInfo, MemberState};
 /// Join token of the simulated cluster; never expires.
 const JOIN_TOKEN: &str = "sim-join";
 
+/// A job on the engine's nodes: (engine job index, [(engine node index,
+/// GPU indices)] in rank order).
+pub(crate) type EnginePlacement = (usize, Vec<(usize, Vec<u32>)>);
+
 /// Ledger job ids and node ids, translated to the engine's indices.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CommittedPass {
@@ -36,7 +40,7 @@ pub(crate) struct CommittedPass {
     /// them.
     pub preempted: Vec<usize>,
     /// Placements `apply` accepted, in plan order, on engine node indices.
-    pub started: Vec<(usize, Vec<(usize, Vec<u32>)>)>,
+    pub started: Vec<EnginePlacement>,
     /// Placements `apply` refused, with its reason.
     pub refused: Vec<(usize, String)>,
 }
@@ -267,7 +271,7 @@ impl LedgerCluster {
         &mut self,
         now_s: u64,
         planned: &PlannedPass,
-        placements: &[(usize, Vec<(usize, Vec<u32>)>)],
+        placements: &[EnginePlacement],
         with_stops: bool,
     ) -> CommittedPass {
         let mut plan: Plan = planned
@@ -315,7 +319,12 @@ impl LedgerCluster {
                 let Some(&job) = self.job_of.get(&id) else {
                     continue;
                 };
-                let nodes = self.ledger.workload.jobs.get(&id).and_then(|j| j.alloc.as_ref());
+                let nodes = self
+                    .ledger
+                    .workload
+                    .jobs
+                    .get(&id)
+                    .and_then(|j| j.alloc.as_ref());
                 let nodes = nodes.map_or_else(Vec::new, |alloc| {
                     alloc
                         .nodes
