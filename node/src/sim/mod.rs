@@ -5,6 +5,9 @@
 //! very scheduler the live cluster uses, [`shoal_consensus::sched::schedule`], at every
 //! instant something happens, and summarises the replay as a [`SimReport`]
 //! ([`metrics`]); [`plot::write_svg`] charts several reports side by side.
+//! With [`Driver::Ledger`] the jobs, tenants and allocations live in a real
+//! consensus `Ledger` instead, and every pass and every change is the ledger
+//! command the live cluster would commit (`ledger_driver`).
 //!
 //! Everything is deterministic for a given trace and seed: events are ordered
 //! by (time, kind, index), randomness comes from seeded ChaCha streams, and
