@@ -12,6 +12,16 @@
 //! or places jobs itself, with one documented exception (random placement for
 //! the FIFO baseline, below).
 //!
+//! Passes run through a [`SchedCache`] that re-reads only the nodes whose
+//! GPUs changed hands since the previous pass (the engine lists them as it
+//! starts and releases jobs); its decisions equal a full read's (tested).
+//!
+//! Under [`Driver::Ledger`] the engine's own state only mirrors a real
+//! consensus ledger: each pass is planned from the ledger's snapshot and
+//! committed as a `Schedule` command, and arrivals, completions, stops and
+//! node failures are ledger commands (see `ledger_driver`); the engine
+//! starts and stops jobs as `apply` decided, and keeps the metrics.
+//!
 //! A pass is skipped only when it provably cannot change anything: no pending
 //! job and no expired time limit, or (without preemption) no healthy node
 //! with as many free GPUs as the smallest per-node demand in the queue.
