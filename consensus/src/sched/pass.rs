@@ -8,6 +8,9 @@
 //! - The node views are borrowed, never cloned. Which job holds each GPU is
 //!   kept in a flat overlay (`holder`, one `u32` per GPU, jobs numbered
 //!   densely), and placement reads a [`ClusterIndex`] built once per pass.
+//!   Its per-GPU part ([`ClusterShape`]) and who holds each GPU can come
+//!   from a [`super::SchedCache`] that kept them since the previous pass,
+//!   so that a pass need not read every GPU view.
 //! - Free usable GPUs are counted per node and per model as placements and
 //!   evictions happen. Per-model totals reject a gang that cannot fit before
 //!   any scan; per-node counts let a placement scan skip full nodes.
