@@ -447,10 +447,50 @@ impl<'a> Pass<'a> {
         timed_out.dedup();
         self.plan.timed_out = timed_out;
 
-        // What each tenant's running jobs hold, summed per tenant and model
-        // before any ResourceVector is built: one vector per tenant instead
-        // of a map update per GPU. Counts are integers, so the float sums
-        // are exact whatever the order.
+        let valid = self.validate_pending();
+        for (job, _) in &valid {
+            if let Some(tenant) = self.tree.index_of(&job.tenant) {
+                self.tenants_waiting.insert(tenant);
+            }
+        }
+        // Tenants' holdings feed the fair order of two or more jobs and the
+        // fair shares preemption compares; nothing else reads them. Summing
+        // them reads every running job's tenant name, a cache miss each on a
+        // busy cluster, so a pass that cannot use them skips it: FIFO never
+        // does, and the fair order of at most one job is that job.
+        let needs_holdings = match self.input.policy {
+            Policy::Fifo => false,
+            Policy::Hdrf => valid.len() > 1,
+            Policy::HdrfPreempt => true,
+        } || always_sum_holdings();
+        let held_by_tenant = if needs_holdings {
+            self.tenant_holdings()
+        } else {
+            Vec::new()
+        };
+        match self.input.policy {
+            Policy::Fifo => self.run_fifo(valid),
+            Policy::Hdrf => self.run_hdrf(valid, &held_by_tenant, false),
+            Policy::HdrfPreempt => self.run_hdrf(valid, &held_by_tenant, true),
+        }
+
+        let placed: FastJobSet = self.plan.placements.iter().map(|p| p.job).collect();
+        for (job, _) in &self.input.pending {
+            if !placed.contains(&job.id) {
+                let reason = self.plan.pending_reasons.entry(job.id).or_default();
+                if reason.is_empty() {
+                    *reason = "not considered in this pass".to_string();
+                }
+            }
+        }
+        (self.plan, Scratch { jobs: self.jobs })
+    }
+
+    /// What each tenant's running jobs hold, charged to the fair-share
+    /// usage. Summed per tenant and model before any ResourceVector is
+    /// built: one vector per tenant instead of a map update per GPU. Counts
+    /// are integers, so the float sums are exact whatever the order.
+    fn tenant_holdings(&mut self) -> Vec<ResourceVector> {
         let held = std::mem::take(&mut self.held);
         let mut held_by_tenant: Vec<Held> = vec![Held::default(); self.tree.len()];
         for (job, &slot) in self.input.running.iter().zip(&self.running_slots) {
@@ -473,29 +513,7 @@ impl<'a> Pass<'a> {
                 self.usage.charge(tenant, resources);
             }
         }
-
-        let valid = self.validate_pending();
-        for (job, _) in &valid {
-            if let Some(tenant) = self.tree.index_of(&job.tenant) {
-                self.tenants_waiting.insert(tenant);
-            }
-        }
-        match self.input.policy {
-            Policy::Fifo => self.run_fifo(valid),
-            Policy::Hdrf => self.run_hdrf(valid, &held_by_tenant, false),
-            Policy::HdrfPreempt => self.run_hdrf(valid, &held_by_tenant, true),
-        }
-
-        let placed: FastJobSet = self.plan.placements.iter().map(|p| p.job).collect();
-        for (job, _) in &self.input.pending {
-            if !placed.contains(&job.id) {
-                let reason = self.plan.pending_reasons.entry(job.id).or_default();
-                if reason.is_empty() {
-                    *reason = "not considered in this pass".to_string();
-                }
-            }
-        }
-        (self.plan, Scratch { jobs: self.jobs })
+        held_by_tenant
     }
 
     /// Splits off requests that can never run; they get an `invalid:` reason
@@ -1117,6 +1135,23 @@ impl<'a> Pass<'a> {
             refund_gpu_s: f64::from(victim.gpus) * lost_s as f64,
         });
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests switch the skip off to prove it changes no decision.
+    pub(crate) static ALWAYS_SUM_HOLDINGS: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
+#[cfg(test)]
+fn always_sum_holdings() -> bool {
+    ALWAYS_SUM_HOLDINGS.with(std::cell::Cell::get)
+}
+
+#[cfg(not(test))]
+fn always_sum_holdings() -> bool {
+    false
 }
 
 /// A resource vector from GPU counts per model id, one map update per model

@@ -207,6 +207,25 @@ proptest! {
         }
     }
 
+    /// Passes skip summing tenants' holdings when nothing reads them (FIFO,
+    /// or at most one job to order without preemption); the plans must be
+    /// those of a pass that always sums them.
+    #[test]
+    fn skipping_unused_tenant_holdings_changes_no_plan(seed in any::<u64>(), policy in policy_strategy()) {
+        let mut input = random_input(seed, policy);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4e1d);
+        // Short queues too, where the skip applies under hdrf.
+        if rng.random_bool(0.5) {
+            input.pending.truncate(rng.random_range(0..=input.pending.len().min(3)));
+        }
+        let prox = TopologyProximity::new(&input.nodes);
+        let skipping = schedule(&input, &prox);
+        pass::ALWAYS_SUM_HOLDINGS.with(|always| always.set(true));
+        let summing = schedule(&input, &prox);
+        pass::ALWAYS_SUM_HOLDINGS.with(|always| always.set(false));
+        prop_assert_eq!(skipping, summing);
+    }
+
     #[test]
     fn hdrf_order_is_a_permutation(seed in any::<u64>()) {
         let input = random_input(seed, Policy::Hdrf);
