@@ -1,11 +1,11 @@
 //! Replay speed on a synthetic trace: `cargo run --release -j 1 --example
-//! sim_speed [-- JOBS NODES POLICY]` (default 100,000 jobs, 1,000 nodes of 8
-//! GPUs, all three policies). Prints jobs per second and how much of the
+//! sim_speed [-- JOBS NODES POLICY DRIVER]` (default 100,000 jobs, 1,000 nodes
+//! of 8 GPUs, all three policies, the direct driver; `ledger` for the other). Prints jobs per second and how much of the
 //! wall time was spent inside the scheduler.
 
 use std::time::Instant;
 
-use shoal_node::sim::{parse_policy, run, synthetic_trace, SimConfig};
+use shoal_node::sim::{parse_driver, parse_policy, run, synthetic_trace, Driver, SimConfig};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -15,13 +15,20 @@ fn main() {
         || vec!["fifo".into(), "hdrf".into(), "hdrf-preempt".into()],
         |p| p.split(',').map(str::to_string).collect(),
     );
+    let driver = args
+        .get(3)
+        .and_then(|name| parse_driver(name))
+        .unwrap_or(Driver::Direct);
     let trace = synthetic_trace(jobs, 42);
     for name in policies {
         let Some(policy) = parse_policy(&name) else {
             eprintln!("unknown policy {name}");
             continue;
         };
-        let config = SimConfig::new(nodes, 8, policy);
+        let config = SimConfig {
+            driver,
+            ..SimConfig::new(nodes, 8, policy)
+        };
         let clock = Instant::now();
         let report = run(&trace, &config);
         let wall = clock.elapsed().as_secs_f64();

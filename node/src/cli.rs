@@ -206,6 +206,10 @@ struct SimArgs {
     /// Write an SVG with utilization over time and the JCT CDF, policy against policy
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// direct (the simulator applies plans itself) or ledger (jobs live in a
+    /// real consensus ledger and every decision is a ledger command)
+    #[arg(long)]
+    driver: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -776,6 +780,10 @@ fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
     config.seed = args.seed;
     config.fail_mtbf_s = secs("--fail-mtbf", &args.fail_mtbf)?;
     config.ckpt_interval_s = secs("--ckpt-interval", &args.ckpt_interval)?;
+    if let Some(name) = &args.driver {
+        config.driver = crate::sim::parse_driver(name)
+            .ok_or_else(|| anyhow::anyhow!("unknown driver '{name}': use direct or ledger"))?;
+    }
     let options = CliOptions {
         trace: args.trace.clone(),
         format: args.format.parse().map_err(anyhow::Error::msg)?,

@@ -263,6 +263,15 @@ pub(crate) fn job_precedence(a: &PendingJob, b: &PendingJob) -> std::cmp::Orderi
         .then(a.id.cmp(&b.id))
 }
 
+/// Up to this many tenants are looked up by a linear scan.
+const FEW_TENANTS: usize = 32;
+
+/// Byte equality without a library call: tenant names are short. (A
+/// short-circuiting loop would be turned back into a `memcmp` call.)
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |differ, (x, y)| differ | (x ^ y)) == 0
+}
+
 /// The tenant hierarchy resolved to indices, with quota usage per subtree.
 #[derive(Clone, Debug)]
 pub(crate) struct TenantTree {
@@ -359,8 +368,18 @@ impl TenantTree {
         self.names.len()
     }
 
+    /// A pass looks up the tenant of every running job, and on a busy
+    /// cluster the `memcmp` calls of a map lookup showed up in profiles;
+    /// clusters have few tenants, so a scan comparing bytes inline wins.
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.index.get(name).copied()
+        if self.names.len() > FEW_TENANTS {
+            return self.index.get(name).copied();
+        }
+        // Names are unique here (the first view of a name won), so the
+        // first match is the map's answer.
+        self.names
+            .iter()
+            .position(|known| same_bytes(known.as_bytes(), name.as_bytes()))
     }
 
     pub fn name(&self, tenant: usize) -> &str {

@@ -59,6 +59,7 @@ mod testkit;
 #[cfg(test)]
 mod tests;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -68,6 +69,7 @@ pub use fairshare::{
     TenantAllocation, TenantView,
 };
 pub use model::{GangRequest, GpuView, JobId, NodeId, NodeView, Placement, TopologyTier};
+use placement::ClusterShape;
 pub use placement::{place_gang, Placer, Unplaceable, UnplaceableKind};
 pub use proximity::{MatrixProximity, Proximity, TopologyProximity};
 
@@ -137,5 +139,99 @@ pub struct SchedPlan {
 
 /// One scheduling pass.
 pub fn schedule(input: &SchedInput, prox: &dyn Proximity) -> SchedPlan {
-    pass::Pass::new(input, prox).run()
+    let shape = Cow::Owned(ClusterShape::new(&input.nodes));
+    pass::Pass::new(input, prox, shape, None, pass::Scratch::default())
+        .run()
+        .0
+}
+
+/// Which node views may differ from the snapshot of the previous pass run
+/// through the same [`SchedCache`].
+#[derive(Clone, Copy, Debug)]
+pub enum NodeChanges<'c> {
+    /// Anything may have changed: every GPU view is read again.
+    All,
+    /// Only the GPUs (holder, model, index) of the nodes at these positions
+    /// of [`SchedInput::nodes`] may have changed. Health, labels and node ids
+    /// are read afresh every pass whatever is listed, and a change in the
+    /// number of nodes or of GPUs on any node is noticed and answered with a
+    /// full re-read.
+    Only(&'c [usize]),
+}
+
+/// Scheduler state kept from one pass to the next, for callers that run
+/// passes back to back on a cluster that changes a little in between (the
+/// simulator, at every event instant). Reading every GPU view to rebuild
+/// the flat GPU numbering and the allocation overlay dominated a pass on a
+/// large cluster; with the cache a pass re-reads only the nodes the caller
+/// says changed.
+///
+/// A pass through the cache decides exactly what [`schedule`] decides on
+/// the same input, provided the caller's [`NodeChanges`] are truthful: the
+/// cache then holds what a full read would produce (tests compare both).
+#[derive(Default)]
+pub struct SchedCache {
+    /// `None` until the first pass.
+    shape: Option<ClusterShape>,
+    /// Per flat GPU of `shape`: the job holding it, as last read.
+    allocated: Vec<Option<JobId>>,
+    scratch: pass::Scratch,
+}
+
+impl SchedCache {
+    /// One pass, like [`schedule`], reading only what `changes` names.
+    pub fn schedule(
+        &mut self,
+        input: &SchedInput,
+        prox: &dyn Proximity,
+        changes: NodeChanges<'_>,
+    ) -> SchedPlan {
+        self.sync(&input.nodes, changes);
+        match &self.shape {
+            Some(shape) => {
+                let scratch = std::mem::take(&mut self.scratch);
+                let (plan, scratch) = pass::Pass::new(
+                    input,
+                    prox,
+                    Cow::Borrowed(shape),
+                    Some(&self.allocated),
+                    scratch,
+                )
+                .run();
+                self.scratch = scratch;
+                plan
+            }
+            // `sync` always leaves a shape; reading the views is the safe answer.
+            None => schedule(input, prox),
+        }
+    }
+
+    /// Brings the shape and the allocation mirror up to date with `nodes`.
+    fn sync(&mut self, nodes: &[NodeView], changes: NodeChanges<'_>) {
+        let refreshed_in_place = match (&mut self.shape, changes) {
+            (Some(shape), NodeChanges::Only(changed)) if shape.matches_sizes(nodes) => {
+                let mut in_place = true;
+                for &position in changed {
+                    if !shape.refresh_node(nodes, position) {
+                        in_place = false;
+                        break;
+                    }
+                    for (gpu, view) in shape.gpu_range(position).zip(&nodes[position].gpus) {
+                        self.allocated[gpu] = view.allocated_to;
+                    }
+                }
+                in_place
+            }
+            _ => false,
+        };
+        if !refreshed_in_place {
+            self.allocated.clear();
+            self.allocated.extend(
+                nodes
+                    .iter()
+                    .flat_map(|node| node.gpus.iter().map(|gpu| gpu.allocated_to)),
+            );
+            self.shape = Some(ClusterShape::new(nodes));
+        }
+    }
 }

@@ -8,6 +8,9 @@
 //! - The node views are borrowed, never cloned. Which job holds each GPU is
 //!   kept in a flat overlay (`holder`, one `u32` per GPU, jobs numbered
 //!   densely), and placement reads a [`ClusterIndex`] built once per pass.
+//!   Its per-GPU part ([`ClusterShape`]) and who holds each GPU can come
+//!   from a [`super::SchedCache`] that kept them since the previous pass,
+//!   so that a pass need not read every GPU view.
 //! - Free usable GPUs are counted per node and per model as placements and
 //!   evictions happen. Per-model totals reject a gang that cannot fit before
 //!   any scan; per-node counts let a placement scan skip full nodes.
@@ -19,6 +22,7 @@
 //! - Reason strings that would repeat (FIFO's "waiting behind") are built
 //!   once and cloned.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -30,7 +34,7 @@ use super::fairshare::{
 use super::model::{GangRequest, JobId, NodeId, Placement, TopologyTier};
 use super::placement::{
     count_feasible_nodes, labels_suffix, model_name, not_enough_nodes, place_indexed, ClusterIndex,
-    Unplaceable, UnplaceableKind,
+    ClusterShape, Unplaceable, UnplaceableKind,
 };
 use super::proximity::Proximity;
 use super::{Policy, Preemption, RunningJob, SchedInput, SchedPlan};
@@ -101,6 +105,15 @@ impl JobSlots {
         slot
     }
 
+    /// Forgets every job but keeps the memory, for the next pass.
+    fn clear(&mut self) {
+        self.ids.clear();
+        self.slot_of.clear();
+        self.release_at.clear();
+        self.preempted.clear();
+        self.running.clear();
+    }
+
     fn get(&self, id: JobId) -> Option<usize> {
         self.slot_of.get(&id).map(|&slot| slot as usize)
     }
@@ -110,16 +123,39 @@ impl JobSlots {
     }
 }
 
-/// GPUs per model id held by one job; almost always a single model.
+/// Memory a pass can hand back for the next one, so that a cache running
+/// passes back to back does not rebuild the job-slot table's hash map from
+/// nothing every time. Carries no decisions: a pass starts by clearing it.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    jobs: JobSlots,
+}
+
+/// GPUs per model id held by one job; almost always a single model, so the
+/// first model lives inline: a pass builds one of these per running job, and
+/// a heap allocation each showed up in profiles.
 #[derive(Clone, Debug, Default)]
-struct Held(Vec<(u32, u64)>);
+struct Held {
+    first: Option<(u32, u64)>,
+    /// Further models, in the order they were first added.
+    more: Vec<(u32, u64)>,
+}
 
 impl Held {
     fn add(&mut self, model: u32, count: u64) {
-        match self.0.iter_mut().find(|(m, _)| *m == model) {
-            Some((_, held)) => *held += count,
-            None => self.0.push((model, count)),
+        match &mut self.first {
+            None => self.first = Some((model, count)),
+            Some((first, held)) if *first == model => *held += count,
+            Some(_) => match self.more.iter_mut().find(|(m, _)| *m == model) {
+                Some((_, held)) => *held += count,
+                None => self.more.push((model, count)),
+            },
         }
+    }
+
+    /// (model id, count) in the order models were first added.
+    fn iter(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.first.into_iter().chain(self.more.iter().copied())
     }
 }
 
@@ -265,6 +301,9 @@ pub(crate) struct Pass<'a> {
     /// Placements are written here as they are decided.
     holder: Vec<u32>,
     jobs: JobSlots,
+    /// Per entry of `input.running`: its job slot, so that per-running-job
+    /// loops need no hash lookup.
+    running_slots: Vec<usize>,
     /// Per node: free GPUs that placement may use (hostable node, unique
     /// index); an upper bound for every search inside the free area.
     free_usable: Vec<u32>,
@@ -288,23 +327,37 @@ pub(crate) struct Pass<'a> {
 }
 
 impl<'a> Pass<'a> {
-    pub fn new(input: &'a SchedInput, prox: &'a dyn Proximity) -> Self {
-        let cluster = ClusterIndex::new(&input.nodes);
-        let mut jobs = JobSlots::default();
-        let gpu_count = cluster.gpus.len();
+    /// `shape` must number the GPUs of `input.nodes`; `allocated`, when
+    /// given, says per flat GPU who holds it and replaces reading
+    /// `allocated_to` from every GPU view (a cache keeps it up to date).
+    pub fn new(
+        input: &'a SchedInput,
+        prox: &'a dyn Proximity,
+        shape: Cow<'a, ClusterShape>,
+        allocated: Option<&[Option<JobId>]>,
+        scratch: Scratch,
+    ) -> Self {
+        let cluster = ClusterIndex::with_shape(&input.nodes, shape);
+        let mut jobs = scratch.jobs;
+        jobs.clear();
+        let gpu_count = cluster.shape.gpu_count();
         let mut holder = Vec::with_capacity(gpu_count);
         let mut held: Vec<Held> = Vec::new();
         let mut free_usable = vec![0u32; input.nodes.len()];
-        let mut free_by_model = vec![0u64; cluster.models.len()];
-        let mut capacity_by_model = vec![0u64; cluster.models.len()];
+        let mut free_by_model = vec![0u64; cluster.shape.models.len()];
+        let mut capacity_by_model = vec![0u64; cluster.shape.models.len()];
         // One walk over every GPU builds the overlay, the free counts, the
         // capacity and what each job holds.
         let mut previous: Option<(JobId, u32)> = None;
         for (position, node) in input.nodes.iter().enumerate() {
             let hostable = cluster.hostable[position];
             for gpu in cluster.gpu_range(position) {
-                let model = cluster.gpu_model[gpu];
-                let slot = match cluster.gpus[gpu].allocated_to {
+                let model = cluster.shape.gpu_model[gpu];
+                let holder_id = match allocated {
+                    Some(allocated) => allocated.get(gpu).copied().flatten(),
+                    None => cluster.gpu(gpu).allocated_to,
+                };
+                let slot = match holder_id {
                     None => FREE,
                     // Consecutive GPUs usually belong to the same job.
                     Some(id) => match previous {
@@ -329,7 +382,7 @@ impl<'a> Pass<'a> {
                         held[slot].add(model, 1);
                     }
                 }
-                if slot == FREE && hostable && cluster.gpu_unique[gpu] {
+                if slot == FREE && hostable && cluster.shape.gpu_unique[gpu] {
                     free_usable[position] += 1;
                     if let Some(free) = free_by_model.get_mut(model as usize) {
                         *free += 1;
@@ -337,8 +390,10 @@ impl<'a> Pass<'a> {
                 }
             }
         }
+        let mut running_slots = Vec::with_capacity(input.running.len());
         for job in &input.running {
             let slot = jobs.slot(job.id) as usize;
+            running_slots.push(slot);
             // The last listing of a job wins, as it always has.
             jobs.release_at[slot] = Some(job.deadline_s().max(input.now_s));
             jobs.running[slot] = true;
@@ -363,6 +418,7 @@ impl<'a> Pass<'a> {
             cluster,
             holder,
             jobs,
+            running_slots,
             free_usable,
             free_by_model,
             node_position,
@@ -377,7 +433,8 @@ impl<'a> Pass<'a> {
         }
     }
 
-    pub fn run(mut self) -> SchedPlan {
+    /// The plan, and the pass's memory for the next pass to reuse.
+    pub fn run(mut self) -> (SchedPlan, Scratch) {
         let now = self.input.now_s;
         let mut timed_out: Vec<JobId> = self
             .input
@@ -390,39 +447,27 @@ impl<'a> Pass<'a> {
         timed_out.dedup();
         self.plan.timed_out = timed_out;
 
-        // What each tenant's running jobs hold, summed per tenant and model
-        // before any ResourceVector is built: one vector per tenant instead
-        // of a map update per GPU. Counts are integers, so the float sums
-        // are exact whatever the order.
-        let held = std::mem::take(&mut self.held);
-        let mut held_by_tenant: Vec<Held> = vec![Held::default(); self.tree.len()];
-        for job in &self.input.running {
-            let Some(tenant) = self.tree.index_of(&job.tenant) else {
-                continue;
-            };
-            let Some(resources) = self.jobs.get(job.id).and_then(|slot| held.get(slot)) else {
-                continue;
-            };
-            for &(model, count) in &resources.0 {
-                held_by_tenant[tenant].add(model, count);
-            }
-        }
-        let held_by_tenant: Vec<ResourceVector> = held_by_tenant
-            .iter()
-            .map(|held| resources_of(&self.cluster, held.0.iter().map(|&(m, c)| (m as usize, c))))
-            .collect();
-        for (tenant, resources) in held_by_tenant.iter().enumerate() {
-            if !resources.0.is_empty() {
-                self.usage.charge(tenant, resources);
-            }
-        }
-
         let valid = self.validate_pending();
         for (job, _) in &valid {
             if let Some(tenant) = self.tree.index_of(&job.tenant) {
                 self.tenants_waiting.insert(tenant);
             }
         }
+        // Tenants' holdings feed the fair order of two or more jobs and the
+        // fair shares preemption compares; nothing else reads them. Summing
+        // them reads every running job's tenant name, a cache miss each on a
+        // busy cluster, so a pass that cannot use them skips it: FIFO never
+        // does, and the fair order of at most one job is that job.
+        let needs_holdings = match self.input.policy {
+            Policy::Fifo => false,
+            Policy::Hdrf => valid.len() > 1,
+            Policy::HdrfPreempt => true,
+        } || always_sum_holdings();
+        let held_by_tenant = if needs_holdings {
+            self.tenant_holdings()
+        } else {
+            Vec::new()
+        };
         match self.input.policy {
             Policy::Fifo => self.run_fifo(valid),
             Policy::Hdrf => self.run_hdrf(valid, &held_by_tenant, false),
@@ -438,7 +483,37 @@ impl<'a> Pass<'a> {
                 }
             }
         }
-        self.plan
+        (self.plan, Scratch { jobs: self.jobs })
+    }
+
+    /// What each tenant's running jobs hold, charged to the fair-share
+    /// usage. Summed per tenant and model before any ResourceVector is
+    /// built: one vector per tenant instead of a map update per GPU. Counts
+    /// are integers, so the float sums are exact whatever the order.
+    fn tenant_holdings(&mut self) -> Vec<ResourceVector> {
+        let held = std::mem::take(&mut self.held);
+        let mut held_by_tenant: Vec<Held> = vec![Held::default(); self.tree.len()];
+        for (job, &slot) in self.input.running.iter().zip(&self.running_slots) {
+            let Some(tenant) = self.tree.index_of(&job.tenant) else {
+                continue;
+            };
+            let Some(resources) = held.get(slot) else {
+                continue;
+            };
+            for (model, count) in resources.iter() {
+                held_by_tenant[tenant].add(model, count);
+            }
+        }
+        let held_by_tenant: Vec<ResourceVector> = held_by_tenant
+            .iter()
+            .map(|held| resources_of(&self.cluster, held.iter().map(|(m, c)| (m as usize, c))))
+            .collect();
+        for (tenant, resources) in held_by_tenant.iter().enumerate() {
+            if !resources.0.is_empty() {
+                self.usage.charge(tenant, resources);
+            }
+        }
+        held_by_tenant
     }
 
     /// Splits off requests that can never run; they get an `invalid:` reason
@@ -703,7 +778,7 @@ impl<'a> Pass<'a> {
 
     /// Whether a flat GPU counts in `free_usable` when free.
     fn counts_as_usable(&self, position: usize, gpu: usize) -> bool {
-        self.cluster.hostable[position] && self.cluster.gpu_unique[gpu]
+        self.cluster.hostable[position] && self.cluster.shape.gpu_unique[gpu]
     }
 
     /// Writes a placement into the overlay and charges its tenant.
@@ -715,9 +790,9 @@ impl<'a> Pass<'a> {
                 continue;
             };
             for gpu in self.cluster.gpu_range(position) {
-                if self.holder[gpu] == FREE && indices.contains(&self.cluster.gpus[gpu].index) {
+                if self.holder[gpu] == FREE && indices.contains(&self.cluster.gpu(gpu).index) {
                     self.holder[gpu] = slot;
-                    let model = self.cluster.gpu_model[gpu];
+                    let model = self.cluster.shape.gpu_model[gpu];
                     taken.add(model, 1);
                     if self.counts_as_usable(position, gpu) {
                         self.free_usable[position] = self.free_usable[position].saturating_sub(1);
@@ -728,7 +803,7 @@ impl<'a> Pass<'a> {
                 }
             }
         }
-        let resources = resources_of(&self.cluster, taken.0.iter().map(|&(m, c)| (m as usize, c)));
+        let resources = resources_of(&self.cluster, taken.iter().map(|(m, c)| (m as usize, c)));
         if let Some(tenant) = self.tree.index_of(&job.tenant) {
             self.tree.charge(tenant, job.gpus, job.gpu_hours_needed());
             self.usage.charge(tenant, &resources);
@@ -769,7 +844,7 @@ impl<'a> Pass<'a> {
                 release_times.extend(
                     self.cluster
                         .gpu_range(position)
-                        .filter(|&gpu| self.cluster.gpu_unique[gpu])
+                        .filter(|&gpu| self.cluster.shape.gpu_unique[gpu])
                         .filter_map(|gpu| free_from[gpu]),
                 );
                 if release_times.len() < need {
@@ -815,7 +890,7 @@ impl<'a> Pass<'a> {
                 continue;
             };
             for gpu in self.cluster.gpu_range(position) {
-                if indices.contains(&self.cluster.gpus[gpu].index) {
+                if indices.contains(&self.cluster.gpu(gpu).index) {
                     reserved[gpu] = true;
                 }
             }
@@ -975,7 +1050,7 @@ impl<'a> Pass<'a> {
                     .gpu_range(position)
                     .filter(|&gpu| match wanted {
                         None => true,
-                        Some(model) => model == Some(self.cluster.gpu_model[gpu]),
+                        Some(model) => model == Some(self.cluster.shape.gpu_model[gpu]),
                     })
                     .collect();
                 (position, gpus)
@@ -1029,7 +1104,7 @@ impl<'a> Pass<'a> {
                         continue;
                     }
                     self.holder[gpu] = FREE;
-                    let model = self.cluster.gpu_model[gpu];
+                    let model = self.cluster.shape.gpu_model[gpu];
                     if node.healthy {
                         freed.add(model, 1);
                     }
@@ -1044,7 +1119,7 @@ impl<'a> Pass<'a> {
             self.jobs.release_at[slot as usize] = None;
             self.jobs.preempted[slot as usize] = true;
         }
-        let resources = resources_of(&self.cluster, freed.0.iter().map(|&(m, c)| (m as usize, c)));
+        let resources = resources_of(&self.cluster, freed.iter().map(|(m, c)| (m as usize, c)));
         if let Some(tenant) = self.tree.index_of(&victim.tenant) {
             self.tree.release_gpus(tenant, victim.gpus);
             self.usage.release(tenant, &resources);
@@ -1060,6 +1135,23 @@ impl<'a> Pass<'a> {
             refund_gpu_s: f64::from(victim.gpus) * lost_s as f64,
         });
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests switch the skip off to prove it changes no decision.
+    pub(crate) static ALWAYS_SUM_HOLDINGS: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
+#[cfg(test)]
+fn always_sum_holdings() -> bool {
+    ALWAYS_SUM_HOLDINGS.with(std::cell::Cell::get)
+}
+
+#[cfg(not(test))]
+fn always_sum_holdings() -> bool {
+    false
 }
 
 /// A resource vector from GPU counts per model id, one map update per model

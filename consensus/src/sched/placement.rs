@@ -22,6 +22,7 @@
 //! packing: nodes left with the fewest free GPUs, so whole nodes stay free for
 //! large gangs; then the lowest ids, so the outcome is reproducible.
 
+use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -100,68 +101,64 @@ impl<'a> Placer<'a> {
     }
 
     pub fn place(&self, prox: &dyn Proximity, req: &GangRequest) -> Result<Placement, Unplaceable> {
-        let gpus = &self.cluster.gpus;
+        let cluster = &self.cluster;
         place_indexed(
-            &self.cluster,
+            cluster,
             prox,
             req,
-            &|gpu| gpus[gpu].allocated_to.is_none(),
+            &|gpu| cluster.gpu(gpu).allocated_to.is_none(),
             None,
         )
     }
 }
 
-/// Marks a GPU without a known model in [`ClusterIndex`]; never happens for
+/// Marks a GPU without a known model in [`ClusterShape`]; never happens for
 /// GPUs of the snapshot, kept so that lookups need no `Option`.
 const NO_MODEL: u32 = u32::MAX;
 
-/// What placement needs to know about a snapshot that does not change while
-/// a pass runs, computed once so that each placement attempt reads compact
-/// integer arrays instead of walking node views, label maps and model strings.
+/// The part of a snapshot that placement reads per GPU and that only changes
+/// when nodes join, leave or report different GPUs: flat GPU numbering,
+/// model ids and index uniqueness. Owned, so that a [`super::SchedCache`]
+/// can keep it from one pass to the next instead of walking every GPU view
+/// again.
 ///
 /// GPUs are numbered by their position in a flat list: node `n` owns
 /// positions `gpu_start[n]..gpu_start[n + 1]`, in the order of `NodeView::gpus`.
 /// A scheduling pass keeps its allocation overlay in that numbering.
-pub(crate) struct ClusterIndex<'a> {
-    pub nodes: &'a [NodeView],
-    /// Every GPU of every node, flat.
-    pub gpus: Vec<&'a GpuView>,
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ClusterShape {
     gpu_start: Vec<usize>,
+    /// Per flat GPU: position of its node in the snapshot.
+    node_of_gpu: Vec<u32>,
     /// Per flat GPU: position of its model in `models`.
     pub gpu_model: Vec<u32>,
     /// Per flat GPU: no other GPU of the node claims the same index; GPUs
     /// with ambiguous indices are never handed out.
     pub gpu_unique: Vec<bool>,
-    /// Per node: healthy and its id appears only once, so it may be placed on.
-    pub hostable: Vec<bool>,
     /// Distinct model names, sorted, so that model ids order like names.
-    pub models: Vec<&'a str>,
-    /// Topology paths, read from a node's labels only when a multi-node
-    /// gang considers that node, then kept for the rest of the pass.
-    paths: Vec<OnceCell<TopologyPath<'a>>>,
+    pub models: Vec<String>,
 }
 
-impl<'a> ClusterIndex<'a> {
-    pub fn new(nodes: &'a [NodeView]) -> Self {
-        let duplicated = duplicated_ids(nodes);
-        let mut gpus = Vec::with_capacity(nodes.iter().map(|n| n.gpus.len()).sum());
+impl ClusterShape {
+    pub fn new(nodes: &[NodeView]) -> Self {
+        let gpu_total: usize = nodes.iter().map(|n| n.gpus.len()).sum();
         let mut gpu_start = Vec::with_capacity(nodes.len() + 1);
-        let mut gpu_unique = Vec::with_capacity(gpus.capacity());
-        let mut hostable = Vec::with_capacity(nodes.len());
+        let mut node_of_gpu = Vec::with_capacity(gpu_total);
+        let mut gpu_unique = Vec::with_capacity(gpu_total);
         // Model strings are compared against the previous GPU's first: in
         // practice a node (and usually the cluster) has a single model. Ids
         // are handed out in order of appearance, then renumbered by name.
-        let mut seen: Vec<&'a str> = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
         // Beyond a handful of models a linear search would be quadratic.
-        let mut seen_index: BTreeMap<&'a str, usize> = BTreeMap::new();
-        let mut gpu_model: Vec<u32> = Vec::with_capacity(gpus.capacity());
-        let mut previous: Option<(&'a str, u32)> = None;
-        for node in nodes {
-            gpu_start.push(gpus.len());
-            hostable.push(node.healthy && duplicated.binary_search(&node.id).is_err());
+        let mut seen_index: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut gpu_model: Vec<u32> = Vec::with_capacity(gpu_total);
+        let mut previous: Option<(&str, u32)> = None;
+        for (position, node) in nodes.iter().enumerate() {
+            gpu_start.push(gpu_model.len());
             let unique_fast = indices_strictly_increasing(node);
+            let position = u32::try_from(position).unwrap_or(u32::MAX);
             for gpu in &node.gpus {
-                gpus.push(gpu);
+                node_of_gpu.push(position);
                 gpu_unique.push(unique_fast || index_is_unique(node, gpu));
                 let model = gpu.model.as_str();
                 let id = match previous {
@@ -188,8 +185,8 @@ impl<'a> ClusterIndex<'a> {
                 gpu_model.push(id);
             }
         }
-        gpu_start.push(gpus.len());
-        let mut models: Vec<&'a str> = seen.clone();
+        gpu_start.push(gpu_model.len());
+        let mut models: Vec<&str> = seen.clone();
         models.sort_unstable();
         let renumber: Vec<u32> = seen
             .iter()
@@ -204,16 +201,18 @@ impl<'a> ClusterIndex<'a> {
         for id in &mut gpu_model {
             *id = renumber.get(*id as usize).copied().unwrap_or(NO_MODEL);
         }
-        ClusterIndex {
-            nodes,
-            gpus,
+        ClusterShape {
             gpu_start,
+            node_of_gpu,
             gpu_model,
             gpu_unique,
-            hostable,
-            models,
-            paths: vec![OnceCell::new(); nodes.len()],
+            models: models.into_iter().map(str::to_string).collect(),
         }
+    }
+
+    /// Number of GPUs over all nodes.
+    pub fn gpu_count(&self) -> usize {
+        self.gpu_model.len()
     }
 
     /// Flat positions of the GPUs of node `node`.
@@ -223,19 +222,104 @@ impl<'a> ClusterIndex<'a> {
         start..end
     }
 
+    /// Whether the shape numbers exactly these nodes' GPUs: same node count
+    /// and GPU count per node. Cheap (one read per node), so a cache checks
+    /// it before every pass; a mismatch means the shape must be rebuilt.
+    pub fn matches_sizes(&self, nodes: &[NodeView]) -> bool {
+        self.gpu_start.len() == nodes.len() + 1
+            && nodes
+                .iter()
+                .enumerate()
+                .all(|(position, node)| self.gpu_range(position).len() == node.gpus.len())
+    }
+
+    /// Re-reads one node whose GPUs may have changed. Returns false when the
+    /// change cannot be applied in place (GPU count or a model differs, which
+    /// may renumber models): the caller must rebuild the whole shape.
+    pub fn refresh_node(&mut self, nodes: &[NodeView], position: usize) -> bool {
+        let Some(node) = nodes.get(position) else {
+            return false;
+        };
+        let range = self.gpu_range(position);
+        if range.len() != node.gpus.len() {
+            return false;
+        }
+        let unique_fast = indices_strictly_increasing(node);
+        for (gpu, view) in range.zip(&node.gpus) {
+            let cached_model = self
+                .models
+                .get(self.gpu_model[gpu] as usize)
+                .map(String::as_str);
+            if cached_model != Some(view.model.as_str()) {
+                return false;
+            }
+            self.gpu_unique[gpu] = unique_fast || index_is_unique(node, view);
+        }
+        true
+    }
+}
+
+/// What placement needs to know about a snapshot that does not change while
+/// a pass runs, computed once so that each placement attempt reads compact
+/// integer arrays instead of walking node views, label maps and model strings.
+/// The per-GPU part ([`ClusterShape`]) is either built here or lent by a
+/// cache that kept it from an earlier pass.
+pub(crate) struct ClusterIndex<'a> {
+    pub nodes: &'a [NodeView],
+    pub shape: Cow<'a, ClusterShape>,
+    /// Per node: healthy and its id appears only once, so it may be placed on.
+    pub hostable: Vec<bool>,
+    /// Topology paths, read from a node's labels only when a multi-node
+    /// gang considers that node, then kept for the rest of the pass.
+    paths: Vec<OnceCell<TopologyPath<'a>>>,
+}
+
+impl<'a> ClusterIndex<'a> {
+    pub fn new(nodes: &'a [NodeView]) -> Self {
+        Self::with_shape(nodes, Cow::Owned(ClusterShape::new(nodes)))
+    }
+
+    /// `shape` must have been built (or refreshed) from `nodes`; callers
+    /// check [`ClusterShape::matches_sizes`] first.
+    pub fn with_shape(nodes: &'a [NodeView], shape: Cow<'a, ClusterShape>) -> Self {
+        let duplicated = duplicated_ids(nodes);
+        let hostable = nodes
+            .iter()
+            .map(|node| node.healthy && duplicated.binary_search(&node.id).is_err())
+            .collect();
+        ClusterIndex {
+            nodes,
+            shape,
+            hostable,
+            paths: vec![OnceCell::new(); nodes.len()],
+        }
+    }
+
+    /// The view of flat GPU `gpu`.
+    pub fn gpu(&self, gpu: usize) -> &'a GpuView {
+        let node = self.shape.node_of_gpu[gpu] as usize;
+        let nodes: &'a [NodeView] = self.nodes;
+        &nodes[node].gpus[gpu - self.shape.gpu_start[node]]
+    }
+
+    /// Flat positions of the GPUs of node `node`.
+    pub fn gpu_range(&self, node: usize) -> Range<usize> {
+        self.shape.gpu_range(node)
+    }
+
     pub fn model_id(&self, name: &str) -> Option<u32> {
-        self.models
-            .binary_search(&name)
+        self.shape
+            .models
+            .binary_search_by(|model| model.as_str().cmp(name))
             .ok()
             .and_then(|i| u32::try_from(i).ok())
     }
 
-    pub fn model_name(&self, id: u32) -> &'a str {
+    pub fn model_name(&self, id: u32) -> &str {
         usize::try_from(id)
             .ok()
-            .and_then(|i| self.models.get(i))
-            .copied()
-            .unwrap_or("")
+            .and_then(|i| self.shape.models.get(i))
+            .map_or("", String::as_str)
     }
 
     fn path(&self, node: usize) -> TopologyPath<'a> {
@@ -546,12 +630,12 @@ fn feasible_candidates<'a, F: Fn(usize) -> bool + ?Sized>(
             continue;
         }
         let gpus = cluster.gpu_range(position);
-        let usable = |gpu: usize| cluster.gpu_unique[gpu] && is_free(gpu);
+        let usable = |gpu: usize| cluster.shape.gpu_unique[gpu] && is_free(gpu);
         let mut total_free: u32 = 0;
         per_model.clear();
         for gpu in gpus.filter(|&gpu| usable(gpu)) {
             total_free = total_free.saturating_add(1);
-            let model = cluster.gpu_model[gpu];
+            let model = cluster.shape.gpu_model[gpu];
             if wanted_model.is_some_and(|wanted| wanted != model) {
                 continue;
             }
@@ -683,8 +767,10 @@ fn usable_gpus<'a, F: Fn(usize) -> bool + ?Sized>(
 ) -> Vec<&'a GpuView> {
     let mut gpus: Vec<&GpuView> = cluster
         .gpu_range(node)
-        .filter(|&gpu| cluster.gpu_model[gpu] == model && cluster.gpu_unique[gpu] && is_free(gpu))
-        .map(|gpu| cluster.gpus[gpu])
+        .filter(|&gpu| {
+            cluster.shape.gpu_model[gpu] == model && cluster.shape.gpu_unique[gpu] && is_free(gpu)
+        })
+        .map(|gpu| cluster.gpu(gpu))
         .collect();
     gpus.sort_by_key(|gpu| gpu.index);
     gpus

@@ -151,6 +151,81 @@ proptest! {
         prop_assert_eq!(&plan, &schedule(&input, &prox));
     }
 
+    /// The cache must follow every kind of change a caller can make
+    /// between passes: allocations it lists, models it lists, health it
+    /// need not list, and GPU counts it forgets to list.
+    #[test]
+    fn cached_passes_decide_like_fresh_passes(seed in any::<u64>(), policy in policy_strategy()) {
+        let mut input = random_input(seed, policy);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xcac4e);
+        let mut cache = SchedCache::default();
+        let mut changed: Vec<usize> = Vec::new();
+        for round in 0..6 {
+            let prox = TopologyProximity::new(&input.nodes);
+            let fresh = schedule(&input, &prox);
+            let changes = if round == 0 { NodeChanges::All } else { NodeChanges::Only(&changed) };
+            let cached = cache.schedule(&input, &prox, changes);
+            prop_assert_eq!(&cached, &fresh, "round {}", round);
+
+            changed.clear();
+            for placement in &fresh.placements {
+                apply(&mut input.nodes, placement);
+                for (node_id, _) in &placement.nodes {
+                    changed.extend(input.nodes.iter().position(|n| n.id == *node_id));
+                }
+                input.pending.retain(|(job, _)| job.id != placement.job);
+            }
+            if input.nodes.is_empty() {
+                continue;
+            }
+            let node_count = input.nodes.len();
+            // A job ends somewhere: its GPUs are free again.
+            let freed = rng.random_range(0..node_count);
+            for gpu in &mut input.nodes[freed].gpus {
+                gpu.allocated_to = None;
+            }
+            changed.push(freed);
+            // A node reports another model (may renumber the model ids).
+            if rng.random_bool(0.3) {
+                let swapped = rng.random_range(0..node_count);
+                for gpu in &mut input.nodes[swapped].gpus {
+                    gpu.model = MODELS[rng.random_range(0..MODELS.len())].to_string();
+                }
+                changed.push(swapped);
+            }
+            // Health is read afresh every pass, so it is never listed.
+            let flipped = rng.random_range(0..node_count);
+            input.nodes[flipped].healthy = !input.nodes[flipped].healthy;
+            // A GPU appears on an unlisted node: the size check must notice.
+            if rng.random_bool(0.2) {
+                let grown = rng.random_range(0..node_count);
+                let next_index = input.nodes[grown].gpus.len() as u32 + 100;
+                let model = input.nodes[grown].gpus.first().map_or("H100".to_string(), |g| g.model.clone());
+                input.nodes[grown].gpus.push(gpu(next_index, &model));
+            }
+            input.now_s += 60;
+        }
+    }
+
+    /// Passes skip summing tenants' holdings when nothing reads them (FIFO,
+    /// or at most one job to order without preemption); the plans must be
+    /// those of a pass that always sums them.
+    #[test]
+    fn skipping_unused_tenant_holdings_changes_no_plan(seed in any::<u64>(), policy in policy_strategy()) {
+        let mut input = random_input(seed, policy);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4e1d);
+        // Short queues too, where the skip applies under hdrf.
+        if rng.random_bool(0.5) {
+            input.pending.truncate(rng.random_range(0..=input.pending.len().min(3)));
+        }
+        let prox = TopologyProximity::new(&input.nodes);
+        let skipping = schedule(&input, &prox);
+        pass::ALWAYS_SUM_HOLDINGS.with(|always| always.set(true));
+        let summing = schedule(&input, &prox);
+        pass::ALWAYS_SUM_HOLDINGS.with(|always| always.set(false));
+        prop_assert_eq!(skipping, summing);
+    }
+
     #[test]
     fn hdrf_order_is_a_permutation(seed in any::<u64>()) {
         let input = random_input(seed, Policy::Hdrf);

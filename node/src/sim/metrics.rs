@@ -112,6 +112,10 @@ pub struct SimReport {
     /// Placements the engine refused because they contradicted its state;
     /// nonzero means a scheduler bug.
     pub bad_placements: u64,
+    /// Placements the ledger's `apply` refused (ledger driver only): a
+    /// preemptor's placement waits for its victims to exit, and anything
+    /// else means the snapshot and the ledger disagreed.
+    pub ledger_refused_placements: u64,
     pub tenants: Vec<TenantReport>,
     /// `[seconds since first submission, fraction of GPUs allocated]`.
     pub utilization_series: Vec<[f64; 2]>,
@@ -155,6 +159,7 @@ pub(crate) struct Accounting {
     pub lost_failure_without_ckpt_gpu_s: f64,
     pub lost_preemption_gpu_s: f64,
     pub bad_placements: u64,
+    pub ledger_refused_placements: u64,
 }
 
 impl Accounting {
@@ -177,6 +182,7 @@ impl Accounting {
             lost_failure_without_ckpt_gpu_s: 0.0,
             lost_preemption_gpu_s: 0.0,
             bad_placements: 0,
+            ledger_refused_placements: 0,
         }
     }
 
@@ -421,6 +427,7 @@ pub(crate) fn build_report(
         gpu_hours_lost_preemption: round6(acct.lost_preemption_gpu_s / 3600.0),
         scheduler_passes: acct.scheduler_passes,
         bad_placements: acct.bad_placements,
+        ledger_refused_placements: acct.ledger_refused_placements,
         tenants,
         utilization_series: utilization_series(&acct, first_submit, end_s.max(last_finish)),
         jct_cdf,

@@ -5,19 +5,25 @@
 //! very scheduler the live cluster uses, [`shoal_consensus::sched::schedule`], at every
 //! instant something happens, and summarises the replay as a [`SimReport`]
 //! ([`metrics`]); [`plot::write_svg`] charts several reports side by side.
+//! With [`Driver::Ledger`] the jobs, tenants and allocations live in a real
+//! consensus `Ledger` instead, and every pass and every change is the ledger
+//! command the live cluster would commit (`ledger_driver`).
 //!
 //! Everything is deterministic for a given trace and seed: events are ordered
 //! by (time, kind, index), randomness comes from seeded ChaCha streams, and
 //! no hash-ordered collection reaches an output.
 
 pub mod engine;
+mod ledger_driver;
 pub mod metrics;
 pub mod plot;
 pub mod run;
 pub mod synthetic;
 pub mod trace;
 
-pub use engine::{parse_policy, policy_name, run, SimConfig, NODE_REPAIR_S};
+pub use engine::{
+    driver_name, parse_driver, parse_policy, policy_name, run, Driver, SimConfig, NODE_REPAIR_S,
+};
 pub use metrics::{JobOutcome, RunSegment, SimReport, TenantReport};
 pub use plot::{write_svg, PlotError};
 pub use synthetic::{synthetic_trace, synthetic_trace_for};

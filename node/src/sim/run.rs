@@ -5,7 +5,7 @@
 //! replay --trace PATH [--format auto|philly|alibaba|simple]
 //!        [--policy fifo,hdrf,hdrf-preempt] [--nodes 96] [--gpus-per-node 8]
 //!        [--racks R] [--zones Z] [--seed 0] [--fail-mtbf SECONDS]
-//!        [--ckpt-interval SECONDS] [--gpu-model H100]
+//!        [--ckpt-interval SECONDS] [--gpu-model H100] [--driver direct|ledger]
 //!        [--until-s SECONDS] [--json OUT.json] [--svg OUT.svg]
 //! ```
 //!
@@ -19,7 +19,7 @@ use thiserror::Error;
 
 use shoal_consensus::sched::Policy;
 
-use crate::sim::engine::{parse_policy, run, SimConfig};
+use crate::sim::engine::{parse_driver, parse_policy, run, SimConfig};
 use crate::sim::metrics::SimReport;
 use crate::sim::plot::{write_svg, PlotError};
 use crate::sim::trace::{load_trace, Trace, TraceError, TraceFormat};
@@ -100,6 +100,12 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<CliOptions,
             "--fail-mtbf" => config.fail_mtbf_s = Some(number(&flag, &value()?)?),
             "--ckpt-interval" => config.ckpt_interval_s = Some(number(&flag, &value()?)?),
             "--gpu-model" => config.gpu_model = value()?,
+            "--driver" => {
+                let name = value()?;
+                config.driver = parse_driver(&name).ok_or_else(|| {
+                    CliError::Usage(format!("unknown driver `{name}` (direct|ledger)"))
+                })?
+            }
             "--until-s" => until_s = Some(number(&flag, &value()?)?),
             "--json" => json = Some(PathBuf::from(value()?)),
             "--svg" => svg = Some(PathBuf::from(value()?)),
