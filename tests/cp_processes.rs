@@ -287,3 +287,105 @@ async fn an_interrupted_upload_leaves_nothing_and_resumes() {
     cli.json(&["cp", "--json", "mesh:/big.bin", &out.display().to_string()]);
     assert_eq!(std::fs::read(&out).expect("back"), bytes);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_nodes_are_passed_over_and_removed_objects_are_collected() {
+    let _serial = one_at_a_time();
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut nodes: Vec<NodeProc> = (1..=4)
+        .map(|i| {
+            let mut n = NodeProc::new(root.path(), &format!("n{i}"), &[]);
+            n.extra_env
+                .push(("SHOAL_STORAGE__GC_INTERVAL_S".into(), "1".into()));
+            n.extra_env
+                .push(("SHOAL_STORAGE__GC_GRACE_S".into(), "5".into()));
+            if i == 2 || i == 3 {
+                // A disk with room for almost nothing.
+                n.extra_env
+                    .push(("SHOAL_STORAGE__CAPACITY_BYTES".into(), "4096".into()));
+            }
+            n
+        })
+        .collect();
+    let join = nodes[0].bootstrap();
+    let via = nodes[0].rpc_addr();
+    for node in nodes.iter_mut().skip(1) {
+        node.join(&via, &join);
+    }
+    let token = nodes[0].admin_token();
+    let client = nodes[0].client(&token);
+    wait_for("four alive members", TIMEOUT, || {
+        let c = client.clone();
+        async move {
+            let n = c.nodes().await.ok()?;
+            (n.len() == 4 && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive))
+                .then_some(())
+        }
+    })
+    .await;
+    let cli = Cli {
+        api: nodes[0].api_url(),
+        token: token.clone(),
+    };
+    // Every node must know the token (its ledger caught up) before it
+    // can take chunks.
+    for n in &nodes {
+        let c = n.client(&token);
+        wait_for("each node to accept the token", TIMEOUT, || {
+            let c = c.clone();
+            async move { c.objects("/").await.ok() }
+        })
+        .await;
+    }
+    let file = root.path().join("weights.bin");
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    std::fs::write(&file, &data).expect("write");
+    let file_s = file.display().to_string();
+
+    // Two of four nodes are full: three copies cannot be written, and the
+    // error says why; nothing is recorded.
+    cli.fails(
+        &["cp", "--replica", "3", &file_s, "mesh:/w.bin"],
+        "only 2 of 3 copies of mesh:/w.bin were written",
+    );
+    let err = String::from_utf8_lossy(
+        &cli.run(&["cp", "--replica", "3", &file_s, "mesh:/w.bin"])
+            .stderr,
+    )
+    .to_string();
+    assert!(err.contains("is full"), "{err}");
+    assert_eq!(
+        cli.json(&["ls", "--json", "mesh:/"]),
+        serde_json::json!([]),
+        "no partial object"
+    );
+    // Two copies go to the two nodes with room, whatever the ranking said.
+    cli.json(&["cp", "--replica", "2", "--json", &file_s, "mesh:/w.bin"]);
+    let stat = cli.json(&["stat", "--json", "mesh:/w.bin"]);
+    let mut replicas: Vec<u64> =
+        serde_json::from_value(stat["replicas"].clone()).expect("replicas");
+    replicas.sort_unstable();
+    let ids: std::collections::BTreeMap<String, u64> = client
+        .nodes()
+        .await
+        .expect("nodes")
+        .into_iter()
+        .map(|n| (n.name, n.id))
+        .collect();
+    assert_eq!(replicas, [ids["n1"], ids["n4"]]);
+    let back = root.path().join("back.bin");
+    cli.json(&["cp", "--json", "mesh:/w.bin", &back.display().to_string()]);
+    assert_eq!(std::fs::read(&back).expect("read"), data);
+
+    // Once removed, its chunks are collected on every node (after the
+    // grace period that protects uploads in flight).
+    assert!(stored_chunks(&nodes[0].data_dir) > 0);
+    assert!(cli.run(&["rm", "mesh:/w.bin"]).status.success());
+    wait_for("the removed object's chunks deleted", TIMEOUT, || {
+        let dirs: Vec<std::path::PathBuf> = nodes.iter().map(|n| n.data_dir.clone()).collect();
+        async move { dirs.iter().all(|d| stored_chunks(d) == 0).then_some(()) }
+    })
+    .await;
+}

@@ -270,7 +270,11 @@ impl Agent {
         let ledger = sm.handle();
         let chunks = shoal_storage::ChunkStore::open(
             data_dir.join("chunks"),
-            shoal_storage::StoreConfig::default(),
+            shoal_storage::StoreConfig {
+                capacity_bytes: (cfg.storage.capacity_bytes > 0)
+                    .then_some(cfg.storage.capacity_bytes),
+                ..shoal_storage::StoreConfig::default()
+            },
         )
         .map_err(|e| io("opening the chunk store", e))?;
         let contacts = ContactTracker::default();

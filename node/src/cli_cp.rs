@@ -8,15 +8,16 @@
 
 use crate::cli_ckpt::HttpFetch;
 use clap::Args;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use shoal_sdk::{Client, MemberState, ObjectInfo, ObjectPut};
 use shoal_storage::chunk::encode_chunk;
 use shoal_storage::manifest::{build_manifest, restore_manifest, ChunkRef, FileEntry, Manifest};
 use shoal_storage::placement::{place_replicas, NodeInfo};
-use shoal_storage::replicate::restore_from_replicas_parallel;
+use shoal_storage::replicate::restore_from_nearest_replicas;
 use shoal_storage::{ChunkStore, Chunker, StoreConfig};
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -95,7 +96,7 @@ pub async fn cp(client: &Client, args: &CpArgs, json: bool) -> anyhow::Result<()
                 } else {
                     to.clone()
                 };
-                upload(client, args, from, &to, &mut summary).await?;
+                upload(client, args, from, &to, &mut summary, json).await?;
             }
             (Location::Mesh(from), Location::Local(to)) => {
                 let to = if many || to.is_dir() {
@@ -103,7 +104,7 @@ pub async fn cp(client: &Client, args: &CpArgs, json: bool) -> anyhow::Result<()
                 } else {
                     to.clone()
                 };
-                download(client, args, from, &to, &mut summary).await?;
+                download(client, args, from, &to, &mut summary, json).await?;
             }
             (Location::Mesh(from), Location::Mesh(to)) => {
                 let to = if many {
@@ -184,6 +185,7 @@ async fn upload(
     from: &Path,
     to: &str,
     summary: &mut CpSummary,
+    json: bool,
 ) -> anyhow::Result<()> {
     let meta = std::fs::metadata(from)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", from.display()))?;
@@ -212,21 +214,23 @@ async fn upload(
             free_bytes: None,
         })
         .collect();
-    let targets = place_replicas(to.as_bytes(), &candidates, args.replica as usize);
-    if targets.len() < args.replica as usize && !args.allow_degraded {
+    // Every live node, ranked: the first ones spread over zones and racks.
+    let mut ranked = place_replicas(to.as_bytes(), &candidates, candidates.len());
+    if ranked.len() < args.replica as usize && !args.allow_degraded {
         anyhow::bail!(
             "only {} live node(s) for --replica {} (add --allow-degraded to write fewer copies)",
-            targets.len(),
+            ranked.len(),
             args.replica
         );
     }
-    if targets.is_empty() {
+    if ranked.is_empty() {
         anyhow::bail!("no live node can hold mesh:{to}");
     }
     let api_of: BTreeMap<u64, String> = nodes
         .iter()
         .map(|n| (n.id, format!("http://{}", n.api_addr)))
         .collect();
+    let name_of: BTreeMap<u64, String> = nodes.iter().map(|n| (n.id, n.name.clone())).collect();
 
     let scratch = tempfile::Builder::new().prefix("shoal-cp-").tempdir()?;
     let store = ChunkStore::open(
@@ -249,62 +253,48 @@ async fn upload(
     let chunks = manifest.unique_chunks();
     let ids: Vec<String> = chunks.iter().map(|c| c.id.to_string()).collect();
     let store = std::sync::Arc::new(store);
-    let show_progress = std::io::stderr().is_terminal();
-    let mut tasks = Vec::new();
-    for target in &targets {
+    let bars = progress_bars(json);
+    let push = |target: u64| {
         let node = Client::new(
-            api_of.get(target).cloned().unwrap_or_default(),
+            api_of.get(&target).cloned().unwrap_or_default(),
             client.token().map(str::to_string),
         );
-        let ids = ids.clone();
-        let store = store.clone();
-        let chunks = chunks.clone();
-        let target = *target;
-        tasks.push(tokio::spawn(async move {
-            let held = node.has_chunks(&ids).await?;
-            let (mut sent, mut bytes, mut dedup) = (0u64, 0u64, 0u64);
-            for (chunk, held) in chunks.iter().zip(held) {
-                if held {
-                    dedup += 1;
-                    continue;
-                }
-                let frame = store
-                    .get_encoded(&chunk.id)
-                    .map_err(|e| shoal_sdk::ClientError::Decode {
-                        url: String::new(),
-                        message: e.to_string(),
-                    })?
-                    .into_bytes();
-                bytes += frame.len() as u64;
-                node.put_chunk(&chunk.id.to_string(), frame).await?;
-                sent += 1;
-                if show_progress {
-                    eprint!(
-                        "\rnode {target}: {:.1} MiB sent",
-                        bytes as f64 / (1 << 20) as f64
-                    );
-                    let _ = std::io::stderr().flush();
-                }
-            }
-            Ok::<_, shoal_sdk::ClientError>((target, sent, bytes, dedup))
-        }));
-    }
+        let name = name_of.get(&target).cloned().unwrap_or_default();
+        let bar = bars.add(bytes_bar(&format!("→ {name}")));
+        tokio::spawn(push_chunks(
+            node,
+            ids.clone(),
+            chunks.clone(),
+            store.clone(),
+            bar,
+            target,
+        ))
+    };
+    // The first `--replica` ranked nodes; a node that fails (a full disk, a
+    // crash) is replaced by the next one in the ranking.
+    let wanted = (args.replica as usize).min(ranked.len());
+    let mut spares = ranked.split_off(wanted).into_iter();
+    let mut running: Vec<_> = ranked.iter().map(|t| push(*t)).collect();
     let mut holders = Vec::new();
     let mut failures = Vec::new();
-    for task in tasks {
+    while let Some(task) = running.pop() {
         match task.await? {
-            Ok((target, sent, bytes, dedup)) => {
-                holders.push(target);
-                summary.chunks_sent += sent;
-                summary.bytes_sent += bytes;
-                summary.deduplicated += dedup;
+            Ok(pushed) => {
+                holders.push(pushed.target);
+                summary.chunks_sent += pushed.sent;
+                summary.bytes_sent += pushed.bytes;
+                summary.deduplicated += pushed.dedup;
             }
-            Err(e) => failures.push(e.to_string()),
+            Err((target, e)) => {
+                let name = name_of.get(&target).cloned().unwrap_or_default();
+                failures.push(format!("{name}: {e}"));
+                if let Some(spare) = spares.next() {
+                    running.push(push(spare));
+                }
+            }
         }
     }
-    if show_progress {
-        eprintln!();
-    }
+    let _ = bars.clear();
     if holders.len() < args.replica as usize && !args.allow_degraded {
         anyhow::bail!(
             "only {} of {} copies of mesh:{to} were written: {}",
@@ -313,6 +303,7 @@ async fn upload(
             failures.join("; ")
         );
     }
+    holders.sort_unstable();
     let files = manifest.files.len() as u64;
     client
         .put_object(&ObjectPut {
@@ -334,12 +325,116 @@ async fn upload(
     Ok(())
 }
 
+struct Pushed {
+    target: u64,
+    sent: u64,
+    bytes: u64,
+    dedup: u64,
+}
+
+/// Sends `target` the chunks it does not hold yet.
+async fn push_chunks(
+    node: Client,
+    ids: Vec<String>,
+    chunks: Vec<ChunkRef>,
+    store: std::sync::Arc<ChunkStore>,
+    bar: ProgressBar,
+    target: u64,
+) -> Result<Pushed, (u64, String)> {
+    let fail = |e: String| (target, e);
+    let held = node
+        .has_chunks(&ids)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let missing: Vec<&ChunkRef> = chunks
+        .iter()
+        .zip(&held)
+        .filter(|(_, held)| !**held)
+        .map(|(c, _)| c)
+        .collect();
+    bar.set_length(missing.iter().map(|c| u64::from(c.plain_len)).sum());
+    let mut pushed = Pushed {
+        target,
+        sent: 0,
+        bytes: 0,
+        dedup: (chunks.len() - missing.len()) as u64,
+    };
+    for chunk in missing {
+        let frame = store
+            .get_encoded(&chunk.id)
+            .map_err(|e| fail(e.to_string()))?
+            .into_bytes();
+        pushed.bytes += frame.len() as u64;
+        node.put_chunk(&chunk.id.to_string(), frame)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        pushed.sent += 1;
+        bar.inc(u64::from(chunk.plain_len));
+    }
+    bar.finish();
+    Ok(pushed)
+}
+
+/// Progress on a terminal; nothing when stderr is not one or with --json.
+fn progress_bars(json: bool) -> MultiProgress {
+    if json || !std::io::stderr().is_terminal() {
+        MultiProgress::with_draw_target(ProgressDrawTarget::hidden())
+    } else {
+        MultiProgress::with_draw_target(ProgressDrawTarget::stderr())
+    }
+}
+
+fn bytes_bar(label: &str) -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{prefix:<12} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(label.to_string());
+    bar
+}
+
+/// Holders nearest first by this node's Vivaldi estimates (the API node
+/// itself first), dead ones last; and how many count as near: those within
+/// twice the nearest one's RTT (plus a millisecond, for loopback).
+async fn holders_by_distance(client: &Client, holders: &[u64], alive: &[u64]) -> (Vec<u64>, usize) {
+    let me = client.status().await.ok().map(|s| s.node_id);
+    let rtt_of: BTreeMap<u64, f64> = client
+        .peers()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|p| Some((p.id, p.rtt_ms?)))
+        .collect();
+    let distance = |h: &u64| -> f64 {
+        if Some(*h) == me {
+            0.0
+        } else {
+            rtt_of.get(h).copied().unwrap_or(f64::INFINITY)
+        }
+    };
+    let mut order: Vec<u64> = holders.to_vec();
+    order.sort_by(|a, b| {
+        (!alive.contains(a))
+            .cmp(&!alive.contains(b))
+            .then(distance(a).total_cmp(&distance(b)))
+    });
+    let nearest = order.first().map(distance).unwrap_or(0.0);
+    let near = order
+        .iter()
+        .filter(|h| alive.contains(h) && distance(h) <= nearest * 2.0 + 1.0)
+        .count();
+    (order, near.max(1))
+}
+
 async fn download(
     client: &Client,
     args: &CpArgs,
     from: &str,
     to: &Path,
     summary: &mut CpSummary,
+    json: bool,
 ) -> anyhow::Result<()> {
     let object = stat_object(client, from).await?;
     if object.is_dir && !args.recursive {
@@ -358,8 +453,7 @@ async fn download(
         .filter(|n| n.state == MemberState::Alive)
         .map(|n| n.id)
         .collect();
-    let mut order = object.replicas.clone();
-    order.sort_by_key(|h| !alive.contains(h));
+    let (order, near) = holders_by_distance(client, &object.replicas, &alive).await;
     let raw = hex::decode(&object.manifest_hex)?;
     let manifest = Manifest::from_bytes(&raw)?;
     let scratch = tempfile::Builder::new()
@@ -371,18 +465,34 @@ async fn download(
     let to = to.to_path_buf();
     let force = args.force;
     let is_dir = object.is_dir;
-    let report = tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
-        let store = ChunkStore::open(
-            scratch.path().join("chunks"),
-            StoreConfig {
-                fsync: false,
-                ..StoreConfig::default()
-            },
-        )?;
+    let store = std::sync::Arc::new(ChunkStore::open(
+        scratch.path().join("chunks"),
+        StoreConfig {
+            fsync: false,
+            ..StoreConfig::default()
+        },
+    )?);
+    let bars = progress_bars(json);
+    let bar = bars.add(bytes_bar("← mesh"));
+    bar.set_length(object.bytes);
+    let total_chunks = manifest.unique_chunks().len().max(1) as u64;
+    let watched = store.clone();
+    let total_bytes = object.bytes;
+    let ticker = tokio::spawn(async move {
+        loop {
+            let done = watched.stats().chunks.min(total_chunks);
+            bar.set_position(total_bytes * done / total_chunks);
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    });
+    let fetch_store = store.clone();
+    let fetched = tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
+        let store = fetch_store;
         let transport = HttpFetch::for_nodes(handle, &nodes, &client);
-        let report = restore_from_replicas_parallel(
+        let report = restore_from_nearest_replicas(
             &manifest,
             &order,
+            near,
             &transport,
             &store,
             crate::ckpt::FETCH_THREADS,
@@ -410,10 +520,13 @@ async fn download(
             .map_err(|e| anyhow::anyhow!("cannot move the copy into {}: {e}", to.display()))?;
         Ok(report.bytes_fetched)
     })
-    .await??;
+    .await;
+    ticker.abort();
+    let _ = bars.clear();
+    let fetched = fetched??;
     summary.bytes += object.bytes;
     summary.files += object.files;
-    summary.bytes_sent += report;
+    summary.bytes_sent += fetched;
     Ok(())
 }
 

@@ -88,12 +88,25 @@ pub struct StorageTuning {
     /// Re-hash every stored checkpoint chunk this often; corrupt ones are
     /// quarantined and fetched again from other holders.
     pub scrub_interval_s: u64,
+    /// Most bytes of chunks this node stores (its own checkpoints and
+    /// replicas for others); a full node refuses new chunks and writers
+    /// choose another peer. 0 = no limit but the disk.
+    pub capacity_bytes: u64,
+    /// Delete chunks no checkpoint or `mesh:` object references any more,
+    /// this often...
+    pub gc_interval_s: u64,
+    /// ...once they are older than this: chunks of uploads and checkpoint
+    /// steps still being written are not referenced yet.
+    pub gc_grace_s: u64,
 }
 
 impl Default for StorageTuning {
     fn default() -> Self {
         StorageTuning {
             scrub_interval_s: 3600,
+            capacity_bytes: 0,
+            gc_interval_s: 600,
+            gc_grace_s: 3600,
         }
     }
 }
@@ -230,6 +243,9 @@ const ENV_KEYS: &[&str] = &[
     "executor.stop_grace_s",
     "executor.jobs_dir",
     "storage.scrub_interval_s",
+    "storage.capacity_bytes",
+    "storage.gc_interval_s",
+    "storage.gc_grace_s",
     "anomaly.straggler_window_ms",
     "anomaly.straggler_below_pct",
     "anomaly.straggler_min_sibling_util_pct",

@@ -8,7 +8,10 @@
 //!   [`crate::ckpt::REPLICAS`] live holders remain (a holder died or left),
 //!   copies the part to new peers and records the new holder set.
 //!
-//! The scrubber re-hashes every stored chunk every `storage.scrub_interval_s`.
+//! The scrubber re-hashes every stored chunk every `storage.scrub_interval_s`,
+//! and every `storage.gc_interval_s` chunks that no checkpoint and no `mesh:`
+//! object references any more (removed objects, checkpoints past retention,
+//! abandoned uploads) are deleted once older than `storage.gc_grace_s`.
 
 use crate::agent::Inner;
 use crate::ckpt::{QuicChunkTransport, REPLICAS};
@@ -17,6 +20,7 @@ use shoal_sdk::MemberState;
 use shoal_storage::manifest::Manifest;
 use shoal_storage::placement::{place_replicas, NodeInfo};
 use shoal_storage::replicate::{replicate_manifest, restore_from_replicas};
+use shoal_storage::ChunkId;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -44,6 +48,7 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_scrub = Instant::now();
+    let mut last_gc = Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -65,6 +70,10 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
                 Err(e) => tracing::warn!(error = %e, "scrub task failed"),
             }
         }
+        if last_gc.elapsed() >= Duration::from_secs(inner.cfg.storage.gc_interval_s.max(1)) {
+            last_gc = Instant::now();
+            collect_garbage(&inner).await;
+        }
         let (parts, alive) = match held_parts(&inner) {
             Ok(v) => v,
             Err(e) => {
@@ -75,6 +84,54 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
         for part in parts {
             look_after(&inner, part, &alive).await;
         }
+    }
+}
+
+/// Every chunk any manifest in the ledger references, on any node: a chunk
+/// a node keeps beyond its own holdings is harmless, one deleted while
+/// referenced is not.
+fn referenced_chunks(inner: &Inner) -> Result<BTreeSet<ChunkId>, String> {
+    let data = inner.read_ledger().map_err(|e| e.message)?;
+    let manifests = data
+        .ledger
+        .workload
+        .checkpoints
+        .values()
+        .flatten()
+        .flat_map(|c| c.parts.values().map(|p| &p.manifest))
+        .chain(data.ledger.namespace.objects.values().map(|o| &o.manifest));
+    let mut live = BTreeSet::new();
+    for bytes in manifests {
+        let manifest = Manifest::from_bytes(bytes).map_err(|e| e.to_string())?;
+        live.extend(manifest.unique_chunks().iter().map(|c| c.id));
+    }
+    Ok(live)
+}
+
+async fn collect_garbage(inner: &Arc<Inner>) {
+    let live = match referenced_chunks(inner) {
+        Ok(live) => live,
+        // An unreadable manifest means we cannot know what is referenced.
+        Err(e) => {
+            tracing::warn!(error = %e, "chunk garbage collection skipped");
+            return;
+        }
+    };
+    let store = inner.chunks.clone();
+    let grace = Duration::from_secs(inner.cfg.storage.gc_grace_s);
+    match tokio::task::spawn_blocking(move || store.gc_older_than(&live, grace)).await {
+        Ok(Ok(report)) if report.deleted > 0 => {
+            inner.metrics.chunks_collected.inc_by(report.deleted);
+            tracing::info!(
+                deleted = report.deleted,
+                bytes = report.bytes_freed,
+                kept = report.kept,
+                "deleted chunks nothing references any more"
+            )
+        }
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "chunk garbage collection failed"),
+        Err(e) => tracing::warn!(error = %e, "chunk garbage collection task failed"),
     }
 }
 

@@ -243,6 +243,7 @@ pub struct Metrics {
     pub ckpt_parts: Family<Labels, Counter>,
     pub ckpt_bytes: Counter,
     pub ckpt_part_seconds: Histogram,
+    pub chunks_collected: Counter,
     pub dcgm: DcgmSeries,
     pub process: ProcessSeries,
 }
@@ -294,6 +295,7 @@ impl Metrics {
             ckpt_parts: Family::default(),
             ckpt_bytes: Counter::default(),
             ckpt_part_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            chunks_collected: Counter::default(),
             dcgm: DcgmSeries::new(),
             process: ProcessSeries::new(),
             registry: Registry::default(),
@@ -449,6 +451,11 @@ impl Metrics {
             "checkpoint_part_seconds",
             "From a rank's checkpoint step being done to its part being replicated and recorded",
             m.ckpt_part_seconds.clone(),
+        );
+        registry.register(
+            "chunks_collected",
+            "Chunks this node deleted because nothing references them any more",
+            m.chunks_collected.clone(),
         );
         Metrics { registry, ..m }
     }

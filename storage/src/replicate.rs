@@ -274,6 +274,28 @@ pub fn restore_from_replicas_parallel<T: ChunkTransport + Sync + ?Sized>(
     local_store: &ChunkStore,
     threads: usize,
 ) -> Result<FetchReport> {
+    restore_from_nearest_replicas(
+        manifest,
+        holders,
+        holders.len(),
+        transport,
+        local_store,
+        threads,
+    )
+}
+
+/// Like [`restore_from_replicas_parallel`], with `holders` ordered nearest
+/// first: the fetch threads spread their first attempts over the `near`
+/// nearest holders only, and fall back to the farther ones when those fail.
+pub fn restore_from_nearest_replicas<T: ChunkTransport + Sync + ?Sized>(
+    manifest: &Manifest,
+    holders: &[u64],
+    near: usize,
+    transport: &T,
+    local_store: &ChunkStore,
+    threads: usize,
+) -> Result<FetchReport> {
+    let near = near.clamp(1, holders.len().max(1));
     let chunks = manifest.unique_chunks();
     let threads = threads.clamp(1, chunks.len().max(1));
     let results: Vec<Result<FetchReport>> = std::thread::scope(|scope| {
@@ -282,9 +304,9 @@ pub fn restore_from_replicas_parallel<T: ChunkTransport + Sync + ?Sized>(
                 let chunks = &chunks;
                 scope.spawn(move || {
                     let mut order = holders.to_vec();
-                    let len = order.len();
-                    if len > 0 {
-                        order.rotate_left(worker % len);
+                    if !order.is_empty() {
+                        let spread = near.min(order.len());
+                        order[..spread].rotate_left(worker % spread);
                     }
                     let mut report = FetchReport::default();
                     for chunk in chunks.iter().skip(worker).step_by(threads) {

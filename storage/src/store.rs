@@ -510,10 +510,27 @@ impl ChunkStore {
     /// node should therefore hold its write gate (or add in-flight manifests) while
     /// collecting.
     pub fn gc(&self, live: &BTreeSet<ChunkId>) -> Result<GcReport> {
+        self.gc_older_than(live, std::time::Duration::ZERO)
+    }
+
+    /// Deletes every chunk not in `live` whose file is older than `grace`:
+    /// chunks of manifests still being written (an upload, a checkpoint
+    /// being replicated) are not referenced anywhere yet, and are younger.
+    pub fn gc_older_than(
+        &self,
+        live: &BTreeSet<ChunkId>,
+        grace: std::time::Duration,
+    ) -> Result<GcReport> {
+        let now = std::time::SystemTime::now();
         let mut report = GcReport::default();
         let mut garbage = Vec::new();
-        self.for_each_chunk_file(|id, _, len| {
-            if live.contains(&id) {
+        self.for_each_chunk_file(|id, path, len| {
+            let young = fs::metadata(path)
+                .and_then(|m| m.modified())
+                .map(|t| now.duration_since(t).unwrap_or_default() < grace)
+                // Unknown age: keep it, a later pass will see it again.
+                .unwrap_or(true);
+            if live.contains(&id) || young {
                 report.kept += 1;
             } else {
                 garbage.push((id, len));
@@ -739,6 +756,19 @@ mod tests {
         );
         assert_eq!(store.list().expect("list").len(), 2);
         assert_eq!(store.stats().chunks, 2);
+    }
+
+    #[test]
+    fn gc_keeps_young_unreferenced_chunks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let chunk = encode_chunk(&[7u8; 64]).expect("encode");
+        store.put(&chunk).expect("put");
+        let report = store
+            .gc_older_than(&BTreeSet::new(), std::time::Duration::from_secs(3600))
+            .expect("gc");
+        assert_eq!((report.kept, report.deleted), (1, 0));
+        assert_eq!(store.gc(&BTreeSet::new()).expect("gc").deleted, 1);
     }
 
     #[test]

@@ -4,9 +4,10 @@ use std::fs;
 use std::path::Path;
 
 use shoal_storage::{
-    build_manifest_with, replicate_manifest, restore_from_replicas, restore_from_replicas_parallel,
-    restore_manifest_with, BuildOptions, ChunkStore, ChunkTransport, Manifest, MemoryTransport,
-    RestoreOptions, StorageError, StoreConfig, TransportError,
+    build_manifest_with, replicate_manifest, restore_from_nearest_replicas, restore_from_replicas,
+    restore_from_replicas_parallel, restore_manifest_with, BuildOptions, ChunkStore,
+    ChunkTransport, Manifest, MemoryTransport, RestoreOptions, StorageError, StoreConfig,
+    TransportError,
 };
 
 const FAST_STORE: StoreConfig = StoreConfig {
@@ -259,6 +260,31 @@ fn parallel_restore_spreads_over_holders_and_skips_bad_ones() {
         restore_from_replicas_parallel(&fixture.manifest, &[1, 2, 3], &transport, &empty, 4),
         Err(StorageError::ChunkUnavailable { .. })
     ));
+}
+
+#[test]
+fn nearest_restore_asks_only_the_near_holders_until_they_fail() {
+    let fixture = fixture();
+    let transport = MemoryTransport::with_nodes([1, 2, 3]);
+    replicate_manifest(&fixture.manifest, &fixture.store, &[1, 2, 3], &transport, 3)
+        .expect("replicate");
+    // Holders nearest first: 2 and 3 are near, 1 is far.
+    let fresh = ChunkStore::open(fixture.work.path().join("near"), FAST_STORE).expect("store");
+    let report =
+        restore_from_nearest_replicas(&fixture.manifest, &[2, 3, 1], 2, &transport, &fresh, 4)
+            .expect("fetch");
+    assert_eq!(report.fetched, 12);
+    assert_eq!(transport.fetch_calls(1), 0);
+    assert!(transport.fetch_calls(2) > 0 && transport.fetch_calls(3) > 0);
+    // The near ones gone, the far one serves everything.
+    transport.set_down(2, true);
+    transport.set_down(3, true);
+    let again = ChunkStore::open(fixture.work.path().join("far"), FAST_STORE).expect("store");
+    let report =
+        restore_from_nearest_replicas(&fixture.manifest, &[2, 3, 1], 2, &transport, &again, 4)
+            .expect("fetch");
+    assert_eq!(report.fetched, 12);
+    assert_eq!(transport.fetch_calls(1), 12);
 }
 
 #[test]
