@@ -69,21 +69,7 @@ async fn lost_holders_are_replaced_and_corrupt_replicas_repaired() {
                   while true; do sleep 0.1; done";
     let req = JobSubmitRequest {
         name: "ckpt".into(),
-        tenant: None,
-        nodes: 1,
-        gpus_per_node: 1,
-        gpu_model: None,
-        time_limit_s: 600,
-        priority: 0,
-        preemptible: true,
-        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        env: BTreeMap::new(),
-        workdir: None,
-        ckpt_interval_s: None,
-        max_restarts: 0,
-        same: None,
-        max_rtt_ms: None,
-        labels: BTreeMap::new(),
+        ..JobSubmitRequest::shell(1, 1, script)
     };
     let id = client.submit_job(&req).await.expect("submit").id;
     let committed = wait_for("a committed checkpoint", TIMEOUT, || {

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{shoal_bin, wait_for, NodeProc};
+use common::{shoal_bin, start_cluster, wait_for};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -98,25 +98,9 @@ impl Cli {
 async fn a_tree_survives_a_lost_holder_and_comes_back_identical() {
     let _serial = one_at_a_time();
     let root = tempfile::tempdir().expect("tempdir");
-    let mut nodes: Vec<NodeProc> = (1..=4)
-        .map(|i| NodeProc::new(root.path(), &format!("n{i}"), &[]))
-        .collect();
-    let join = nodes[0].bootstrap();
-    let via = nodes[0].rpc_addr();
-    for node in nodes.iter_mut().skip(1) {
-        node.join(&via, &join);
-    }
-    let token = nodes[0].admin_token();
+    let (mut nodes, token) =
+        start_cluster(root.path(), &["n1", "n2", "n3", "n4"], |_| Vec::new()).await;
     let client = nodes[0].client(&token);
-    wait_for("four alive members", TIMEOUT, || {
-        let c = client.clone();
-        async move {
-            let n = c.nodes().await.ok()?;
-            (n.len() == 4 && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive))
-                .then_some(())
-        }
-    })
-    .await;
     let cli = Cli {
         api: nodes[0].api_url(),
         token: token.clone(),
@@ -215,25 +199,7 @@ fn stored_chunks(data_dir: &Path) -> usize {
 async fn an_interrupted_upload_leaves_nothing_and_resumes() {
     let _serial = one_at_a_time();
     let root = tempfile::tempdir().expect("tempdir");
-    let mut nodes: Vec<NodeProc> = (1..=3)
-        .map(|i| NodeProc::new(root.path(), &format!("n{i}"), &[]))
-        .collect();
-    let join = nodes[0].bootstrap();
-    let via = nodes[0].rpc_addr();
-    for node in nodes.iter_mut().skip(1) {
-        node.join(&via, &join);
-    }
-    let token = nodes[0].admin_token();
-    let client = nodes[0].client(&token);
-    wait_for("three alive members", TIMEOUT, || {
-        let c = client.clone();
-        async move {
-            let n = c.nodes().await.ok()?;
-            (n.len() == 3 && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive))
-                .then_some(())
-        }
-    })
-    .await;
+    let (nodes, token) = start_cluster(root.path(), &["n1", "n2", "n3"], |_| Vec::new()).await;
     // 64 MiB of incompressible data: 16 chunks per copy.
     let src = root.path().join("big.bin");
     let mut state: u64 = 11;
@@ -292,51 +258,23 @@ async fn an_interrupted_upload_leaves_nothing_and_resumes() {
 async fn full_nodes_are_passed_over_and_removed_objects_are_collected() {
     let _serial = one_at_a_time();
     let root = tempfile::tempdir().expect("tempdir");
-    let mut nodes: Vec<NodeProc> = (1..=4)
-        .map(|i| {
-            let mut n = NodeProc::new(root.path(), &format!("n{i}"), &[]);
-            n.extra_env
-                .push(("SHOAL_STORAGE__GC_INTERVAL_S".into(), "1".into()));
-            n.extra_env
-                .push(("SHOAL_STORAGE__GC_GRACE_S".into(), "5".into()));
-            if i == 2 || i == 3 {
-                // A disk with room for almost nothing.
-                n.extra_env
-                    .push(("SHOAL_STORAGE__CAPACITY_BYTES".into(), "4096".into()));
-            }
-            n
-        })
-        .collect();
-    let join = nodes[0].bootstrap();
-    let via = nodes[0].rpc_addr();
-    for node in nodes.iter_mut().skip(1) {
-        node.join(&via, &join);
-    }
-    let token = nodes[0].admin_token();
-    let client = nodes[0].client(&token);
-    wait_for("four alive members", TIMEOUT, || {
-        let c = client.clone();
-        async move {
-            let n = c.nodes().await.ok()?;
-            (n.len() == 4 && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive))
-                .then_some(())
+    let (nodes, token) = start_cluster(root.path(), &["n1", "n2", "n3", "n4"], |name| {
+        let mut env = vec![
+            ("SHOAL_STORAGE__GC_INTERVAL_S".to_string(), "1".to_string()),
+            ("SHOAL_STORAGE__GC_GRACE_S".to_string(), "5".to_string()),
+        ];
+        if name == "n2" || name == "n3" {
+            // A disk with room for almost nothing.
+            env.push(("SHOAL_STORAGE__CAPACITY_BYTES".into(), "4096".into()));
         }
+        env
     })
     .await;
+    let client = nodes[0].client(&token);
     let cli = Cli {
         api: nodes[0].api_url(),
         token: token.clone(),
     };
-    // Every node must know the token (its ledger caught up) before it
-    // can take chunks.
-    for n in &nodes {
-        let c = n.client(&token);
-        wait_for("each node to accept the token", TIMEOUT, || {
-            let c = c.clone();
-            async move { c.objects("/").await.ok() }
-        })
-        .await;
-    }
     let file = root.path().join("weights.bin");
     let data: Vec<u8> = (0..3_000_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{sh_job, shoal_bin, wait_for, NodeProc};
+use common::{sh_job, shoal_bin, start_cluster, wait_for, NodeProc};
 use shoal_sdk::JobSubmitRequest;
 use std::process::Command;
 use std::time::Duration;
@@ -104,29 +104,8 @@ fn assert_promtool_accepts(dir: &std::path::Path, text: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_of_a_three_node_cluster_carry_dcgm_series_per_gpu_and_shoal_series() {
     let root = tempfile::tempdir().expect("tempdir");
-    let mut nodes: Vec<NodeProc> = ["m1", "m2", "m3"]
-        .iter()
-        .map(|name| NodeProc::new(root.path(), name, &[]))
-        .collect();
-    let join = nodes[0].bootstrap();
-    let via = nodes[0].rpc_addr();
-    for n in &mut nodes[1..] {
-        n.join(&via, &join);
-    }
-    let token = nodes[0].admin_token();
+    let (nodes, token) = start_cluster(root.path(), &["m1", "m2", "m3"], |_| Vec::new()).await;
     let client = nodes[0].client(&token);
-    wait_for("three alive nodes", TIMEOUT, || {
-        let c = client.clone();
-        async move {
-            let nodes = c.nodes().await.ok()?;
-            (nodes.len() == 3
-                && nodes
-                    .iter()
-                    .all(|n| n.state == shoal_sdk::MemberState::Alive))
-            .then_some(())
-        }
-    })
-    .await;
     let id = client
         .submit_job(&JobSubmitRequest {
             name: "hold".into(),
@@ -493,34 +472,14 @@ async fn a_silent_rank_is_reported_stalled_and_a_chatty_one_is_not() {
 async fn a_straggler_rank_is_named_soon_after_it_falls_behind() {
     let root = tempfile::tempdir().expect("tempdir");
     let window_ms = 1000u64;
-    let mut nodes: Vec<NodeProc> = ["g1", "g2"]
-        .iter()
-        .map(|name| {
-            let mut n = NodeProc::new(root.path(), name, &[]);
-            n.extra_env.push((
-                "SHOAL_ANOMALY__STRAGGLER_WINDOW_MS".into(),
-                window_ms.to_string(),
-            ));
-            n
-        })
-        .collect();
-    let join = nodes[0].bootstrap();
-    let via = nodes[0].rpc_addr();
-    nodes[1].join(&via, &join);
-    let token = nodes[0].admin_token();
-    let client = nodes[0].client(&token);
-    wait_for("two alive nodes", TIMEOUT, || {
-        let c = client.clone();
-        async move {
-            let nodes = c.nodes().await.ok()?;
-            (nodes.len() == 2
-                && nodes
-                    .iter()
-                    .all(|n| n.state == shoal_sdk::MemberState::Alive))
-            .then_some(())
-        }
+    let (nodes, token) = start_cluster(root.path(), &["g1", "g2"], |_| {
+        vec![(
+            "SHOAL_ANOMALY__STRAGGLER_WINDOW_MS".to_string(),
+            window_ms.to_string(),
+        )]
     })
     .await;
+    let client = nodes[0].client(&token);
     let id = client
         .submit_job(&sh_job(2, 1, "sleep 120"))
         .await

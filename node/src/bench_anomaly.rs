@@ -51,21 +51,7 @@ pub struct AnomalyReport {
 fn job(nodes: u32, gpus: u32, script: &str) -> JobSubmitRequest {
     JobSubmitRequest {
         name: "bench".into(),
-        tenant: None,
-        nodes,
-        gpus_per_node: gpus,
-        gpu_model: None,
-        time_limit_s: 600,
-        priority: 0,
-        preemptible: true,
-        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        env: BTreeMap::new(),
-        workdir: None,
-        ckpt_interval_s: None,
-        max_restarts: 0,
-        same: None,
-        max_rtt_ms: None,
-        labels: BTreeMap::new(),
+        ..JobSubmitRequest::shell(nodes, gpus, script)
     }
 }
 
@@ -125,6 +111,14 @@ async fn first_seen(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Ok(seen)
+}
+
+fn agent_index(cluster: &LocalCluster, name: &str) -> anyhow::Result<usize> {
+    cluster
+        .agents
+        .iter()
+        .position(|a| a.name() == name)
+        .ok_or_else(|| anyhow::anyhow!("no agent {name}"))
 }
 
 async fn last_event_id(client: &Client) -> u64 {
@@ -187,12 +181,7 @@ async fn gpu_faults(
             .id;
         let info = running(&client, &[id]).await?.remove(0);
         let node = info.nodes[0].clone();
-        let index = cluster
-            .agents
-            .iter()
-            .position(|a| a.name() == node)
-            .ok_or_else(|| anyhow::anyhow!("no agent {node}"))?;
-        let there = cluster.client(index);
+        let there = cluster.client(agent_index(cluster, &node)?);
         let after = last_event_id(&client).await;
         let mut injected = BTreeMap::new();
         for gpu in 0..GPUS_PER_NODE {
@@ -286,12 +275,10 @@ async fn stragglers(
         for j in &jobs {
             let node = j.nodes[1].clone();
             let gpu = j.gpus[&node][0];
-            let index = cluster
-                .agents
-                .iter()
-                .position(|a| a.name() == node)
-                .ok_or_else(|| anyhow::anyhow!("no agent {node}"))?;
-            cluster.client(index).gpu_fault(gpu, "slow").await?;
+            cluster
+                .client(agent_index(cluster, &node)?)
+                .gpu_fault(gpu, "slow")
+                .await?;
             let key = ("job_straggler".to_string(), node, j.id);
             injected.insert(key.clone(), Instant::now());
             want.insert(key);
@@ -349,11 +336,7 @@ async fn stalls(
         let mut want = BTreeSet::new();
         for j in running(&client, &ids).await? {
             let node = j.nodes[0].clone();
-            let index = cluster
-                .agents
-                .iter()
-                .position(|a| a.name() == node)
-                .ok_or_else(|| anyhow::anyhow!("no agent {node}"))?;
+            let index = agent_index(cluster, &node)?;
             let log =
                 crate::executor::log_path(&cluster.agents[index].data_dir().join("jobs"), j.id, 0);
             let at = poll("the rank's first output", || {
@@ -473,12 +456,7 @@ pub async fn run(injections: usize) -> anyhow::Result<AnomalyReport> {
         .await?
         .id;
     let info = running(&client, &[id]).await?.remove(0);
-    let index = cluster
-        .agents
-        .iter()
-        .position(|a| a.name() == info.nodes[0])
-        .unwrap_or(0);
-    let there = cluster.client(index);
+    let there = cluster.client(agent_index(&cluster, &info.nodes[0])?);
     let mut times = Vec::new();
     let mut text = String::new();
     for _ in 0..200 {

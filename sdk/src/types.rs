@@ -188,6 +188,33 @@ pub struct JobSubmitRequest {
     pub labels: BTreeMap<String, String>,
 }
 
+impl JobSubmitRequest {
+    /// A job running `/bin/sh -c SCRIPT` on `nodes` nodes with
+    /// `gpus_per_node` GPUs each, in the default tenant, preemptible, with a
+    /// 10-minute limit and no restarts; adjust the rest with struct update
+    /// syntax.
+    pub fn shell(nodes: u32, gpus_per_node: u32, script: &str) -> Self {
+        JobSubmitRequest {
+            name: String::new(),
+            tenant: None,
+            nodes,
+            gpus_per_node,
+            gpu_model: None,
+            time_limit_s: 600,
+            priority: 0,
+            preemptible: true,
+            command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            env: BTreeMap::new(),
+            workdir: None,
+            ckpt_interval_s: None,
+            max_restarts: 0,
+            same: None,
+            max_rtt_ms: None,
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
 fn default_true() -> bool {
     true
 }

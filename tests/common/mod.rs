@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use shoal_sdk::{Client, JobSubmitRequest};
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -43,27 +42,57 @@ where
     }
 }
 
-/// A job running `/bin/sh -c SCRIPT` on `nodes` nodes with `gpus` GPUs each,
-/// no restarts, a 10-minute limit.
-pub fn sh_job(nodes: u32, gpus: u32, script: &str) -> JobSubmitRequest {
-    JobSubmitRequest {
-        name: String::new(),
-        tenant: None,
-        nodes,
-        gpus_per_node: gpus,
-        gpu_model: None,
-        time_limit_s: 600,
-        priority: 0,
-        preemptible: true,
-        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        env: BTreeMap::new(),
-        workdir: None,
-        ckpt_interval_s: None,
-        max_restarts: 0,
-        same: None,
-        max_rtt_ms: None,
-        labels: BTreeMap::new(),
+/// Starts one cluster of spawned agents named `names` (the first
+/// bootstraps, the others join through it, `env` adds variables per node)
+/// and waits until every member is alive and every node accepts the admin
+/// token (its ledger has caught up). Returns the nodes and the token.
+pub async fn start_cluster(
+    root: &Path,
+    names: &[&str],
+    env: impl Fn(&str) -> Vec<(String, String)>,
+) -> (Vec<NodeProc>, String) {
+    let mut nodes: Vec<NodeProc> = names
+        .iter()
+        .map(|name| {
+            let mut n = NodeProc::new(root, name, &[]);
+            n.extra_env = env(name);
+            n
+        })
+        .collect();
+    let join = nodes[0].bootstrap();
+    let via = nodes[0].rpc_addr();
+    for node in nodes.iter_mut().skip(1) {
+        node.join(&via, &join);
     }
+    let token = nodes[0].admin_token();
+    let client = nodes[0].client(&token);
+    let want = names.len();
+    wait_for("every member alive", Duration::from_secs(120), || {
+        let c = client.clone();
+        async move {
+            let n = c.nodes().await.ok()?;
+            (n.len() == want && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive))
+                .then_some(())
+        }
+    })
+    .await;
+    for n in &nodes {
+        let c = n.client(&token);
+        wait_for(
+            "every node to accept the token",
+            Duration::from_secs(60),
+            || {
+                let c = c.clone();
+                async move { c.status().await.ok() }
+            },
+        )
+        .await;
+    }
+    (nodes, token)
+}
+
+pub fn sh_job(nodes: u32, gpus: u32, script: &str) -> JobSubmitRequest {
+    JobSubmitRequest::shell(nodes, gpus, script)
 }
 
 /// One `shoal agent` process with fixed ports and data dir, so it can be
