@@ -329,6 +329,19 @@ async fn injected_gpu_faults_become_one_event_each_within_a_second() {
     assert!(String::from_utf8_lossy(&bad.stderr).starts_with("error: node e1 has no GPU 9"));
 }
 
+/// The first event of `kind` in the log, waiting for it.
+async fn first_event(client: &shoal_sdk::Client, kind: &str) -> shoal_sdk::EventInfo {
+    wait_for(&format!("a {kind} event"), TIMEOUT, || async move {
+        client
+            .events(0)
+            .await
+            .ok()?
+            .into_iter()
+            .find(|e| e.kind == kind)
+    })
+    .await
+}
+
 /// A minimal webhook receiver: every POSTed JSON body, in arrival order.
 async fn webhook_receiver() -> (
     String,
@@ -439,17 +452,7 @@ async fn a_silent_rank_is_reported_stalled_and_a_chatty_one_is_not() {
         .await;
     }
     let running = std::time::Instant::now();
-    let event = wait_for("a job_stalled event", TIMEOUT, || {
-        let c = client.clone();
-        async move {
-            c.events(0)
-                .await
-                .ok()?
-                .into_iter()
-                .find(|e| e.kind == "job_stalled")
-        }
-    })
-    .await;
+    let event = first_event(&client, "job_stalled").await;
     eprintln!(
         "stalled job reported {:.2?} after it was running: {}",
         running.elapsed(),
@@ -521,17 +524,7 @@ async fn a_straggler_rank_is_named_soon_after_it_falls_behind() {
     }
     let injected = std::time::Instant::now();
     rank1_client.gpu_fault(gpu, "slow").await.expect("inject");
-    let event = wait_for("a job_straggler event", TIMEOUT, || {
-        let c = client.clone();
-        async move {
-            c.events(0)
-                .await
-                .ok()?
-                .into_iter()
-                .find(|e| e.kind == "job_straggler")
-        }
-    })
-    .await;
+    let event = first_event(&client, "job_straggler").await;
     let latency = injected.elapsed();
     eprintln!(
         "straggler reported {latency:.2?} after the injection (window {window_ms} ms): {}",

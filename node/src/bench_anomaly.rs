@@ -113,6 +113,19 @@ async fn first_seen(
     Ok(seen)
 }
 
+/// Cancels `ids` and waits until nothing runs, so the next round starts on
+/// free GPUs.
+async fn cancel_all(client: &Client, ids: &[u64]) -> anyhow::Result<()> {
+    for &id in ids {
+        client.cancel_job(id).await?;
+    }
+    poll("the jobs to end", || async move {
+        let running = client.jobs(None, Some("running")).await.ok()?;
+        running.is_empty().then_some(())
+    })
+    .await
+}
+
 fn agent_index(cluster: &LocalCluster, name: &str) -> anyhow::Result<usize> {
     cluster
         .agents
@@ -218,12 +231,7 @@ async fn gpu_faults(
             there.gpu_fault(gpu, "clear").await?;
         }
         wait_cleared(&there, &node).await?;
-        client.cancel_job(id).await?;
-        poll("the job to end", || {
-            let c = client.clone();
-            async move { c.job(id).await.ok().filter(|j| j.state != "running") }
-        })
-        .await?;
+        cancel_all(&client, &[id]).await?;
     }
     Ok(latencies)
 }
@@ -294,17 +302,7 @@ async fn stragglers(
             }
             wait_cleared(&cluster.client(i), a.name()).await?;
         }
-        for id in ids {
-            client.cancel_job(id).await?;
-        }
-        poll("the gangs to end", || {
-            let c = client.clone();
-            async move {
-                let q = c.jobs(None, Some("running")).await.ok()?;
-                q.is_empty().then_some(())
-            }
-        })
-        .await?;
+        cancel_all(&client, &ids).await?;
     }
     Ok(latencies)
 }
@@ -364,17 +362,7 @@ async fn stalls(
                 latencies.push(at.saturating_duration_since(wrote_at).as_secs_f64() * 1000.0);
             }
         }
-        for id in ids {
-            client.cancel_job(id).await?;
-        }
-        poll("the jobs to end", || {
-            let c = client.clone();
-            async move {
-                let q = c.jobs(None, Some("running")).await.ok()?;
-                q.is_empty().then_some(())
-            }
-        })
-        .await?;
+        cancel_all(&client, &ids).await?;
     }
     Ok(latencies)
 }

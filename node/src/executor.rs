@@ -257,18 +257,7 @@ fn report_stall(inner: &Arc<Inner>, key: &RankKey, silent: Duration) {
             silent.as_secs()
         ),
     };
-    tracing::warn!(job = key.job, rank = key.rank, "{}", spec.message);
-    inner
-        .metrics
-        .anomaly_events
-        .get_or_create(&vec![("kind".into(), spec.kind.clone())])
-        .inc();
-    let inner = inner.clone();
-    tokio::spawn(async move {
-        if let Err(e) = inner.write(Command::RecordEvent(spec)).await {
-            tracing::warn!(error = %e.message, "could not record an event");
-        }
-    });
+    crate::anomaly::record(inner, spec);
 }
 
 /// Whether this node heard from a majority of the Raft voters (itself

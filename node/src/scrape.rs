@@ -178,17 +178,6 @@ fn refresh_process(p: &crate::metrics::ProcessSeries) {
 /// This node's own failure-detector view, labelled with member names.
 fn refresh_peer_view(inner: &Inner) {
     let mm = &inner.metrics;
-    let names: BTreeMap<u64, String> = inner
-        .ledger
-        .read()
-        .map(|d| {
-            d.ledger
-                .members
-                .values()
-                .map(|m| (m.id, m.spec.name.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
     let Ok(view) = inner.peers.lock() else {
         return;
     };
@@ -204,7 +193,7 @@ fn refresh_peer_view(inner: &Inner) {
         };
         *by_state.entry(state).or_default() += 1;
         if let Some(phi) = view.detector.phi(peer, now) {
-            let name = names.get(peer).cloned().unwrap_or_else(|| peer.to_string());
+            let name = inner.name_of(*peer).unwrap_or_else(|| peer.to_string());
             // +Inf is valid OpenMetrics, but a capped value graphs better.
             mm.fd_phi
                 .get_or_create(&vec![("peer".into(), name)])

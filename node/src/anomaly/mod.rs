@@ -169,7 +169,9 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-fn record(inner: &Arc<Inner>, spec: EventSpec) {
+/// Logs, counts and commits a detected anomaly (in the background: a
+/// detector never waits for the ledger).
+pub fn record(inner: &Arc<Inner>, spec: EventSpec) {
     tracing::warn!(kind = %spec.kind, gpu = ?spec.gpu, job = ?spec.job, "{}", spec.message);
     inner
         .metrics
@@ -220,16 +222,6 @@ fn check_gangs(
             .collect(),
         Err(_) => return,
     };
-    let names: BTreeMap<NodeId, String> = inner
-        .read_ledger()
-        .map(|d| {
-            d.ledger
-                .members
-                .values()
-                .map(|m| (m.id, m.spec.name.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
     let now = Instant::now();
     let mut found = Vec::new();
     if let Ok(view) = inner.peers.lock() {
@@ -259,10 +251,7 @@ fn check_gangs(
     }
     watch.retain_jobs(&gangs.iter().map(|(job, _)| *job).collect::<BTreeSet<_>>());
     for s in found {
-        let name = names
-            .get(&s.node)
-            .cloned()
-            .unwrap_or_else(|| s.node.to_string());
+        let name = inner.name_of(s.node).unwrap_or_else(|| s.node.to_string());
         record(
             inner,
             EventSpec {
