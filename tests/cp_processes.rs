@@ -327,3 +327,107 @@ async fn full_nodes_are_passed_over_and_removed_objects_are_collected() {
     })
     .await;
 }
+
+/// Tenant-scoped API tokens: each tenant writes, reads and removes only its
+/// own objects and jobs; every refusal is one `permission denied` line and
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_token_is_denied_other_tenants_objects_and_jobs() {
+    let _serial = one_at_a_time();
+    let root = tempfile::tempdir().expect("tempdir");
+    let (nodes, token) = start_cluster(root.path(), &["n1", "n2"], |_| Vec::new()).await;
+    let admin = Cli {
+        api: nodes[0].api_url(),
+        token,
+    };
+    for tenant in ["a", "b"] {
+        assert!(admin.run(&["tenant", "create", tenant]).status.success());
+    }
+    let token_for = |tenant: &str| {
+        let t = admin.json(&["token", "api", "--tenant", tenant, "--json"]);
+        assert_eq!(t["tenant"], tenant);
+        Cli {
+            api: nodes[0].api_url(),
+            token: t["token"].as_str().expect("token").to_string(),
+        }
+    };
+    let (a, b) = (token_for("a"), token_for("b"));
+    admin.fails(
+        &["token", "api", "--tenant", "nope"],
+        "no tenant named 'nope'",
+    );
+
+    let file = root.path().join("w.bin");
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&file, &data).expect("write");
+    let file_s = file.display().to_string();
+    let other = root.path().join("other.bin");
+    std::fs::write(&other, b"not a's data").expect("write");
+    let other_s = other.display().to_string();
+
+    a.json(&["cp", "--replica", "2", "--json", &file_s, "mesh:/a/w.bin"]);
+    let before = admin.json(&["stat", "--json", "mesh:/a/w.bin"]);
+    assert_eq!(before["tenant"], "a", "owned by the token's tenant");
+
+    // b may neither replace, read, copy nor remove a's object.
+    b.fails(
+        &["cp", "--force", "--replica", "2", &other_s, "mesh:/a/w.bin"],
+        "permission denied: mesh:/a/w.bin belongs to tenant 'a'",
+    );
+    let stolen = root.path().join("stolen.bin");
+    b.fails(
+        &["cp", "mesh:/a/w.bin", &stolen.display().to_string()],
+        "permission denied: mesh:/a/w.bin belongs to tenant 'a'",
+    );
+    assert!(!stolen.exists(), "nothing written on a refused read");
+    b.fails(
+        &["cp", "mesh:/a/w.bin", "mesh:/b/copy.bin"],
+        "permission denied",
+    );
+    b.fails(
+        &["rm", "mesh:/a/w.bin"],
+        "permission denied: mesh:/a/w.bin belongs to tenant 'a'",
+    );
+    assert_eq!(
+        admin.json(&["stat", "--json", "mesh:/a/w.bin"]),
+        before,
+        "a's object is untouched"
+    );
+    let back = root.path().join("back.bin");
+    a.json(&["cp", "--json", "mesh:/a/w.bin", &back.display().to_string()]);
+    assert_eq!(std::fs::read(&back).expect("read"), data);
+    // b's listing does not show a's objects.
+    assert_eq!(b.json(&["ls", "--json", "mesh:/"]), serde_json::json!([]));
+
+    // Jobs: b submits as itself by default, never for a; cluster changes
+    // need an admin token.
+    b.fails(
+        &["submit", "--tenant", "a", "-N", "1", "--", "true"],
+        "permission denied: a token of tenant 'b' cannot submit jobs for tenant 'a'",
+    );
+    let job = a.json(&[
+        "submit", "--json", "-N", "1", "-t", "10m", "--", "sleep", "600",
+    ]);
+    let job_id = job["id"].as_u64().expect("job id").to_string();
+    assert_eq!(admin.json(&["show", "--json", &job_id])["tenant"], "a");
+    b.fails(
+        &["cancel", &job_id],
+        &format!("permission denied: job {job_id} belongs to tenant 'a'"),
+    );
+    b.fails(&["drain", "n2"], "needs an admin token");
+    b.fails(
+        &["tenant", "set", "b", "--max-gpus", "100"],
+        "needs an admin token",
+    );
+    b.fails(&["token", "create"], "needs an admin token");
+    let queue = admin.json(&["queue", "--json"]);
+    let jobs = queue.as_array().expect("array");
+    assert_eq!(jobs.len(), 1, "only a's job: {queue}");
+    assert_ne!(jobs[0]["state"], "cancelled", "{queue}");
+    assert!(a.run(&["cancel", &job_id]).status.success());
+
+    // b's own objects are b's to write and remove.
+    b.json(&["cp", "--replica", "2", "--json", &other_s, "mesh:/b/x"]);
+    assert_eq!(admin.json(&["stat", "--json", "mesh:/b/x"])["tenant"], "b");
+    assert!(b.run(&["rm", "mesh:/b/x"]).status.success());
+}

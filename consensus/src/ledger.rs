@@ -56,6 +56,9 @@ pub struct JoinToken {
 pub struct ApiToken {
     pub name: String,
     pub created_at_ms: u64,
+    /// `None`: an admin token. `Some(t)`: acts only for tenant `t` and the
+    /// tenants below it (see [`crate::access`]).
+    pub tenant: Option<String>,
 }
 
 /// A command with the leader's timestamp.
@@ -98,6 +101,7 @@ pub enum Command {
     CreateApiToken {
         hash: String,
         name: String,
+        tenant: Option<String>,
     },
     /// A small cluster attribute (operator annotations; the ledger benchmark's unit of write).
     PutAttr {
@@ -174,6 +178,12 @@ pub enum Command {
     /// concurrent writes so that one fsync and one replication round trip
     /// commit all of them; each command keeps its own answer.
     Batch(Vec<Command>),
+    /// A command sent with a tenant-scoped API token: applied only if that
+    /// tenant may (checked at commit, [`crate::access::authorize`]).
+    AsTenant {
+        tenant: String,
+        cmd: Box<Command>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -191,6 +201,8 @@ pub enum LedgerResponse {
     /// The command was valid Raft input but the ledger refused it; the
     /// message is for a human.
     Rejected(String),
+    /// The caller's token may not do this; the message is for a human.
+    Denied(String),
 }
 
 /// Limits that keep the ledger (and therefore every snapshot) small.
@@ -284,6 +296,7 @@ impl Ledger {
                     ApiToken {
                         name: "admin".into(),
                         created_at_ms: now,
+                        tenant: None,
                     },
                 );
                 self.insert_member(*first_member, spec.clone(), now);
@@ -378,15 +391,40 @@ impl Ledger {
                 );
                 LedgerResponse::Ok
             }
-            Command::CreateApiToken { hash, name } => {
+            Command::CreateApiToken { hash, name, tenant } => {
+                if name.is_empty() || name.len() > MAX_NAME {
+                    return LedgerResponse::Rejected(format!(
+                        "token names are 1-{MAX_NAME} characters"
+                    ));
+                }
+                if let Some(t) = tenant {
+                    if !self.workload.tenants.contains_key(t) {
+                        return LedgerResponse::Rejected(format!("no tenant named '{t}'"));
+                    }
+                }
+                if self.api_tokens.values().any(|t| &t.name == name) {
+                    return LedgerResponse::Rejected(format!(
+                        "an API token named '{name}' already exists"
+                    ));
+                }
                 self.api_tokens.insert(
                     hash.clone(),
                     ApiToken {
                         name: name.clone(),
                         created_at_ms: now,
+                        tenant: tenant.clone(),
                     },
                 );
                 LedgerResponse::Ok
+            }
+            Command::AsTenant { tenant, cmd } => {
+                if matches!(**cmd, Command::AsTenant { .. } | Command::Batch(_)) {
+                    return LedgerResponse::Rejected("tenant commands do not nest".into());
+                }
+                match crate::access::authorize(self, tenant, cmd) {
+                    Ok(()) => self.apply_command(index, cmd),
+                    Err(reason) => LedgerResponse::Denied(reason),
+                }
             }
             Command::PutAttr { key, value } => {
                 if key.is_empty() || key.len() > MAX_ATTR_KEY || value.len() > MAX_ATTR_VALUE {

@@ -3,6 +3,7 @@
 //! state-machine stores, and a network adapter over a transport trait that
 //! the node crate implements (this crate never touches sockets).
 
+pub mod access;
 pub mod events;
 pub mod ledger;
 pub mod namespace;

@@ -42,8 +42,9 @@ const KEY_SNAP_DATA: &str = "data";
 
 /// Version byte in front of every snapshot so that an old binary refuses a
 /// newer snapshot with a clear error instead of misreading it.
-/// Version 2 added tenants and jobs to the ledger.
-const SNAPSHOT_VERSION: u8 = 2;
+/// Version 2 added tenants and jobs to the ledger; version 3 gave API
+/// tokens a tenant.
+const SNAPSHOT_VERSION: u8 = 3;
 /// Decoding bound for snapshots and log entries.
 const MAX_DECODE: u64 = 1 << 30;
 

@@ -803,13 +803,27 @@ impl Inner {
             .map_err(|_| WireError::new(ErrorCode::Internal, "ledger lock poisoned"))
     }
 
-    /// Whether `token` is a valid API token (hash known to the ledger).
-    pub fn token_valid(&self, token: &str) -> bool {
+    /// Who holds `token`: `None` when the ledger does not know its hash.
+    pub fn caller(&self, token: &str) -> Option<crate::api::Caller> {
         let hash = identity::hash_secret(token);
-        self.ledger
-            .read()
-            .map(|d| d.ledger.api_tokens.contains_key(&hash))
-            .unwrap_or(false)
+        let d = self.ledger.read().ok()?;
+        d.ledger.api_tokens.get(&hash).map(|t| crate::api::Caller {
+            name: t.name.clone(),
+            tenant: t.tenant.clone(),
+        })
+    }
+
+    /// A new API token, admin or scoped to `tenant`; only its hash is kept.
+    pub async fn create_api_token(
+        self: &Arc<Self>,
+        name: String,
+        tenant: Option<String>,
+    ) -> Result<(String, LedgerResponse), WireError> {
+        let (token, hash) = identity::new_api_token();
+        let (resp, _) = self
+            .write(Command::CreateApiToken { hash, name, tenant })
+            .await?;
+        Ok((token, resp))
     }
 
     async fn serve_rpc(self: &Arc<Self>, peer: PeerInfo, req: Request) -> Response {

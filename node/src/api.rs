@@ -1,5 +1,9 @@
 //! The HTTP/JSON API (axum). Everything under /v1 needs a bearer token whose
-//! hash the ledger knows; /health and /metrics are open.
+//! hash the ledger knows; /health and /metrics are open. A tenant-scoped
+//! token reads the cluster's state (nodes, jobs, events) but only its own
+//! tenants' `mesh:/` objects, and may only make the writes in
+//! [`TENANT_WRITES`]; those go to the ledger wrapped in `Command::AsTenant`,
+//! which checks ownership at commit.
 
 use crate::agent::Inner;
 use crate::proto::{ErrorCode, Query as ProtoQuery, Response as ProtoResponse, WireError};
@@ -8,12 +12,13 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use shoal_consensus::{Command, LedgerResponse};
 use shoal_sdk::{
     ApiErrorBody, AttrPut, JobInfo, JobSubmitRequest, JobSubmitResponse, QuotaInfo, TenantInfo,
     TenantRequest, TokenCreateRequest, TokenCreateResponse, WriteResponse,
 };
+use shoal_sdk::{ApiTokenCreateRequest, ApiTokenCreateResponse};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +28,50 @@ type AppState = Arc<Inner>;
 const MAX_TOKEN_TTL_S: u64 = 30 * 24 * 3600;
 
 pub struct ApiError(StatusCode, ApiErrorBody);
+
+/// Who sent a request: the API token's name and, for a tenant-scoped token,
+/// its tenant.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    pub name: String,
+    pub tenant: Option<String>,
+}
+
+impl Caller {
+    /// `cmd` as this caller may send it: a tenant token's writes are checked
+    /// by the ledger at commit.
+    fn scoped(&self, cmd: Command) -> Command {
+        match &self.tenant {
+            None => cmd,
+            Some(tenant) => Command::AsTenant {
+                tenant: tenant.clone(),
+                cmd: Box::new(cmd),
+            },
+        }
+    }
+}
+
+/// The writes (method, route) a tenant-scoped token may make; every other
+/// write needs an admin token. Listed, not derived, so that a new route is
+/// admin-only until someone decides otherwise.
+const TENANT_WRITES: &[(&str, &str)] = &[
+    ("POST", "/v1/jobs"),
+    ("POST", "/v1/jobs/{id}/cancel"),
+    ("PUT", "/v1/chunks/{id}"),
+    ("POST", "/v1/chunks/has"),
+    ("POST", "/v1/objects"),
+    ("POST", "/v1/objects/rm"),
+];
+
+fn forbidden(msg: impl Into<String>) -> ApiError {
+    ApiError(
+        StatusCode::FORBIDDEN,
+        ApiErrorBody {
+            code: "forbidden".into(),
+            message: msg.into(),
+        },
+    )
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -72,6 +121,7 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes/{node}/drain", post(drain_node))
         .route("/nodes/{node}/undrain", post(undrain_node))
         .route("/tokens", post(create_token))
+        .route("/api-tokens", post(create_api_token))
         .route("/attrs", post(put_attr).get(get_attrs))
         .route("/jobs", post(submit_job).get(list_jobs))
         .route("/jobs/{id}", get(show_job))
@@ -124,9 +174,29 @@ async fn require_token(State(inner): State<AppState>, req: Request, next: Next) 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match token {
-        Some(t) if inner.token_valid(t) => next.run(req).await,
-        _ => ApiError(
+    match token.and_then(|t| inner.caller(t)) {
+        Some(caller) => {
+            if let Some(tenant) = &caller.tenant {
+                let method = req.method().as_str();
+                let route = req
+                    .extensions()
+                    .get::<MatchedPath>()
+                    .map(|p| p.as_str())
+                    .unwrap_or_default();
+                if method != "GET" && !TENANT_WRITES.contains(&(method, route)) {
+                    return forbidden(format!(
+                        "permission denied: {method} {route} needs an admin token; \
+                         token '{}' is for tenant '{tenant}'",
+                        caller.name
+                    ))
+                    .into_response();
+                }
+            }
+            let mut req = req;
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        None => ApiError(
             StatusCode::UNAUTHORIZED,
             ApiErrorBody {
                 code: "unauthorized".into(),
@@ -202,6 +272,30 @@ async fn create_token(
     }))
 }
 
+async fn create_api_token(
+    State(inner): State<AppState>,
+    Json(req): Json<ApiTokenCreateRequest>,
+) -> Result<Json<ApiTokenCreateResponse>, ApiError> {
+    let name = req.name.unwrap_or_else(|| {
+        format!(
+            "{}-{:08x}",
+            req.tenant.as_deref().unwrap_or("admin"),
+            rand::random::<u32>()
+        )
+    });
+    let (token, resp) = inner
+        .create_api_token(name.clone(), req.tenant.clone())
+        .await?;
+    match resp {
+        LedgerResponse::Rejected(m) => Err(bad_request(m)),
+        _ => Ok(Json(ApiTokenCreateResponse {
+            token,
+            name,
+            tenant: req.tenant,
+        })),
+    }
+}
+
 async fn put_attr(
     State(inner): State<AppState>,
     Json(req): Json<AttrPut>,
@@ -260,6 +354,7 @@ async fn write_or_reject(
                 message: m,
             },
         )),
+        LedgerResponse::Denied(m) => Err(forbidden(m)),
         other => Ok((other, index)),
     }
 }
@@ -276,10 +371,14 @@ fn unexpected() -> ApiError {
 
 async fn submit_job(
     State(inner): State<AppState>,
-    Json(req): Json<JobSubmitRequest>,
+    Extension(caller): Extension<Caller>,
+    Json(mut req): Json<JobSubmitRequest>,
 ) -> Result<Json<JobSubmitResponse>, ApiError> {
+    if req.tenant.is_none() {
+        req.tenant = caller.tenant.clone();
+    }
     let spec = crate::jobs_api::job_spec(&req).map_err(bad_request)?;
-    match write_or_reject(&inner, Command::SubmitJob { spec })
+    match write_or_reject(&inner, caller.scoped(Command::SubmitJob { spec }))
         .await?
         .0
     {
@@ -322,9 +421,10 @@ async fn show_job(
 
 async fn cancel_job(
     State(inner): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<u64>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let (_, index) = write_or_reject(&inner, Command::CancelJob { job: id }).await?;
+    let (_, index) = write_or_reject(&inner, caller.scoped(Command::CancelJob { job: id })).await?;
     Ok(Json(WriteResponse { index }))
 }
 
@@ -566,6 +666,7 @@ async fn has_chunks(
 
 async fn put_object(
     State(inner): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Json(req): Json<shoal_sdk::ObjectPut>,
 ) -> Result<Json<WriteResponse>, ApiError> {
     let manifest =
@@ -580,15 +681,16 @@ async fn put_object(
         replica: req.replica,
         tenant: req
             .tenant
+            .or_else(|| caller.tenant.clone())
             .unwrap_or_else(|| shoal_consensus::workload::DEFAULT_TENANT.to_string()),
         mtime_ms: 0,
     };
     let (_, index) = write_or_reject(
         &inner,
-        Command::PutObject {
+        caller.scoped(Command::PutObject {
             object,
             replace: req.replace,
-        },
+        }),
     )
     .await?;
     Ok(Json(WriteResponse { index }))
@@ -602,11 +704,31 @@ struct ObjectQuery {
 
 async fn list_objects(
     State(inner): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Query(q): Query<ObjectQuery>,
 ) -> Result<Json<Vec<shoal_sdk::ObjectInfo>>, ApiError> {
-    match inner.query(ProtoQuery::Objects { path: q.path }).await? {
-        ProtoResponse::Objects(o) => Ok(Json(o)),
-        _ => Err(unexpected()),
+    let named = !q.path.trim_matches('/').is_empty();
+    let objects = match inner.query(ProtoQuery::Objects { path: q.path }).await? {
+        ProtoResponse::Objects(o) => o,
+        _ => return Err(unexpected()),
+    };
+    let Some(scope) = &caller.tenant else {
+        return Ok(Json(objects));
+    };
+    // A tenant token sees its own subtree's objects only: the manifest is
+    // what names the chunks, so hiding it hides the data.
+    let (mine, others): (Vec<_>, Vec<_>) = {
+        let d = inner.read_ledger()?;
+        objects
+            .into_iter()
+            .partition(|o| shoal_consensus::access::covers(&d.ledger.workload, scope, &o.tenant))
+    };
+    match others.first() {
+        Some(other) if named && mine.is_empty() => Err(forbidden(format!(
+            "permission denied: mesh:{} belongs to tenant '{}', and this token is for tenant '{scope}'",
+            other.path, other.tenant
+        ))),
+        _ => Ok(Json(mine)),
     }
 }
 
@@ -617,8 +739,13 @@ struct RemoveQuery {
 
 async fn remove_object(
     State(inner): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Json(req): Json<RemoveQuery>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let (_, index) = write_or_reject(&inner, Command::RemoveObject { path: req.path }).await?;
+    let (_, index) = write_or_reject(
+        &inner,
+        caller.scoped(Command::RemoveObject { path: req.path }),
+    )
+    .await?;
     Ok(Json(WriteResponse { index }))
 }

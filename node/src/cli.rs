@@ -155,6 +155,17 @@ enum TokenCmd {
         #[arg(long)]
         ttl: Option<String>,
     },
+    /// Print a new API token for users and scripts, alone on stdout (admin only)
+    Api {
+        /// Scope the token to this tenant and those below it: it may only
+        /// submit and cancel their jobs and read, write and remove their
+        /// mesh:/ objects
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Unique name of the token [default: TENANT-RANDOM]
+        #[arg(long)]
+        name: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -355,6 +366,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Dev { api_addr, sim_gpus } => {
             init_logging("text");
             crate::dev::run(*api_addr, sim_gpus.clone()).await
+        }
+        Cmd::Token {
+            cmd: TokenCmd::Api { tenant, name },
+        } => {
+            let t = client(&cli)
+                .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
+                    name: name.clone(),
+                    tenant: tenant.clone(),
+                })
+                .await
+                .map_err(api_err)?;
+            if cli.json {
+                print_json(&t)
+            } else {
+                println!("{}", t.token);
+                Ok(())
+            }
         }
         Cmd::Token {
             cmd: TokenCmd::Create { ttl },

@@ -121,6 +121,13 @@ impl Client {
         self.post("/v1/tokens", &TokenCreateRequest { ttl_s }).await
     }
 
+    pub async fn create_api_token(
+        &self,
+        req: &ApiTokenCreateRequest,
+    ) -> Result<ApiTokenCreateResponse, ClientError> {
+        self.post("/v1/api-tokens", req).await
+    }
+
     pub async fn put_attr(&self, key: &str, value: &str) -> Result<WriteResponse, ClientError> {
         self.post(
             "/v1/attrs",

@@ -129,6 +129,23 @@ pub struct TokenCreateResponse {
     pub expires_at_ms: u64,
 }
 
+/// `POST /v1/api-tokens` body (admin only): a new API token for scripts and
+/// users. With a tenant it may only act for that tenant and those below it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct ApiTokenCreateRequest {
+    /// Unique; the server picks one when absent.
+    pub name: Option<String>,
+    /// `None`: an admin token.
+    pub tenant: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct ApiTokenCreateResponse {
+    pub token: String,
+    pub name: String,
+    pub tenant: Option<String>,
+}
+
 /// `POST /v1/attrs` body: a small cluster attribute (used by operators for
 /// annotations and by `shoal bench ledger` as the unit of write).
 #[derive(Serialize, Deserialize, Clone, Debug)]

@@ -1,0 +1,299 @@
+//! What a tenant-scoped API token may change. Pure: the decision reads only
+//! the ledger, and `apply` makes it at commit time, so a check cannot race
+//! with another write (an object replaced between a check at the API and the
+//! commit would otherwise slip through).
+//!
+//! A token of tenant `T` acts for `T` and every tenant below it (a team lead's
+//! token covers the team's projects): it may submit and cancel their jobs and
+//! write or remove `mesh:/` objects they own. Everything that shapes the
+//! cluster itself — members, drains, tenants and their limits, tokens,
+//! attributes — needs an admin token (one without a tenant).
+
+use crate::ledger::{Command, Ledger};
+use crate::workload::Workload;
+
+/// Whether `tenant` is `scope` or below it in the tenant tree.
+pub fn covers(workload: &Workload, scope: &str, tenant: &str) -> bool {
+    workload.ancestry(tenant).contains(&scope)
+}
+
+/// `Ok` when a token of tenant `scope` may have `cmd` applied; otherwise the
+/// reason, worded for the user who ran the command.
+pub fn authorize(ledger: &Ledger, scope: &str, cmd: &Command) -> Result<(), String> {
+    let workload = &ledger.workload;
+    if !workload.tenants.contains_key(scope) {
+        return Err(format!(
+            "permission denied: the token's tenant '{scope}' no longer exists"
+        ));
+    }
+    let denied = |what: &str, owner: &str| {
+        Err(format!(
+            "permission denied: {what} belongs to tenant '{owner}', and this token is for tenant '{scope}'"
+        ))
+    };
+    match cmd {
+        Command::SubmitJob { spec } if covers(workload, scope, &spec.tenant) => Ok(()),
+        Command::SubmitJob { spec } => Err(format!(
+            "permission denied: a token of tenant '{scope}' cannot submit jobs for tenant '{}'",
+            spec.tenant
+        )),
+        Command::CancelJob { job } => match workload.jobs.get(job) {
+            // Cancelling a job that does not exist fails in apply with its
+            // usual message.
+            None => Ok(()),
+            Some(j) if covers(workload, scope, &j.spec.tenant) => Ok(()),
+            Some(j) => denied(&format!("job {job}"), &j.spec.tenant),
+        },
+        Command::PutObject { object, .. } => {
+            if !covers(workload, scope, &object.tenant) {
+                return Err(format!(
+                    "permission denied: a token of tenant '{scope}' cannot write objects owned by tenant '{}'",
+                    object.tenant
+                ));
+            }
+            let path = crate::namespace::normalize(&object.path)?;
+            match ledger.namespace.objects.get(&path) {
+                Some(existing) if !covers(workload, scope, &existing.tenant) => {
+                    denied(&format!("mesh:{path}"), &existing.tenant)
+                }
+                _ => Ok(()),
+            }
+        }
+        Command::RemoveObject { path } => {
+            let path = crate::namespace::normalize(path)?;
+            // Removing a directory removes everything below it: all of it
+            // must be the caller's, or nothing is removed.
+            let prefix = format!("{path}/");
+            match ledger
+                .namespace
+                .objects
+                .values()
+                .filter(|o| o.path == path || o.path.starts_with(&prefix))
+                .find(|o| !covers(workload, scope, &o.tenant))
+            {
+                Some(other) => denied(&format!("mesh:{}", other.path), &other.tenant),
+                None => Ok(()),
+            }
+        }
+        other => Err(format!(
+            "permission denied: {} needs an admin token; this token is for tenant '{scope}'",
+            describe(other)
+        )),
+    }
+}
+
+/// The command as a user would name what they tried.
+fn describe(cmd: &Command) -> &'static str {
+    match cmd {
+        Command::Bootstrap { .. } => "bootstrapping",
+        Command::AddMember { .. } | Command::UpdateMember { .. } => "changing members",
+        Command::SetMemberState { .. } => "changing a node's state",
+        Command::CreateJoinToken { .. } | Command::CreateApiToken { .. } => "creating tokens",
+        Command::PutAttr { .. } => "setting cluster attributes",
+        Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "managing tenants",
+        Command::SetDrain { .. } => "draining nodes",
+        Command::AsTenant { .. } | Command::Batch(_) => "nesting commands",
+        _ => "this operation",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{LedgerRequest, LedgerResponse, MemberSpec};
+    use crate::namespace::MeshObject;
+    use crate::workload::{JobSpec, TenantLimits};
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn ledger_with_tenants() -> Ledger {
+        let mut l = Ledger::new();
+        let spec = MemberSpec {
+            name: "n1".into(),
+            rpc_addr: "127.0.0.1:1".into(),
+            api_addr: "127.0.0.1:2".into(),
+            labels: BTreeMap::new(),
+            gpus: vec![],
+            gossip_peer_id: String::new(),
+            gossip_addr: String::new(),
+        };
+        let apply = |l: &mut Ledger, cmd: Command| {
+            let index = l.clock_ms + 1;
+            let r = l.apply(index, &LedgerRequest { now_ms: index, cmd });
+            assert!(!matches!(r, LedgerResponse::Rejected(_)), "{r:?}");
+        };
+        apply(
+            &mut l,
+            Command::Bootstrap {
+                cluster_id: "c".into(),
+                region: "r".into(),
+                ca_cert_pem: String::new(),
+                ca_key_pem: String::new(),
+                admin_token_hash: "admin".into(),
+                first_member: 1,
+                spec,
+            },
+        );
+        for (name, parent) in [("a", None), ("a-sub", Some("a")), ("b", None)] {
+            apply(
+                &mut l,
+                Command::CreateTenant {
+                    name: name.into(),
+                    limits: TenantLimits {
+                        parent: parent.map(String::from),
+                        ..TenantLimits::default()
+                    },
+                },
+            );
+        }
+        l
+    }
+
+    fn object(path: &str, tenant: &str) -> MeshObject {
+        MeshObject {
+            path: path.into(),
+            is_dir: false,
+            manifest: vec![1],
+            bytes: 1,
+            files: 1,
+            holders: vec![1],
+            replica: 1,
+            tenant: tenant.into(),
+            mtime_ms: 0,
+        }
+    }
+
+    fn job(tenant: &str) -> JobSpec {
+        JobSpec {
+            name: "j".into(),
+            tenant: tenant.into(),
+            nodes: 1,
+            gpus_per_node: 0,
+            gpu_model: None,
+            time_limit_s: 60,
+            priority: 0,
+            preemptible: true,
+            command: vec![],
+            env: BTreeMap::new(),
+            workdir: None,
+            ckpt_interval_s: None,
+            max_restarts: 0,
+            same: None,
+            max_rtt_ms: None,
+            required_labels: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_tenant_token_covers_its_subtree_only() {
+        let l = ledger_with_tenants();
+        assert!(covers(&l.workload, "a", "a"));
+        assert!(covers(&l.workload, "a", "a-sub"));
+        assert!(!covers(&l.workload, "a-sub", "a"));
+        assert!(!covers(&l.workload, "a", "b"));
+        assert!(!covers(&l.workload, "a", "missing"));
+    }
+
+    #[test]
+    fn jobs_and_objects_of_other_tenants_are_refused_with_the_owner_named() {
+        let mut l = ledger_with_tenants();
+        l.namespace
+            .put(&object("/b/data", "b"), false)
+            .expect("put");
+        assert!(authorize(&l, "a", &Command::SubmitJob { spec: job("a-sub") }).is_ok());
+        let err = authorize(&l, "a", &Command::SubmitJob { spec: job("b") }).unwrap_err();
+        assert!(err.contains("cannot submit jobs for tenant 'b'"), "{err}");
+        let err = authorize(
+            &l,
+            "a",
+            &Command::PutObject {
+                object: object("/b/data", "a"),
+                replace: true,
+            },
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("permission denied: mesh:/b/data belongs to tenant 'b'"),
+            "{err}"
+        );
+        let err = authorize(&l, "a", &Command::RemoveObject { path: "/b".into() }).unwrap_err();
+        assert!(err.contains("mesh:/b/data belongs to tenant 'b'"), "{err}");
+        let err = authorize(&l, "a", &Command::SetDrain { id: 1, drain: true }).unwrap_err();
+        assert!(err.contains("draining nodes needs an admin token"), "{err}");
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put {
+            path: usize,
+            tenant: usize,
+            replace: bool,
+        },
+        Remove {
+            path: usize,
+        },
+    }
+
+    const PATHS: [&str; 4] = ["/x", "/y", "/x/z", "/w/v"];
+    const TENANTS: [&str; 3] = ["a", "a-sub", "b"];
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..PATHS.len(), 0..TENANTS.len(), any::<bool>()).prop_map(
+                |(path, tenant, replace)| {
+                    Op::Put {
+                        path,
+                        tenant,
+                        replace,
+                    }
+                }
+            ),
+            (0..PATHS.len()).prop_map(|path| Op::Remove { path }),
+        ]
+    }
+
+    proptest! {
+        /// Whatever a token of tenant `b` sends, objects of other tenants are
+        /// never changed or removed, while the admin's writes all go through
+        /// the usual checks.
+        #[test]
+        fn a_tenant_token_never_touches_other_tenants_objects(
+            ops in proptest::collection::vec((op(), any::<bool>()), 1..40)
+        ) {
+            let mut l = ledger_with_tenants();
+            for (i, (op, as_b)) in ops.into_iter().enumerate() {
+                let cmd = match op {
+                    Op::Put { path, tenant, replace } => Command::PutObject {
+                        object: object(PATHS[path], TENANTS[tenant]),
+                        replace,
+                    },
+                    Op::Remove { path } => Command::RemoveObject { path: PATHS[path].into() },
+                };
+                let others_before: Vec<MeshObject> = l
+                    .namespace
+                    .objects
+                    .values()
+                    .filter(|o| o.tenant != "b")
+                    .cloned()
+                    .collect();
+                let cmd = if as_b {
+                    Command::AsTenant { tenant: "b".into(), cmd: Box::new(cmd) }
+                } else {
+                    cmd
+                };
+                let index = 100 + i as u64;
+                l.apply(index, &LedgerRequest { now_ms: 10, cmd });
+                if as_b {
+                    let others_after: Vec<MeshObject> = l
+                        .namespace
+                        .objects
+                        .values()
+                        .filter(|o| o.tenant != "b")
+                        .cloned()
+                        .collect();
+                    prop_assert_eq!(others_before, others_after);
+                }
+            }
+        }
+    }
+}
