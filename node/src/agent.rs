@@ -836,7 +836,8 @@ impl Inner {
             Request::Raft(rpc) => Ok(Response::Raft(self.serve_raft(rpc).await)),
             Request::Chunk(req) => {
                 let inner = self.clone();
-                tokio::task::spawn_blocking(move || inner.serve_chunk(req))
+                let handle = tokio::runtime::Handle::current();
+                tokio::task::spawn_blocking(move || inner.serve_chunk(&handle, req))
                     .await
                     .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))
             }

@@ -113,9 +113,9 @@ pub async fn run(bytes: u64) -> anyhow::Result<CkptReport> {
         let (manifest, _) = build_manifest(&data, &source.chunks)?;
         let chunk_local = started.elapsed().as_secs_f64();
         let transport = crate::ckpt::QuicChunkTransport::new(source.clone(), handle.clone());
-        // As the agent does: all three peers at once, quorum of two.
+        // As the agent does: a chain through the three peers, quorum of two.
         let started = Instant::now();
-        let pushed = crate::ckpt::push_parallel(&manifest, &source.chunks, &targets, &transport, 2);
+        let pushed = crate::ckpt::push_chained(&manifest, &source.chunks, &targets, &transport, 2);
         let replicate_3 = started.elapsed().as_secs_f64();
         if !pushed.failed.is_empty() {
             anyhow::bail!("replication failed: {:?}", pushed.failed);

@@ -3,7 +3,8 @@
 //! When a rank completes step N (`$SHOAL_CKPT_DIR/N/.done`), its agent
 //! chunks the directory into the local chunk store, pushes the chunks to up
 //! to three peers chosen by failure-domain-aware rendezvous hashing over the
-//! live members, and records the rank's part (manifest and holders) in the
+//! live members — down a chain, so the source sends each chunk once and
+//! every peer stores it and forwards it to the next — and records the rank's part (manifest and holders) in the
 //! ledger once a write quorum of two peers (fewer in smaller clusters) holds
 //! every chunk. The step is committed when every rank's part is recorded.
 //!
@@ -24,7 +25,7 @@ use shoal_storage::chunk::{ChunkId, EncodedChunk};
 use shoal_storage::manifest::{build_manifest, restore_manifest, Manifest};
 use shoal_storage::placement::{place_replicas, NodeInfo};
 use shoal_storage::replicate::{
-    replicate_manifest, restore_from_replicas_parallel, ChunkTransport, TransportError,
+    replicate_chained, restore_from_replicas_parallel, ChainPush, ChunkTransport, TransportError,
 };
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,9 @@ pub const WRITE_QUORUM: usize = 2;
 const CHUNK_RPC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Chunks fetched at once during a restore, spread over the holders.
 pub const FETCH_THREADS: usize = 4;
+/// Chunks travelling down replication chains at once: enough that every
+/// hop of a three-node chain is busy while the others store.
+pub const CHAIN_IN_FLIGHT: usize = 4;
 
 /// Chunk push/fetch/has over quinn to other members.
 pub struct QuicChunkTransport {
@@ -65,14 +69,24 @@ impl QuicChunkTransport {
 
     /// One chunk RPC; `id` names the chunk in errors.
     fn call(&self, node: u64, id: ChunkId, req: ChunkRequest) -> Result<Response, TransportError> {
+        self.call_within(node, id, req, CHUNK_RPC_TIMEOUT)
+    }
+
+    fn call_within(
+        &self,
+        node: u64,
+        id: ChunkId,
+        req: ChunkRequest,
+        timeout: Duration,
+    ) -> Result<Response, TransportError> {
         let reply = if node == self.inner.id {
-            self.inner.serve_chunk(req)
+            self.inner.serve_chunk(&self.handle, req)
         } else {
             let addr = self.addr_of(node)?;
             let body = proto::encode(&Request::Chunk(req));
             let bytes = self
                 .handle
-                .block_on(self.inner.rpc.call(addr, &body, CHUNK_RPC_TIMEOUT))
+                .block_on(self.inner.rpc.call(addr, &body, timeout))
                 .map_err(|e| TransportError::Unreachable {
                     node,
                     reason: e.to_string(),
@@ -132,6 +146,45 @@ impl ChunkTransport for QuicChunkTransport {
         }
     }
 
+    /// Sends the frame to the first node of `chain` that answers, asking it
+    /// to forward down the rest; a head that cannot be reached is reported
+    /// and the next node becomes the head.
+    fn push_chain(&self, chain: &[u64], chunk: &EncodedChunk) -> ChainPush {
+        let id = chunk.id();
+        let mut outcomes = Vec::with_capacity(chain.len());
+        let mut source_sends = 0;
+        for (head, &node) in chain.iter().enumerate() {
+            let forward = chain[head + 1..].to_vec();
+            // Each hop waits for the ones below it.
+            let timeout = CHUNK_RPC_TIMEOUT * (forward.len() as u32 + 1);
+            let req = ChunkRequest::PutChain {
+                id,
+                frame: chunk.bytes().to_vec(),
+                forward,
+            };
+            source_sends += 1;
+            match self.call_within(node, id, req, timeout) {
+                Ok(Response::ChainStored(answers)) if answers.len() == chain.len() - head => {
+                    outcomes.extend(answers);
+                    return ChainPush {
+                        outcomes,
+                        source_sends,
+                    };
+                }
+                Ok(other) => {
+                    outcomes.push(Err(unexpected(node, id, &other)));
+                    // It answered, so it was reachable but is not a chain
+                    // member we understand: try the rest from here.
+                }
+                Err(error) => outcomes.push(Err(error)),
+            }
+        }
+        ChainPush {
+            outcomes,
+            source_sends,
+        }
+    }
+
     fn has(&self, node: u64, ids: &[ChunkId]) -> Result<Vec<bool>, TransportError> {
         let Some(first) = ids.first().copied() else {
             return Ok(Vec::new());
@@ -144,10 +197,18 @@ impl ChunkTransport for QuicChunkTransport {
 }
 
 impl Inner {
-    /// Serves a chunk request from a peer against the local store.
-    pub fn serve_chunk(&self, req: ChunkRequest) -> Response {
+    /// Serves a chunk request from a peer against the local store; blocking
+    /// (a chained put forwards over the network with `handle`).
+    pub fn serve_chunk(
+        self: &Arc<Self>,
+        handle: &tokio::runtime::Handle,
+        req: ChunkRequest,
+    ) -> Response {
         let store = &self.chunks;
         let result = match req {
+            ChunkRequest::PutChain { id, frame, forward } => {
+                return Response::ChainStored(self.serve_chain(handle, id, frame, &forward))
+            }
             ChunkRequest::Put { id, frame } => EncodedChunk::from_wire(id, frame)
                 .and_then(|chunk| store.put(&chunk))
                 .map(|_| Response::ChunkStored),
@@ -162,6 +223,74 @@ impl Inner {
         };
         result
             .unwrap_or_else(|e| Response::Error(WireError::new(ErrorCode::Rejected, e.to_string())))
+    }
+}
+
+impl Inner {
+    /// Stores a chained chunk here while forwarding it down the rest of the
+    /// chain, and answers every node's outcome, this node's first.
+    fn serve_chain(
+        self: &Arc<Self>,
+        handle: &tokio::runtime::Handle,
+        id: ChunkId,
+        frame: Vec<u8>,
+        forward: &[u64],
+    ) -> Vec<Result<(), TransportError>> {
+        let me = self.id;
+        let chunk = match EncodedChunk::from_wire(id, frame) {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                // Corrupted on the way here: passing it on would only spread
+                // it; the source learns every node below missed the chunk.
+                let reason = format!("upstream copy was corrupt: {e}");
+                return std::iter::once(Err(TransportError::Rejected {
+                    node: me,
+                    id,
+                    reason: reason.clone(),
+                }))
+                .chain(forward.iter().map(|&node| {
+                    Err(TransportError::Rejected {
+                        node,
+                        id,
+                        reason: reason.clone(),
+                    })
+                }))
+                .collect();
+            }
+        };
+        let (mine, below) = std::thread::scope(|scope| {
+            let downstream = (!forward.is_empty()).then(|| {
+                let transport = QuicChunkTransport::new(self.clone(), handle.clone());
+                let chunk = &chunk;
+                scope.spawn(move || transport.push_chain(forward, chunk))
+            });
+            let mine = self.chunks.put(&chunk).map(|_| ()).map_err(|e| {
+                if matches!(e, shoal_storage::StorageError::StoreFull { .. }) {
+                    TransportError::StoreFull { node: me, id }
+                } else {
+                    TransportError::Rejected {
+                        node: me,
+                        id,
+                        reason: e.to_string(),
+                    }
+                }
+            });
+            let below = match downstream.map(|h| h.join()) {
+                None => Vec::new(),
+                Some(Ok(pushed)) => pushed.outcomes,
+                Some(Err(_)) => forward
+                    .iter()
+                    .map(|&node| {
+                        Err(TransportError::Other {
+                            node,
+                            reason: "the forwarding thread panicked".into(),
+                        })
+                    })
+                    .collect(),
+            };
+            (mine, below)
+        });
+        std::iter::once(mine).chain(below).collect()
     }
 }
 
@@ -185,19 +314,21 @@ fn choose_targets(inner: &Inner, key: &str) -> Vec<NodeId> {
     place_replicas(key.as_bytes(), &nodes, REPLICAS)
 }
 
-/// What a parallel push achieved.
+/// What a replication push achieved.
 pub struct PushOutcome {
     pub complete: Vec<NodeId>,
     pub failed: Vec<(NodeId, String)>,
+    /// Frame bytes that left the source (one copy per chunk down a chain).
     pub bytes_sent: u64,
-    /// When the `quorum`-th target finished (None: never).
+    /// When `quorum` targets held everything (None: never).
     pub quorum_after: Option<std::time::Duration>,
 }
 
-/// Pushes `manifest`'s chunks to every target at once, one thread per
-/// target, so the time to a quorum is the quorum-th fastest target rather
-/// than the sum over targets. Blocking.
-pub fn push_parallel(
+/// Pushes `manifest`'s chunks down a chain of the targets, several chunks in
+/// flight at once. Every target of a chain receives each chunk at about the
+/// same time, so the quorum and the full replica set complete together.
+/// Blocking.
+pub fn push_chained(
     manifest: &Manifest,
     store: &shoal_storage::ChunkStore,
     targets: &[NodeId],
@@ -205,55 +336,27 @@ pub fn push_parallel(
     quorum: usize,
 ) -> PushOutcome {
     let started = std::time::Instant::now();
-    let finished = std::sync::Mutex::new(Vec::new());
-    let results: Vec<(NodeId, Result<u64, String>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = targets
-            .iter()
-            .map(|&target| {
-                let finished = &finished;
-                scope.spawn(move || {
-                    let result = replicate_manifest(manifest, store, &[target], transport, 1)
-                        .map_err(|e| e.to_string())
-                        .and_then(|report| {
-                            if report.quorum_reached {
-                                Ok(report.targets.iter().map(|t| t.bytes_pushed).sum())
-                            } else {
-                                Err(format!("{:?}", report.failed_nodes()))
-                            }
-                        });
-                    if result.is_ok() {
-                        if let Ok(mut done) = finished.lock() {
-                            done.push(started.elapsed());
-                        }
-                    }
-                    (target, result)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .zip(targets)
-            .map(|(h, &target)| {
-                h.join()
-                    .unwrap_or_else(|_| (target, Err("push thread panicked".to_string())))
-            })
-            .collect()
-    });
-    let mut times = finished.into_inner().unwrap_or_default();
-    times.sort();
     let mut outcome = PushOutcome {
         complete: Vec::new(),
         failed: Vec::new(),
         bytes_sent: 0,
-        quorum_after: quorum.checked_sub(1).and_then(|i| times.get(i).copied()),
+        quorum_after: None,
     };
-    for (target, result) in results {
-        match result {
-            Ok(bytes) => {
-                outcome.complete.push(target);
-                outcome.bytes_sent += bytes;
+    match replicate_chained(manifest, store, targets, transport, quorum, CHAIN_IN_FLIGHT) {
+        Ok(report) => {
+            if report.quorum_reached {
+                outcome.quorum_after = Some(started.elapsed());
             }
-            Err(e) => outcome.failed.push((target, e)),
+            outcome.bytes_sent = report.source_bytes;
+            outcome.complete = report.complete_nodes();
+            outcome.failed = report
+                .failed_nodes()
+                .into_iter()
+                .map(|(node, e)| (node, e.to_string()))
+                .collect();
+        }
+        Err(e) => {
+            outcome.failed = targets.iter().map(|&t| (t, e.to_string())).collect();
         }
     }
     outcome
@@ -277,7 +380,7 @@ pub fn replicate_part(
     if !targets.is_empty() {
         let quorum = WRITE_QUORUM.min(targets.len());
         let transport = QuicChunkTransport::new(inner.clone(), handle);
-        let pushed = push_parallel(&manifest, &inner.chunks, &targets, &transport, quorum);
+        let pushed = push_chained(&manifest, &inner.chunks, &targets, &transport, quorum);
         if pushed.complete.len() < quorum {
             return Err(format!(
                 "checkpoint step {step} reached {} of {quorum} replicas: {:?}",
@@ -360,4 +463,100 @@ pub fn merge_into(from: &Path, to: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local_cluster::LocalCluster;
+
+    fn random_file(path: &Path, bytes: usize, mut state: u64) {
+        let data: Vec<u8> = (0..bytes)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        std::fs::write(path, data).expect("write");
+    }
+
+    /// Over real QUIC: every chunk reaches all three peers while only one
+    /// copy leaves the source; with the chain's middle node stopped, the
+    /// other two still complete a quorum and the source still sends once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_chain_delivers_three_copies_for_one_sent() {
+        let cluster = LocalCluster::start(4, |_, cfg| cfg.executor.enabled = false)
+            .await
+            .expect("cluster");
+        cluster
+            .wait_all_alive(Duration::from_secs(30))
+            .await
+            .expect("alive");
+        let source = cluster.agents[0].inner.clone();
+        let peers: Vec<Arc<Inner>> = cluster.agents[1..]
+            .iter()
+            .map(|a| a.inner.clone())
+            .collect();
+        let targets: Vec<NodeId> = peers.iter().map(|p| p.id).collect();
+        let root = cluster.root().to_path_buf();
+        let handle = tokio::runtime::Handle::current();
+
+        let push = |name: &str, seed: u64| {
+            let (source, targets, handle) = (source.clone(), targets.clone(), handle.clone());
+            let dir = root.join(name);
+            tokio::task::spawn_blocking(move || {
+                std::fs::create_dir_all(&dir).expect("mkdir");
+                random_file(&dir.join("weights.bin"), 9 << 20, seed);
+                let (manifest, _) = build_manifest(&dir, &source.chunks).expect("manifest");
+                let frame_bytes: u64 = manifest
+                    .unique_chunks()
+                    .iter()
+                    .map(|c| {
+                        source
+                            .chunks
+                            .get_encoded(&c.id)
+                            .expect("local")
+                            .stored_len()
+                    })
+                    .sum();
+                let transport = QuicChunkTransport::new(source.clone(), handle);
+                let pushed = push_chained(&manifest, &source.chunks, &targets, &transport, 2);
+                (manifest, frame_bytes, pushed)
+            })
+        };
+
+        let (manifest, frame_bytes, pushed) = push("a", 1).await.expect("push");
+        assert!(manifest.unique_chunks().len() > 1);
+        assert_eq!(pushed.complete, targets, "{:?}", pushed.failed);
+        assert_eq!(pushed.bytes_sent, frame_bytes, "one copy left the source");
+        for peer in &peers {
+            for chunk in manifest.unique_chunks() {
+                assert!(peer.chunks.contains(&chunk.id).expect("contains"));
+            }
+        }
+
+        cluster.agents[2].shutdown().await;
+        let (manifest, frame_bytes, pushed) = push("b", 2).await.expect("push");
+        assert_eq!(
+            pushed.complete,
+            [targets[0], targets[2]],
+            "{:?}",
+            pushed.failed
+        );
+        assert_eq!(pushed.failed.len(), 1);
+        assert_eq!(pushed.failed[0].0, targets[1]);
+        assert!(pushed.quorum_after.is_some());
+        assert_eq!(
+            pushed.bytes_sent, frame_bytes,
+            "the head forwarded past the gap"
+        );
+        for peer in [&peers[0], &peers[2]] {
+            for chunk in manifest.unique_chunks() {
+                assert!(peer.chunks.contains(&chunk.id).expect("contains"));
+            }
+        }
+        cluster.shutdown().await;
+    }
 }

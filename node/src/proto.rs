@@ -39,6 +39,14 @@ pub enum ChunkRequest {
     Has {
         ids: Vec<shoal_storage::chunk::ChunkId>,
     },
+    /// Store a chunk frame and pass it on down `forward` (chained
+    /// replication: the source sends one copy, not one per replica).
+    PutChain {
+        id: shoal_storage::chunk::ChunkId,
+        #[serde(with = "serde_bytes")]
+        frame: Vec<u8>,
+        forward: Vec<u64>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -85,6 +93,9 @@ pub enum Response {
     ChunkStored,
     Chunk(#[serde(with = "serde_bytes")] Vec<u8>),
     Has(Vec<bool>),
+    /// A chain's outcome: the receiver's own first, then each node it
+    /// forwarded to, in chain order.
+    ChainStored(Vec<Result<(), shoal_storage::replicate::TransportError>>),
     Error(WireError),
 }
 

@@ -41,7 +41,8 @@ pub use manifest::{
 pub use memory_transport::MemoryTransport;
 pub use placement::{place_replicas, repair_plan, NodeInfo, RepairPlan};
 pub use replicate::{
-    replicate_manifest, restore_from_nearest_replicas, restore_from_replicas,
-    restore_from_replicas_parallel, ChunkTransport, FetchReport, ReplicationReport, TransportError,
+    replicate_chained, replicate_manifest, restore_from_nearest_replicas, restore_from_replicas,
+    restore_from_replicas_parallel, ChainPush, ChunkTransport, FetchReport, ReplicationReport,
+    TransportError,
 };
 pub use store::{ChunkStore, GcReport, ScrubReport, StoreConfig, StoreStats};

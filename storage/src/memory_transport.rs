@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::chunk::{decode_chunk, ChunkId, EncodedChunk};
-use crate::replicate::{ChunkTransport, TransportError};
+use crate::replicate::{ChainPush, ChunkTransport, TransportError};
 
 #[derive(Debug, Default)]
 struct SimulatedNode {
@@ -158,6 +158,21 @@ impl ChunkTransport for MemoryTransport {
         }
         state.store(id, chunk.bytes().to_vec());
         Ok(())
+    }
+
+    /// Forwards like a real chain: each node's outcome is its own push, and
+    /// the source sends once, plus once more for every unreachable head.
+    fn push_chain(&self, chain: &[u64], chunk: &EncodedChunk) -> ChainPush {
+        let outcomes: Vec<Result<(), TransportError>> =
+            chain.iter().map(|&node| self.push(node, chunk)).collect();
+        let unreachable_heads = outcomes
+            .iter()
+            .take_while(|o| matches!(o, Err(TransportError::Unreachable { .. })))
+            .count();
+        ChainPush {
+            outcomes,
+            source_sends: (unreachable_heads + 1).min(chain.len()) as u64,
+        }
     }
 
     fn fetch(&self, node: u64, id: &ChunkId) -> Result<EncodedChunk, TransportError> {

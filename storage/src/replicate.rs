@@ -20,7 +20,8 @@ use crate::store::ChunkStore;
 pub const HAS_BATCH: usize = 4096;
 
 /// Why a remote operation failed. `node` is always the peer that was addressed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Serializable: a chain's forwarders report their downstream failures back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum TransportError {
     /// The peer could not be reached (down, timed out, connection reset).
     #[error("node {node} unreachable: {reason}")]
@@ -61,6 +62,28 @@ pub trait ChunkTransport {
 
     /// For each id, whether `node` holds it. The answer must have `ids.len()` entries.
     fn has(&self, node: u64, ids: &[ChunkId]) -> Result<Vec<bool>, TransportError>;
+
+    /// Stores `chunk` on every node of `chain`, in order. A transport that can
+    /// forward sends the frame once, to the first node that answers, which
+    /// stores it and passes it down the rest of the chain (HDFS-style), so the
+    /// source's uplink carries one copy instead of `chain.len()`. Every node
+    /// is attempted: a forwarder skips a node that fails and goes on with the
+    /// next. The default sends to each node from here.
+    fn push_chain(&self, chain: &[u64], chunk: &EncodedChunk) -> ChainPush {
+        ChainPush {
+            outcomes: chain.iter().map(|&node| self.push(node, chunk)).collect(),
+            source_sends: chain.len() as u64,
+        }
+    }
+}
+
+/// What [`ChunkTransport::push_chain`] achieved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainPush {
+    /// One outcome per node of the chain, in chain order.
+    pub outcomes: Vec<Result<(), TransportError>>,
+    /// Frames the source itself sent (1 when the chain's head answered).
+    pub source_sends: u64,
 }
 
 /// Outcome of replicating to one target.
@@ -90,6 +113,9 @@ pub struct ReplicationReport {
     pub quorum_reached: bool,
     /// One entry per distinct target, in the order given.
     pub targets: Vec<TargetReport>,
+    /// Frame bytes the source itself sent (less than the targets received
+    /// when chunks travel down a chain).
+    pub source_bytes: u64,
 }
 
 impl ReplicationReport {
@@ -134,6 +160,157 @@ pub fn replicate_manifest<T: ChunkTransport + ?Sized>(
     transport: &T,
     write_quorum: usize,
 ) -> Result<ReplicationReport> {
+    let ids: Vec<ChunkId> = manifest
+        .unique_chunks()
+        .iter()
+        .map(|chunk| chunk.id)
+        .collect();
+    let (mut reports, missing) = survey(&ids, targets, transport, write_quorum)?;
+    for (index, id) in ids.iter().enumerate() {
+        let needy: Vec<usize> = (0..reports.len())
+            .filter(|&t| reports[t].error.is_none() && missing[t][index])
+            .collect();
+        if needy.is_empty() {
+            continue;
+        }
+        let encoded = local_store.get_encoded(id)?;
+        for t in needy {
+            let node = reports[t].node;
+            match transport.push(node, &encoded) {
+                Ok(()) => {
+                    reports[t].chunks_pushed += 1;
+                    reports[t].bytes_pushed += encoded.stored_len();
+                }
+                Err(error) => reports[t].error = Some(error),
+            }
+        }
+    }
+    let source_bytes = reports.iter().map(|r| r.bytes_pushed).sum();
+    Ok(finish(ids.len(), write_quorum, reports, source_bytes))
+}
+
+/// Like [`replicate_manifest`], but each chunk travels down a chain of the
+/// targets that lack it ([`ChunkTransport::push_chain`]), with `in_flight`
+/// chunks on their way at once so the chain's hops overlap. Same contract:
+/// only what is missing is sent, a failed target is dropped from later
+/// chains and reported, success is `quorum_reached`.
+pub fn replicate_chained<T: ChunkTransport + Sync + ?Sized>(
+    manifest: &Manifest,
+    local_store: &ChunkStore,
+    targets: &[u64],
+    transport: &T,
+    write_quorum: usize,
+    in_flight: usize,
+) -> Result<ReplicationReport> {
+    let ids: Vec<ChunkId> = manifest
+        .unique_chunks()
+        .iter()
+        .map(|chunk| chunk.id)
+        .collect();
+    let (reports, missing) = survey(&ids, targets, transport, write_quorum)?;
+    let state = std::sync::Mutex::new((reports, 0u64));
+    let lock = || {
+        state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    };
+    let workers = in_flight.clamp(1, ids.len().max(1));
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|worker| {
+                let (ids, missing, lock) = (&ids, &missing, &lock);
+                scope.spawn(move || -> Result<()> {
+                    for index in (worker..ids.len()).step_by(workers) {
+                        let chain: Vec<(usize, u64)> = {
+                            let guard = lock();
+                            guard
+                                .0
+                                .iter()
+                                .enumerate()
+                                .filter(|(t, r)| r.error.is_none() && missing[*t][index])
+                                .map(|(t, r)| (t, r.node))
+                                .collect()
+                        };
+                        if chain.is_empty() {
+                            continue;
+                        }
+                        let encoded = local_store.get_encoded(&ids[index])?;
+                        let nodes: Vec<u64> = chain.iter().map(|(_, node)| *node).collect();
+                        let pushed = transport.push_chain(&nodes, &encoded);
+                        let mut guard = lock();
+                        guard.1 += pushed.source_sends * encoded.stored_len();
+                        let mut outcomes = pushed.outcomes.into_iter();
+                        for (t, node) in &chain {
+                            let outcome = outcomes.next().unwrap_or_else(|| {
+                                Err(TransportError::Other {
+                                    node: *node,
+                                    reason: "the chain gave no answer for this node".into(),
+                                })
+                            });
+                            let report = &mut guard.0[*t];
+                            match outcome {
+                                Ok(()) => {
+                                    report.chunks_pushed += 1;
+                                    report.bytes_pushed += encoded.stored_len();
+                                }
+                                Err(error) => {
+                                    report.error.get_or_insert(error);
+                                }
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(StorageError::InvalidArgument(
+                        "a replication thread panicked".into(),
+                    ))
+                })
+            })
+            .collect()
+    });
+    for result in results {
+        result?;
+    }
+    let (reports, source_bytes) = state
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    Ok(finish(ids.len(), write_quorum, reports, source_bytes))
+}
+
+fn finish(
+    chunks_total: usize,
+    write_quorum: usize,
+    mut reports: Vec<TargetReport>,
+    source_bytes: u64,
+) -> ReplicationReport {
+    for report in &mut reports {
+        report.complete = report.error.is_none();
+    }
+    let complete = reports.iter().filter(|report| report.complete).count();
+    ReplicationReport {
+        chunks_total: chunks_total as u64,
+        write_quorum,
+        quorum_reached: complete >= write_quorum,
+        targets: reports,
+        source_bytes,
+    }
+}
+
+/// Asks each distinct target which of `ids` it already holds. Returns one
+/// report per target (with the error of a target that did not answer) and
+/// `missing[t][c]`: target `t` lacks chunk `c`.
+fn survey<T: ChunkTransport + ?Sized>(
+    ids: &[ChunkId],
+    targets: &[u64],
+    transport: &T,
+    write_quorum: usize,
+) -> Result<(Vec<TargetReport>, Vec<Vec<bool>>)> {
     let mut distinct_targets: Vec<u64> = Vec::with_capacity(targets.len());
     for &node in targets {
         if !distinct_targets.contains(&node) {
@@ -146,8 +323,6 @@ pub fn replicate_manifest<T: ChunkTransport + ?Sized>(
             distinct_targets.len()
         )));
     }
-    let chunks = manifest.unique_chunks();
-    let ids: Vec<ChunkId> = chunks.iter().map(|chunk| chunk.id).collect();
     let mut reports: Vec<TargetReport> = Vec::with_capacity(distinct_targets.len());
     // missing[t][c]: target t lacks chunk c.
     let mut missing: Vec<Vec<bool>> = Vec::with_capacity(distinct_targets.len());
@@ -187,36 +362,7 @@ pub fn replicate_manifest<T: ChunkTransport + ?Sized>(
         missing.push(target_missing);
         reports.push(report);
     }
-
-    for (index, id) in ids.iter().enumerate() {
-        let needy: Vec<usize> = (0..reports.len())
-            .filter(|&t| reports[t].error.is_none() && missing[t][index])
-            .collect();
-        if needy.is_empty() {
-            continue;
-        }
-        let encoded = local_store.get_encoded(id)?;
-        for t in needy {
-            let node = reports[t].node;
-            match transport.push(node, &encoded) {
-                Ok(()) => {
-                    reports[t].chunks_pushed += 1;
-                    reports[t].bytes_pushed += encoded.stored_len();
-                }
-                Err(error) => reports[t].error = Some(error),
-            }
-        }
-    }
-    for report in &mut reports {
-        report.complete = report.error.is_none();
-    }
-    let complete = reports.iter().filter(|report| report.complete).count();
-    Ok(ReplicationReport {
-        chunks_total: ids.len() as u64,
-        write_quorum,
-        quorum_reached: complete >= write_quorum,
-        targets: reports,
-    })
+    Ok((reports, missing))
 }
 
 /// Result of [`restore_from_replicas`].

@@ -4,10 +4,10 @@ use std::fs;
 use std::path::Path;
 
 use shoal_storage::{
-    build_manifest_with, replicate_manifest, restore_from_nearest_replicas, restore_from_replicas,
-    restore_from_replicas_parallel, restore_manifest_with, BuildOptions, ChunkStore,
-    ChunkTransport, Manifest, MemoryTransport, RestoreOptions, StorageError, StoreConfig,
-    TransportError,
+    build_manifest_with, replicate_chained, replicate_manifest, restore_from_nearest_replicas,
+    restore_from_replicas, restore_from_replicas_parallel, restore_manifest_with, BuildOptions,
+    ChunkStore, ChunkTransport, Manifest, MemoryTransport, RestoreOptions, StorageError,
+    StoreConfig, TransportError,
 };
 
 const FAST_STORE: StoreConfig = StoreConfig {
@@ -320,4 +320,99 @@ fn receiver_rejects_forged_push() {
         Err(TransportError::Rejected { node: 1, .. })
     ));
     assert!(transport.chunk_ids(1).is_empty());
+}
+
+#[test]
+fn a_chain_sends_each_chunk_once_from_the_source_and_skips_a_dead_node() {
+    let fixture = fixture();
+    let transport = MemoryTransport::with_nodes([1, 2, 3]);
+    let frame_bytes: u64 = fixture
+        .manifest
+        .unique_chunks()
+        .iter()
+        .map(|c| {
+            fixture
+                .store
+                .get_encoded(&c.id)
+                .expect("local")
+                .stored_len()
+        })
+        .sum();
+    let report = replicate_chained(
+        &fixture.manifest,
+        &fixture.store,
+        &[1, 2, 3],
+        &transport,
+        2,
+        4,
+    )
+    .expect("replicate");
+    assert!(report.quorum_reached);
+    assert_eq!(report.complete_nodes(), vec![1, 2, 3]);
+    for node in [1, 2, 3] {
+        assert!(holds_everything(&transport, node, &fixture.manifest));
+    }
+    assert_eq!(
+        report.source_bytes, frame_bytes,
+        "one copy leaves the source"
+    );
+    assert_eq!(
+        report.targets.iter().map(|t| t.bytes_pushed).sum::<u64>(),
+        3 * frame_bytes
+    );
+    // The plain fan-out sends three copies, for comparison.
+    let fanout = MemoryTransport::with_nodes([1, 2, 3]);
+    let plain = replicate_manifest(&fixture.manifest, &fixture.store, &[1, 2, 3], &fanout, 2)
+        .expect("replicate");
+    assert_eq!(plain.source_bytes, 3 * frame_bytes);
+
+    // The chain's head is down: the source sends to the next node instead
+    // (two sends per chunk), the head is reported, the quorum still holds.
+    let transport = MemoryTransport::with_nodes([1, 2, 3]);
+    transport.set_down(1, true);
+    let report = replicate_chained(
+        &fixture.manifest,
+        &fixture.store,
+        &[1, 2, 3],
+        &transport,
+        2,
+        3,
+    )
+    .expect("replicate");
+    assert!(report.quorum_reached);
+    assert_eq!(report.complete_nodes(), vec![2, 3]);
+    assert!(matches!(
+        report.failed_nodes()[..],
+        [(1, TransportError::Unreachable { node: 1, .. })]
+    ));
+    assert!(report.source_bytes <= 2 * frame_bytes);
+
+    // A full middle node is skipped; the others complete; a re-run after it
+    // has room sends only to it, and only one copy leaves the source.
+    let transport = MemoryTransport::with_nodes([1, 2, 3]);
+    transport.set_capacity(2, Some(1));
+    let report = replicate_chained(
+        &fixture.manifest,
+        &fixture.store,
+        &[1, 2, 3],
+        &transport,
+        2,
+        2,
+    )
+    .expect("replicate");
+    assert_eq!(report.complete_nodes(), vec![1, 3]);
+    transport.set_capacity(2, None);
+    let report = replicate_chained(
+        &fixture.manifest,
+        &fixture.store,
+        &[1, 2, 3],
+        &transport,
+        3,
+        2,
+    )
+    .expect("replicate again");
+    assert_eq!(report.complete_nodes(), vec![1, 2, 3]);
+    assert_eq!(report.targets[0].chunks_pushed, 0);
+    assert_eq!(report.targets[2].chunks_pushed, 0);
+    assert_eq!(report.source_bytes, frame_bytes);
 }
