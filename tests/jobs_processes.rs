@@ -506,6 +506,77 @@ async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
     assert!(to.join("rank-0.state").exists() && to.join("rank-1.state").exists());
 }
 
+/// An agent that crashes and comes back before anyone notices must not start
+/// its rank again alone under the old epoch (its partner still runs that
+/// epoch's other rank): it reports the rank lost, and the whole gang
+/// restarts under a new epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_reports_its_rank_lost_instead_of_relaunching_it_alone() {
+    let _serial = one_at_a_time();
+    let mut cluster = Cluster::start(&["r1", "r1", "r2"]).await;
+    let client = cluster.client(0);
+    let mut req = request(2, 1, "sleep 600");
+    req.max_restarts = 2;
+    let id = client.submit_job(&req).await.expect("submit").id;
+    let before = wait_state(&client, id, "running").await;
+    let epoch = before.epoch.expect("a running job has an epoch");
+    let victim = before
+        .nodes
+        .iter()
+        .find(|n| n.as_str() != "n1")
+        .cloned()
+        .expect("a gang node other than n1");
+    let rank = before
+        .nodes
+        .iter()
+        .position(|n| *n == victim)
+        .expect("victim's rank");
+    let log_path = cluster
+        .job_dir(&victim, id)
+        .join(format!("rank-{rank}.log"));
+    let started_line = format!("--- shoal: job {id} epoch {epoch} rank {rank} starting");
+    wait_for("the victim's rank started", TIMEOUT, || {
+        let started = std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .contains(&started_line);
+        async move { started.then_some(()) }
+    })
+    .await;
+
+    let idx: usize = victim[1..].parse::<usize>().expect("index") - 1;
+    cluster.nodes[idx].kill9();
+    cluster.nodes[idx].restart();
+    let after = wait_for("the gang restarted under a new epoch", TIMEOUT, || {
+        let client = client.clone();
+        async move {
+            let job = client.job(id).await.ok()?;
+            (job.state == "running" && job.epoch > Some(epoch)).then_some(job)
+        }
+    })
+    .await;
+    assert_eq!(after.restarts, 1);
+    let log = std::fs::read_to_string(&log_path).expect("rank log");
+    assert_eq!(
+        log.matches(&started_line).count(),
+        1,
+        "rank {rank} of epoch {epoch} started twice:\n{log}"
+    );
+    // Unless the restart was slow enough for the cluster to declare the
+    // node down (and requeue the gang itself), the agent reported the loss.
+    let declared_down = client
+        .events(0)
+        .await
+        .expect("events")
+        .iter()
+        .any(|e| e.kind == "node_down" && e.node.as_deref() == Some(victim.as_str()));
+    assert!(
+        declared_down || log.contains(&format!("epoch {epoch} rank {rank} lost")),
+        "{log}"
+    );
+    client.cancel_job(id).await.expect("cancel");
+    wait_state(&client, id, "cancelled").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_a_node_checkpoints_on_sigterm_and_resumes_elsewhere() {
     let _serial = one_at_a_time();

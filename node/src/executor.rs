@@ -7,6 +7,12 @@
 //! One process per node and rank, in its own process group so that signals
 //! reach the whole tree, and with a parent-death signal so that a crashed
 //! agent does not leave ranks running that the ledger no longer accounts for.
+//!
+//! A rank is started at most once per epoch on a node: a marker file is
+//! written before the launch, and an agent that restarts finds the marker of
+//! a rank its predecessor ran (and took down with it) and reports that rank
+//! lost instead of starting it again alone, so the gang restarts together
+//! under a new epoch.
 
 use crate::agent::Inner;
 use crate::anomaly::stall::StallWatch;
@@ -23,6 +29,9 @@ use tokio::sync::watch;
 const TICK: Duration = Duration::from_millis(100);
 /// Base of the rendezvous port handed to rank 0 (torchrun's default is 29500).
 const MASTER_PORT_BASE: u64 = 29_400;
+/// The exit code reported for a rank that died with a previous run of this
+/// agent (its parent-death signal is SIGKILL: 128 + 9).
+pub const LOST_WITH_AGENT_EXIT: i32 = 137;
 
 /// What this node was asked to run: one rank of one allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,6 +59,19 @@ pub fn job_dir(jobs_dir: &Path, job: JobId) -> PathBuf {
 
 pub fn log_path(jobs_dir: &Path, job: JobId, rank: u32) -> PathBuf {
     job_dir(jobs_dir, job).join(format!("rank-{rank}.log"))
+}
+
+/// Exists once this node has launched `rank` of `epoch`.
+fn launched_marker(jobs_dir: &Path, key: &RankKey) -> PathBuf {
+    job_dir(jobs_dir, key.job).join(format!(".launched-e{}-r{}", key.epoch, key.rank))
+}
+
+/// Records, durably, that the rank is about to be launched.
+fn mark_launched(jobs_dir: &Path, key: &RankKey) -> Result<(), String> {
+    let path = launched_marker(jobs_dir, key);
+    std::fs::File::create(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))
 }
 
 pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
@@ -112,6 +134,10 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
                 None if a.stop.is_some() => {
                     // Asked to stop before we started it: report a clean stop.
                     exited.insert(key.clone(), 0);
+                }
+                None if launched_marker(&inner.cfg.jobs_dir(), key).exists() => {
+                    report_lost(&inner, key);
+                    exited.insert(key.clone(), LOST_WITH_AGENT_EXIT);
                 }
                 None => match prepare_and_launch(&inner, key, a).await {
                     Ok(rank) => {
@@ -431,6 +457,27 @@ async fn record_checkpoint(inner: &Arc<Inner>, key: &RankKey, step: u64, dir: Pa
     }
 }
 
+/// A rank this node launched before the agent restarted died with it (the
+/// parent-death signal): say so in its log and the agent's.
+fn report_lost(inner: &Inner, key: &RankKey) {
+    use std::io::Write;
+    tracing::warn!(
+        job = key.job,
+        epoch = key.epoch,
+        rank = key.rank,
+        "the rank died with this agent's previous run; reporting it lost so the gang restarts together"
+    );
+    inner.metrics.count_rank_exit("lost");
+    let log = log_path(&inner.cfg.jobs_dir(), key.job, key.rank);
+    if let Ok(mut out) = std::fs::OpenOptions::new().append(true).open(&log) {
+        let _ = writeln!(
+            out,
+            "--- shoal: job {} epoch {} rank {} lost: the agent on {} restarted ---",
+            key.job, key.epoch, key.rank, inner.name
+        );
+    }
+}
+
 fn launch(inner: &Arc<Inner>, key: &RankKey, a: &Assignment) -> Result<RunningRank, String> {
     let jobs_dir = inner.cfg.jobs_dir();
     let dir = job_dir(&jobs_dir, key.job);
@@ -446,6 +493,7 @@ fn launch(inner: &Arc<Inner>, key: &RankKey, a: &Assignment) -> Result<RunningRa
     let err = out
         .try_clone()
         .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+    mark_launched(&jobs_dir, key)?;
     {
         use std::io::Write;
         let _ = writeln!(

@@ -480,6 +480,9 @@ impl Workload {
         let all_exited = alloc.exits.len() == alloc.nodes.len();
         let failed = exit_code != 0;
         if failed && alloc.stop.is_none() {
+            // The code that brought the gang down, not the others' answers
+            // to SIGTERM.
+            job.exit_code = Some(exit_code);
             self.request_stop(id, StopCause::RankFailed, now_ms);
         }
         if all_exited {
@@ -660,7 +663,11 @@ impl Workload {
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
-        let first_failure = alloc.exits.values().copied().find(|code| *code != 0);
+        let first_failure = match alloc.stop.map(|s| s.cause) {
+            Some(StopCause::RankFailed) => job.exit_code,
+            _ => None,
+        }
+        .or_else(|| alloc.exits.values().copied().find(|code| *code != 0));
         match alloc.stop.map(|s| s.cause) {
             None => {
                 job.exit_code = Some(first_failure.unwrap_or(0));
@@ -675,6 +682,19 @@ impl Workload {
             Some(StopCause::Drained) => {
                 job.state = JobState::Requeued;
                 job.reason = "requeued: a node of the gang was drained".into();
+            }
+            Some(StopCause::RankFailed) if job.restarts < job.spec.max_restarts => {
+                // Gang semantics: one member failed, all were stopped, and
+                // the gang starts again together under a new epoch.
+                job.restarts += 1;
+                job.state = JobState::Requeued;
+                job.reason = format!(
+                    "a rank exited with code {}; restart {} of {}",
+                    first_failure.unwrap_or_default(),
+                    job.restarts,
+                    job.spec.max_restarts
+                );
+                job.exit_code = None;
             }
             Some(StopCause::Preempted) => {
                 job.preemptions += 1;

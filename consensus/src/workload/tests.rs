@@ -642,3 +642,38 @@ fn draining_a_node_moves_its_gangs_and_keeps_new_work_away() {
         node
     );
 }
+
+#[test]
+fn a_failed_rank_restarts_the_whole_gang_until_the_restarts_run_out() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let mut spec = job(DEFAULT_TENANT, 2, 4);
+    spec.max_restarts = 1;
+    let id = r.submit(spec);
+    r.pass(Policy::Hdrf);
+    let first = r.job(id).alloc.clone().expect("placed");
+    // Rank 1 fails; rank 0 is asked to stop and exits on SIGTERM.
+    let fail = |r: &mut Replica, epoch: u64| {
+        for (rank, code) in [(1, 137), (0, 143)] {
+            let answer = r.apply(Command::RankExited {
+                job: id,
+                epoch,
+                rank,
+                exit_code: code,
+            });
+            assert_eq!(answer, LedgerResponse::Ok);
+        }
+    };
+    fail(&mut r, first.epoch);
+    assert_eq!(r.job(id).state, JobState::Requeued);
+    assert_eq!(r.job(id).restarts, 1);
+    assert_eq!(
+        r.job(id).reason,
+        "a rank exited with code 137; restart 1 of 1"
+    );
+    r.pass(Policy::Hdrf);
+    let second = r.job(id).alloc.clone().expect("placed again");
+    assert!(second.epoch > first.epoch, "a new epoch fences the old one");
+    fail(&mut r, second.epoch);
+    assert_eq!(r.job(id).state, JobState::Failed);
+    assert_eq!(r.job(id).exit_code, Some(137));
+}
