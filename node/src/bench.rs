@@ -30,6 +30,15 @@ pub enum BenchCmd {
         #[arg(long, default_value = "1GiB")]
         size: String,
     },
+    /// kill -9 of a gang node → running again: detection, fencing wait, re-placement, restore, restart
+    Recovery {
+        /// Checkpoint size, split over the gang's two ranks, e.g. 1GiB, 64MiB
+        #[arg(long, default_value = "1GiB")]
+        ckpt_size: String,
+        /// Repetitions, each on a fresh cluster
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
     /// shoal cp --replica N into a 4-node mesh vs N plain local copies
     Cp {
         #[arg(long, default_value = "1GiB")]
@@ -123,6 +132,16 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 crate::bench_anomaly::print(&report);
+            }
+            Ok(())
+        }
+        BenchCmd::Recovery { ckpt_size, runs } => {
+            let bytes = parse_size(ckpt_size).map_err(anyhow::Error::msg)?;
+            let report = crate::bench_recovery::run(bytes, *runs).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                crate::bench_recovery::print(&report);
             }
             Ok(())
         }

@@ -11,6 +11,7 @@ pub mod bench_ckpt;
 pub mod bench_cp;
 pub mod bench_gossip;
 pub mod bench_place;
+pub mod bench_recovery;
 pub mod ckpt;
 pub mod cli;
 pub mod cli_ckpt;
