@@ -32,6 +32,8 @@ const MASTER_PORT_BASE: u64 = 29_400;
 /// The exit code reported for a rank that died with a previous run of this
 /// agent (its parent-death signal is SIGKILL: 128 + 9).
 pub const LOST_WITH_AGENT_EXIT: i32 = 137;
+/// Wait before replicating a checkpoint step again after a failure.
+const CKPT_RETRY: Duration = Duration::from_secs(2);
 
 /// What this node was asked to run: one rank of one allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,9 +48,14 @@ struct RunningRank {
     term_sent: Option<Instant>,
     last_usr1: Instant,
     ckpt_dir: PathBuf,
+    /// The newest step handed to replication (recorded, or on its way).
     reported_step: Option<u64>,
+    /// The newest step the ledger has (or refused for good).
+    recorded_step: Option<u64>,
+    /// After a failed replication, when to try again.
+    retry_after: Option<Instant>,
     /// Replication of the last reported step, still running.
-    replicating: Option<tokio::task::JoinHandle<()>>,
+    replicating: Option<(u64, tokio::task::JoinHandle<bool>)>,
     stall: StallWatch,
 }
 
@@ -170,22 +177,33 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
         // Checkpoints completed by running ranks: replicate in the background
         // so the job never waits beyond its own local write.
         for (key, rank) in ranks.iter_mut() {
+            if rank
+                .replicating
+                .as_ref()
+                .is_some_and(|(_, h)| h.is_finished())
+            {
+                settle_replication(rank).await;
+            }
             let Some(step) = latest_done_step(&rank.ckpt_dir) else {
                 continue;
             };
             if rank.reported_step.is_some_and(|s| step <= s) || !assigned.contains_key(key) {
                 continue;
             }
-            if rank.replicating.as_ref().is_some_and(|h| !h.is_finished()) {
+            if rank.replicating.is_some() {
                 continue; // one step at a time; the next tick takes the newest
+            }
+            if rank.retry_after.is_some_and(|t| Instant::now() < t) {
+                continue;
             }
             rank.reported_step = Some(step);
             let inner = inner.clone();
             let key = key.clone();
             let dir = rank.ckpt_dir.join(step.to_string());
-            rank.replicating = Some(tokio::spawn(async move {
-                record_checkpoint(&inner, &key, step, dir).await;
-            }));
+            rank.replicating = Some((
+                step,
+                tokio::spawn(async move { record_checkpoint(&inner, &key, step, dir).await }),
+            ));
         }
         // Alive but silent: no new output and no new checkpoint.
         let stall_after = Duration::from_secs(inner.cfg.anomaly.stall_after_s);
@@ -224,9 +242,7 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
             // A final checkpoint written during the grace period still counts,
             // and must be recorded before the exit releases the allocation.
             if let Some(mut rank) = ranks.remove(&key) {
-                if let Some(pending) = rank.replicating.take() {
-                    let _ = pending.await;
-                }
+                settle_replication(&mut rank).await;
                 if let Some(step) = latest_done_step(&rank.ckpt_dir) {
                     if rank.reported_step.is_none_or(|s| step > s) && assigned.contains_key(&key) {
                         let dir = rank.ckpt_dir.join(step.to_string());
@@ -400,8 +416,27 @@ async fn prepare_and_launch(
     launch(inner, key, a)
 }
 
-/// Stores and replicates this rank's part of `step`, then records it in the ledger.
-async fn record_checkpoint(inner: &Arc<Inner>, key: &RankKey, step: u64, dir: PathBuf) {
+/// Waits for the rank's replication in flight, if any. A step that failed
+/// (a peer unreachable, the leader changing) is handed out again after
+/// `CKPT_RETRY`, so a job that writes one checkpoint and then runs for
+/// hours still gets it committed.
+async fn settle_replication(rank: &mut RunningRank) {
+    let Some((step, pending)) = rank.replicating.take() else {
+        return;
+    };
+    if pending.await.unwrap_or(false) {
+        rank.recorded_step = Some(step);
+        rank.retry_after = None;
+    } else {
+        rank.reported_step = rank.recorded_step;
+        rank.retry_after = Some(Instant::now() + CKPT_RETRY);
+    }
+}
+
+/// Stores and replicates this rank's part of `step`, then records it in the
+/// ledger. False when it should be tried again; a refusal by the ledger is
+/// final (another epoch, an older step).
+async fn record_checkpoint(inner: &Arc<Inner>, key: &RankKey, step: u64, dir: PathBuf) -> bool {
     let started = Instant::now();
     let worker = inner.clone();
     let handle = tokio::runtime::Handle::current();
@@ -416,8 +451,8 @@ async fn record_checkpoint(inner: &Arc<Inner>, key: &RankKey, step: u64, dir: Pa
         Ok(part) => part,
         Err(e) => {
             inner.metrics.count_checkpoint_part("failed");
-            tracing::warn!(job, rank, step, error = %e, "checkpoint not replicated");
-            return;
+            tracing::warn!(job, rank, step, error = %e, "checkpoint not replicated; will retry");
+            return false;
         }
     };
     let holders = part.holders.clone();
@@ -432,7 +467,8 @@ async fn record_checkpoint(inner: &Arc<Inner>, key: &RankKey, step: u64, dir: Pa
     match inner.write(cmd).await {
         Ok((LedgerResponse::Rejected(reason), _)) => {
             inner.metrics.count_checkpoint_part("rejected");
-            tracing::info!(job, rank, step, %reason, "checkpoint part not recorded")
+            tracing::info!(job, rank, step, %reason, "checkpoint part not recorded");
+            true
         }
         Ok(_) => {
             inner.metrics.count_checkpoint_part("recorded");
@@ -448,11 +484,13 @@ async fn record_checkpoint(inner: &Arc<Inner>, key: &RankKey, step: u64, dir: Pa
                 ?holders,
                 ms = started.elapsed().as_millis() as u64,
                 "checkpoint part replicated and recorded"
-            )
+            );
+            true
         }
         Err(e) => {
             inner.metrics.count_checkpoint_part("failed");
-            tracing::warn!(job, rank, step, error = %e.message, "checkpoint part not recorded")
+            tracing::warn!(job, rank, step, error = %e.message, "checkpoint part not recorded; will retry");
+            false
         }
     }
 }
@@ -568,6 +606,8 @@ fn spawn(
         last_usr1: Instant::now(),
         ckpt_dir,
         reported_step: None,
+        recorded_step: None,
+        retry_after: None,
         replicating: None,
         stall: StallWatch::new(Instant::now()),
     })
