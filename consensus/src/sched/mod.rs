@@ -176,9 +176,25 @@ pub struct SchedCache {
     /// Per flat GPU of `shape`: the job holding it, as last read.
     allocated: Vec<Option<JobId>>,
     scratch: pass::Scratch,
+    /// See [`SchedCache::without_waiting_reasons`].
+    omit_waiting_reasons: bool,
 }
 
 impl SchedCache {
+    /// A cache whose plans explain only the `invalid:` requests in
+    /// [`SchedPlan::pending_reasons`], not why valid jobs wait. Placements,
+    /// preemptions and time-outs are unchanged (tested). For callers that
+    /// never show the waiting reasons (the simulator): writing one for every
+    /// waiting job made each pass cost a string and a map insert per job in
+    /// the queue, and a FIFO pass could otherwise stop at its first blocked
+    /// job instead of walking the whole queue.
+    pub fn without_waiting_reasons() -> Self {
+        SchedCache {
+            omit_waiting_reasons: true,
+            ..SchedCache::default()
+        }
+    }
+
     /// One pass, like [`schedule`], reading only what `changes` names.
     pub fn schedule(
         &mut self,
@@ -190,19 +206,29 @@ impl SchedCache {
         match &self.shape {
             Some(shape) => {
                 let scratch = std::mem::take(&mut self.scratch);
-                let (plan, scratch) = pass::Pass::new(
+                let mut pass = pass::Pass::new(
                     input,
                     prox,
                     Cow::Borrowed(shape),
                     Some(&self.allocated),
                     scratch,
-                )
-                .run();
+                );
+                if self.omit_waiting_reasons {
+                    pass.omit_waiting_reasons();
+                }
+                let (plan, scratch) = pass.run();
                 self.scratch = scratch;
                 plan
             }
             // `sync` always leaves a shape; reading the views is the safe answer.
-            None => schedule(input, prox),
+            None => {
+                let mut plan = schedule(input, prox);
+                if self.omit_waiting_reasons {
+                    plan.pending_reasons
+                        .retain(|_, reason| reason.starts_with(pass::INVALID_PREFIX));
+                }
+                plan
+            }
         }
     }
 

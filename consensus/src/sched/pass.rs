@@ -24,7 +24,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::fairshare::{
@@ -42,6 +42,10 @@ use super::{Policy, Preemption, RunningJob, SchedInput, SchedPlan};
 /// Shares closer than this are equal; keeps float noise from flip-flopping
 /// preemption decisions.
 const SHARE_EPSILON: f64 = 1e-9;
+
+/// How the reason of a request that can never run begins; callers that
+/// drop the other reasons keep these.
+pub(crate) const INVALID_PREFIX: &str = "invalid:";
 
 /// `holder` value of a GPU nobody holds.
 const FREE: u32 = u32::MAX;
@@ -318,11 +322,17 @@ pub(crate) struct Pass<'a> {
     held: Vec<Held>,
     tree: TenantTree,
     usage: HdrfUsage,
-    /// Tenants with valid pending jobs, for "who is active" in fair shares.
-    tenants_waiting: BTreeSet<usize>,
+    /// Per tenant: has valid pending jobs, for "who is active" in fair
+    /// shares.
+    tenants_waiting: Vec<bool>,
+    /// Whether `tenant_holdings` has charged the running jobs to `usage`.
+    holdings_charged: bool,
     memo: FailureMemo<'a>,
     /// Bumped by every commit and eviction.
     epoch: u64,
+    /// Explain why valid jobs wait (`pending_reasons`); `invalid:` reasons
+    /// are always written.
+    waiting_reasons: bool,
     plan: SchedPlan,
 }
 
@@ -410,6 +420,7 @@ impl<'a> Pass<'a> {
         node_position.dedup_by_key(|&mut (id, _)| id);
 
         let tree = TenantTree::new(&input.tenants);
+        let tenant_count = tree.len();
         let capacity = resources_of(&cluster, capacity_by_model.iter().copied().enumerate());
         let usage = HdrfUsage::new(&tree, capacity);
         Pass {
@@ -426,11 +437,19 @@ impl<'a> Pass<'a> {
             held,
             tree,
             usage,
-            tenants_waiting: BTreeSet::new(),
+            tenants_waiting: vec![false; tenant_count],
+            holdings_charged: false,
             memo: FailureMemo::default(),
             epoch: 0,
+            waiting_reasons: true,
             plan: SchedPlan::default(),
         }
+    }
+
+    /// Leaves out the reasons of valid waiting jobs; see
+    /// [`super::SchedCache::without_waiting_reasons`].
+    pub fn omit_waiting_reasons(&mut self) {
+        self.waiting_reasons = false;
     }
 
     /// The plan, and the pass's memory for the next pass to reuse.
@@ -448,20 +467,17 @@ impl<'a> Pass<'a> {
         self.plan.timed_out = timed_out;
 
         let valid = self.validate_pending();
-        for (job, _) in &valid {
-            if let Some(tenant) = self.tree.index_of(&job.tenant) {
-                self.tenants_waiting.insert(tenant);
-            }
-        }
         // Tenants' holdings feed the fair order of two or more jobs and the
         // fair shares preemption compares; nothing else reads them. Summing
         // them reads every running job's tenant name, a cache miss each on a
         // busy cluster, so a pass that cannot use them skips it: FIFO never
-        // does, and the fair order of at most one job is that job.
+        // does, and the fair order of at most one job is that job. For
+        // preemption they are summed when the first preemption is tried
+        // (`try_preempt`): usage is only read there, and counts are integers,
+        // so charging them later gives the same sums.
         let needs_holdings = match self.input.policy {
             Policy::Fifo => false,
-            Policy::Hdrf => valid.len() > 1,
-            Policy::HdrfPreempt => true,
+            Policy::Hdrf | Policy::HdrfPreempt => valid.len() > 1,
         } || always_sum_holdings();
         let held_by_tenant = if needs_holdings {
             self.tenant_holdings()
@@ -474,6 +490,9 @@ impl<'a> Pass<'a> {
             Policy::HdrfPreempt => self.run_hdrf(valid, &held_by_tenant, true),
         }
 
+        if !self.waiting_reasons {
+            return (self.plan, Scratch { jobs: self.jobs });
+        }
         let placed: FastJobSet = self.plan.placements.iter().map(|p| p.job).collect();
         for (job, _) in &self.input.pending {
             if !placed.contains(&job.id) {
@@ -491,6 +510,9 @@ impl<'a> Pass<'a> {
     /// built: one vector per tenant instead of a map update per GPU. Counts
     /// are integers, so the float sums are exact whatever the order.
     fn tenant_holdings(&mut self) -> Vec<ResourceVector> {
+        if std::mem::replace(&mut self.holdings_charged, true) {
+            return Vec::new();
+        }
         let held = std::mem::take(&mut self.held);
         let mut held_by_tenant: Vec<Held> = vec![Held::default(); self.tree.len()];
         for (job, &slot) in self.input.running.iter().zip(&self.running_slots) {
@@ -556,10 +578,16 @@ impl<'a> Pass<'a> {
                 .is_some_and(|limit| limit.is_nan() || limit < 0.0)
             {
                 Some("max_rtt_ms must be a non-negative number".to_string())
-            } else if self.tree.index_of(&job.tenant).is_none() {
-                Some(format!("unknown tenant {}", job.tenant))
             } else {
-                None
+                match self.tree.index_of(&job.tenant) {
+                    None => Some(format!("unknown tenant {}", job.tenant)),
+                    Some(tenant) => {
+                        if let Some(waiting) = self.tenants_waiting.get_mut(tenant) {
+                            *waiting = true;
+                        }
+                        None
+                    }
+                }
             };
             match problem {
                 Some(problem) => {
@@ -567,7 +595,7 @@ impl<'a> Pass<'a> {
                     self.plan
                         .pending_reasons
                         .entry(job.id)
-                        .or_insert_with(|| format!("invalid: {problem}"));
+                        .or_insert_with(|| format!("{INVALID_PREFIX} {problem}"));
                 }
                 None => valid.push(entry),
             }
@@ -581,6 +609,10 @@ impl<'a> Pass<'a> {
         let mut waiting_behind: Option<String> = None;
         for (job, request) in queue {
             if let Some(reason) = &waiting_behind {
+                // Nothing behind a blocked job starts; only its reason is left.
+                if !self.waiting_reasons {
+                    break;
+                }
                 let reason = reason.clone();
                 self.note(job.id, reason);
                 continue;
@@ -706,7 +738,9 @@ impl<'a> Pass<'a> {
     }
 
     fn note(&mut self, job: JobId, reason: String) {
-        self.plan.pending_reasons.insert(job, reason);
+        if self.waiting_reasons {
+            self.plan.pending_reasons.insert(job, reason);
+        }
     }
 
     fn admit(&self, job: &PendingJob) -> Result<(), String> {
@@ -913,9 +947,14 @@ impl<'a> Pass<'a> {
         let Some(preemptor_tenant) = self.tree.index_of(&job.tenant) else {
             return false;
         };
+        // Deferred by `run` until a preemption is tried.
+        self.tenant_holdings();
         let now = self.input.now_s;
         let own_active: Vec<bool> = (0..self.tree.len())
-            .map(|t| self.usage.own_share(t) > 0.0 || self.tenants_waiting.contains(&t))
+            .map(|t| {
+                self.usage.own_share(t) > 0.0
+                    || self.tenants_waiting.get(t).copied().unwrap_or(false)
+            })
             .collect();
         let fair = self.tree.fair_fractions(&own_active);
         let below_fair_share =
