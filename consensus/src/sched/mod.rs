@@ -173,8 +173,8 @@ pub enum NodeChanges<'c> {
 pub struct SchedCache {
     /// `None` until the first pass.
     shape: Option<ClusterShape>,
-    /// Per flat GPU of `shape`: the job holding it, as last read.
-    allocated: Vec<Option<JobId>>,
+    /// Who holds each GPU of `shape`, as last read.
+    overlay: pass::Overlay,
     scratch: pass::Scratch,
     /// See [`SchedCache::without_waiting_reasons`].
     omit_waiting_reasons: bool,
@@ -210,7 +210,7 @@ impl SchedCache {
                     input,
                     prox,
                     Cow::Borrowed(shape),
-                    Some(&self.allocated),
+                    Some(&self.overlay),
                     scratch,
                 );
                 if self.omit_waiting_reasons {
@@ -232,32 +232,29 @@ impl SchedCache {
         }
     }
 
-    /// Brings the shape and the allocation mirror up to date with `nodes`.
+    /// Brings the shape and the overlay up to date with `nodes`.
     fn sync(&mut self, nodes: &[NodeView], changes: NodeChanges<'_>) {
         let refreshed_in_place = match (&mut self.shape, changes) {
             (Some(shape), NodeChanges::Only(changed)) if shape.matches_sizes(nodes) => {
                 let mut in_place = true;
                 for &position in changed {
+                    // Out with the node as the overlay counted it, in with
+                    // what it reports now.
+                    self.overlay.remove_node(shape, position);
                     if !shape.refresh_node(nodes, position) {
                         in_place = false;
                         break;
                     }
-                    for (gpu, view) in shape.gpu_range(position).zip(&nodes[position].gpus) {
-                        self.allocated[gpu] = view.allocated_to;
-                    }
+                    self.overlay.add_node(shape, nodes, position);
                 }
                 in_place
             }
             _ => false,
         };
         if !refreshed_in_place {
-            self.allocated.clear();
-            self.allocated.extend(
-                nodes
-                    .iter()
-                    .flat_map(|node| node.gpus.iter().map(|gpu| gpu.allocated_to)),
-            );
-            self.shape = Some(ClusterShape::new(nodes));
+            let shape = ClusterShape::new(nodes);
+            self.overlay.rebuild(&shape, nodes);
+            self.shape = Some(shape);
         }
     }
 }

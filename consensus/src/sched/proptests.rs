@@ -169,6 +169,12 @@ proptest! {
             let changes = if round == 0 { NodeChanges::All } else { NodeChanges::Only(&changed) };
             let cached = cache.schedule(&input, &prox, changes);
             prop_assert_eq!(&cached, &fresh, "round {}", round);
+            // The kept overlay equals one rebuilt from the views.
+            if let Some(shape) = &cache.shape {
+                let mut rebuilt = pass::Overlay::default();
+                rebuilt.rebuild(shape, &input.nodes);
+                prop_assert_eq!(cache.overlay.normalized(), rebuilt.normalized(), "round {}", round);
+            }
             let mut expected = fresh.clone();
             expected.pending_reasons.retain(|_, reason| reason.starts_with("invalid:"));
             prop_assert_eq!(&terse.schedule(&input, &prox, changes), &expected, "round {}", round);

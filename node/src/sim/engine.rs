@@ -15,6 +15,9 @@
 //! Passes run through a [`SchedCache`] that re-reads only the nodes whose
 //! GPUs changed hands since the previous pass (the engine lists them as it
 //! starts and releases jobs); its decisions equal a full read's (tested).
+//! The cache leaves out why valid jobs wait: the engine only acts on
+//! `invalid:` reasons, and writing the others cost a string per waiting job
+//! per pass.
 //!
 //! Under [`Driver::Ledger`] the engine's own state only mirrors a real
 //! consensus ledger: each pass is planned from the ledger's snapshot and
