@@ -173,12 +173,28 @@ pub enum NodeChanges<'c> {
 pub struct SchedCache {
     /// `None` until the first pass.
     shape: Option<ClusterShape>,
-    /// Per flat GPU of `shape`: the job holding it, as last read.
-    allocated: Vec<Option<JobId>>,
+    /// Who holds each GPU of `shape`, as last read.
+    overlay: pass::Overlay,
     scratch: pass::Scratch,
+    /// See [`SchedCache::without_waiting_reasons`].
+    omit_waiting_reasons: bool,
 }
 
 impl SchedCache {
+    /// A cache whose plans explain only the `invalid:` requests in
+    /// [`SchedPlan::pending_reasons`], not why valid jobs wait. Placements,
+    /// preemptions and time-outs are unchanged (tested). For callers that
+    /// never show the waiting reasons (the simulator): writing one for every
+    /// waiting job made each pass cost a string and a map insert per job in
+    /// the queue, and a FIFO pass could otherwise stop at its first blocked
+    /// job instead of walking the whole queue.
+    pub fn without_waiting_reasons() -> Self {
+        SchedCache {
+            omit_waiting_reasons: true,
+            ..SchedCache::default()
+        }
+    }
+
     /// One pass, like [`schedule`], reading only what `changes` names.
     pub fn schedule(
         &mut self,
@@ -190,48 +206,55 @@ impl SchedCache {
         match &self.shape {
             Some(shape) => {
                 let scratch = std::mem::take(&mut self.scratch);
-                let (plan, scratch) = pass::Pass::new(
+                let mut pass = pass::Pass::new(
                     input,
                     prox,
                     Cow::Borrowed(shape),
-                    Some(&self.allocated),
+                    Some(&self.overlay),
                     scratch,
-                )
-                .run();
+                );
+                if self.omit_waiting_reasons {
+                    pass.omit_waiting_reasons();
+                }
+                let (plan, scratch) = pass.run();
                 self.scratch = scratch;
                 plan
             }
             // `sync` always leaves a shape; reading the views is the safe answer.
-            None => schedule(input, prox),
+            None => {
+                let mut plan = schedule(input, prox);
+                if self.omit_waiting_reasons {
+                    plan.pending_reasons
+                        .retain(|_, reason| reason.starts_with(pass::INVALID_PREFIX));
+                }
+                plan
+            }
         }
     }
 
-    /// Brings the shape and the allocation mirror up to date with `nodes`.
+    /// Brings the shape and the overlay up to date with `nodes`.
     fn sync(&mut self, nodes: &[NodeView], changes: NodeChanges<'_>) {
         let refreshed_in_place = match (&mut self.shape, changes) {
             (Some(shape), NodeChanges::Only(changed)) if shape.matches_sizes(nodes) => {
                 let mut in_place = true;
                 for &position in changed {
+                    // Out with the node as the overlay counted it, in with
+                    // what it reports now.
+                    self.overlay.remove_node(shape, position);
                     if !shape.refresh_node(nodes, position) {
                         in_place = false;
                         break;
                     }
-                    for (gpu, view) in shape.gpu_range(position).zip(&nodes[position].gpus) {
-                        self.allocated[gpu] = view.allocated_to;
-                    }
+                    self.overlay.add_node(shape, nodes, position);
                 }
                 in_place
             }
             _ => false,
         };
         if !refreshed_in_place {
-            self.allocated.clear();
-            self.allocated.extend(
-                nodes
-                    .iter()
-                    .flat_map(|node| node.gpus.iter().map(|gpu| gpu.allocated_to)),
-            );
-            self.shape = Some(ClusterShape::new(nodes));
+            let shape = ClusterShape::new(nodes);
+            self.overlay.rebuild(&shape, nodes);
+            self.shape = Some(shape);
         }
     }
 }

@@ -8,9 +8,12 @@
 //! - The node views are borrowed, never cloned. Which job holds each GPU is
 //!   kept in a flat overlay (`holder`, one `u32` per GPU, jobs numbered
 //!   densely), and placement reads a [`ClusterIndex`] built once per pass.
-//!   Its per-GPU part ([`ClusterShape`]) and who holds each GPU can come
-//!   from a [`super::SchedCache`] that kept them since the previous pass,
-//!   so that a pass need not read every GPU view.
+//!   Its per-GPU part ([`ClusterShape`]) can come from a
+//!   [`super::SchedCache`] that kept it since the previous pass, and so can
+//!   the overlay with its job numbering, free counts and per-job holdings
+//!   ([`Overlay`]), updated only for the nodes the caller says changed: a
+//!   pass then copies it instead of reading every GPU view and hashing every
+//!   holder, and visits only the GPUs of nodes that cannot host.
 //! - Free usable GPUs are counted per node and per model as placements and
 //!   evictions happen. Per-model totals reject a gang that cannot fit before
 //!   any scan; per-node counts let a placement scan skip full nodes.
@@ -24,14 +27,14 @@
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::fairshare::{
     order_pending, unknown_tenant, HdrfUsage, PendingDemand, PendingJob, ResourceVector,
     TenantAllocation, TenantTree,
 };
-use super::model::{GangRequest, JobId, NodeId, Placement, TopologyTier};
+use super::model::{GangRequest, JobId, NodeId, NodeView, Placement, TopologyTier};
 use super::placement::{
     count_feasible_nodes, labels_suffix, model_name, not_enough_nodes, place_indexed, ClusterIndex,
     ClusterShape, Unplaceable, UnplaceableKind,
@@ -42,6 +45,10 @@ use super::{Policy, Preemption, RunningJob, SchedInput, SchedPlan};
 /// Shares closer than this are equal; keeps float noise from flip-flopping
 /// preemption decisions.
 const SHARE_EPSILON: f64 = 1e-9;
+
+/// How the reason of a request that can never run begins; callers that
+/// drop the other reasons keep these.
+pub(crate) const INVALID_PREFIX: &str = "invalid:";
 
 /// `holder` value of a GPU nobody holds.
 const FREE: u32 = u32::MAX;
@@ -123,6 +130,337 @@ impl JobSlots {
     }
 }
 
+/// Who holds each GPU, and the counts a pass derives from that, kept by a
+/// [`super::SchedCache`] between passes and updated node by node as the
+/// caller reports changes. Rebuilding them walked every GPU and hashed every
+/// holder at each pass, the largest cost left in a pass on a big cluster.
+///
+/// Everything here ignores health and duplicated node ids, which may change
+/// without being reported: a pass takes the nodes that cannot host (few)
+/// back out of the counts (`Pass::new`). Slots are numbered by this
+/// structure and reused when a job lets go of its last GPU; which job gets
+/// which slot never reaches a plan.
+#[derive(Default)]
+pub(crate) struct Overlay {
+    /// Per flat GPU: slot of its holder, or FREE.
+    holder: Vec<u32>,
+    /// Per slot: the job (stale while the slot is free).
+    ids: Vec<JobId>,
+    slot_of: FastJobMap<u32>,
+    /// Per slot: GPUs it holds; at 0 the slot is freed.
+    gpus_of_slot: Vec<u32>,
+    free_slots: Vec<u32>,
+    /// Per slot: GPUs held per model id, on any node.
+    held: Vec<Held>,
+    /// Per node position: free GPUs with a unique index.
+    free_unique: Vec<u32>,
+    /// Per model id: `free_unique` summed over the nodes.
+    free_unique_by_model: Vec<u64>,
+    /// Per model id: GPUs on any node.
+    gpus_by_model: Vec<u64>,
+}
+
+impl Overlay {
+    /// Reads every node afresh.
+    pub(crate) fn rebuild(&mut self, shape: &ClusterShape, nodes: &[NodeView]) {
+        self.holder.clear();
+        self.holder.resize(shape.gpu_count(), FREE);
+        self.ids.clear();
+        self.slot_of.clear();
+        self.gpus_of_slot.clear();
+        self.free_slots.clear();
+        self.held.clear();
+        self.free_unique.clear();
+        self.free_unique.resize(nodes.len(), 0);
+        self.free_unique_by_model.clear();
+        self.free_unique_by_model.resize(shape.models.len(), 0);
+        self.gpus_by_model.clear();
+        self.gpus_by_model.resize(shape.models.len(), 0);
+        for &model in &shape.gpu_model {
+            if let Some(total) = self.gpus_by_model.get_mut(model as usize) {
+                *total += 1;
+            }
+        }
+        for position in 0..nodes.len() {
+            self.add_node(shape, nodes, position);
+        }
+    }
+
+    /// Whether this was built for `shape` over `nodes` nodes.
+    fn fits(&self, shape: &ClusterShape, nodes: usize) -> bool {
+        self.holder.len() == shape.gpu_count()
+            && self.free_unique.len() == nodes
+            && self.gpus_by_model.len() == shape.models.len()
+    }
+
+    /// Forgets the node's GPUs; call before `shape` is refreshed, so that
+    /// the index uniqueness counted when they were added is the one undone.
+    pub(crate) fn remove_node(&mut self, shape: &ClusterShape, position: usize) {
+        if !self.fits(shape, self.free_unique.len()) {
+            return;
+        }
+        for gpu in shape.gpu_range(position) {
+            let model = shape.gpu_model[gpu];
+            let slot = std::mem::replace(&mut self.holder[gpu], FREE);
+            if slot == FREE {
+                if shape.gpu_unique[gpu] {
+                    if let Some(free) = self.free_unique.get_mut(position) {
+                        *free = free.saturating_sub(1);
+                    }
+                    if let Some(free) = self.free_unique_by_model.get_mut(model as usize) {
+                        *free = free.saturating_sub(1);
+                    }
+                }
+                continue;
+            }
+            let index = slot as usize;
+            if let Some(held) = self.held.get_mut(index) {
+                held.sub(model, 1);
+            }
+            if let Some(count) = self.gpus_of_slot.get_mut(index) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    if let Some(id) = self.ids.get(index) {
+                        self.slot_of.remove(id);
+                    }
+                    self.held[index] = Held::default();
+                    self.free_slots.push(slot);
+                }
+            }
+        }
+    }
+
+    /// Reads the node's GPU views into the overlay (after `remove_node`).
+    pub(crate) fn add_node(&mut self, shape: &ClusterShape, nodes: &[NodeView], position: usize) {
+        let Some(node) = nodes.get(position) else {
+            return;
+        };
+        if !self.fits(shape, nodes.len()) {
+            return;
+        }
+        for (gpu, view) in shape.gpu_range(position).zip(&node.gpus) {
+            let model = shape.gpu_model[gpu];
+            match view.allocated_to {
+                None => {
+                    self.holder[gpu] = FREE;
+                    if shape.gpu_unique[gpu] {
+                        self.free_unique[position] += 1;
+                        if let Some(free) = self.free_unique_by_model.get_mut(model as usize) {
+                            *free += 1;
+                        }
+                    }
+                }
+                Some(id) => {
+                    let slot = self.slot_for(id);
+                    self.holder[gpu] = slot;
+                    let index = slot as usize;
+                    self.gpus_of_slot[index] += 1;
+                    self.held[index].add(model, 1);
+                }
+            }
+        }
+    }
+
+    /// Everything the overlay says, without its slot numbering (which
+    /// depends on history): per GPU its holder, per holder its GPU count and
+    /// per-model holdings, the free counts. Slot table consistency is
+    /// checked on the way.
+    #[cfg(test)]
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn normalized(
+        &self,
+    ) -> (
+        Vec<Option<JobId>>,
+        BTreeMap<JobId, (u32, Vec<(u32, u64)>)>,
+        Vec<u32>,
+        Vec<u64>,
+        Vec<u64>,
+    ) {
+        let holders: Vec<Option<JobId>> = self
+            .holder
+            .iter()
+            .map(|&slot| (slot != FREE).then(|| self.ids[slot as usize]))
+            .collect();
+        let mut per_job = BTreeMap::new();
+        for (slot, &id) in self.ids.iter().enumerate() {
+            let gpus = self.gpus_of_slot[slot];
+            if gpus == 0 {
+                assert!(
+                    self.free_slots.contains(&(slot as u32)),
+                    "slot {slot} leaked"
+                );
+                continue;
+            }
+            assert_eq!(self.slot_of.get(&id), Some(&(slot as u32)), "job {id}");
+            let mut held: Vec<(u32, u64)> =
+                self.held[slot].iter().filter(|&(_, c)| c > 0).collect();
+            held.sort_unstable();
+            per_job.insert(id, (gpus, held));
+        }
+        assert_eq!(self.slot_of.len(), per_job.len());
+        (
+            holders,
+            per_job,
+            self.free_unique.clone(),
+            self.free_unique_by_model.clone(),
+            self.gpus_by_model.clone(),
+        )
+    }
+
+    fn slot_for(&mut self, id: JobId) -> u32 {
+        if let Some(&slot) = self.slot_of.get(&id) {
+            return slot;
+        }
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.ids[slot as usize] = id;
+                slot
+            }
+            None => {
+                // Slots stop short of FREE, as in `JobSlots::slot`.
+                let slot = u32::try_from(self.ids.len())
+                    .unwrap_or(FREE - 1)
+                    .min(FREE - 1);
+                if slot as usize == self.ids.len() {
+                    self.ids.push(id);
+                    self.gpus_of_slot.push(0);
+                    self.held.push(Held::default());
+                }
+                slot
+            }
+        };
+        self.slot_of.insert(id, slot);
+        slot
+    }
+}
+
+/// What `Pass::new` derives from who holds which GPU.
+struct Holdings<'a> {
+    jobs: JobSlots,
+    holder: Vec<u32>,
+    held: Cow<'a, [Held]>,
+    free_usable: Vec<u32>,
+    free_by_model: Vec<u64>,
+    capacity_by_model: Vec<u64>,
+}
+
+impl<'a> Holdings<'a> {
+    /// One walk over every GPU view.
+    fn read(input: &SchedInput, cluster: &ClusterIndex<'_>, mut jobs: JobSlots) -> Self {
+        let gpu_count = cluster.shape.gpu_count();
+        let mut holder = Vec::with_capacity(gpu_count);
+        let mut held: Vec<Held> = Vec::new();
+        let mut free_usable = vec![0u32; input.nodes.len()];
+        let mut free_by_model = vec![0u64; cluster.shape.models.len()];
+        let mut capacity_by_model = vec![0u64; cluster.shape.models.len()];
+        let mut previous: Option<(JobId, u32)> = None;
+        for (position, node) in input.nodes.iter().enumerate() {
+            let hostable = cluster.hostable[position];
+            for gpu in cluster.gpu_range(position) {
+                let model = cluster.shape.gpu_model[gpu];
+                let slot = match cluster.gpu(gpu).allocated_to {
+                    None => FREE,
+                    // Consecutive GPUs usually belong to the same job.
+                    Some(id) => match previous {
+                        Some((last, slot)) if last == id => slot,
+                        _ => {
+                            let slot = jobs.slot(id);
+                            previous = Some((id, slot));
+                            slot
+                        }
+                    },
+                };
+                holder.push(slot);
+                if node.healthy {
+                    if let Some(total) = capacity_by_model.get_mut(model as usize) {
+                        *total += 1;
+                    }
+                    if slot != FREE {
+                        let slot = slot as usize;
+                        if held.len() <= slot {
+                            held.resize(slot + 1, Held::default());
+                        }
+                        held[slot].add(model, 1);
+                    }
+                }
+                if slot == FREE && hostable && cluster.shape.gpu_unique[gpu] {
+                    free_usable[position] += 1;
+                    if let Some(free) = free_by_model.get_mut(model as usize) {
+                        *free += 1;
+                    }
+                }
+            }
+        }
+        Holdings {
+            jobs,
+            holder,
+            held: Cow::Owned(held),
+            free_usable,
+            free_by_model,
+            capacity_by_model,
+        }
+    }
+
+    /// From a cache's overlay: copies, then takes the nodes that cannot
+    /// host back out; only those nodes' GPUs are visited.
+    fn cached(
+        input: &SchedInput,
+        cluster: &ClusterIndex<'_>,
+        overlay: &'a Overlay,
+        mut jobs: JobSlots,
+    ) -> Self {
+        jobs.ids.extend_from_slice(&overlay.ids);
+        jobs.slot_of.clone_from(&overlay.slot_of);
+        let slots = overlay.ids.len();
+        jobs.release_at.resize(slots, None);
+        jobs.preempted.resize(slots, false);
+        jobs.running.resize(slots, false);
+        let holder = overlay.holder.clone();
+        let mut held = Cow::Borrowed(&overlay.held[..]);
+        let mut free_usable = Vec::with_capacity(input.nodes.len());
+        let mut free_by_model = overlay.free_unique_by_model.clone();
+        let mut capacity_by_model = overlay.gpus_by_model.clone();
+        for (position, node) in input.nodes.iter().enumerate() {
+            let hostable = cluster.hostable[position];
+            free_usable.push(if hostable {
+                overlay.free_unique.get(position).copied().unwrap_or(0)
+            } else {
+                0
+            });
+            if hostable {
+                continue;
+            }
+            for gpu in cluster.gpu_range(position) {
+                let model = cluster.shape.gpu_model[gpu] as usize;
+                let slot = holder[gpu];
+                if slot == FREE && cluster.shape.gpu_unique[gpu] {
+                    if let Some(free) = free_by_model.get_mut(model) {
+                        *free = free.saturating_sub(1);
+                    }
+                }
+                if !node.healthy {
+                    if let Some(total) = capacity_by_model.get_mut(model) {
+                        *total = total.saturating_sub(1);
+                    }
+                    if slot != FREE {
+                        if let Some(held) = held.to_mut().get_mut(slot as usize) {
+                            held.sub(model as u32, 1);
+                        }
+                    }
+                }
+            }
+        }
+        Holdings {
+            jobs,
+            holder,
+            held,
+            free_usable,
+            free_by_model,
+            capacity_by_model,
+        }
+    }
+}
+
 /// Memory a pass can hand back for the next one, so that a cache running
 /// passes back to back does not rebuild the job-slot table's hash map from
 /// nothing every time. Carries no decisions: a pass starts by clearing it.
@@ -150,6 +488,22 @@ impl Held {
                 Some((_, held)) => *held += count,
                 None => self.more.push((model, count)),
             },
+        }
+    }
+
+    /// Takes back what `add` counted; models stay listed (with 0), which
+    /// every reader skips.
+    fn sub(&mut self, model: u32, count: u64) {
+        let entry = match &mut self.first {
+            Some((first, held)) if *first == model => Some(held),
+            _ => self
+                .more
+                .iter_mut()
+                .find(|(m, _)| *m == model)
+                .map(|(_, held)| held),
+        };
+        if let Some(held) = entry {
+            *held = held.saturating_sub(count);
         }
     }
 
@@ -315,81 +669,50 @@ pub(crate) struct Pass<'a> {
     /// Healthy GPUs per model id.
     capacity_by_model: Vec<u64>,
     /// Per job slot: GPUs held on healthy nodes according to the views.
-    held: Vec<Held>,
+    held: Cow<'a, [Held]>,
     tree: TenantTree,
     usage: HdrfUsage,
-    /// Tenants with valid pending jobs, for "who is active" in fair shares.
-    tenants_waiting: BTreeSet<usize>,
+    /// Per tenant: has valid pending jobs, for "who is active" in fair
+    /// shares.
+    tenants_waiting: Vec<bool>,
+    /// Whether `tenant_holdings` has charged the running jobs to `usage`.
+    holdings_charged: bool,
     memo: FailureMemo<'a>,
     /// Bumped by every commit and eviction.
     epoch: u64,
+    /// Explain why valid jobs wait (`pending_reasons`); `invalid:` reasons
+    /// are always written.
+    waiting_reasons: bool,
     plan: SchedPlan,
 }
 
 impl<'a> Pass<'a> {
-    /// `shape` must number the GPUs of `input.nodes`; `allocated`, when
-    /// given, says per flat GPU who holds it and replaces reading
-    /// `allocated_to` from every GPU view (a cache keeps it up to date).
+    /// `shape` must number the GPUs of `input.nodes`; `overlay`, when
+    /// given, says who holds each GPU and replaces reading `allocated_to`
+    /// from every GPU view (a cache keeps it up to date).
     pub fn new(
         input: &'a SchedInput,
         prox: &'a dyn Proximity,
         shape: Cow<'a, ClusterShape>,
-        allocated: Option<&[Option<JobId>]>,
+        overlay: Option<&'a Overlay>,
         scratch: Scratch,
     ) -> Self {
         let cluster = ClusterIndex::with_shape(&input.nodes, shape);
         let mut jobs = scratch.jobs;
         jobs.clear();
-        let gpu_count = cluster.shape.gpu_count();
-        let mut holder = Vec::with_capacity(gpu_count);
-        let mut held: Vec<Held> = Vec::new();
-        let mut free_usable = vec![0u32; input.nodes.len()];
-        let mut free_by_model = vec![0u64; cluster.shape.models.len()];
-        let mut capacity_by_model = vec![0u64; cluster.shape.models.len()];
-        // One walk over every GPU builds the overlay, the free counts, the
-        // capacity and what each job holds.
-        let mut previous: Option<(JobId, u32)> = None;
-        for (position, node) in input.nodes.iter().enumerate() {
-            let hostable = cluster.hostable[position];
-            for gpu in cluster.gpu_range(position) {
-                let model = cluster.shape.gpu_model[gpu];
-                let holder_id = match allocated {
-                    Some(allocated) => allocated.get(gpu).copied().flatten(),
-                    None => cluster.gpu(gpu).allocated_to,
-                };
-                let slot = match holder_id {
-                    None => FREE,
-                    // Consecutive GPUs usually belong to the same job.
-                    Some(id) => match previous {
-                        Some((last, slot)) if last == id => slot,
-                        _ => {
-                            let slot = jobs.slot(id);
-                            previous = Some((id, slot));
-                            slot
-                        }
-                    },
-                };
-                holder.push(slot);
-                if node.healthy {
-                    if let Some(total) = capacity_by_model.get_mut(model as usize) {
-                        *total += 1;
-                    }
-                    if slot != FREE {
-                        let slot = slot as usize;
-                        if held.len() <= slot {
-                            held.resize(slot + 1, Held::default());
-                        }
-                        held[slot].add(model, 1);
-                    }
-                }
-                if slot == FREE && hostable && cluster.shape.gpu_unique[gpu] {
-                    free_usable[position] += 1;
-                    if let Some(free) = free_by_model.get_mut(model as usize) {
-                        *free += 1;
-                    }
-                }
+        let Holdings {
+            mut jobs,
+            holder,
+            held,
+            free_usable,
+            free_by_model,
+            capacity_by_model,
+        } = match overlay {
+            Some(overlay) if overlay.fits(&cluster.shape, input.nodes.len()) => {
+                Holdings::cached(input, &cluster, overlay, jobs)
             }
-        }
+            _ => Holdings::read(input, &cluster, jobs),
+        };
         let mut running_slots = Vec::with_capacity(input.running.len());
         for job in &input.running {
             let slot = jobs.slot(job.id) as usize;
@@ -410,6 +733,7 @@ impl<'a> Pass<'a> {
         node_position.dedup_by_key(|&mut (id, _)| id);
 
         let tree = TenantTree::new(&input.tenants);
+        let tenant_count = tree.len();
         let capacity = resources_of(&cluster, capacity_by_model.iter().copied().enumerate());
         let usage = HdrfUsage::new(&tree, capacity);
         Pass {
@@ -426,11 +750,19 @@ impl<'a> Pass<'a> {
             held,
             tree,
             usage,
-            tenants_waiting: BTreeSet::new(),
+            tenants_waiting: vec![false; tenant_count],
+            holdings_charged: false,
             memo: FailureMemo::default(),
             epoch: 0,
+            waiting_reasons: true,
             plan: SchedPlan::default(),
         }
+    }
+
+    /// Leaves out the reasons of valid waiting jobs; see
+    /// [`super::SchedCache::without_waiting_reasons`].
+    pub fn omit_waiting_reasons(&mut self) {
+        self.waiting_reasons = false;
     }
 
     /// The plan, and the pass's memory for the next pass to reuse.
@@ -448,20 +780,17 @@ impl<'a> Pass<'a> {
         self.plan.timed_out = timed_out;
 
         let valid = self.validate_pending();
-        for (job, _) in &valid {
-            if let Some(tenant) = self.tree.index_of(&job.tenant) {
-                self.tenants_waiting.insert(tenant);
-            }
-        }
         // Tenants' holdings feed the fair order of two or more jobs and the
         // fair shares preemption compares; nothing else reads them. Summing
         // them reads every running job's tenant name, a cache miss each on a
         // busy cluster, so a pass that cannot use them skips it: FIFO never
-        // does, and the fair order of at most one job is that job.
+        // does, and the fair order of at most one job is that job. For
+        // preemption they are summed when the first preemption is tried
+        // (`try_preempt`): usage is only read there, and counts are integers,
+        // so charging them later gives the same sums.
         let needs_holdings = match self.input.policy {
             Policy::Fifo => false,
-            Policy::Hdrf => valid.len() > 1,
-            Policy::HdrfPreempt => true,
+            Policy::Hdrf | Policy::HdrfPreempt => valid.len() > 1,
         } || always_sum_holdings();
         let held_by_tenant = if needs_holdings {
             self.tenant_holdings()
@@ -474,6 +803,9 @@ impl<'a> Pass<'a> {
             Policy::HdrfPreempt => self.run_hdrf(valid, &held_by_tenant, true),
         }
 
+        if !self.waiting_reasons {
+            return (self.plan, Scratch { jobs: self.jobs });
+        }
         let placed: FastJobSet = self.plan.placements.iter().map(|p| p.job).collect();
         for (job, _) in &self.input.pending {
             if !placed.contains(&job.id) {
@@ -491,7 +823,10 @@ impl<'a> Pass<'a> {
     /// built: one vector per tenant instead of a map update per GPU. Counts
     /// are integers, so the float sums are exact whatever the order.
     fn tenant_holdings(&mut self) -> Vec<ResourceVector> {
-        let held = std::mem::take(&mut self.held);
+        if std::mem::replace(&mut self.holdings_charged, true) {
+            return Vec::new();
+        }
+        let held = std::mem::replace(&mut self.held, Cow::Borrowed(&[]));
         let mut held_by_tenant: Vec<Held> = vec![Held::default(); self.tree.len()];
         for (job, &slot) in self.input.running.iter().zip(&self.running_slots) {
             let Some(tenant) = self.tree.index_of(&job.tenant) else {
@@ -556,10 +891,16 @@ impl<'a> Pass<'a> {
                 .is_some_and(|limit| limit.is_nan() || limit < 0.0)
             {
                 Some("max_rtt_ms must be a non-negative number".to_string())
-            } else if self.tree.index_of(&job.tenant).is_none() {
-                Some(format!("unknown tenant {}", job.tenant))
             } else {
-                None
+                match self.tree.index_of(&job.tenant) {
+                    None => Some(format!("unknown tenant {}", job.tenant)),
+                    Some(tenant) => {
+                        if let Some(waiting) = self.tenants_waiting.get_mut(tenant) {
+                            *waiting = true;
+                        }
+                        None
+                    }
+                }
             };
             match problem {
                 Some(problem) => {
@@ -567,7 +908,7 @@ impl<'a> Pass<'a> {
                     self.plan
                         .pending_reasons
                         .entry(job.id)
-                        .or_insert_with(|| format!("invalid: {problem}"));
+                        .or_insert_with(|| format!("{INVALID_PREFIX} {problem}"));
                 }
                 None => valid.push(entry),
             }
@@ -581,6 +922,10 @@ impl<'a> Pass<'a> {
         let mut waiting_behind: Option<String> = None;
         for (job, request) in queue {
             if let Some(reason) = &waiting_behind {
+                // Nothing behind a blocked job starts; only its reason is left.
+                if !self.waiting_reasons {
+                    break;
+                }
                 let reason = reason.clone();
                 self.note(job.id, reason);
                 continue;
@@ -706,7 +1051,9 @@ impl<'a> Pass<'a> {
     }
 
     fn note(&mut self, job: JobId, reason: String) {
-        self.plan.pending_reasons.insert(job, reason);
+        if self.waiting_reasons {
+            self.plan.pending_reasons.insert(job, reason);
+        }
     }
 
     fn admit(&self, job: &PendingJob) -> Result<(), String> {
@@ -913,9 +1260,14 @@ impl<'a> Pass<'a> {
         let Some(preemptor_tenant) = self.tree.index_of(&job.tenant) else {
             return false;
         };
+        // Deferred by `run` until a preemption is tried.
+        self.tenant_holdings();
         let now = self.input.now_s;
         let own_active: Vec<bool> = (0..self.tree.len())
-            .map(|t| self.usage.own_share(t) > 0.0 || self.tenants_waiting.contains(&t))
+            .map(|t| {
+                self.usage.own_share(t) > 0.0
+                    || self.tenants_waiting.get(t).copied().unwrap_or(false)
+            })
             .collect();
         let fair = self.tree.fair_fractions(&own_active);
         let below_fair_share =

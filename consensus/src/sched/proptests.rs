@@ -153,12 +153,15 @@ proptest! {
 
     /// The cache must follow every kind of change a caller can make
     /// between passes: allocations it lists, models it lists, health it
-    /// need not list, and GPU counts it forgets to list.
+    /// need not list, and GPU counts it forgets to list. A cache that
+    /// leaves out waiting reasons must plan the same, with only the
+    /// `invalid:` reasons.
     #[test]
     fn cached_passes_decide_like_fresh_passes(seed in any::<u64>(), policy in policy_strategy()) {
         let mut input = random_input(seed, policy);
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xcac4e);
         let mut cache = SchedCache::default();
+        let mut terse = SchedCache::without_waiting_reasons();
         let mut changed: Vec<usize> = Vec::new();
         for round in 0..6 {
             let prox = TopologyProximity::new(&input.nodes);
@@ -166,6 +169,15 @@ proptest! {
             let changes = if round == 0 { NodeChanges::All } else { NodeChanges::Only(&changed) };
             let cached = cache.schedule(&input, &prox, changes);
             prop_assert_eq!(&cached, &fresh, "round {}", round);
+            // The kept overlay equals one rebuilt from the views.
+            if let Some(shape) = &cache.shape {
+                let mut rebuilt = pass::Overlay::default();
+                rebuilt.rebuild(shape, &input.nodes);
+                prop_assert_eq!(cache.overlay.normalized(), rebuilt.normalized(), "round {}", round);
+            }
+            let mut expected = fresh.clone();
+            expected.pending_reasons.retain(|_, reason| reason.starts_with("invalid:"));
+            prop_assert_eq!(&terse.schedule(&input, &prox, changes), &expected, "round {}", round);
 
             changed.clear();
             for placement in &fresh.placements {

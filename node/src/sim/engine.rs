@@ -15,6 +15,9 @@
 //! Passes run through a [`SchedCache`] that re-reads only the nodes whose
 //! GPUs changed hands since the previous pass (the engine lists them as it
 //! starts and releases jobs); its decisions equal a full read's (tested).
+//! The cache leaves out why valid jobs wait: the engine only acts on
+//! `invalid:` reasons, and writing the others cost a string per waiting job
+//! per pass.
 //!
 //! Under [`Driver::Ledger`] the engine's own state only mirrors a real
 //! consensus ledger: each pass is planned from the ledger's snapshot and
@@ -293,6 +296,11 @@ struct Engine<'t> {
     tenant_names: Vec<String>,
     held_by_tenant: Vec<u64>,
     pending_gpus_by_tenant: Vec<u64>,
+    /// How many pending jobs ask for each number of GPUs per node, so that
+    /// the smallest demand is known without walking the queue.
+    pending_per_node_demand: BTreeMap<u32, usize>,
+    /// Running jobs whose time limit passed (`limit_reached`).
+    running_at_limit: usize,
     free_on_node: Vec<u32>,
     events: BinaryHeap<Reverse<Event>>,
     now: u64,
@@ -394,7 +402,8 @@ impl<'t> Engine<'t> {
             },
             proximity,
             pass_input,
-            sched_cache: SchedCache::default(),
+            // Only `invalid:` reasons are acted on here.
+            sched_cache: SchedCache::without_waiting_reasons(),
             changed_nodes: Vec::new(),
             node_changed: vec![false; node_count],
             pending_at: vec![None; jobs.len()],
@@ -404,6 +413,8 @@ impl<'t> Engine<'t> {
             tenant_names,
             held_by_tenant: vec![0; tenant_count],
             pending_gpus_by_tenant: vec![0; tenant_count],
+            pending_per_node_demand: BTreeMap::new(),
+            running_at_limit: 0,
             free_on_node,
             events,
             now: 0,
@@ -508,7 +519,11 @@ impl<'t> Engine<'t> {
             EventKind::TimeLimit => {
                 if self.is_current_run(event.subject, event.attempt) {
                     // The scheduler is the one to declare it timed out.
-                    self.jobs[event.subject].limit_reached = true;
+                    let state = &mut self.jobs[event.subject];
+                    if !state.limit_reached {
+                        state.limit_reached = true;
+                        self.running_at_limit += 1;
+                    }
                     self.dirty = true;
                 }
             }
@@ -586,6 +601,10 @@ impl<'t> Engine<'t> {
             required_labels: BTreeMap::new(),
         };
         self.pending_gpus_by_tenant[state.tenant] += u64::from(gpus);
+        *self
+            .pending_per_node_demand
+            .entry(request.gpus_per_node)
+            .or_default() += 1;
         self.pending_at[job] = Some(self.input.pending.len());
         self.input.pending.push((pending, request));
         self.dirty = true;
@@ -595,9 +614,15 @@ impl<'t> Engine<'t> {
         let Some(position) = self.pending_at[job].take() else {
             return;
         };
-        self.input.pending.swap_remove(position);
+        let (_, request) = self.input.pending.swap_remove(position);
         if let Some((moved, _)) = self.input.pending.get(position) {
             self.pending_at[moved.id as usize] = Some(position);
+        }
+        if let Some(count) = self.pending_per_node_demand.get_mut(&request.gpus_per_node) {
+            *count -= 1;
+            if *count == 0 {
+                self.pending_per_node_demand.remove(&request.gpus_per_node);
+            }
         }
         let state = &self.jobs[job];
         let gpus = u64::from(state.gpus());
@@ -650,13 +675,7 @@ impl<'t> Engine<'t> {
         if self.jobs_at_limit() {
             return true;
         }
-        let Some(smallest_per_node) = self
-            .input
-            .pending
-            .iter()
-            .map(|(_, r)| r.gpus_per_node)
-            .min()
-        else {
+        let Some(&smallest_per_node) = self.pending_per_node_demand.keys().next() else {
             return false;
         };
         if self.cfg.policy == Policy::HdrfPreempt && !self.input.running.is_empty() {
@@ -670,17 +689,19 @@ impl<'t> Engine<'t> {
     }
 
     fn jobs_at_limit(&self) -> bool {
-        self.input
-            .running
-            .iter()
-            .any(|job| self.jobs[job.id as usize].limit_reached)
+        self.running_at_limit > 0
     }
 
     fn refresh_tenant_usage(&mut self) {
         for (view, held) in self.input.tenants.iter_mut().zip(&self.held_by_tenant) {
             view.gpus_in_use = u32::try_from(*held).unwrap_or(u32::MAX);
         }
-        let ckpt = self.cfg.ckpt_interval_s.filter(|&c| c > 0);
+        // Without checkpoints every `last_checkpoint_s` stays `None`, as
+        // `start` wrote it; the walk over every running job is then wasted.
+        let Some(period) = self.cfg.ckpt_interval_s.filter(|&c| c > 0) else {
+            return;
+        };
+        let ckpt = Some(period);
         let now = self.now;
         for running in &mut self.input.running {
             running.last_checkpoint_s = ckpt.and_then(|period| {
@@ -1054,6 +1075,9 @@ impl<'t> Engine<'t> {
     /// Takes a job off its GPUs; returns the run that ended.
     fn release(&mut self, job: usize) -> Option<ActiveRun> {
         let run = self.jobs[job].run.take()?;
+        if std::mem::take(&mut self.jobs[job].limit_reached) {
+            self.running_at_limit -= 1;
+        }
         for (node, gpus) in &run.nodes {
             mark_changed(&mut self.changed_nodes, &mut self.node_changed, *node);
             for gpu in gpus {
