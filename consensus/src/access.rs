@@ -269,13 +269,15 @@ mod tests {
                     },
                     Op::Remove { path } => Command::RemoveObject { path: PATHS[path].into() },
                 };
-                let others_before: Vec<MeshObject> = l
-                    .namespace
-                    .objects
-                    .values()
-                    .filter(|o| o.tenant != "b")
-                    .cloned()
-                    .collect();
+                let others = |l: &Ledger| -> Vec<MeshObject> {
+                    l.namespace
+                        .objects
+                        .values()
+                        .filter(|o| o.tenant != "b")
+                        .cloned()
+                        .collect()
+                };
+                let others_before = others(&l);
                 let cmd = if as_b {
                     Command::AsTenant { tenant: "b".into(), cmd: Box::new(cmd) }
                 } else {
@@ -284,14 +286,7 @@ mod tests {
                 let index = 100 + i as u64;
                 l.apply(index, &LedgerRequest { now_ms: 10, cmd });
                 if as_b {
-                    let others_after: Vec<MeshObject> = l
-                        .namespace
-                        .objects
-                        .values()
-                        .filter(|o| o.tenant != "b")
-                        .cloned()
-                        .collect();
-                    prop_assert_eq!(others_before, others_after);
+                    prop_assert_eq!(others_before, others(&l));
                 }
             }
         }

@@ -727,15 +727,7 @@ impl<'t> Engine<'t> {
             }
         }
         for preemption in &plan.preemptions {
-            let job = preemption.victim as usize;
-            if self
-                .jobs
-                .get(job)
-                .is_some_and(|s| s.phase == Phase::Running)
-            {
-                self.acct.preemptions += 1;
-                self.interrupt(job, Interruption::Preemption);
-            }
+            self.preempt(preemption.victim as usize);
         }
         for (id, reason) in &plan.pending_reasons {
             // A request the scheduler calls invalid would wait forever.
@@ -899,14 +891,7 @@ impl<'t> Engine<'t> {
             }
         }
         for job in committed.preempted {
-            if self
-                .jobs
-                .get(job)
-                .is_some_and(|s| s.phase == Phase::Running)
-            {
-                self.acct.preemptions += 1;
-                self.interrupt(job, Interruption::Preemption);
-            }
+            self.preempt(job);
         }
         for (id, reason) in &plan.pending_reasons {
             let job = *id as usize;
@@ -1124,6 +1109,18 @@ impl<'t> Engine<'t> {
     }
 
     /// Preemption or failure: keep the checkpointed work and requeue.
+    /// A preemption victim of the plan, if it still runs.
+    fn preempt(&mut self, job: usize) {
+        if self
+            .jobs
+            .get(job)
+            .is_some_and(|s| s.phase == Phase::Running)
+        {
+            self.acct.preemptions += 1;
+            self.interrupt(job, Interruption::Preemption);
+        }
+    }
+
     fn interrupt(&mut self, job: usize, why: Interruption) {
         let Some(run) = self.release(job) else {
             return;
