@@ -54,6 +54,10 @@ pub fn wall_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// How long a follower waits for an unknown API token to appear in its
+/// ledger before refusing it (see `Inner::caller_eventually`).
+const TOKEN_CATCH_UP: Duration = Duration::from_secs(2);
+
 /// A running node.
 #[derive(Clone)]
 pub struct Agent {
@@ -811,6 +815,24 @@ impl Inner {
             name: t.name.clone(),
             tenant: t.tenant.clone(),
         })
+    }
+
+    /// [`Self::caller`], allowing for this node's ledger to lag: a token
+    /// created a moment ago through another node may not be applied here
+    /// yet, so a follower looks an unknown token up again as it catches up,
+    /// for up to `TOKEN_CATCH_UP`. The leader's ledger is current.
+    pub async fn caller_eventually(&self, token: &str) -> Option<crate::api::Caller> {
+        let deadline = Instant::now() + TOKEN_CATCH_UP;
+        loop {
+            if let Some(caller) = self.caller(token) {
+                return Some(caller);
+            }
+            let leader = self.raft.metrics().borrow().current_leader == Some(self.id);
+            if leader || Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// A new API token, admin or scoped to `tenant`; only its hash is kept.

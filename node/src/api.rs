@@ -174,7 +174,11 @@ async fn require_token(State(inner): State<AppState>, req: Request, next: Next) 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match token.and_then(|t| inner.caller(t)) {
+    let caller = match token {
+        Some(t) => inner.caller_eventually(t).await,
+        None => None,
+    };
+    match caller {
         Some(caller) => {
             if let Some(tenant) = &caller.tenant {
                 let method = req.method().as_str();
