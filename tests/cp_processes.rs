@@ -3,30 +3,17 @@
 //! three live holders, unchanged data not sent again, and the errors a user
 //! hits leaving nothing behind.
 
-// See `SERIAL`: its guard is held across awaits on purpose.
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
 
 mod common;
 
-use common::{shoal_bin, start_cluster, wait_for};
+use common::{one_at_a_time, shoal_bin, start_cluster, wait_for};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The tests of this file run one at a time: each starts several agents and
-/// real jobs, and on a 2-core machine running them all at once starves the
-/// heartbeats they measure. Each test holds the guard for its whole body,
-/// across awaits, on purpose: every test runs on its own thread and runtime,
-/// so the lock only orders them and cannot deadlock.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 fn write_tree(root: &Path) {
     std::fs::create_dir_all(root.join("sub/deeper")).expect("mkdir");

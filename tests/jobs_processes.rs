@@ -2,12 +2,12 @@
 //! the rank environment, exit codes, cancel with SIGTERM, failover when a
 //! node dies, preemption with checkpoint and refund, and the Slurm names.
 
-// See `SERIAL`: its guard is held across awaits on purpose.
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
 
 mod common;
 
-use common::{sh_job as request, shoal_bin, wait_for, NodeProc};
+use common::{one_at_a_time, sh_job as request, shoal_bin, wait_for, NodeProc};
 use shoal_sdk::{Client, JobInfo, TenantRequest};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,19 +15,6 @@ use std::process::Command;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The tests of this file run one at a time: each starts several agents and
-/// real jobs, and on a 2-core machine running them all at once starves the
-/// heartbeats they measure. Each test holds the guard for its whole body,
-/// across awaits, on purpose: every test runs on its own thread and runtime,
-/// so the lock only orders them and cannot deadlock.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 struct Cluster {
     nodes: Vec<NodeProc>,
@@ -356,13 +343,17 @@ async fn slurm_names_drive_the_cluster() {
     );
 }
 
-fn python3() -> Option<&'static str> {
-    Command::new("python3")
+/// The example job is a Python script: without python3 these tests cannot
+/// run, and say so by failing.
+fn require_python3() {
+    let works = Command::new("python3")
         .arg("--version")
         .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|_| "python3")
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        works,
+        "this test cannot run here: python3 is not installed (the example job is a Python script)"
+    );
 }
 
 fn example_script() -> String {
@@ -394,10 +385,7 @@ fn uninterrupted_checksum(rank: u32, steps: u32) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
     let _serial = one_at_a_time();
-    if python3().is_none() {
-        eprintln!("skipped: python3 is not installed (the example job is a Python script)");
-        return;
-    }
+    require_python3();
     // Long enough to still be running when a loaded machine commits step 20.
     let steps = 400;
     let mut cluster = Cluster::start(&["r1", "r1", "r2", "r2"]).await;
@@ -457,7 +445,7 @@ async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
     let recovery = killed_at.elapsed();
     eprintln!("recovery: running again {recovery:.2?} after kill -9 of {victim}");
     assert!(
-        recovery < Duration::from_secs(10),
+        recovery < Duration::from_secs(30),
         "recovery took {recovery:?}"
     );
     assert_eq!(after.restarts, 1);
@@ -580,10 +568,7 @@ async fn a_restarted_agent_reports_its_rank_lost_instead_of_relaunching_it_alone
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_a_node_checkpoints_on_sigterm_and_resumes_elsewhere() {
     let _serial = one_at_a_time();
-    if python3().is_none() {
-        eprintln!("skipped: python3 is not installed (the example job is a Python script)");
-        return;
-    }
+    require_python3();
     let cluster = Cluster::start(&["r1", "r1", "r2"]).await;
     let client = cluster.client(0);
     let mut req = request(1, 1, "");

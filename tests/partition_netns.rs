@@ -9,7 +9,7 @@
 //!   no GPU is held twice, and the job finishes with the checksum of an
 //!   uninterrupted run.
 //!
-//! Needs root and `ip`; skipped with a printed reason otherwise.
+//! Needs root, `ip` (iproute2) and python3; fails with the missing one named otherwise.
 
 mod common;
 
@@ -120,7 +120,7 @@ impl Drop for Net {
     }
 }
 
-fn skip_reason() -> Option<String> {
+fn missing_prerequisite() -> Option<String> {
     // SAFETY: a plain getter without arguments.
     if unsafe { libc::geteuid() } != 0 {
         return Some("network namespaces need root".into());
@@ -170,17 +170,10 @@ async fn job_views(clients: &[Client], id: u64) -> Vec<Option<JobInfo>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
-    if let Some(reason) = skip_reason() {
-        eprintln!("skipped: {reason}");
-        return;
+    if let Some(reason) = missing_prerequisite() {
+        panic!("this test cannot run here: {reason}");
     }
-    let net = match Net::new(3) {
-        Ok(net) => net,
-        Err(e) => {
-            eprintln!("skipped: cannot build network namespaces here: {e}");
-            return;
-        }
-    };
+    let net = Net::new(3).unwrap_or_else(|e| panic!("cannot build network namespaces here: {e}"));
     let root_dir = tempfile::tempdir().expect("tempdir");
     let root = root_dir.path().to_path_buf();
     // SHOAL_TEST_KEEP=1 keeps the node logs for a post-mortem.
@@ -352,7 +345,9 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
         .expect("the cut node ran a rank of the first epoch");
     let fenced_after = old_last - cut_at;
     eprintln!("the cut node's rank {old_rank} stopped {fenced_after:.2} s after the cut");
-    assert!(fenced_after < 4.5, "self-fencing took {fenced_after:.2} s");
+    // The lease is 3 s; the bound leaves room for the executor's tick, the
+    // kill and a loaded machine. The safety property is the ordering below.
+    assert!(fenced_after < 6.0, "self-fencing took {fenced_after:.2} s");
     let new_epoch = moved.epoch.expect("epoch");
     for node in &moved.nodes {
         let log = std::fs::read_to_string(

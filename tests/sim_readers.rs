@@ -1,26 +1,30 @@
-//! Trace readers against the real files (skipped with a message when they
-//! are not on this machine) and against malformed input.
+//! Trace readers against the real files (in `shared/traces/` beside the
+//! repository; a test whose file is missing fails and names it) and against
+//! malformed input.
 
 use std::path::Path;
 
 use shoal_node::sim::{load_trace, parse_traces, TraceError, TraceFormat};
 
-const PHILLY_DIR: &str = "/work/shared/traces/philly-pcs-vc";
-const ALIBABA_PODS: &str = "/work/shared/traces/alibaba-gpu-2023/openb_pod_list_default.csv";
+const PHILLY_DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/traces/philly-pcs-vc"
+);
+const ALIBABA_PODS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/traces/alibaba-gpu-2023/openb_pod_list_default.csv"
+);
 
-fn present(path: &str) -> bool {
-    let here = Path::new(path).exists();
-    if !here {
-        println!("skipping: {path} is not on this machine");
-    }
-    here
+fn require(path: &str) {
+    assert!(
+        Path::new(path).exists(),
+        "this test cannot run here: {path} is missing (the traces live in shared/ beside the repository)"
+    );
 }
 
 #[test]
 fn philly_directory_parses_with_one_tenant_per_vc() {
-    if !present(PHILLY_DIR) {
-        return;
-    }
+    require(PHILLY_DIR);
     for format in [TraceFormat::Auto, TraceFormat::Philly] {
         let trace = load_trace(Path::new(PHILLY_DIR), format).expect("philly parses");
         assert_eq!(trace.jobs.len(), 109_532);
@@ -44,9 +48,7 @@ fn philly_directory_parses_with_one_tenant_per_vc() {
 
 #[test]
 fn alibaba_pod_list_parses_and_skips_what_cannot_run() {
-    if !present(ALIBABA_PODS) {
-        return;
-    }
+    require(ALIBABA_PODS);
     let trace = load_trace(Path::new(ALIBABA_PODS), TraceFormat::Auto).expect("alibaba parses");
     let skipped: usize = trace.skipped.values().sum();
     assert_eq!(trace.jobs.len() + skipped, 8_152);

@@ -30,13 +30,16 @@ use shoal_storage::replicate::{
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Peers that receive a copy of every checkpoint part.
 pub const REPLICAS: usize = 3;
 /// Durable copies on peers before a part is recorded.
 pub const WRITE_QUORUM: usize = 2;
 const CHUNK_RPC_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a chunk call waits for this node's ledger to learn of a member
+/// that joined a moment ago.
+const MEMBER_CATCH_UP: Duration = Duration::from_secs(2);
 /// Chunks fetched at once during a restore, spread over the holders.
 pub const FETCH_THREADS: usize = 4;
 /// Chunks travelling down replication chains at once: enough that every
@@ -54,17 +57,46 @@ impl QuicChunkTransport {
         QuicChunkTransport { inner, handle }
     }
 
+    /// The RPC address of member `node` in this node's ledger. A node id
+    /// this ledger has not issued yet belongs to a member that joined a
+    /// moment ago (the target came from a newer view: the leader's
+    /// placement, or the previous hop of a chain), so the lookup waits for
+    /// this ledger to catch up, for up to `MEMBER_CATCH_UP`, waking on every
+    /// apply. An id below `next_node_id` that is not a member was removed
+    /// and fails at once.
     fn addr_of(&self, node: u64) -> Result<SocketAddr, TransportError> {
         let unreachable = |reason: String| TransportError::Unreachable { node, reason };
-        let data = self
-            .inner
-            .read_ledger()
-            .map_err(|e| unreachable(e.message))?;
-        data.ledger
-            .members
-            .get(&node)
-            .and_then(|m| m.spec.rpc_addr.parse().ok())
-            .ok_or_else(|| unreachable("no known address".into()))
+        let deadline = Instant::now() + MEMBER_CATCH_UP;
+        let mut applied = self.inner.raft.metrics();
+        loop {
+            {
+                let data = self
+                    .inner
+                    .read_ledger()
+                    .map_err(|e| unreachable(e.message))?;
+                if let Some(member) = data.ledger.members.get(&node) {
+                    return member.spec.rpc_addr.parse().map_err(|_| {
+                        unreachable(format!("invalid address '{}'", member.spec.rpc_addr))
+                    });
+                }
+                if node < data.ledger.next_node_id {
+                    return Err(unreachable("not a member".into()));
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(unreachable(format!(
+                    "no known address (this node's ledger has not learnt of it within {MEMBER_CATCH_UP:?})"
+                )));
+            }
+            match self
+                .handle
+                .block_on(tokio::time::timeout(left, applied.changed()))
+            {
+                Ok(Ok(())) | Err(_) => {}
+                Ok(Err(_)) => return Err(unreachable("this node is shutting down".into())),
+            }
+        }
     }
 
     /// One chunk RPC; `id` names the chunk in errors.

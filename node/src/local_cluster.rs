@@ -63,15 +63,31 @@ impl LocalCluster {
         })
     }
 
-    /// Waits until node 0 sees every node alive in the ledger.
+    /// Waits until every node's own ledger lists every node as an alive
+    /// member, and node 0's API says so too. Node 0's answer alone says
+    /// nothing of what a follower has applied: a test that then acts
+    /// through a follower (pushes chunks from it, places from its view)
+    /// relies on that follower's ledger.
     pub async fn wait_all_alive(&self, timeout: Duration) -> Result<Duration, String> {
         let want = self.agents.len();
-        self.wait_until("every node alive", timeout, |c| {
+        self.wait_until("every node alive in every ledger", timeout, |c| {
+            let everywhere = c.agents.iter().all(|a| {
+                a.ledger().read().is_ok_and(|d| {
+                    c.agents.iter().all(|other| {
+                        d.ledger
+                            .members
+                            .get(&other.id())
+                            .is_some_and(|m| m.state == shoal_sdk::MemberState::Alive)
+                    })
+                })
+            });
             let client = c.client(0);
             async move {
-                client.nodes().await.is_ok_and(|n| {
-                    n.len() == want && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive)
-                })
+                everywhere
+                    && client.nodes().await.is_ok_and(|n| {
+                        n.len() == want
+                            && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive)
+                    })
             }
         })
         .await

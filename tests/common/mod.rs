@@ -44,8 +44,8 @@ where
 
 /// Starts one cluster of spawned agents named `names` (the first
 /// bootstraps, the others join through it, `env` adds variables per node)
-/// and waits until every member is alive and every node accepts the admin
-/// token (its ledger has caught up). Returns the nodes and the token.
+/// and waits until it has converged ([`wait_converged`]). Returns the nodes
+/// and the token.
 pub async fn start_cluster(
     root: &Path,
     names: &[&str],
@@ -65,30 +65,51 @@ pub async fn start_cluster(
         node.join(&via, &join);
     }
     let token = nodes[0].admin_token();
-    let client = nodes[0].client(&token);
-    let want = names.len();
-    wait_for("every member alive", Duration::from_secs(120), || {
-        let c = client.clone();
-        async move {
-            let n = c.nodes().await.ok()?;
-            (n.len() == want && n.iter().all(|m| m.state == shoal_sdk::MemberState::Alive))
-                .then_some(())
-        }
-    })
-    .await;
-    for n in &nodes {
-        let c = n.client(&token);
+    wait_converged(&nodes, &token).await;
+    (nodes, token)
+}
+
+/// Waits until every node of `nodes` has, in its *own* state (its
+/// `/metrics`, answered locally, not routed to the leader): every node an
+/// alive member of its ledger, and every other node alive in its failure
+/// detector. "The leader lists every member alive" only proves admission —
+/// a follower may not have applied the last join yet, and a member is alive
+/// in the ledger from its admission on, before anyone has heard from it. A
+/// test that then acts through any node relies on that node's own view.
+pub async fn wait_converged(nodes: &[NodeProc], token: &str) {
+    let want = nodes.len();
+    let members = format!("shoal_members{{state=\"alive\"}} {want}\n");
+    let peers = format!("shoal_fd_peers{{state=\"alive\"}} {}\n", want - 1);
+    for n in nodes {
+        let c = n.client(token);
+        let (members, peers) = (&members, &peers);
         wait_for(
-            "every node to accept the token",
-            Duration::from_secs(60),
+            &format!(
+                "{} to see every member alive in its own ledger and detector",
+                n.name
+            ),
+            Duration::from_secs(120),
             || {
                 let c = c.clone();
-                async move { c.status().await.ok() }
+                async move {
+                    let text = c.metrics_text().await.ok()?;
+                    let peers_ok = want == 1 || text.contains(peers.as_str());
+                    (text.contains(members.as_str()) && peers_ok).then_some(())
+                }
             },
         )
         .await;
     }
-    (nodes, token)
+}
+
+/// Runs the tests of one binary that start clusters one at a time: two
+/// clusters of spawned agents side by side on two cores starve each other's
+/// heartbeats, and a test then measures the neighbour, not itself. Tests
+/// hold the guard across awaits on purpose.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that panicked while holding it poisoned nothing we keep.
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub fn sh_job(nodes: u32, gpus: u32, script: &str) -> JobSubmitRequest {

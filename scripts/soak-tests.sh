@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Runs every test binary of the workspace N times in a row and reports, per
+# binary, how many runs passed and which tests failed how often. A flaky
+# test blocks landings by chance: run this (N >= 20) before calling a change
+# to the tests or to timing-sensitive code done.
+#
+#   scripts/soak-tests.sh [-n N] [-l] [-o DIR] [PATTERN...]
+#
+#   -n N      runs per binary (default 20)
+#   -l        load the machine while soaking: one busy loop per core, as a
+#             second build would
+#   -o DIR    keep every run's output under DIR (default: a temp dir)
+#   PATTERN   only binaries whose name (e.g. shoal_node, cluster_inprocess)
+#             contains one of these
+#
+# Binaries run exactly as `cargo test` runs them: from their package's
+# directory, tests of one binary in parallel threads. Exit status is 0 only
+# when every run of every selected binary passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+runs=20
+load=0
+out=""
+while getopts "n:lo:h" opt; do
+    case $opt in
+        n) runs=$OPTARG ;;
+        l) load=1 ;;
+        o) out=$OPTARG ;;
+        *) sed -n '2,20p' "$0"; exit 2 ;;
+    esac
+done
+shift $((OPTIND - 1))
+case $runs in '' | *[!0-9]*) echo "error: -n needs a whole number, got '$runs'" >&2; exit 2 ;; esac
+out=${out:-$(mktemp -d -t shoal-soak-XXXXXX)}
+mkdir -p "$out"
+
+echo "building the test binaries..."
+list="$out/binaries.tsv"
+if ! cargo test --workspace --locked --no-run --message-format=json 2>"$out/build.log" \
+    | python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        name = m["target"]["name"].replace("-", "_")
+        print(name, os.path.dirname(m["manifest_path"]), m["executable"], sep="\t")
+' >"$list"; then
+    echo "error: the test binaries did not build (see $out/build.log)" >&2
+    exit 1
+fi
+
+if [ "$load" = 1 ]; then
+    for _ in $(seq "$(nproc)"); do (while :; do :; done) & done
+    trap 'kill $(jobs -p) 2>/dev/null' EXIT
+    echo "loading the machine with $(nproc) busy loops"
+fi
+
+failed_any=0
+summary="$out/summary.txt"
+: >"$summary"
+while IFS=$'\t' read -r name dir exe; do
+    if [ $# -gt 0 ]; then
+        keep=0
+        for p in "$@"; do case $name in *"$p"*) keep=1 ;; esac; done
+        [ $keep = 1 ] || continue
+    fi
+    passed=0
+    slowest=0
+    rm -f "$out/$name.failures"
+    for i in $(seq "$runs"); do
+        log="$out/$name.$i.log"
+        start=$(date +%s)
+        if (cd "$dir" && "$exe") >"$log" 2>&1; then
+            passed=$((passed + 1))
+        else
+            failed_any=1
+            grep -E '^test .* \.\.\. FAILED$' "$log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/' \
+                >>"$out/$name.failures" || true
+            grep -qE '^test .* \.\.\. FAILED$' "$log" || echo "(binary failed without a failing test: see $log)" >>"$out/$name.failures"
+        fi
+        took=$(($(date +%s) - start))
+        [ "$took" -gt "$slowest" ] && slowest=$took
+        printf '\r%-24s run %d/%d: %d passed (slowest %d s)' "$name" "$i" "$runs" "$passed" "$slowest"
+    done
+    printf '\n'
+    line=$(printf '%-24s %d/%d passed, slowest run %d s' "$name" "$passed" "$runs" "$slowest")
+    echo "$line" >>"$summary"
+    if [ -f "$out/$name.failures" ]; then
+        sort "$out/$name.failures" | uniq -c | sort -rn | sed 's/^/    failed /' | tee -a "$summary"
+    fi
+done <"$list"
+
+echo
+echo "soak summary ($runs runs per binary, logs in $out):"
+cat "$summary"
+exit $failed_any
