@@ -10,8 +10,8 @@
 #   -l        load the machine while soaking: one busy loop per core, as a
 #             second build would
 #   -o DIR    keep every run's output under DIR (default: a temp dir)
-#   PATTERN   only binaries whose name (e.g. shoal_node, cluster_inprocess)
-#             contains one of these
+#   PATTERN   only binaries whose name matches one of these shell patterns
+#             (e.g. shoal_node, cluster_inprocess, '*processes')
 #
 # Binaries run exactly as `cargo test` runs them: from their package's
 # directory, tests of one binary in parallel threads. Exit status is 0 only
@@ -65,7 +65,10 @@ summary="$out/summary.txt"
 while IFS=$'\t' read -r name dir exe; do
     if [ $# -gt 0 ]; then
         keep=0
-        for p in "$@"; do case $name in *"$p"*) keep=1 ;; esac; done
+        for p in "$@"; do
+            # shellcheck disable=SC2254 # the pattern is meant to glob
+            case $name in $p) keep=1 ;; esac
+        done
         [ $keep = 1 ] || continue
     fi
     passed=0

@@ -29,6 +29,7 @@ impl Cluster {
             node.join(&via, &join);
         }
         let token = nodes[0].admin_token();
+        common::wait_converged(&nodes, &token).await;
         let c = Cluster {
             nodes,
             token,

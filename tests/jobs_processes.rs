@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{one_at_a_time, sh_job as request, shoal_bin, wait_for, NodeProc};
+use common::{one_at_a_time, sh_job as request, shoal_bin, wait_converged, wait_for, NodeProc};
 use shoal_sdk::{Client, JobInfo, TenantRequest};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -42,22 +42,8 @@ impl Cluster {
             node.join(&via, &join);
         }
         let token = nodes[0].admin_token();
-        let cluster = Cluster { nodes, token, root };
-        let client = cluster.client(0);
-        let want = racks.len();
-        wait_for("every node alive in the ledger", TIMEOUT, || {
-            let client = client.clone();
-            async move {
-                let nodes = client.nodes().await.ok()?;
-                (nodes.len() == want
-                    && nodes
-                        .iter()
-                        .all(|n| n.state == shoal_sdk::MemberState::Alive))
-                .then_some(())
-            }
-        })
-        .await;
-        cluster
+        wait_converged(&nodes, &token).await;
+        Cluster { nodes, token, root }
     }
 
     fn client(&self, i: usize) -> Client {

@@ -214,6 +214,7 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
         }
     })
     .await;
+    common::wait_converged(&nodes, &token).await;
 
     // A two-node gang that includes the leader's node (n1 holds rank 0 or 1).
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -259,10 +260,17 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
     })
     .await;
     let status = clients[0].status().await.expect("status");
-    let leader = status.leader.expect("leader") as usize;
+    let leader_id = status.leader.expect("leader");
+    // Node ids follow admission order, not names: n2 and n3 join at once.
+    let leader_name = status
+        .members
+        .iter()
+        .find(|m| m.id == leader_id)
+        .map(|m| m.name.clone())
+        .expect("the leader is a member");
     // Cut a node of the gang, the leader's if it is in the gang.
-    let cut = if first.nodes.contains(&format!("n{leader}")) {
-        leader
+    let cut = if first.nodes.contains(&leader_name) {
+        leader_name[1..].parse().expect("index")
     } else {
         first.nodes[0][1..].parse().expect("index")
     };

@@ -7,21 +7,44 @@ use shoal_sdk::{Client, JobSubmitRequest};
 use std::future::Future;
 use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub fn shoal_bin() -> &'static str {
     env!("CARGO_BIN_EXE_shoal")
 }
 
-/// Two ports that were free a moment ago: TCP for the API, UDP for RPC.
+/// A port free for both TCP (the API) and UDP (RPC) a moment ago. A node
+/// binds its ports some time after this (and again after a restart), so
+/// they are taken from below the kernel's ephemeral range: no `bind(0)`
+/// elsewhere — another agent's gossip socket, a QUIC client, a test's own
+/// listener — can be handed one of them in between. Each test process
+/// walks its own slice of the range, so two binaries running at once do
+/// not walk the same ports either.
 pub fn free_ports() -> (u16, u16) {
-    let t = TcpListener::bind("127.0.0.1:0").expect("bind tcp");
-    let u = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
-    (
-        t.local_addr().expect("addr").port(),
-        u.local_addr().expect("addr").port(),
-    )
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let floor: u32 = 20_000;
+    let ceiling: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768);
+    let span = ceiling.saturating_sub(floor).max(1);
+    let slice = 500.min(span);
+    let start = floor + (std::process::id() * slice) % span;
+    for _ in 0..span {
+        let port = floor + (start - floor + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let Ok(port) = u16::try_from(port) else {
+            continue;
+        };
+        let tcp = TcpListener::bind(("127.0.0.1", port));
+        let udp = UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return (port, port);
+        }
+    }
+    panic!("no free port between {floor} and {ceiling}");
 }
 
 /// Polls `check` every 50 ms until it returns Some, or panics after `timeout`.
@@ -187,6 +210,15 @@ impl NodeProc {
         }
         for (k, v) in &self.extra_env {
             c.env(k, v);
+        }
+        // A test process that dies without unwinding (killed at a timeout,
+        // aborted) must not leave agents behind to load the next tests.
+        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+        unsafe {
+            c.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
         }
         c.env(
             "RUST_LOG",
