@@ -514,6 +514,45 @@ mod tests {
         std::fs::write(path, data).expect("write");
     }
 
+    /// A target this node's ledger does not know is waited for only when it
+    /// may have joined a moment ago (an id not issued here yet), and then
+    /// for at most `MEMBER_CATCH_UP`; an id already issued to nobody (or to
+    /// a removed member) fails at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unknown_target_is_waited_for_only_if_it_may_have_just_joined() {
+        let cluster = LocalCluster::start(1, |_, cfg| cfg.executor.enabled = false)
+            .await
+            .expect("cluster");
+        let inner = cluster.agents[0].inner.clone();
+        let own = inner.id;
+        let future_id = inner.read_ledger().expect("ledger").ledger.next_node_id + 5;
+        let handle = tokio::runtime::Handle::current();
+        let (own_addr, removed, future) = tokio::task::spawn_blocking(move || {
+            let transport = QuicChunkTransport::new(inner, handle);
+            let own_addr = transport.addr_of(own);
+            let started = Instant::now();
+            let removed = transport.addr_of(0).map_err(|e| (e, started.elapsed()));
+            let started = Instant::now();
+            let future = transport
+                .addr_of(future_id)
+                .map_err(|e| (e, started.elapsed()));
+            (own_addr, removed, future)
+        })
+        .await
+        .expect("lookups");
+        assert_eq!(own_addr.expect("own address"), cluster.agents[0].rpc_addr());
+        let (err, took) = removed.expect_err("id 0 was never a member");
+        assert!(err.to_string().contains("not a member"), "{err}");
+        assert!(
+            took < MEMBER_CATCH_UP,
+            "failed after {took:?}, without waiting"
+        );
+        let (err, took) = future.expect_err("nobody has that id");
+        assert!(err.to_string().contains("has not learnt"), "{err}");
+        assert!(took >= MEMBER_CATCH_UP, "gave up after {took:?}");
+        cluster.shutdown().await;
+    }
+
     /// Over real QUIC: every chunk reaches all three peers while only one
     /// copy leaves the source; with the chain's middle node stopped, the
     /// other two still complete a quorum and the source still sends once.

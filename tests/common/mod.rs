@@ -6,8 +6,8 @@
 use shoal_sdk::{Client, JobSubmitRequest};
 use std::future::Future;
 use std::net::{TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
