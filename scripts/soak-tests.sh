@@ -4,9 +4,11 @@
 # test blocks landings by chance: run this (N >= 20) before calling a change
 # to the tests or to timing-sensitive code done.
 #
-#   scripts/soak-tests.sh [-n N] [-l] [-o DIR] [PATTERN...]
+#   scripts/soak-tests.sh [-n N] [-t SECONDS] [-l] [-o DIR] [PATTERN...]
 #
 #   -n N      runs per binary (default 20)
+#   -t S      a run still going after S seconds is killed and counted as
+#             failed (default 1200)
 #   -l        load the machine while soaking: one busy loop per core, as a
 #             second build would
 #   -o DIR    keep every run's output under DIR (default: a temp dir)
@@ -20,11 +22,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 runs=20
+limit=1200
 load=0
 out=""
-while getopts "n:lo:h" opt; do
+while getopts "n:t:lo:h" opt; do
     case $opt in
         n) runs=$OPTARG ;;
+        t) limit=$OPTARG ;;
         l) load=1 ;;
         o) out=$OPTARG ;;
         *) sed -n '2,20p' "$0"; exit 2 ;;
@@ -32,6 +36,7 @@ while getopts "n:lo:h" opt; do
 done
 shift $((OPTIND - 1))
 case $runs in '' | *[!0-9]*) echo "error: -n needs a whole number, got '$runs'" >&2; exit 2 ;; esac
+case $limit in '' | *[!0-9]*) echo "error: -t needs a whole number of seconds, got '$limit'" >&2; exit 2 ;; esac
 out=${out:-$(mktemp -d -t shoal-soak-XXXXXX)}
 mkdir -p "$out"
 
@@ -77,13 +82,14 @@ while IFS=$'\t' read -r name dir exe; do
     for i in $(seq "$runs"); do
         log="$out/$name.$i.log"
         start=$(date +%s)
-        if (cd "$dir" && "$exe") >"$log" 2>&1; then
+        if (cd "$dir" && timeout -k 10 "$limit" "$exe") >"$log" 2>&1; then
             passed=$((passed + 1))
         else
             failed_any=1
             grep -E '^test .* \.\.\. FAILED$' "$log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/' \
                 >>"$out/$name.failures" || true
-            grep -qE '^test .* \.\.\. FAILED$' "$log" || echo "(binary failed without a failing test: see $log)" >>"$out/$name.failures"
+            grep -qE '^test .* \.\.\. FAILED$' "$log" \
+                || echo "(no failing test named: crashed or hit the $limit s limit; see $log)" >>"$out/$name.failures"
         fi
         took=$(($(date +%s) - start))
         [ "$took" -gt "$slowest" ] && slowest=$took
