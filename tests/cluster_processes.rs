@@ -90,9 +90,9 @@ impl Cluster {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 /// Correctness, with a bound a loaded 2-core machine always meets; the
 /// typical figure (about 1.7 s) is printed and kept in docs/BENCHMARKS.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_elects_new_leader_and_accepts_writes_soon() {
     let _serial = common::one_at_a_time();
     let mut c = Cluster::start(3).await;
@@ -195,11 +195,11 @@ async fn full_cluster_restart_keeps_committed_state() {
         .expect("write after restart");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 /// Every survivor suspects, then declares down, a killed node. The detector
 /// stretches its timeouts when its own node runs late (Lifeguard's local
 /// health), so the bounds are what a loaded 2-core machine always meets; the
 /// unloaded figures (about 0.7 s and 2.3 s) are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_node_is_suspected_then_declared_down_by_every_peer() {
     let _serial = common::one_at_a_time();
     let mut c = Cluster::start(5).await;

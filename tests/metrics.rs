@@ -278,11 +278,11 @@ fn prometheus_rules_check_and_pass_their_unit_tests() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 /// Each injected fault becomes one event, once. The bound is what a loaded
 /// 2-core machine always meets; the typical latency (a sample tick and a
 /// commit, well under a second) is printed and measured by `shoal bench
 /// anomaly`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_gpu_faults_become_one_event_each_soon() {
     let _serial = common::one_at_a_time();
     let root = tempfile::tempdir().expect("tempdir");

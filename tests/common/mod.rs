@@ -16,14 +16,15 @@ pub fn shoal_bin() -> &'static str {
     env!("CARGO_BIN_EXE_shoal")
 }
 
-/// A port free for both TCP (the API) and UDP (RPC) a moment ago. A node
+/// A port number free for both TCP (a node's API) and UDP (its RPC) a
+/// moment ago; a node uses it for both. A node
 /// binds its ports some time after this (and again after a restart), so
 /// they are taken from below the kernel's ephemeral range: no `bind(0)`
 /// elsewhere — another agent's gossip socket, a QUIC client, a test's own
 /// listener — can be handed one of them in between. Each test process
 /// walks its own slice of the range, so two binaries running at once do
 /// not walk the same ports either.
-pub fn free_ports() -> (u16, u16) {
+pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let floor: u32 = 20_000;
     let ceiling: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
@@ -41,7 +42,7 @@ pub fn free_ports() -> (u16, u16) {
         let tcp = TcpListener::bind(("127.0.0.1", port));
         let udp = UdpSocket::bind(("127.0.0.1", port));
         if tcp.is_ok() && udp.is_ok() {
-            return (port, port);
+            return port;
         }
     }
     panic!("no free port between {floor} and {ceiling}");
@@ -159,12 +160,12 @@ pub struct NodeProc {
 
 impl NodeProc {
     pub fn new(root: &Path, name: &str, labels: &[&str]) -> Self {
-        let (api_port, rpc_port) = free_ports();
+        let port = free_port();
         NodeProc {
             name: name.to_string(),
             data_dir: root.join(name),
-            api_port,
-            rpc_port,
+            api_port: port,
+            rpc_port: port,
             labels: labels.iter().map(|s| s.to_string()).collect(),
             extra_env: Vec::new(),
             sim_gpus: Some("4xH100-80GB".into()),
