@@ -8,7 +8,7 @@
 // See `SERIAL`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
 
-use shoal_node::local_cluster::LocalCluster;
+use shoal_node::agent::testkit::LocalCluster;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

@@ -1,42 +1,30 @@
 //! The `shoal` node: the composition root that wires mesh, consensus and
 //! storage together, the HTTP API, and the command-line interface.
+//!
+//! - [`agent`]: start-up (bootstrap, join, restart) and the in-process
+//!   cluster harness ([`agent::testkit`]);
+//! - [`node`]: the node's parts and the handles it hands out (ledger
+//!   client, auth, peer view, identity, config, metrics);
+//! - [`rpc`]: mesh RPC (wire protocol, handler, Raft and chunk transports);
+//! - [`api`]: the HTTP API, its views of the ledger and `/metrics`;
+//! - [`workers`]: the periodic loops (housekeeping, scheduler, durability,
+//!   gossip, anomaly detection, webhook);
+//! - [`executor`]: runs this node's ranks;
+//! - [`ckpt`]: checkpoint replication and restore;
+//! - [`gpu`]: GPU discovery and sampling (NVML or simulated);
+//! - [`cli`] and [`bench`]: the command line and the benchmarks.
 
 pub mod agent;
-pub mod anomaly;
 pub mod api;
-pub mod batcher;
 pub mod bench;
-pub mod bench_anomaly;
-pub mod bench_ckpt;
-pub mod bench_cp;
-pub mod bench_gossip;
-pub mod bench_place;
-pub mod bench_recovery;
 pub mod ckpt;
 pub mod cli;
-pub mod cli_ckpt;
-pub mod cli_cp;
-pub mod cli_jobs;
-pub mod config;
-pub mod demo;
-pub mod dev;
-pub mod durability;
-pub mod duration;
 pub mod executor;
 pub mod gpu;
-pub mod identity;
-pub mod jobs_api;
-pub mod local_cluster;
-pub mod metrics;
-pub mod peers;
-pub mod procstat;
-pub mod proto;
-pub mod reconcile;
-pub mod scheduler;
-pub mod scrape;
+pub mod node;
+pub mod rpc;
 pub mod sim;
-pub mod slurm;
-pub mod transport;
+pub mod workers;
 
 pub use agent::{Agent, AgentError, StartMode};
-pub use config::Config;
+pub use node::config::Config;

@@ -80,3 +80,68 @@ pub fn discover(
         }
     }
 }
+
+/// This node's GPUs as the rest of the node shares them: the source, its
+/// fault injector when simulated, and the latest samples.
+#[derive(Clone)]
+pub struct Gpus {
+    state: std::sync::Arc<std::sync::Mutex<GpuState>>,
+}
+
+struct GpuState {
+    source: Option<Box<dyn GpuSource>>,
+    faults: Option<sim::FaultInjector>,
+    latest: Vec<GpuSample>,
+}
+
+impl Gpus {
+    pub fn new(source: Option<Box<dyn GpuSource>>) -> Self {
+        Gpus {
+            state: std::sync::Arc::new(std::sync::Mutex::new(GpuState {
+                faults: source.as_ref().and_then(|g| g.fault_injector()),
+                source,
+                latest: Vec::new(),
+            })),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GpuState> {
+        // A panic while sampling leaves the samples as they were; they stay usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Samples every GPU now, telling the source which ones jobs hold;
+    /// `None` when the node has no GPU source.
+    pub fn sample(&self, busy: &std::collections::BTreeSet<u32>) -> Option<Vec<GpuSample>> {
+        let mut g = self.lock();
+        let src = g.source.as_mut()?;
+        src.set_busy(busy);
+        let samples = src.sample();
+        g.latest = samples.clone();
+        Some(samples)
+    }
+
+    /// The samples of the last [`Self::sample`].
+    pub fn latest(&self) -> Vec<GpuSample> {
+        self.lock().latest.clone()
+    }
+
+    /// Mean utilisation of the last samples, 0..1 (0 without GPUs).
+    pub fn load(&self) -> f32 {
+        mean_load(&self.latest())
+    }
+
+    /// The injector of simulated GPUs; `None` for real ones.
+    pub fn fault_injector(&self) -> Option<sim::FaultInjector> {
+        self.lock().faults.clone()
+    }
+}
+
+/// Mean utilisation of `samples`, 0..1 (0 for none).
+pub fn mean_load(samples: &[GpuSample]) -> f32 {
+    if samples.is_empty() {
+        0.0
+    } else {
+        samples.iter().map(|s| s.util_pct as f32).sum::<f32>() / (100.0 * samples.len() as f32)
+    }
+}

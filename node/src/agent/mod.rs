@@ -1,0 +1,535 @@
+//! The composition root: starts a node (bootstrap, join or restart), wires
+//! mesh RPC, the Raft ledger, the chunk store and the HTTP API together into
+//! a [`Node`], and spawns its loops.
+
+pub mod join;
+pub mod testkit;
+
+use crate::executor::{Executor, RankHost};
+use crate::gpu::Gpus;
+use crate::node::client::LeaderService;
+use crate::node::config::Config;
+use crate::node::identity::{self, Identity, RuntimeInfo};
+use crate::node::metrics::Metrics;
+use crate::node::{auth, LedgerClient, LocalMember, Node, NodeParts};
+use crate::rpc::chunks::ChunkNet;
+use crate::rpc::handler::{NodeRpc, NodeService};
+use crate::rpc::proto::WireError;
+use crate::rpc::raft_transport::MeshTransport;
+use crate::workers;
+use crate::workers::anomaly::webhook::Webhook;
+use crate::workers::anomaly::{AnomalyWatch, EventLog};
+use crate::workers::durability::Durability;
+use crate::workers::gossip::GossipParts;
+use crate::workers::member_record::MemberRecord;
+use crate::workers::reconcile::Housekeeping;
+use crate::workers::scheduler::Scheduler;
+use join::join_cluster;
+use openraft::{BasicNode, SnapshotPolicy};
+use shoal_consensus::network::{ContactTracker, NetworkFactory};
+use shoal_consensus::sched::Policy;
+use shoal_consensus::store::{open_db, LedgerHandle, LogStore, StateMachineStore};
+use shoal_consensus::types::Raft;
+use shoal_consensus::{Command, LedgerResponse, MemberSpec, NodeId};
+use shoal_mesh::{CaBundle, RpcEndpoint};
+use shoal_sdk::StatusResponse;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How the agent starts.
+#[derive(Clone, Debug)]
+pub enum StartMode {
+    /// Create a new cluster with this node as its first member.
+    Bootstrap,
+    /// Join the cluster that `addr` belongs to.
+    Join { addr: SocketAddr, token: String },
+    /// Restart from the identity in the data dir.
+    Restart,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Io(String),
+    #[error("{0}")]
+    Join(String),
+    #[error("{0}")]
+    Raft(String),
+}
+
+/// A running node.
+#[derive(Clone)]
+pub struct Agent {
+    node: Arc<Node>,
+    /// Serves peers' RPCs; held here so it lives as long as the node.
+    _service: Arc<NodeService>,
+    rpc: RpcEndpoint,
+    /// Set when this start bootstrapped a cluster.
+    pub bootstrap: Option<BootstrapInfo>,
+}
+
+#[derive(Clone, Debug)]
+pub struct BootstrapInfo {
+    pub admin_token: String,
+    pub join_token: String,
+}
+
+fn io(what: &str, e: impl std::fmt::Display) -> AgentError {
+    AgentError::Io(format!("{what}: {e}"))
+}
+
+/// The address peers should use: explicit, else the bound one, else the
+/// interface that routes towards the join address, else loopback.
+fn advertise_ip(cfg: &Config, join: Option<SocketAddr>) -> IpAddr {
+    if let Some(ip) = cfg.advertise {
+        return ip;
+    }
+    if !cfg.rpc_addr.ip().is_unspecified() {
+        return cfg.rpc_addr.ip();
+    }
+    if let Some(target) = join {
+        // connect() on UDP only selects a route; nothing is sent.
+        if let Ok(sock) = std::net::UdpSocket::bind(("0.0.0.0", 0)) {
+            if sock.connect(target).is_ok() {
+                if let Ok(local) = sock.local_addr() {
+                    return local.ip();
+                }
+            }
+        }
+    }
+    IpAddr::V4(Ipv4Addr::LOCALHOST)
+}
+
+impl Agent {
+    pub async fn start(cfg: Config, mode: StartMode) -> Result<Agent, AgentError> {
+        cfg.validate().map_err(AgentError::Config)?;
+        let data_dir = cfg.data_dir();
+        // Refuse a wrong start mode before touching anything.
+        let existing = identity::load_identity(&data_dir).map_err(AgentError::Config)?;
+        match (&mode, &existing) {
+            (StartMode::Restart, None) => {
+                return Err(AgentError::Config(format!(
+                    "{} holds no node identity: pass --bootstrap to create a cluster or --join ADDR --join-token TOKEN to join one",
+                    data_dir.display()
+                )))
+            }
+            (StartMode::Bootstrap | StartMode::Join { .. }, Some(id)) => {
+                return Err(AgentError::Config(format!(
+                    "{} already holds node '{}' (id {}) of cluster {}: start without --bootstrap/--join to restart it, or use an empty --data-dir",
+                    data_dir.display(),
+                    id.name,
+                    id.node_id,
+                    id.cluster_id
+                )))
+            }
+            _ => {}
+        }
+        identity::ensure_data_dir(&data_dir)
+            .map_err(|e| io(&format!("cannot create data dir {}", data_dir.display()), e))?;
+        let name = cfg.node_name();
+        let gpu_source =
+            crate::gpu::discover(cfg.sim_gpus.as_deref(), &name).map_err(AgentError::Config)?;
+        let gpus = gpu_source
+            .as_ref()
+            .map(|g| g.inventory())
+            .unwrap_or_default();
+
+        let rpc_socket = std::net::UdpSocket::bind(cfg.rpc_addr)
+            .map_err(|e| io(&format!("cannot bind the RPC address {}", cfg.rpc_addr), e))?;
+        let rpc_port = rpc_socket
+            .local_addr()
+            .map_err(|e| io("rpc socket", e))?
+            .port();
+        let api_listener = tokio::net::TcpListener::bind(cfg.api_addr)
+            .await
+            .map_err(|e| io(&format!("cannot bind the API address {}", cfg.api_addr), e))?;
+        let api_bound = api_listener.local_addr().map_err(|e| io("api socket", e))?;
+        let join_addr = match &mode {
+            StartMode::Join { addr, .. } => Some(*addr),
+            _ => None,
+        };
+        let adv = advertise_ip(&cfg, join_addr);
+        let rpc_addr = SocketAddr::new(adv, rpc_port);
+        let api_addr = if api_bound.ip().is_unspecified() {
+            SocketAddr::new(adv, api_bound.port())
+        } else {
+            api_bound
+        };
+        let gossip_key = identity::load_or_create_gossip_key(&data_dir).map_err(AgentError::Io)?;
+        let (gossip, gossip_events) =
+            shoal_mesh::gossip::Gossip::start(shoal_mesh::gossip::GossipConfig {
+                // RTT samples feed Vivaldi; one a second per peer converges
+                // coordinates within seconds at negligible cost.
+                ping_interval: Duration::from_secs(1),
+                ..shoal_mesh::gossip::GossipConfig::new(gossip_key.clone(), cfg.gossip_addr)
+            })
+            .await
+            .map_err(|e| io(&format!("cannot start gossip on {}", cfg.gossip_addr), e))?;
+        let gossip_port = gossip.listen_addr().port();
+        let gossip_addr = match adv {
+            IpAddr::V4(ip) => format!("/ip4/{ip}/udp/{gossip_port}/quic-v1"),
+            IpAddr::V6(ip) => format!("/ip6/{ip}/udp/{gossip_port}/quic-v1"),
+        };
+        let spec = MemberSpec {
+            name: name.clone(),
+            rpc_addr: rpc_addr.to_string(),
+            api_addr: api_addr.to_string(),
+            labels: cfg.labels.clone(),
+            gpus,
+            gossip_peer_id: gossip_key.public().to_peer_id().to_string(),
+            gossip_addr,
+        };
+
+        let (ident, new_cluster) = match (mode, existing) {
+            (StartMode::Restart, Some(id)) => (id, None),
+            (StartMode::Restart, None) | (_, Some(_)) => {
+                return Err(AgentError::Config(
+                    "start mode and data dir disagree".into(),
+                ));
+            }
+            (StartMode::Bootstrap, None) => {
+                let cluster_id = identity::new_cluster_id();
+                let ca = CaBundle::generate(&cluster_id)
+                    .map_err(|e| AgentError::Config(e.to_string()))?;
+                let credentials = ca
+                    .issue(&name, 1)
+                    .map_err(|e| AgentError::Config(e.to_string()))?;
+                (
+                    Identity {
+                        node_id: 1,
+                        name: name.clone(),
+                        cluster_id: cluster_id.clone(),
+                        credentials,
+                    },
+                    Some((cluster_id, ca)),
+                )
+            }
+            (StartMode::Join { addr, token }, None) => {
+                let id = join_cluster(addr, &token, &spec).await?;
+                identity::save_identity(&data_dir, &id).map_err(AgentError::Io)?;
+                (id, None)
+            }
+        };
+
+        let handler = Arc::new(NodeRpc::default());
+        let rpc = RpcEndpoint::serve_socket(rpc_socket, &ident.credentials, handler.clone())
+            .map_err(|e| AgentError::Io(e.to_string()))?;
+        let db = open_db(&data_dir.join(identity::RAFT_DB_FILE))
+            .map_err(|e| io("cannot open the Raft database", e))?;
+        let log = LogStore::new(db.clone()).map_err(|e| AgentError::Raft(e.to_string()))?;
+        let sm = StateMachineStore::new(db).map_err(|e| AgentError::Raft(e.to_string()))?;
+        let ledger_state = sm.handle();
+        let chunk_store = shoal_storage::ChunkStore::open(
+            data_dir.join("chunks"),
+            shoal_storage::StoreConfig {
+                capacity_bytes: (cfg.storage.capacity_bytes > 0)
+                    .then_some(cfg.storage.capacity_bytes),
+                ..shoal_storage::StoreConfig::default()
+            },
+        )
+        .map_err(|e| io("opening the chunk store", e))?;
+        let contacts = ContactTracker::default();
+        let network = NetworkFactory::new(
+            Arc::new(MeshTransport { rpc: rpc.clone() }),
+            contacts.clone(),
+        );
+        let raft_cfg = openraft::Config {
+            cluster_name: "shoal".into(),
+            heartbeat_interval: cfg.raft.heartbeat_ms,
+            election_timeout_min: cfg.raft.election_timeout_min_ms,
+            election_timeout_max: cfg.raft.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.raft.snapshot_every),
+            max_in_snapshot_log_to_keep: cfg.raft.logs_kept_after_snapshot,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| AgentError::Config(format!("raft settings: {e}")))?;
+        let raft = Raft::new(ident.node_id, Arc::new(raft_cfg), network, log, sm)
+            .await
+            .map_err(|e| AgentError::Raft(e.to_string()))?;
+
+        let metrics = Arc::new(Metrics::new(ident.node_id, &ident.name));
+        let ledger = LedgerClient::new(
+            ident.node_id,
+            raft.clone(),
+            ledger_state,
+            rpc.clone(),
+            metrics.clone(),
+            Duration::from_millis(cfg.membership.request_timeout_ms),
+        );
+        let chunks = ChunkNet::new(ledger.clone(), rpc.clone(), Arc::new(chunk_store));
+        let peers = crate::node::peers::new_view(cfg.test_inject_rtt.clone());
+        let gpus = Gpus::new(gpu_source);
+        let local = LocalMember {
+            id: ident.node_id,
+            name: ident.name.clone(),
+            rpc_addr,
+            api_addr,
+            spec: MemberSpec {
+                name: ident.name.clone(),
+                ..spec
+            },
+        };
+        let service = Arc::new(NodeService::new(
+            ledger.clone(),
+            chunks.clone(),
+            peers.clone(),
+            gpus.clone(),
+        ));
+        let leader_service: Arc<dyn LeaderService> = service.clone();
+        ledger.serve_leader_requests_with(Arc::downgrade(&leader_service));
+        handler.install(&service);
+        let node = Arc::new(Node::new(NodeParts {
+            local,
+            cfg: cfg.clone(),
+            data_dir: data_dir.clone(),
+            ledger,
+            chunks,
+            peers,
+            gpus,
+            metrics,
+            contacts,
+        }));
+
+        let bootstrap = match new_cluster {
+            Some((cluster_id, ca)) => Some(bootstrap_cluster(&node, cluster_id, ca).await?),
+            None => None,
+        };
+        if bootstrap.is_some() {
+            identity::save_identity(&data_dir, &ident).map_err(AgentError::Io)?;
+        }
+
+        crate::api::spawn(node.clone(), api_listener);
+        spawn_workers(&node, gossip, gossip_events);
+
+        let runtime = RuntimeInfo {
+            node_id: node.id(),
+            name: node.name().to_string(),
+            api_url: format!("http://{}", node.local().api_addr),
+            rpc_addr: node.local().rpc_addr.to_string(),
+            pid: std::process::id(),
+        };
+        if let Ok(bytes) = serde_json::to_vec_pretty(&runtime) {
+            let _ = identity::write_private(&data_dir.join(identity::RUNTIME_FILE), &bytes, 0o600);
+        }
+        tracing::info!(node = node.id(), name = %node.name(), api = %node.local().api_addr, rpc = %node.local().rpc_addr, "node is up");
+        Ok(Agent {
+            node,
+            _service: service,
+            rpc,
+            bootstrap,
+        })
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.node.id()
+    }
+
+    pub fn name(&self) -> &str {
+        self.node.name()
+    }
+
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.node.local().api_addr)
+    }
+
+    pub fn rpc_addr(&self) -> SocketAddr {
+        self.node.local().rpc_addr
+    }
+
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.node.data_dir()
+    }
+
+    /// The node's parts, for tests and benchmarks that drive them directly.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    pub fn current_leader(&self) -> Option<NodeId> {
+        self.node.ledger().current_leader()
+    }
+
+    /// This node's own gossip view of its peers (what `shoal mesh` shows).
+    pub fn peer_views(&self) -> Vec<shoal_sdk::PeerView> {
+        crate::api::views::peer_views(self.node.ledger(), self.node.peers())
+    }
+
+    /// This node's applied ledger (local, possibly behind the leader).
+    pub fn ledger(&self) -> LedgerHandle {
+        self.node.ledger().handle()
+    }
+
+    /// The voter set as this node knows it.
+    pub fn voters(&self) -> BTreeSet<NodeId> {
+        self.node.ledger().voters()
+    }
+
+    /// A write through the leader (forwarded when this node is not it).
+    pub async fn write(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
+        self.node.ledger().write(cmd).await
+    }
+
+    pub async fn status(&self) -> Result<StatusResponse, WireError> {
+        self.node.ledger().status().await
+    }
+
+    /// Leaves the cluster cleanly (removal through the leader).
+    pub async fn leave(&self) -> Result<(), WireError> {
+        self.node
+            .ledger()
+            .remove_member(self.node.id())
+            .await
+            .map(|_| ())
+    }
+
+    /// Stops the node: API, background loops, Raft and the RPC endpoint.
+    pub async fn shutdown(&self) {
+        self.node.signal_shutdown();
+        let _ = self.node.ledger().raft().shutdown().await;
+        self.rpc.shutdown().await;
+    }
+}
+
+/// Makes this node the first member of a new cluster: initialises Raft,
+/// commits the cluster record and writes the first admin token.
+async fn bootstrap_cluster(
+    node: &Node,
+    cluster_id: String,
+    ca: CaBundle,
+) -> Result<BootstrapInfo, AgentError> {
+    let local = node.local();
+    let ledger = node.ledger();
+    let nodes = BTreeMap::from([(local.id, BasicNode::new(local.rpc_addr.to_string()))]);
+    ledger
+        .raft()
+        .initialize(nodes)
+        .await
+        .map_err(|e| AgentError::Raft(format!("cannot initialize the cluster: {e}")))?;
+    ledger
+        .raft()
+        .wait(Some(Duration::from_secs(10)))
+        .current_leader(local.id, "bootstrap")
+        .await
+        .map_err(|e| AgentError::Raft(format!("this node did not become leader: {e}")))?;
+    let (admin_token, admin_hash) = identity::new_api_token();
+    let cmd = Command::Bootstrap {
+        cluster_id,
+        region: node.config().region.clone(),
+        ca_cert_pem: ca.cert_pem.clone(),
+        ca_key_pem: ca.key_pem.clone(),
+        admin_token_hash: admin_hash,
+        first_member: local.id,
+        spec: local.spec.clone(),
+    };
+    match ledger.write(cmd).await {
+        Ok((LedgerResponse::NodeId(_), _)) => {}
+        Ok((other, _)) => return Err(AgentError::Raft(format!("bootstrap refused: {other:?}"))),
+        Err(e) => return Err(AgentError::Raft(format!("bootstrap write failed: {e}"))),
+    }
+    identity::write_private(
+        &node.data_dir().join(identity::ADMIN_TOKEN_FILE),
+        format!("{admin_token}\n").as_bytes(),
+        0o600,
+    )
+    .map_err(|e| io("cannot write the admin token", e))?;
+    let join_token =
+        auth::create_join_token(ledger, Duration::from_secs(node.config().join_token_ttl_s))
+            .await
+            .map_err(|e| AgentError::Raft(e.to_string()))?
+            .0;
+    Ok(BootstrapInfo {
+        admin_token,
+        join_token,
+    })
+}
+
+/// Starts the node's background loops, each with the handles it uses.
+fn spawn_workers(
+    node: &Arc<Node>,
+    gossip: shoal_mesh::gossip::GossipHandle,
+    gossip_events: tokio::sync::mpsc::Receiver<shoal_mesh::gossip::GossipEvent>,
+) {
+    let cfg = node.config();
+    let local = node.local().clone();
+    let ledger = node.ledger().clone();
+    let events = EventLog::new(ledger.clone(), node.metrics().clone());
+    workers::gossip::spawn(
+        GossipParts {
+            local: local.clone(),
+            ledger: ledger.clone(),
+            view: node.peers().clone(),
+            metrics: node.metrics().clone(),
+            gpus: node.gpus().clone(),
+        },
+        gossip,
+        gossip_events,
+        node.shutdown_signal(),
+    );
+    workers::spawn(
+        Housekeeping::new(
+            ledger.clone(),
+            node.peers().clone(),
+            node.contacts().clone(),
+            Duration::from_millis(cfg.membership.voter_replace_after_ms),
+        ),
+        node.shutdown_signal(),
+    );
+    workers::spawn(
+        Scheduler {
+            ledger: ledger.clone(),
+            peers: node.peers().clone(),
+            metrics: node.metrics().clone(),
+            policy: workers::scheduler::parse_policy(&cfg.scheduler.policy)
+                .unwrap_or(Policy::HdrfPreempt),
+            period: Duration::from_millis(cfg.scheduler.interval_ms.max(1)),
+        },
+        node.shutdown_signal(),
+    );
+    if cfg.executor.enabled {
+        workers::spawn(
+            Executor::new(RankHost {
+                local: local.clone(),
+                ledger: ledger.clone(),
+                peers: node.peers().clone(),
+                chunks: node.chunks().clone(),
+                metrics: node.metrics().clone(),
+                events: events.clone(),
+                jobs_dir: cfg.jobs_dir(),
+                stop_grace: Duration::from_secs(cfg.executor.stop_grace_s),
+                stall_after: Duration::from_secs(cfg.anomaly.stall_after_s),
+            }),
+            node.shutdown_signal(),
+        );
+    }
+    workers::spawn(
+        AnomalyWatch::new(
+            local.clone(),
+            ledger.clone(),
+            node.peers().clone(),
+            node.gpus().clone(),
+            cfg.anomaly.clone(),
+            events,
+        ),
+        node.shutdown_signal(),
+    );
+    if let Some(url) = cfg.anomaly.webhook_url.clone() {
+        match Webhook::new(ledger.clone(), url) {
+            Ok(webhook) => workers::spawn(webhook, node.shutdown_signal()),
+            Err(e) => tracing::error!(error = %e, "events will not be posted"),
+        }
+    }
+    workers::spawn(
+        Durability::new(
+            node.chunks().clone(),
+            node.metrics().clone(),
+            cfg.storage.clone(),
+        ),
+        node.shutdown_signal(),
+    );
+    workers::spawn(MemberRecord { local, ledger }, node.shutdown_signal());
+}

@@ -1,0 +1,741 @@
+//! The HTTP/JSON API (axum). Everything under /v1 needs a bearer token whose
+//! hash the ledger knows; /health and /metrics are open. A tenant-scoped
+//! token reads the cluster's state (nodes, jobs, events) but only its own
+//! tenants' `mesh:/` objects, and may only make the writes in
+//! [`TENANT_WRITES`]; those go to the ledger wrapped in `Command::AsTenant`,
+//! which checks ownership at commit.
+
+pub mod scrape;
+pub mod views;
+
+use crate::node::auth::{self, Caller};
+use crate::node::Node;
+use crate::rpc::proto::{ErrorCode, Query as ProtoQuery, Response as ProtoResponse, WireError};
+use axum::extract::{MatchedPath, Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use shoal_consensus::{Command, LedgerResponse};
+use shoal_sdk::{
+    ApiErrorBody, AttrPut, JobInfo, JobSubmitRequest, JobSubmitResponse, QuotaInfo, TenantInfo,
+    TenantRequest, TokenCreateRequest, TokenCreateResponse, WriteResponse,
+};
+use shoal_sdk::{ApiTokenCreateRequest, ApiTokenCreateResponse};
+use std::sync::Arc;
+use std::time::Duration;
+
+type AppState = Arc<Node>;
+
+/// Longest join-token lifetime accepted: long-lived join secrets are a risk.
+const MAX_TOKEN_TTL_S: u64 = 30 * 24 * 3600;
+
+pub struct ApiError(StatusCode, ApiErrorBody);
+
+/// The writes (method, route) a tenant-scoped token may make; every other
+/// write needs an admin token. Listed, not derived, so that a new route is
+/// admin-only until someone decides otherwise.
+const TENANT_WRITES: &[(&str, &str)] = &[
+    ("POST", "/v1/jobs"),
+    ("POST", "/v1/jobs/{id}/cancel"),
+    ("PUT", "/v1/chunks/{id}"),
+    ("POST", "/v1/chunks/has"),
+    ("POST", "/v1/objects"),
+    ("POST", "/v1/objects/rm"),
+];
+
+fn forbidden(msg: impl Into<String>) -> ApiError {
+    ApiError(
+        StatusCode::FORBIDDEN,
+        ApiErrorBody {
+            code: "forbidden".into(),
+            message: msg.into(),
+        },
+    )
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(self.1)).into_response()
+    }
+}
+
+impl From<WireError> for ApiError {
+    fn from(e: WireError) -> Self {
+        let (status, code) = match e.code {
+            ErrorCode::NotLeader | ErrorCode::Unavailable => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            ErrorCode::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ErrorCode::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
+            ErrorCode::Invalid => (StatusCode::BAD_REQUEST, "invalid"),
+            ErrorCode::Rejected => (StatusCode::CONFLICT, "rejected"),
+            ErrorCode::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            ErrorCode::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+        };
+        ApiError(
+            status,
+            ApiErrorBody {
+                code: code.into(),
+                message: e.message,
+            },
+        )
+    }
+}
+
+fn bad_request(msg: impl Into<String>) -> ApiError {
+    ApiError(
+        StatusCode::BAD_REQUEST,
+        ApiErrorBody {
+            code: "invalid".into(),
+            message: msg.into(),
+        },
+    )
+}
+
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/status", get(status))
+        .route("/nodes", get(nodes))
+        .route("/peers", get(peers))
+        .route("/nodes/{node}/remove", post(remove_node))
+        .route("/nodes/{node}/drain", post(drain_node))
+        .route("/nodes/{node}/undrain", post(undrain_node))
+        .route("/tokens", post(create_token))
+        .route("/api-tokens", post(create_api_token))
+        .route("/attrs", post(put_attr).get(get_attrs))
+        .route("/jobs", post(submit_job).get(list_jobs))
+        .route("/jobs/{id}", get(show_job))
+        .route("/jobs/{id}/cancel", post(cancel_job))
+        .route("/jobs/{id}/logs", get(job_logs))
+        .route("/jobs/{id}/checkpoints", get(list_checkpoints))
+        .route(
+            "/chunks/{id}",
+            get(get_chunk)
+                .put(put_chunk)
+                .layer(axum::extract::DefaultBodyLimit::max(32 << 20)),
+        )
+        .route("/chunks/has", post(has_chunks))
+        .route("/objects", post(put_object).get(list_objects))
+        .route("/objects/rm", post(remove_object))
+        .route("/tenants", post(create_tenant).get(list_tenants))
+        .route("/tenants/{name}", post(set_tenant))
+        .route("/quota", get(quota))
+        .route("/events", get(list_events))
+        .route("/debug/gpu-fault", post(gpu_fault))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .nest("/v1", v1)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
+        .with_state(state)
+}
+
+pub fn spawn(app: Arc<Node>, listener: tokio::net::TcpListener) {
+    let mut shutdown = app.shutdown_signal();
+    let app = router(app);
+    tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = shutdown.changed().await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "the HTTP API stopped");
+        }
+    });
+}
+
+async fn require_token(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let token = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let caller = match token {
+        Some(t) => auth::caller_eventually(app.ledger(), t).await,
+        None => None,
+    };
+    match caller {
+        Some(caller) => {
+            if let Some(tenant) = &caller.tenant {
+                let method = req.method().as_str();
+                let route = req
+                    .extensions()
+                    .get::<MatchedPath>()
+                    .map(|p| p.as_str())
+                    .unwrap_or_default();
+                if method != "GET" && !TENANT_WRITES.contains(&(method, route)) {
+                    return forbidden(format!(
+                        "permission denied: {method} {route} needs an admin token; \
+                         token '{}' is for tenant '{tenant}'",
+                        caller.name
+                    ))
+                    .into_response();
+                }
+            }
+            let mut req = req;
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        None => ApiError(
+            StatusCode::UNAUTHORIZED,
+            ApiErrorBody {
+                code: "unauthorized".into(),
+                message:
+                    "a valid API token is required (--token, SHOAL_TOKEN or <data-dir>/admin.token)"
+                        .into(),
+            },
+        )
+        .into_response(),
+    }
+}
+
+async fn count_requests(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let started = std::time::Instant::now();
+    let resp = next.run(req).await;
+    app.metrics().count_request(&route, resp.status().as_u16());
+    app.metrics().observe_request(&route, started.elapsed());
+    resp
+}
+
+async fn health(State(app): State<AppState>) -> Json<serde_json::Value> {
+    let leader = app.ledger().current_leader();
+    Json(
+        serde_json::json!({ "ok": true, "node_id": app.id(), "name": app.name(), "leader": leader }),
+    )
+}
+
+async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+    scrape::refresh(&app);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics().render(),
+    )
+}
+
+async fn status(State(app): State<AppState>) -> Result<Json<shoal_sdk::StatusResponse>, ApiError> {
+    Ok(Json(app.ledger().status().await?))
+}
+
+async fn nodes(State(app): State<AppState>) -> Result<Json<Vec<shoal_sdk::NodeInfo>>, ApiError> {
+    Ok(Json(app.ledger().nodes().await?))
+}
+
+async fn peers(State(app): State<AppState>) -> Json<Vec<shoal_sdk::PeerView>> {
+    Json(crate::api::views::peer_views(app.ledger(), app.peers()))
+}
+
+async fn create_token(
+    State(app): State<AppState>,
+    Json(req): Json<TokenCreateRequest>,
+) -> Result<Json<TokenCreateResponse>, ApiError> {
+    let ttl = req.ttl_s.unwrap_or(app.config().join_token_ttl_s);
+    if ttl == 0 || ttl > MAX_TOKEN_TTL_S {
+        return Err(bad_request(format!(
+            "--ttl must be between 1s and {}d",
+            MAX_TOKEN_TTL_S / 86400
+        )));
+    }
+    let (token, expires_at_ms) =
+        auth::create_join_token(app.ledger(), Duration::from_secs(ttl)).await?;
+    Ok(Json(TokenCreateResponse {
+        token,
+        expires_at_ms,
+    }))
+}
+
+async fn create_api_token(
+    State(app): State<AppState>,
+    Json(req): Json<ApiTokenCreateRequest>,
+) -> Result<Json<ApiTokenCreateResponse>, ApiError> {
+    let name = req.name.unwrap_or_else(|| {
+        format!(
+            "{}-{:08x}",
+            req.tenant.as_deref().unwrap_or("admin"),
+            rand::random::<u32>()
+        )
+    });
+    let (token, resp) =
+        auth::create_api_token(app.ledger(), name.clone(), req.tenant.clone()).await?;
+    match resp {
+        LedgerResponse::Rejected(m) => Err(bad_request(m)),
+        _ => Ok(Json(ApiTokenCreateResponse {
+            token,
+            name,
+            tenant: req.tenant,
+        })),
+    }
+}
+
+async fn put_attr(
+    State(app): State<AppState>,
+    Json(req): Json<AttrPut>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (resp, index) = app
+        .ledger()
+        .write(Command::PutAttr {
+            key: req.key,
+            value: req.value,
+        })
+        .await?;
+    match resp {
+        LedgerResponse::Rejected(m) => Err(bad_request(m)),
+        _ => Ok(Json(WriteResponse { index })),
+    }
+}
+
+async fn remove_node(
+    State(app): State<AppState>,
+    Path(node): Path<String>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let id = {
+        let d = app.ledger().read()?;
+        d.ledger
+            .member_by_name_or_id(&node)
+            .map(|m| m.id)
+            .ok_or_else(|| bad_request(format!("no node named or numbered '{node}'")))?
+    };
+    let index = app.ledger().remove_member(id).await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+#[derive(serde::Deserialize)]
+struct AttrQuery {
+    #[serde(default)]
+    prefix: String,
+}
+
+async fn get_attrs(
+    State(app): State<AppState>,
+    Query(q): Query<AttrQuery>,
+) -> Result<Json<std::collections::BTreeMap<String, String>>, ApiError> {
+    Ok(Json(app.ledger().attrs(q.prefix).await?))
+}
+
+/// A ledger write whose refusal is the caller's fault (HTTP 409 with the reason).
+async fn write_or_reject(app: &Arc<Node>, cmd: Command) -> Result<(LedgerResponse, u64), ApiError> {
+    let (resp, index) = app.ledger().write(cmd).await?;
+    match resp {
+        LedgerResponse::Rejected(m) => Err(ApiError(
+            StatusCode::CONFLICT,
+            ApiErrorBody {
+                code: "rejected".into(),
+                message: m,
+            },
+        )),
+        LedgerResponse::Denied(m) => Err(forbidden(m)),
+        other => Ok((other, index)),
+    }
+}
+
+fn unexpected() -> ApiError {
+    ApiError(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        ApiErrorBody {
+            code: "internal".into(),
+            message: "unexpected answer from the ledger".into(),
+        },
+    )
+}
+
+async fn submit_job(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(mut req): Json<JobSubmitRequest>,
+) -> Result<Json<JobSubmitResponse>, ApiError> {
+    if req.tenant.is_none() {
+        req.tenant = caller.tenant.clone();
+    }
+    let spec = views::job_spec(&req).map_err(bad_request)?;
+    match write_or_reject(&app, caller.scoped(Command::SubmitJob { spec }))
+        .await?
+        .0
+    {
+        LedgerResponse::JobId(id) => Ok(Json(JobSubmitResponse { id })),
+        _ => Err(unexpected()),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct JobQuery {
+    tenant: Option<String>,
+    state: Option<String>,
+}
+
+async fn list_jobs(
+    State(app): State<AppState>,
+    Query(q): Query<JobQuery>,
+) -> Result<Json<Vec<JobInfo>>, ApiError> {
+    match app
+        .ledger()
+        .query(ProtoQuery::Jobs {
+            tenant: q.tenant,
+            state: q.state,
+        })
+        .await?
+    {
+        ProtoResponse::Jobs(jobs) => Ok(Json(jobs)),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn show_job(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> Result<Json<JobInfo>, ApiError> {
+    match app.ledger().query(ProtoQuery::Job(id)).await? {
+        ProtoResponse::Jobs(mut jobs) if jobs.len() == 1 => Ok(Json(jobs.remove(0))),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn cancel_job(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_or_reject(&app, caller.scoped(Command::CancelJob { job: id })).await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+#[derive(serde::Deserialize)]
+struct LogQuery {
+    #[serde(default)]
+    rank: u32,
+    /// Byte offset to read from, for `shoal logs -f`.
+    #[serde(default)]
+    offset: u64,
+}
+
+/// A rank's log as this node has it; the CLI asks the node that ran the rank.
+async fn job_logs(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+    Query(q): Query<LogQuery>,
+) -> Result<Response, ApiError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let path = crate::executor::log_path(&app.config().jobs_dir(), id, q.rank);
+    let mut file = std::fs::File::open(&path).map_err(|_| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            ApiErrorBody {
+                code: "not_found".into(),
+                message: format!("node {} has no log of job {id} rank {}", app.name(), q.rank),
+            },
+        )
+    })?;
+    let mut bytes = Vec::new();
+    file.seek(SeekFrom::Start(q.offset))
+        .and_then(|_| file.take(4 << 20).read_to_end(&mut bytes))
+        .map_err(|e| bad_request(format!("cannot read {}: {e}", path.display())))?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        bytes,
+    )
+        .into_response())
+}
+
+async fn create_tenant(
+    State(app): State<AppState>,
+    Json(req): Json<TenantRequest>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let limits = views::tenant_limits(&req).map_err(bad_request)?;
+    let (_, index) = write_or_reject(
+        &app,
+        Command::CreateTenant {
+            name: req.name,
+            limits,
+        },
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn set_tenant(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    Json(req): Json<TenantRequest>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let update = views::tenant_update(&req).map_err(bad_request)?;
+    let (_, index) = write_or_reject(&app, Command::UpdateTenant { name, update }).await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn list_tenants(State(app): State<AppState>) -> Result<Json<Vec<TenantInfo>>, ApiError> {
+    match app.ledger().query(ProtoQuery::Tenants).await? {
+        ProtoResponse::Tenants(t) => Ok(Json(t)),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn quota(State(app): State<AppState>) -> Result<Json<Vec<QuotaInfo>>, ApiError> {
+    match app.ledger().query(ProtoQuery::Quota).await? {
+        ProtoResponse::Quota(q) => Ok(Json(q)),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn list_checkpoints(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> Result<Json<Vec<shoal_sdk::CheckpointInfo>>, ApiError> {
+    match app.ledger().query(ProtoQuery::Checkpoints(id)).await? {
+        ProtoResponse::Checkpoints(c) => Ok(Json(c)),
+        _ => Err(unexpected()),
+    }
+}
+
+/// A chunk frame from this node's store, for `shoal ckpt restore`; the
+/// client verifies it against the id.
+async fn get_chunk(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id: shoal_storage::chunk::ChunkId = id
+        .parse()
+        .map_err(|_| bad_request(format!("'{id}' is not a chunk id")))?;
+    let store = app.chunks().store().clone();
+    let frame = tokio::task::spawn_blocking(move || store.get_encoded(&id))
+        .await
+        .map_err(|e| bad_request(e.to_string()))?
+        .map_err(|e| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                ApiErrorBody {
+                    code: "not_found".into(),
+                    message: format!("node {} does not hold chunk {id}: {e}", app.name()),
+                },
+            )
+        })?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        frame.into_bytes(),
+    )
+        .into_response())
+}
+
+async fn set_drain(
+    app: &Arc<Node>,
+    node: &str,
+    drain: bool,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let id = {
+        let d = app.ledger().read()?;
+        d.ledger
+            .member_by_name_or_id(node)
+            .map(|m| m.id)
+            .ok_or_else(|| bad_request(format!("no node named or numbered '{node}'")))?
+    };
+    let (_, index) = write_or_reject(app, Command::SetDrain { id, drain }).await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn drain_node(
+    State(app): State<AppState>,
+    Path(node): Path<String>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    set_drain(&app, &node, true).await
+}
+
+async fn undrain_node(
+    State(app): State<AppState>,
+    Path(node): Path<String>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    set_drain(&app, &node, false).await
+}
+
+#[derive(serde::Deserialize)]
+struct EventQuery {
+    #[serde(default)]
+    after: u64,
+}
+
+async fn list_events(
+    State(app): State<AppState>,
+    Query(q): Query<EventQuery>,
+) -> Result<Json<Vec<shoal_sdk::EventInfo>>, ApiError> {
+    match app
+        .ledger()
+        .query(ProtoQuery::Events { after: q.after })
+        .await?
+    {
+        ProtoResponse::Events(e) => Ok(Json(e)),
+        _ => Err(unexpected()),
+    }
+}
+
+/// Makes a simulated GPU of this node misbehave (tests, demos, drills).
+async fn gpu_fault(
+    State(app): State<AppState>,
+    Json(req): Json<shoal_sdk::GpuFaultRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let fault = crate::gpu::sim::SimFault::parse(&req.fault).map_err(bad_request)?;
+    let injector = app
+        .gpus()
+        .fault_injector()
+        .ok_or_else(|| bad_request(format!("node {} has no simulated GPUs", app.name())))?;
+    if !app.local().spec.gpus.iter().any(|g| g.index == req.gpu) {
+        return Err(bad_request(format!(
+            "node {} has no GPU {}",
+            app.name(),
+            req.gpu
+        )));
+    }
+    injector.inject(req.gpu, fault);
+    Ok(Json(
+        serde_json::json!({"node": app.name(), "gpu": req.gpu, "fault": req.fault}),
+    ))
+}
+
+fn parse_chunk_id(id: &str) -> Result<shoal_storage::chunk::ChunkId, ApiError> {
+    id.parse()
+        .map_err(|_| bad_request(format!("'{id}' is not a chunk id")))
+}
+
+/// Stores an uploaded chunk frame after verifying it against its id.
+async fn put_chunk(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = parse_chunk_id(&id)?;
+    let store = app.chunks().store().clone();
+    tokio::task::spawn_blocking(move || {
+        shoal_storage::EncodedChunk::from_wire(id, body.to_vec()).and_then(|c| store.put(&c))
+    })
+    .await
+    .map_err(|e| bad_request(e.to_string()))?
+    .map_err(|e| {
+        let full = matches!(e, shoal_storage::StorageError::StoreFull { .. });
+        ApiError(
+            if full {
+                StatusCode::INSUFFICIENT_STORAGE
+            } else {
+                StatusCode::BAD_REQUEST
+            },
+            ApiErrorBody {
+                code: if full { "full" } else { "invalid" }.into(),
+                message: format!("node {}: {e}", app.name()),
+            },
+        )
+    })?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn has_chunks(
+    State(app): State<AppState>,
+    Json(ids): Json<Vec<String>>,
+) -> Result<Json<Vec<bool>>, ApiError> {
+    let mut out = Vec::with_capacity(ids.len());
+    for id in &ids {
+        let id = parse_chunk_id(id)?;
+        out.push(app.chunks().store().contains(&id).unwrap_or(false));
+    }
+    Ok(Json(out))
+}
+
+async fn put_object(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(req): Json<shoal_sdk::ObjectPut>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let manifest =
+        hex::decode(&req.manifest_hex).map_err(|_| bad_request("manifest_hex is not hex"))?;
+    let object = shoal_consensus::namespace::MeshObject {
+        path: req.path,
+        is_dir: req.is_dir,
+        manifest,
+        bytes: req.bytes,
+        files: req.files,
+        holders: req.holders,
+        replica: req.replica,
+        tenant: req
+            .tenant
+            .or_else(|| caller.tenant.clone())
+            .unwrap_or_else(|| shoal_consensus::workload::DEFAULT_TENANT.to_string()),
+        mtime_ms: 0,
+    };
+    let (_, index) = write_or_reject(
+        &app,
+        caller.scoped(Command::PutObject {
+            object,
+            replace: req.replace,
+        }),
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+#[derive(serde::Deserialize)]
+struct ObjectQuery {
+    #[serde(default)]
+    path: String,
+}
+
+async fn list_objects(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<ObjectQuery>,
+) -> Result<Json<Vec<shoal_sdk::ObjectInfo>>, ApiError> {
+    let named = !q.path.trim_matches('/').is_empty();
+    let objects = match app
+        .ledger()
+        .query(ProtoQuery::Objects { path: q.path })
+        .await?
+    {
+        ProtoResponse::Objects(o) => o,
+        _ => return Err(unexpected()),
+    };
+    let Some(scope) = &caller.tenant else {
+        return Ok(Json(objects));
+    };
+    // A tenant token sees its own subtree's objects only: the manifest is
+    // what names the chunks, so hiding it hides the data.
+    let (mine, others): (Vec<_>, Vec<_>) = {
+        let d = app.ledger().read()?;
+        objects
+            .into_iter()
+            .partition(|o| shoal_consensus::access::covers(&d.ledger.workload, scope, &o.tenant))
+    };
+    match others.first() {
+        Some(other) if named && mine.is_empty() => Err(forbidden(format!(
+            "permission denied: mesh:{} belongs to tenant '{}', and this token is for tenant '{scope}'",
+            other.path, other.tenant
+        ))),
+        _ => Ok(Json(mine)),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct RemoveQuery {
+    path: String,
+}
+
+async fn remove_object(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(req): Json<RemoveQuery>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_or_reject(
+        &app,
+        caller.scoped(Command::RemoveObject { path: req.path }),
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}

@@ -1,0 +1,588 @@
+//! The API's views of the ledger (status, nodes, jobs, tenants, quota,
+//! objects, events) and the conversions between the API's job and tenant
+//! types and the ledger's. Pure, so the API and RPC handlers stay thin and
+//! the mapping is tested here.
+
+use crate::node::wall_ms;
+use crate::rpc::proto::{ErrorCode, Query, Response, WireError};
+use openraft::{BasicNode, RaftMetrics};
+use shoal_consensus::ledger::Ledger;
+use shoal_consensus::sched::TopologyTier;
+use shoal_consensus::store::StateMachineData;
+use shoal_consensus::workload::{
+    Job, JobSpec, JobState, TenantLimits, TenantUpdate, DEFAULT_TENANT,
+};
+use shoal_consensus::NodeId;
+use shoal_sdk::{
+    CheckpointInfo, CheckpointPartInfo, JobInfo, JobSubmitRequest, MemberState, QuotaInfo,
+    TenantInfo, TenantRequest,
+};
+use shoal_sdk::{MemberSummary, NodeInfo, StatusResponse};
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+/// RFC 3339 in UTC, to the second.
+pub fn rfc3339(ms: u64) -> String {
+    let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("@{secs}"))
+}
+
+pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
+    let same = match req.same.as_deref() {
+        None => None,
+        Some("rack") => Some(TopologyTier::Rack),
+        Some("zone") => Some(TopologyTier::Zone),
+        Some("region") => Some(TopologyTier::Region),
+        Some(other) => {
+            return Err(format!(
+                "--same must be rack, zone or region, not '{other}'"
+            ))
+        }
+    };
+    Ok(JobSpec {
+        name: if req.name.is_empty() {
+            req.command
+                .first()
+                .map(|c| c.rsplit('/').next().unwrap_or(c).to_string())
+                .unwrap_or_else(|| "alloc".into())
+        } else {
+            req.name.clone()
+        },
+        tenant: req
+            .tenant
+            .clone()
+            .unwrap_or_else(|| DEFAULT_TENANT.to_string()),
+        nodes: req.nodes,
+        gpus_per_node: req.gpus_per_node,
+        gpu_model: req.gpu_model.clone(),
+        time_limit_s: req.time_limit_s,
+        priority: req.priority,
+        preemptible: req.preemptible,
+        command: req.command.clone(),
+        env: req.env.clone(),
+        workdir: req.workdir.clone(),
+        ckpt_interval_s: req.ckpt_interval_s,
+        max_restarts: req.max_restarts,
+        same,
+        max_rtt_ms: req.max_rtt_ms,
+        required_labels: req.labels.clone(),
+    })
+}
+
+pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
+    let name_of = |id: u64| {
+        ledger
+            .members
+            .get(&id)
+            .map(|m| m.spec.name.clone())
+            .unwrap_or_else(|| id.to_string())
+    };
+    let placed = job
+        .alloc
+        .as_ref()
+        .map(|a| &a.nodes)
+        .unwrap_or(&job.last_nodes);
+    JobInfo {
+        id: job.id,
+        name: job.spec.name.clone(),
+        tenant: job.spec.tenant.clone(),
+        state: job.state.as_str().to_string(),
+        reason: job.reason.clone(),
+        nodes: placed.iter().map(|(n, _)| name_of(*n)).collect(),
+        gpus: placed
+            .iter()
+            .map(|(n, gpus)| (name_of(*n), gpus.clone()))
+            .collect(),
+        epoch: job.alloc.as_ref().map(|a| a.epoch).or(job.last_epoch),
+        restarts: job.restarts,
+        preemptions: job.preemptions,
+        priority: job.spec.priority,
+        nodes_requested: job.spec.nodes,
+        gpus_per_node: job.spec.gpus_per_node,
+        time_limit_s: job.spec.time_limit_s,
+        preemptible: job.spec.preemptible,
+        command: job.spec.command.clone(),
+        submitted_at: rfc3339(job.submitted_at_ms),
+        started_at: job.started_at_ms.map(rfc3339),
+        ended_at: job.ended_at_ms.map(rfc3339),
+        exit_code: job.exit_code,
+        last_ckpt_step: job.last_ckpt_step,
+    }
+}
+
+pub fn jobs(
+    ledger: &Ledger,
+    tenant: Option<&str>,
+    state: Option<&str>,
+) -> Result<Vec<JobInfo>, String> {
+    let state = match state {
+        None => None,
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            format!("unknown job state '{s}' (pending, running, checkpointing, requeued, completed, failed, cancelled, preempted)")
+        })?),
+    };
+    Ok(ledger
+        .workload
+        .jobs
+        .values()
+        .filter(|j| tenant.is_none_or(|t| j.spec.tenant == t))
+        .filter(|j| state.is_none_or(|s| j.state == s))
+        .map(|j| job_info(ledger, j))
+        .collect())
+}
+
+pub fn checkpoints(ledger: &Ledger, job: u64) -> Option<Vec<CheckpointInfo>> {
+    ledger.workload.jobs.get(&job)?;
+    Some(
+        ledger
+            .workload
+            .checkpoints
+            .get(&job)
+            .map(|catalog| {
+                catalog
+                    .iter()
+                    .map(|c| CheckpointInfo {
+                        step: c.step,
+                        bytes: c.bytes(),
+                        replicas: c.replicas(),
+                        committed_at: c.committed_at_ms.map(rfc3339),
+                        epoch: c.epoch,
+                        parts: c
+                            .parts
+                            .iter()
+                            .map(|(rank, part)| CheckpointPartInfo {
+                                rank: *rank,
+                                bytes: part.bytes,
+                                holders: part.holders.clone(),
+                                manifest_hex: hex::encode(&part.manifest),
+                            })
+                            .collect(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    )
+}
+
+pub fn objects(ledger: &Ledger, path: &str) -> Vec<shoal_sdk::ObjectInfo> {
+    let alive: Vec<u64> = ledger
+        .active_members()
+        .filter(|m| m.state == MemberState::Alive)
+        .map(|m| m.id)
+        .collect();
+    ledger
+        .namespace
+        .list(path)
+        .into_iter()
+        .map(|o| shoal_sdk::ObjectInfo {
+            path: o.path.clone(),
+            is_dir: o.is_dir,
+            bytes: o.bytes,
+            files: o.files,
+            replicas: o.holders.clone(),
+            replica: o.replica,
+            healthy: o.holders.iter().all(|h| alive.contains(h))
+                && o.holders.len() >= o.replica as usize,
+            tenant: o.tenant.clone(),
+            mtime: rfc3339(o.mtime_ms),
+            manifest_hex: hex::encode(&o.manifest),
+        })
+        .collect()
+}
+
+pub fn events(ledger: &Ledger, after: u64) -> Vec<shoal_sdk::EventInfo> {
+    ledger
+        .events
+        .after(after)
+        .map(|e| shoal_sdk::EventInfo {
+            id: e.id,
+            at: rfc3339(e.at_ms),
+            at_ms: e.at_ms,
+            severity: e.spec.severity.as_str().to_string(),
+            kind: e.spec.kind.clone(),
+            node: e.spec.node.map(|n| {
+                ledger
+                    .members
+                    .get(&n)
+                    .map(|m| m.spec.name.clone())
+                    .unwrap_or_else(|| n.to_string())
+            }),
+            gpu: e.spec.gpu,
+            job: e.spec.job,
+            message: e.spec.message.clone(),
+        })
+        .collect()
+}
+
+pub fn tenant_limits(req: &TenantRequest) -> Result<TenantLimits, String> {
+    if let Some(unknown) = req.unset.first() {
+        return Err(format!(
+            "'{unknown}' cannot be unset when creating a tenant"
+        ));
+    }
+    Ok(TenantLimits {
+        parent: req.parent.clone(),
+        max_gpus: req.max_gpus,
+        gpu_seconds_limit: req.gpu_hours.map(hours_to_seconds).transpose()?,
+        weight: req.weight.unwrap_or(1),
+    })
+}
+
+pub fn tenant_update(req: &TenantRequest) -> Result<TenantUpdate, String> {
+    let mut update = TenantUpdate {
+        parent: req.parent.clone().map(Some),
+        max_gpus: req.max_gpus.map(Some),
+        gpu_seconds_limit: req.gpu_hours.map(hours_to_seconds).transpose()?.map(Some),
+        weight: req.weight,
+    };
+    for field in &req.unset {
+        match field.as_str() {
+            "parent" => update.parent = Some(None),
+            "max_gpus" => update.max_gpus = Some(None),
+            "gpu_hours" => update.gpu_seconds_limit = Some(None),
+            other => {
+                return Err(format!(
+                    "cannot unset '{other}' (parent, max_gpus or gpu_hours)"
+                ))
+            }
+        }
+    }
+    Ok(update)
+}
+
+fn hours_to_seconds(hours: f64) -> Result<u64, String> {
+    if !(0.0..=1e12).contains(&hours) {
+        return Err(format!(
+            "--gpu-hours must be a non-negative number, not {hours}"
+        ));
+    }
+    Ok((hours * 3600.0).round() as u64)
+}
+
+pub fn tenants(ledger: &Ledger) -> Vec<TenantInfo> {
+    ledger
+        .workload
+        .tenants
+        .values()
+        .map(|t| TenantInfo {
+            name: t.name.clone(),
+            parent: t.limits.parent.clone(),
+            max_gpus: t.limits.max_gpus,
+            gpu_hours_limit: t.limits.gpu_seconds_limit.map(|s| s as f64 / 3600.0),
+            weight: t.limits.weight,
+            created_at: rfc3339(t.created_at_ms),
+        })
+        .collect()
+}
+
+/// Quota and usage per tenant, subtree totals, as of `now_ms`.
+pub fn quota(ledger: &Ledger, now_ms: u64) -> Vec<QuotaInfo> {
+    let workload = &ledger.workload;
+    let held = workload.gpus_in_use();
+    let healthy_gpus: usize = ledger
+        .active_members()
+        .filter(|m| m.state == MemberState::Alive)
+        .map(|m| m.spec.gpus.len())
+        .sum();
+    let mut counts: BTreeMap<&str, (u32, u32)> = BTreeMap::new();
+    for job in workload.jobs.values() {
+        let entry = counts.entry(job.spec.tenant.as_str()).or_default();
+        if job.alloc.is_some() {
+            entry.0 += 1;
+        } else if job.state.is_waiting() {
+            entry.1 += 1;
+        }
+    }
+    workload
+        .tenants
+        .values()
+        .map(|t| {
+            let subtree = workload.subtree(&t.name);
+            let gpus_in_use: u32 = subtree
+                .iter()
+                .map(|s| held.get(s).copied().unwrap_or(0))
+                .sum();
+            let used_ms: u64 = subtree
+                .iter()
+                .map(|s| workload.used_gpu_ms(s, now_ms))
+                .sum();
+            let refunded_ms: u64 = subtree
+                .iter()
+                .map(|s| workload.tenants[*s].refunded_gpu_ms)
+                .sum();
+            let fair_ms: u64 = subtree
+                .iter()
+                .map(|s| workload.tenants[*s].fair_usage_gpu_ms)
+                .sum();
+            let (running, pending) = subtree.iter().fold((0, 0), |acc, s| {
+                let c = counts.get(s).copied().unwrap_or_default();
+                (acc.0 + c.0, acc.1 + c.1)
+            });
+            QuotaInfo {
+                tenant: t.name.clone(),
+                gpus_in_use,
+                max_gpus: t.limits.max_gpus,
+                gpu_hours_used: used_ms as f64 / 3_600_000.0,
+                gpu_hours_limit: t.limits.gpu_seconds_limit.map(|s| s as f64 / 3600.0),
+                share: if healthy_gpus == 0 {
+                    0.0
+                } else {
+                    f64::from(gpus_in_use) / healthy_gpus as f64
+                },
+                weight: t.limits.weight,
+                gpu_hours_refunded: refunded_ms as f64 / 3_600_000.0,
+                fair_usage_gpu_hours: fair_ms as f64 / 3_600_000.0,
+                running_jobs: running,
+                pending_jobs: pending,
+            }
+        })
+        .collect()
+}
+
+/// GPUs of each node held by jobs, for `shoal nodes`.
+pub fn gpu_owners(ledger: &Ledger) -> BTreeMap<(u64, u32), u64> {
+    let mut owners = BTreeMap::new();
+    for (job, alloc) in ledger.workload.holding() {
+        for (node, gpus) in &alloc.nodes {
+            for gpu in gpus {
+                owners.insert((*node, *gpu), job.id);
+            }
+        }
+    }
+    owners
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_000_000_123), "2026-11-18T11:06:40Z");
+    }
+
+    #[test]
+    fn submissions_map_to_specs_with_defaults() {
+        let req = JobSubmitRequest {
+            name: String::new(),
+            tenant: None,
+            nodes: 2,
+            gpus_per_node: 8,
+            gpu_model: None,
+            time_limit_s: 60,
+            priority: 0,
+            preemptible: true,
+            command: vec!["/usr/bin/python3".into(), "train.py".into()],
+            env: BTreeMap::new(),
+            workdir: None,
+            ckpt_interval_s: None,
+            max_restarts: 0,
+            same: Some("rack".into()),
+            max_rtt_ms: None,
+            labels: BTreeMap::new(),
+        };
+        let spec = job_spec(&req).expect("valid");
+        assert_eq!(spec.name, "python3");
+        assert_eq!(spec.tenant, DEFAULT_TENANT);
+        assert_eq!(spec.same, Some(TopologyTier::Rack));
+        let bad = JobSubmitRequest {
+            same: Some("building".into()),
+            ..req
+        };
+        assert!(job_spec(&bad).unwrap_err().contains("--same"));
+    }
+
+    #[test]
+    fn tenant_updates_can_unset_limits() {
+        let req = TenantRequest {
+            name: "t".into(),
+            gpu_hours: Some(1.5),
+            unset: vec!["max_gpus".into()],
+            ..Default::default()
+        };
+        let update = tenant_update(&req).expect("valid");
+        assert_eq!(update.max_gpus, Some(None));
+        assert_eq!(update.gpu_seconds_limit, Some(Some(5400)));
+        assert!(tenant_limits(&req).is_err());
+        let bad = TenantRequest {
+            unset: vec!["weight".into()],
+            ..req
+        };
+        assert!(tenant_update(&bad).is_err());
+    }
+}
+
+/// What this node saw itself, for the views that show liveness and load.
+pub struct Seen<'a> {
+    pub me: NodeId,
+    pub peers: &'a crate::node::peers::SharedPeerView,
+    /// This node's own GPU load, 0..1.
+    pub own_load: f32,
+}
+
+/// Answers `q` from the leader's ledger, which the caller has confirmed is
+/// current ([`LedgerClient::ensure_linearizable`]).
+pub fn answer(
+    q: Query,
+    d: &StateMachineData,
+    raft: &RaftMetrics<NodeId, BasicNode>,
+    seen: &Seen,
+) -> Result<Response, WireError> {
+    let metrics = raft;
+    let membership = metrics.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    match q {
+        Query::Status => {
+            let (cluster_id, region) = d
+                .ledger
+                .cluster
+                .as_ref()
+                .map(|c| (c.cluster_id.clone(), c.region.clone()))
+                .unwrap_or_default();
+            Ok(Response::Status(StatusResponse {
+                cluster_id,
+                region,
+                leader: metrics.current_leader,
+                term: metrics.current_term,
+                commit_index: metrics.last_applied.map(|l| l.index).unwrap_or(0),
+                voters: voters.iter().copied().collect(),
+                learners: membership.learner_ids().collect(),
+                members: d
+                    .ledger
+                    .active_members()
+                    .map(|m| MemberSummary {
+                        id: m.id,
+                        name: m.spec.name.clone(),
+                        state: m.state,
+                    })
+                    .collect(),
+                node_id: seen.me,
+            }))
+        }
+        Query::Attrs { prefix } => Ok(Response::Attrs(
+            d.ledger
+                .attrs
+                .range(prefix.clone()..)
+                .take_while(|(k, _)| k.starts_with(&prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )),
+        Query::Jobs { tenant, state } => jobs(&d.ledger, tenant.as_deref(), state.as_deref())
+            .map(Response::Jobs)
+            .map_err(|m| WireError::new(ErrorCode::Invalid, m)),
+        Query::Job(id) => match d.ledger.workload.jobs.get(&id) {
+            Some(job) => Ok(Response::Jobs(vec![job_info(&d.ledger, job)])),
+            None => Err(WireError::new(ErrorCode::NotFound, format!("no job {id}"))),
+        },
+        Query::Checkpoints(id) => checkpoints(&d.ledger, id)
+            .map(Response::Checkpoints)
+            .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("no job {id}"))),
+        Query::Objects { path } => Ok(Response::Objects(objects(&d.ledger, &path))),
+        Query::Events { after } => Ok(Response::Events(events(&d.ledger, after))),
+        Query::Tenants => Ok(Response::Tenants(tenants(&d.ledger))),
+        Query::Quota => Ok(Response::Quota(quota(
+            &d.ledger,
+            d.ledger.clock_ms.max(wall_ms()),
+        ))),
+        Query::Nodes => {
+            let owners = gpu_owners(&d.ledger);
+            let now = Instant::now();
+            let nodes = d
+                .ledger
+                .active_members()
+                .map(|m| {
+                    let (last_seen_ms, gpu_util) = match seen.peers.lock() {
+                        Ok(p) if m.id != seen.me => (
+                            p.last_heard
+                                .get(&m.id)
+                                .map(|t| now.saturating_duration_since(*t).as_millis() as u64),
+                            p.capacity.get(m.id).map(|a| a.load),
+                        ),
+                        _ => (Some(0), Some(seen.own_load)),
+                    };
+                    let gpus: Vec<_> = m
+                        .spec
+                        .gpus
+                        .iter()
+                        .map(|g| shoal_sdk::GpuInfo {
+                            allocated_to: owners.get(&(m.id, g.index)).copied(),
+                            ..g.clone()
+                        })
+                        .collect();
+                    let gpus_total = gpus.len() as u32;
+                    let gpus_free = gpus.iter().filter(|g| g.allocated_to.is_none()).count() as u32;
+                    NodeInfo {
+                        id: m.id,
+                        name: m.spec.name.clone(),
+                        state: m.state,
+                        addr: m.spec.rpc_addr.clone(),
+                        api_addr: m.spec.api_addr.clone(),
+                        labels: m.spec.labels.clone(),
+                        gpus,
+                        gpus_free,
+                        gpus_total,
+                        last_seen_ms,
+                        voter: voters.contains(&m.id),
+                        joined_at_ms: m.joined_at_ms,
+                        gpu_util,
+                        drained: d.ledger.workload.drained.contains(&m.id),
+                    }
+                })
+                .collect();
+            Ok(Response::Nodes(nodes))
+        }
+    }
+}
+
+/// This node's own view of every other member, from gossip.
+pub fn peer_views(
+    ledger: &crate::node::LedgerClient,
+    peers: &crate::node::peers::SharedPeerView,
+) -> Vec<shoal_sdk::PeerView> {
+    let me = ledger.me();
+    let members: Vec<(NodeId, String)> = match ledger.read() {
+        Ok(d) => d
+            .ledger
+            .active_members()
+            .filter(|m| m.id != me)
+            .map(|m| (m.id, m.spec.name.clone()))
+            .collect(),
+        Err(_) => return Vec::new(),
+    };
+    let Ok(p) = peers.lock() else {
+        return Vec::new();
+    };
+    let now = Instant::now();
+    members
+        .into_iter()
+        .map(|(id, name)| {
+            let advert = p.capacity.get(id);
+            shoal_sdk::PeerView {
+                id,
+                name,
+                state: p
+                    .state(id)
+                    .map(|s| s.as_str().to_string())
+                    .unwrap_or_else(|| "unknown".into()),
+                last_heard_ms: p
+                    .last_heard
+                    .get(&id)
+                    .map(|t| now.saturating_duration_since(*t).as_millis() as u64),
+                rtt_ms: p
+                    .estimated_rtt(me, id, me)
+                    .map(|d| d.as_secs_f64() * 1000.0),
+                gpus_free: advert.map(|a| a.gpus_free_by_model.values().sum()),
+                gpus_total: advert.map(|a| a.gpus_total),
+                load: advert.map(|a| a.load),
+            }
+        })
+        .collect()
+}

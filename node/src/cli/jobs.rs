@@ -1,0 +1,662 @@
+//! Job and tenant commands: submit, alloc, queue, show, cancel, logs,
+//! tenant, quota (INTERFACE.md "Jobs" and "Tenants and quotas").
+
+use crate::cli::duration::parse_duration;
+use clap::{Args, Subcommand};
+use shoal_sdk::{Client, JobInfo, JobSubmitRequest, QuotaInfo, TenantInfo, TenantRequest};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Default time limit when `-t` is absent (Slurm sites usually set one per partition).
+pub const DEFAULT_TIME_LIMIT: &str = "1h";
+
+/// Raised to make the process exit with a specific code and no message
+/// (`shoal alloc` exits with its command's status).
+#[derive(Debug, thiserror::Error)]
+#[error("exit {0}")]
+pub struct ExitWith(pub i32);
+
+#[derive(Args, Debug, Clone)]
+pub struct JobArgs {
+    /// Nodes in the gang
+    #[arg(short = 'N', long = "nodes", default_value_t = 1)]
+    pub nodes: u32,
+    /// GPUs on every node of the gang
+    #[arg(long, conflicts_with = "gres")]
+    pub gpus_per_node: Option<u32>,
+    /// gpu[:TYPE]:COUNT (also accelerator[:TYPE]:COUNT), per node
+    #[arg(long)]
+    pub gres: Option<String>,
+    /// Time limit: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]], 90s, 30m, 2h
+    #[arg(short = 't', long = "time", default_value = DEFAULT_TIME_LIMIT)]
+    pub time: String,
+    /// Tenant (account) to charge [default: default]
+    #[arg(long, short = 'A')]
+    pub tenant: Option<String>,
+    #[arg(long, short = 'J')]
+    pub name: Option<String>,
+    /// Higher runs first within the tenant, and may preempt lower priorities
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Never preempt this job
+    #[arg(long)]
+    pub no_preempt: bool,
+    /// Send SIGUSR1 (a request to checkpoint) this often
+    #[arg(long)]
+    pub ckpt_interval: Option<String>,
+    /// Restarts on other nodes when a node of the gang dies
+    #[arg(long, default_value_t = 3)]
+    pub max_restarts: u32,
+    /// Every node in the same rack, zone or region
+    #[arg(long)]
+    pub same: Option<String>,
+    /// Largest round-trip time allowed between any two nodes of the gang
+    #[arg(long)]
+    pub max_rtt_ms: Option<u32>,
+    /// KEY=VALUE every node must carry
+    #[arg(long = "constraint")]
+    pub constraints: Vec<String>,
+    /// Extra environment for the job, KEY=VALUE
+    #[arg(long = "env")]
+    pub env: Vec<String>,
+    /// Working directory of the ranks [default: the current directory]
+    #[arg(long)]
+    pub chdir: Option<String>,
+    /// The command (after --)
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// `(model, count)` from `gpu:8`, `gpu:H100:8`, `accelerator:8`.
+pub fn parse_gres(s: &str) -> Result<(Option<String>, u32), String> {
+    let bad = || format!("invalid --gres '{s}': use gpu[:TYPE]:COUNT");
+    let s = s.strip_prefix("gres/").unwrap_or(s);
+    let parts: Vec<&str> = s.split(':').collect();
+    let kind = parts.first().copied().unwrap_or_default();
+    if kind != "gpu" && kind != "accelerator" {
+        return Err(bad());
+    }
+    match parts.as_slice() {
+        [_] => Ok((None, 1)),
+        [_, count] => Ok((None, count.parse().map_err(|_| bad())?)),
+        [_, model, count] => Ok((
+            Some((*model).to_string()),
+            count.parse().map_err(|_| bad())?,
+        )),
+        _ => Err(bad()),
+    }
+}
+
+fn parse_kv(s: &str, what: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{what} must be KEY=VALUE, not '{s}'")),
+    }
+}
+
+impl JobArgs {
+    pub fn request(&self, command: Vec<String>) -> Result<JobSubmitRequest, String> {
+        let (gpu_model, gpus_per_node) = match (&self.gres, self.gpus_per_node) {
+            (Some(g), _) => parse_gres(g)?,
+            (None, Some(n)) => (None, n),
+            (None, None) => (None, 1),
+        };
+        let time_limit_s = parse_duration(&self.time)?.as_secs();
+        let ckpt_interval_s = self
+            .ckpt_interval
+            .as_deref()
+            .map(|s| parse_duration(s).map(|d| d.as_secs().max(1)))
+            .transpose()?;
+        let labels = self
+            .constraints
+            .iter()
+            .map(|c| parse_kv(c, "--constraint"))
+            .collect::<Result<BTreeMap<_, _>, _>>()?;
+        let env = self
+            .env
+            .iter()
+            .map(|c| parse_kv(c, "--env"))
+            .collect::<Result<BTreeMap<_, _>, _>>()?;
+        let workdir = match &self.chdir {
+            Some(d) => Some(d.clone()),
+            None => std::env::current_dir()
+                .ok()
+                .map(|d| d.display().to_string()),
+        };
+        Ok(JobSubmitRequest {
+            name: self.name.clone().unwrap_or_default(),
+            tenant: self.tenant.clone(),
+            nodes: self.nodes,
+            gpus_per_node,
+            gpu_model,
+            time_limit_s,
+            priority: self.priority,
+            preemptible: !self.no_preempt,
+            command,
+            env,
+            workdir,
+            ckpt_interval_s,
+            max_restarts: self.max_restarts,
+            same: self.same.clone(),
+            max_rtt_ms: self.max_rtt_ms,
+            labels,
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct QueueArgs {
+    #[arg(long, short = 'A')]
+    pub tenant: Option<String>,
+    /// pending, running, checkpointing, requeued, completed, failed, cancelled, preempted
+    #[arg(long, short = 't')]
+    pub state: Option<String>,
+    /// Only this job
+    #[arg(short = 'j', long = "job")]
+    pub job: Option<u64>,
+    /// Include finished jobs (default: only jobs that are waiting or hold GPUs)
+    #[arg(long, short = 'a')]
+    pub all: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TenantCmd {
+    /// Create a tenant (team, project) with optional limits
+    Create(TenantArgs),
+    /// Change a tenant's limits (`none` removes a limit)
+    Set(TenantArgs),
+    /// List tenants and their limits
+    Ls,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct TenantArgs {
+    pub name: String,
+    #[arg(long)]
+    pub parent: Option<String>,
+    /// Most GPUs the tenant's subtree may hold at once, or `none`
+    #[arg(long)]
+    pub max_gpus: Option<String>,
+    /// GPU-hour budget of the subtree, or `none`
+    #[arg(long)]
+    pub gpu_hours: Option<String>,
+    /// Fair-share weight among siblings
+    #[arg(long)]
+    pub weight: Option<u32>,
+}
+
+impl TenantArgs {
+    pub fn request(&self) -> Result<TenantRequest, String> {
+        let mut req = TenantRequest {
+            name: self.name.clone(),
+            weight: self.weight,
+            ..Default::default()
+        };
+        match self.parent.as_deref() {
+            Some("none") => req.unset.push("parent".into()),
+            other => req.parent = other.map(str::to_string),
+        }
+        match self.max_gpus.as_deref() {
+            Some("none") => req.unset.push("max_gpus".into()),
+            Some(n) => {
+                req.max_gpus = Some(
+                    n.parse()
+                        .map_err(|_| format!("--max-gpus must be a count or none, not '{n}'"))?,
+                )
+            }
+            None => {}
+        }
+        match self.gpu_hours.as_deref() {
+            Some("none") => req.unset.push("gpu_hours".into()),
+            Some(h) => {
+                req.gpu_hours = Some(
+                    h.parse()
+                        .map_err(|_| format!("--gpu-hours must be a number or none, not '{h}'"))?,
+                )
+            }
+            None => {}
+        }
+        Ok(req)
+    }
+}
+
+fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
+    anyhow::anyhow!(e.to_string())
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+pub async fn submit(
+    client: &Client,
+    args: &JobArgs,
+    json: bool,
+    banner: bool,
+) -> anyhow::Result<()> {
+    if args.command.is_empty() {
+        anyhow::bail!("a command is required: shoal submit [OPTIONS] -- CMD [ARGS...]");
+    }
+    let req = args
+        .request(args.command.clone())
+        .map_err(anyhow::Error::msg)?;
+    let resp = client.submit_job(&req).await.map_err(api)?;
+    if json {
+        print_json(&resp)
+    } else if banner {
+        println!("Submitted batch job {}", resp.id);
+        Ok(())
+    } else {
+        println!("{}", resp.id);
+        Ok(())
+    }
+}
+
+/// `shoal alloc`: like salloc, holds a gang and runs a command here with its
+/// environment; the allocation is released when the command ends.
+pub async fn alloc(client: &Client, args: &JobArgs) -> anyhow::Result<()> {
+    let req = args.request(Vec::new()).map_err(anyhow::Error::msg)?;
+    let id = client.submit_job(&req).await.map_err(api)?.id;
+    eprintln!("shoal: pending job allocation {id}");
+    let job = loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {
+                let _ = client.cancel_job(id).await;
+                anyhow::bail!("interrupted; job allocation {id} cancelled");
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        let job = client.job(id).await.map_err(api)?;
+        match job.state.as_str() {
+            "running" => break job,
+            "pending" | "requeued" => continue,
+            other => anyhow::bail!(
+                "job allocation {id} ended before it started ({other}): {}",
+                job.reason
+            ),
+        }
+    };
+    let nodes = client.nodes().await.map_err(api)?;
+    let master = job
+        .nodes
+        .first()
+        .and_then(|n| nodes.iter().find(|info| &info.name == n))
+        .and_then(|info| info.addr.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    eprintln!(
+        "shoal: granted job allocation {id} on {}",
+        job.nodes.join(",")
+    );
+    let command = if args.command.is_empty() {
+        vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())]
+    } else {
+        args.command.clone()
+    };
+    let status = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env("SHOAL_JOB_ID", id.to_string())
+        .env("SLURM_JOB_ID", id.to_string())
+        .env("SHOAL_EPOCH", job.epoch.unwrap_or_default().to_string())
+        .env("SHOAL_NODES", job.nodes.join(","))
+        .env("SLURM_JOB_NODELIST", job.nodes.join(","))
+        .env("WORLD_SIZE", job.nodes.len().to_string())
+        .env("MASTER_ADDR", master)
+        .env("SHOAL_API", client.base_url())
+        .status()
+        .await;
+    let _ = client.cancel_job(id).await;
+    eprintln!("shoal: relinquishing job allocation {id}");
+    let status = status.map_err(|e| anyhow::anyhow!("cannot run '{}': {e}", command[0]))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(code) => Err(ExitWith(code).into()),
+        None => Err(ExitWith(1).into()),
+    }
+}
+
+pub async fn queue(client: &Client, args: &QueueArgs, json: bool) -> anyhow::Result<()> {
+    let jobs = match args.job {
+        Some(id) => vec![client.job(id).await.map_err(api)?],
+        None => {
+            let mut jobs = client
+                .jobs(args.tenant.as_deref(), args.state.as_deref())
+                .await
+                .map_err(api)?;
+            if !args.all && args.state.is_none() {
+                jobs.retain(|j| !matches!(j.state.as_str(), "completed" | "failed" | "cancelled"));
+            }
+            jobs
+        }
+    };
+    if json {
+        return print_json(&jobs);
+    }
+    print!("{}", format_queue(&jobs));
+    Ok(())
+}
+
+pub fn format_queue(jobs: &[JobInfo]) -> String {
+    let mut out = format!(
+        "{:<7}{:<16}{:<12}{:<14}{:>6}{:>6}{:>12}  {}\n",
+        "JOBID", "NAME", "TENANT", "STATE", "NODES", "GPUS", "TIME_LIMIT", "NODELIST(REASON)"
+    );
+    for j in jobs {
+        let holds_gpus = matches!(j.state.as_str(), "running" | "preempted" | "checkpointing");
+        let where_ = if holds_gpus || j.reason.is_empty() {
+            j.nodes.join(",")
+        } else {
+            format!("({})", j.reason)
+        };
+        out.push_str(&format!(
+            "{:<7}{:<16}{:<12}{:<14}{:>6}{:>6}{:>12}  {}\n",
+            j.id,
+            truncate(&j.name, 15),
+            truncate(&j.tenant, 11),
+            j.state,
+            j.nodes_requested,
+            j.nodes_requested * j.gpus_per_node,
+            format_limit(j.time_limit_s),
+            where_
+        ));
+    }
+    out
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n.saturating_sub(1)).chain(['…']).collect()
+    }
+}
+
+fn format_limit(s: u64) -> String {
+    if s >= 86_400 {
+        format!(
+            "{}-{:02}:{:02}:{:02}",
+            s / 86_400,
+            (s / 3600) % 24,
+            (s / 60) % 60,
+            s % 60
+        )
+    } else {
+        format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+    }
+}
+
+pub async fn show(client: &Client, id: u64, json: bool) -> anyhow::Result<()> {
+    let job = client.job(id).await.map_err(api)?;
+    if json {
+        return print_json(&job);
+    }
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    println!("id:          {}", job.id);
+    println!("name:        {}", job.name);
+    println!("tenant:      {}", job.tenant);
+    println!("state:       {}", job.state);
+    if !job.reason.is_empty() {
+        println!("reason:      {}", job.reason);
+    }
+    println!(
+        "request:     {} node(s) × {} GPU(s), time limit {}, priority {}{}",
+        job.nodes_requested,
+        job.gpus_per_node,
+        format_limit(job.time_limit_s),
+        job.priority,
+        if job.preemptible {
+            ""
+        } else {
+            ", not preemptible"
+        }
+    );
+    for (rank, node) in job.nodes.iter().enumerate() {
+        let gpus = job.gpus.get(node).cloned().unwrap_or_default();
+        println!("rank {rank:<6} {node} GPUs {gpus:?}");
+    }
+    println!(
+        "epoch:       {}",
+        job.epoch
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "-".into())
+    );
+    println!(
+        "restarts:    {} (preempted {} times)",
+        job.restarts, job.preemptions
+    );
+    println!("submitted:   {}", job.submitted_at);
+    println!("started:     {}", opt(&job.started_at));
+    println!("ended:       {}", opt(&job.ended_at));
+    if let Some(code) = job.exit_code {
+        println!("exit code:   {code}");
+    }
+    if let Some(step) = job.last_ckpt_step {
+        println!("checkpoint:  step {step}");
+    }
+    println!("command:     {}", job.command.join(" "));
+    Ok(())
+}
+
+pub async fn cancel(client: &Client, ids: &[u64], json: bool) -> anyhow::Result<()> {
+    let mut answers = Vec::new();
+    for id in ids {
+        answers.push(client.cancel_job(*id).await.map_err(api)?);
+        if !json {
+            println!("job {id} cancelled");
+        }
+    }
+    if json {
+        print_json(&answers)?;
+    }
+    Ok(())
+}
+
+/// Prints a rank's log from the node that ran it; `follow` polls until the job ends.
+pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut offset = 0u64;
+    let mut source: Option<Client> = None;
+    let started = Instant::now();
+    loop {
+        let job = client.job(id).await.map_err(api)?;
+        if source.is_none() {
+            if let Some(node) = job.nodes.get(rank as usize) {
+                let nodes = client.nodes().await.map_err(api)?;
+                if let Some(info) = nodes.iter().find(|n| &n.name == node) {
+                    source = Some(Client::new(
+                        format!("http://{}", info.api_addr),
+                        client.token().map(str::to_string),
+                    ));
+                }
+            } else if !follow {
+                anyhow::bail!("job {id} has not run a rank {rank} yet ({})", job.state);
+            }
+        }
+        if let Some(node) = &source {
+            let chunk = node.job_log(id, rank, offset).await.map_err(api)?;
+            offset += chunk.len() as u64;
+            std::io::stdout().write_all(&chunk)?;
+            std::io::stdout().flush()?;
+        }
+        let ended = matches!(job.state.as_str(), "completed" | "failed" | "cancelled");
+        if !follow || (ended && started.elapsed() > Duration::from_millis(500)) {
+            if ended && follow && source.is_some() {
+                // One last read for what was written before the exit.
+                if let Some(node) = &source {
+                    let chunk = node.job_log(id, rank, offset).await.map_err(api)?;
+                    std::io::stdout().write_all(&chunk)?;
+                }
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// `shoal events [-f]`: the event log, then (with -f) new events as they come.
+pub async fn events(client: &Client, follow: bool, json: bool) -> anyhow::Result<()> {
+    let mut after = 0;
+    loop {
+        let batch = client.events(after).await.map_err(api)?;
+        if let Some(last) = batch.last() {
+            after = last.id;
+        }
+        if json && !follow {
+            return print_json(&batch);
+        }
+        for e in &batch {
+            if json {
+                println!("{}", serde_json::to_string(e)?);
+            } else {
+                let place = match (&e.node, e.gpu) {
+                    (Some(n), Some(g)) => format!("{n}/gpu{g}"),
+                    (Some(n), None) => n.clone(),
+                    _ => "-".into(),
+                };
+                let job = e.job.map(|j| format!(" job {j}")).unwrap_or_default();
+                println!(
+                    "{}  {:<8} {:<13} {:<12}{job}  {}",
+                    e.at, e.severity, e.kind, place, e.message
+                );
+            }
+        }
+        if !follow {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+pub async fn tenant(client: &Client, cmd: &TenantCmd, json: bool) -> anyhow::Result<()> {
+    match cmd {
+        TenantCmd::Create(args) => {
+            let req = args.request().map_err(anyhow::Error::msg)?;
+            let r = client.create_tenant(&req).await.map_err(api)?;
+            if json {
+                print_json(&r)
+            } else {
+                println!("tenant {} created", args.name);
+                Ok(())
+            }
+        }
+        TenantCmd::Set(args) => {
+            let req = args.request().map_err(anyhow::Error::msg)?;
+            let r = client.set_tenant(&req).await.map_err(api)?;
+            if json {
+                print_json(&r)
+            } else {
+                println!("tenant {} updated", args.name);
+                Ok(())
+            }
+        }
+        TenantCmd::Ls => {
+            let tenants = client.tenants().await.map_err(api)?;
+            if json {
+                print_json(&tenants)
+            } else {
+                print!("{}", format_tenants(&tenants));
+                Ok(())
+            }
+        }
+    }
+}
+
+fn format_tenants(tenants: &[TenantInfo]) -> String {
+    let mut out = format!(
+        "{:<16}{:<16}{:>9}{:>12}{:>8}\n",
+        "TENANT", "PARENT", "MAX_GPUS", "GPU_HOURS", "WEIGHT"
+    );
+    for t in tenants {
+        out.push_str(&format!(
+            "{:<16}{:<16}{:>9}{:>12}{:>8}\n",
+            t.name,
+            t.parent.clone().unwrap_or_else(|| "-".into()),
+            t.max_gpus
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "-".into()),
+            t.gpu_hours_limit
+                .map(|h| format!("{h:.1}"))
+                .unwrap_or_else(|| "-".into()),
+            t.weight
+        ));
+    }
+    out
+}
+
+pub async fn quota(client: &Client, tenant: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let mut rows = client.quota().await.map_err(api)?;
+    if let Some(t) = tenant {
+        rows.retain(|r| r.tenant == t);
+        if rows.is_empty() {
+            anyhow::bail!("no tenant named '{t}'");
+        }
+    }
+    if json {
+        return print_json(&rows);
+    }
+    print!("{}", format_quota(&rows));
+    Ok(())
+}
+
+fn format_quota(rows: &[QuotaInfo]) -> String {
+    let mut out = format!(
+        "{:<16}{:>10}{:>18}{:>10}{:>8}{:>9}{:>9}{:>9}\n",
+        "TENANT", "GPUS", "GPU_HOURS", "REFUNDED", "SHARE", "WEIGHT", "RUNNING", "PENDING"
+    );
+    for r in rows {
+        let gpus = match r.max_gpus {
+            Some(m) => format!("{}/{m}", r.gpus_in_use),
+            None => r.gpus_in_use.to_string(),
+        };
+        let hours = match r.gpu_hours_limit {
+            Some(l) => format!("{:.2}/{l:.0}", r.gpu_hours_used),
+            None => format!("{:.2}", r.gpu_hours_used),
+        };
+        out.push_str(&format!(
+            "{:<16}{:>10}{:>18}{:>10.2}{:>7.0}%{:>9}{:>9}{:>9}\n",
+            r.tenant,
+            gpus,
+            hours,
+            r.gpu_hours_refunded,
+            r.share * 100.0,
+            r.weight,
+            r.running_jobs,
+            r.pending_jobs
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gres_forms_are_understood() {
+        assert_eq!(parse_gres("gpu:8"), Ok((None, 8)));
+        assert_eq!(parse_gres("accelerator:8"), Ok((None, 8)));
+        assert_eq!(parse_gres("gpu:H100:4"), Ok((Some("H100".into()), 4)));
+        assert_eq!(parse_gres("gres/gpu:2"), Ok((None, 2)));
+        assert!(parse_gres("cpu:4").is_err());
+        assert!(parse_gres("gpu:x").is_err());
+    }
+
+    #[test]
+    fn tenant_args_understand_none() {
+        let args = TenantArgs {
+            name: "t".into(),
+            max_gpus: Some("none".into()),
+            gpu_hours: Some("12.5".into()),
+            ..Default::default()
+        };
+        let req = args.request().expect("valid");
+        assert_eq!(req.unset, vec!["max_gpus".to_string()]);
+        assert_eq!(req.gpu_hours, Some(12.5));
+        let bad = TenantArgs {
+            max_gpus: Some("lots".into()),
+            ..args
+        };
+        assert!(bad.request().is_err());
+    }
+}

@@ -1,0 +1,850 @@
+//! The command-line interface: `shoal agent` runs a node; every other
+//! command is a client of some node's HTTP API (INTERFACE.md).
+
+pub mod ckpt;
+pub mod cp;
+pub mod demo;
+pub mod dev;
+pub mod duration;
+pub mod jobs;
+pub mod slurm;
+
+use crate::agent::{Agent, StartMode};
+use crate::cli::jobs::{ExitWith, JobArgs, QueueArgs, TenantCmd};
+use crate::node::config::{default_data_dir, parse_label, Config};
+use clap::{Args, Parser, Subcommand};
+use shoal_sdk::{Client, ClientError, NodeInfo, StatusResponse};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "shoal",
+    version,
+    about = "A peer-to-peer compute mesh for AI training",
+    args_override_self = true
+)]
+pub struct Cli {
+    /// API of the node to talk to [env: SHOAL_API] [default: http://127.0.0.1:7070]
+    #[arg(long, global = true)]
+    api: Option<String>,
+    /// API token [env: SHOAL_TOKEN] [default: <data-dir>/admin.token]
+    #[arg(long, global = true)]
+    token: Option<String>,
+    /// Node data dir [env: SHOAL_DATA_DIR]
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
+    /// Print one JSON document instead of a table
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a node
+    Agent(Box<AgentArgs>),
+    /// Start here: a 4-node mesh on loopback runs a training job, loses a node, and recovers
+    Demo,
+    /// Run a one-node cluster with simulated GPUs in a temporary dir
+    Dev {
+        #[arg(long)]
+        api_addr: Option<SocketAddr>,
+        #[arg(long)]
+        sim_gpus: Option<String>,
+    },
+    /// Join tokens
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
+    /// Cluster status: leader, term, voters, members
+    Status,
+    /// Nodes with their GPUs and health
+    Nodes,
+    /// This node's own view of its peers (gossip): health, estimated RTT, capacity
+    Mesh,
+    /// Drain a node: its gangs checkpoint (SIGTERM), stop and run elsewhere; no new work lands there
+    Drain { node: String },
+    /// Return a drained node to service
+    Undrain { node: String },
+    /// The cluster's event log: GPU faults, node loss
+    Events {
+        /// Keep printing new events
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+    /// Debugging aids
+    Debug {
+        #[command(subcommand)]
+        cmd: DebugCmd,
+    },
+    /// Prometheus file_sd targets: every alive node's metrics address
+    PrometheusSd {
+        /// Write the JSON here atomically (for file_sd_configs) instead of stdout
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Node administration
+    Node {
+        #[command(subcommand)]
+        cmd: NodeCmd,
+    },
+    /// Submit a gang job; prints its id alone on stdout
+    Submit {
+        #[command(flatten)]
+        job: JobArgs,
+        /// Print "Submitted batch job N" like sbatch
+        #[arg(long, hide = true)]
+        banner: bool,
+    },
+    /// Allocate a gang, run CMD here with its environment, release it when CMD ends
+    Alloc(JobArgs),
+    /// Jobs that are waiting or running (-a for finished ones too)
+    Queue(QueueArgs),
+    /// One job in detail
+    Show { job: u64 },
+    /// Cancel jobs
+    Cancel {
+        #[arg(required = true)]
+        jobs: Vec<u64>,
+    },
+    /// A rank's output, from the node that ran it
+    Logs {
+        job: u64,
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// Keep printing until the job ends
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+    /// Replicated copy: local ↔ mesh:/path ↔ mesh:/path
+    Cp(crate::cli::cp::CpArgs),
+    /// List mesh:/ objects
+    Ls {
+        #[arg(default_value = "mesh:/")]
+        path: String,
+    },
+    /// One mesh:/ object: size, holders, health
+    Stat { path: String },
+    /// Remove a mesh:/ object (or everything below a path)
+    Rm { path: String },
+    /// Checkpoints of a job
+    Ckpt {
+        #[command(subcommand)]
+        cmd: crate::cli::ckpt::CkptCmd,
+    },
+    /// Tenants (teams, projects) and their limits
+    Tenant {
+        #[command(subcommand)]
+        cmd: TenantCmd,
+    },
+    /// GPU and GPU-hour usage against each tenant's limits
+    Quota {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Replay a GPU-cluster trace through the real scheduler (discrete-event simulation)
+    Sim(SimArgs),
+    /// Benchmarks (see docs/BENCHMARKS.md)
+    Bench {
+        #[command(subcommand)]
+        cmd: crate::bench::BenchCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCmd {
+    /// Print a new join token, alone on stdout
+    Create {
+        /// Lifetime, e.g. 24h, 30m, 1-00:00:00
+        #[arg(long)]
+        ttl: Option<String>,
+    },
+    /// Print a new API token for users and scripts, alone on stdout (admin only)
+    Api {
+        /// Scope the token to this tenant and those below it: it may only
+        /// submit and cancel their jobs and read, write and remove their
+        /// mesh:/ objects
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Unique name of the token [default: TENANT-RANDOM]
+        #[arg(long)]
+        name: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DebugCmd {
+    /// Make a simulated GPU of the --api node misbehave: ecc-dbe, xid:CODE, hot, slow, clear
+    GpuFault {
+        #[arg(long)]
+        gpu: u32,
+        fault: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NodeCmd {
+    /// Remove a node (by name or id) from the cluster
+    Remove { node: String },
+}
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    /// A trace file, or a directory of trace files replayed together (one tenant per file)
+    #[arg(long)]
+    trace: PathBuf,
+    /// auto, philly, alibaba or simple (submit_time,gpus,duration,tenant,status)
+    #[arg(long, default_value = "auto")]
+    format: String,
+    /// One policy or a comma-separated list: fifo, hdrf, hdrf-preempt
+    #[arg(long, default_value = "hdrf")]
+    policy: String,
+    #[arg(long, default_value_t = 96)]
+    nodes: u32,
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u32,
+    #[arg(long)]
+    racks: Option<u32>,
+    #[arg(long)]
+    zones: Option<u32>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Mean time between failures of one node, e.g. 24h (enables failure injection)
+    #[arg(long)]
+    fail_mtbf: Option<String>,
+    /// Checkpoint interval of every job, e.g. 30m
+    #[arg(long)]
+    ckpt_interval: Option<String>,
+    /// Replay only jobs submitted before this point of the trace, e.g. 30d or 720h
+    #[arg(long)]
+    until: Option<String>,
+    /// Write an SVG with utilization over time and the JCT CDF, policy against policy
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// direct (the simulator applies plans itself) or ledger (jobs live in a
+    /// real consensus ledger and every decision is a ledger command)
+    #[arg(long)]
+    driver: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct AgentArgs {
+    /// TOML config file (see configs/node.example.toml) [env: SHOAL_CONFIG]
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    name: Option<String>,
+    /// HTTP API address [default: 127.0.0.1:7070]
+    #[arg(long)]
+    api_addr: Option<SocketAddr>,
+    /// quinn/UDP address for Raft and data [default: 0.0.0.0:7071]
+    #[arg(long)]
+    rpc_addr: Option<SocketAddr>,
+    /// libp2p QUIC/UDP gossip address [default: 0.0.0.0:7072]
+    #[arg(long)]
+    gossip_addr: Option<SocketAddr>,
+    /// Address peers should use to reach this node
+    #[arg(long)]
+    advertise: Option<IpAddr>,
+    /// KEY=VALUE; zone=, rack=, region= are topology labels
+    #[arg(long = "label")]
+    labels: Vec<String>,
+    /// Simulated GPUs instead of NVML, e.g. 8xH100-80GB or 4xA100-40GB,2xL4
+    #[arg(long)]
+    sim_gpus: Option<String>,
+    /// text or json
+    #[arg(long)]
+    log_format: Option<String>,
+    /// Create a new cluster with this node as its first member
+    #[arg(long, conflicts_with_all = ["join", "join_token"])]
+    bootstrap: bool,
+    /// RPC address (IP:PORT) of any member of the cluster to join
+    #[arg(long, requires = "join_token")]
+    join: Option<SocketAddr>,
+    /// Join token from `shoal token create`
+    #[arg(long, requires = "join")]
+    join_token: Option<String>,
+    /// On SIGINT/SIGTERM, leave the cluster before exiting
+    #[arg(long)]
+    leave: bool,
+}
+
+/// Parses arguments, runs the command, and returns the exit code. Errors are
+/// printed as one `error:` line; usage errors exit 2, others 1.
+pub fn main() -> i32 {
+    let mut argv: Vec<String> = std::env::args().collect();
+    let program = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("shoal")
+        .to_string();
+    if crate::cli::slurm::NAMES.contains(&program.as_str()) {
+        match crate::cli::slurm::translate(&program, &argv[1..]) {
+            Ok(t) => {
+                for w in t.warnings {
+                    eprintln!("{w}");
+                }
+                argv = t.argv;
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return 2;
+            }
+        }
+    }
+    let cli = match Cli::try_parse_from(argv) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => 0,
+        Err(e) if e.downcast_ref::<ExitWith>().is_some() => {
+            e.downcast_ref::<ExitWith>().map_or(1, |x| x.0)
+        }
+        Err(e) => {
+            let msg = format!("{e:#}");
+            eprintln!("error: {}", msg.lines().next().unwrap_or("unknown error"));
+            1
+        }
+    }
+}
+
+fn env_map() -> BTreeMap<String, String> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("SHOAL_"))
+        .collect()
+}
+
+fn data_dir(cli: &Cli) -> PathBuf {
+    cli.data_dir
+        .clone()
+        .or_else(|| std::env::var_os("SHOAL_DATA_DIR").map(PathBuf::from))
+        .unwrap_or_else(default_data_dir)
+}
+
+fn client(cli: &Cli) -> Client {
+    let api = cli
+        .api
+        .clone()
+        .or_else(|| std::env::var("SHOAL_API").ok())
+        .unwrap_or_else(|| "http://127.0.0.1:7070".into());
+    let token = cli
+        .token
+        .clone()
+        .or_else(|| std::env::var("SHOAL_TOKEN").ok())
+        .or_else(|| {
+            std::fs::read_to_string(data_dir(cli).join(crate::node::identity::ADMIN_TOKEN_FILE))
+                .ok()
+                .map(|t| t.trim().to_string())
+        });
+    Client::new(api, token)
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Cmd::Agent(args) => run_agent(&cli, args).await,
+        Cmd::Demo => {
+            init_logging_quiet();
+            crate::cli::demo::run().await
+        }
+        Cmd::Dev { api_addr, sim_gpus } => {
+            init_logging("text");
+            crate::cli::dev::run(*api_addr, sim_gpus.clone()).await
+        }
+        Cmd::Token {
+            cmd: TokenCmd::Api { tenant, name },
+        } => {
+            let t = client(&cli)
+                .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
+                    name: name.clone(),
+                    tenant: tenant.clone(),
+                })
+                .await
+                .map_err(api_err)?;
+            if cli.json {
+                print_json(&t)
+            } else {
+                println!("{}", t.token);
+                Ok(())
+            }
+        }
+        Cmd::Token {
+            cmd: TokenCmd::Create { ttl },
+        } => {
+            let ttl_s = match ttl {
+                Some(t) => Some(
+                    crate::cli::duration::parse_duration(t)
+                        .map_err(anyhow::Error::msg)?
+                        .as_secs(),
+                ),
+                None => None,
+            };
+            let t = client(&cli).create_token(ttl_s).await.map_err(api_err)?;
+            if cli.json {
+                print_json(&t)
+            } else {
+                println!("{}", t.token);
+                Ok(())
+            }
+        }
+        Cmd::Status => {
+            let s = client(&cli).status().await.map_err(api_err)?;
+            if cli.json {
+                print_json(&s)
+            } else {
+                print!("{}", format_status(&s));
+                Ok(())
+            }
+        }
+        Cmd::Nodes => {
+            let n = client(&cli).nodes().await.map_err(api_err)?;
+            if cli.json {
+                print_json(&n)
+            } else {
+                print!("{}", format_nodes(&n));
+                Ok(())
+            }
+        }
+        Cmd::Mesh => {
+            let peers = client(&cli).peers().await.map_err(api_err)?;
+            if cli.json {
+                print_json(&peers)
+            } else {
+                println!(
+                    "{:<5}{:<16}{:<9}{:>10}{:>10}{:>11}{:>7}",
+                    "ID", "NAME", "STATE", "HEARD", "RTT", "GPUS", "LOAD"
+                );
+                for p in &peers {
+                    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+                    println!(
+                        "{:<5}{:<16}{:<9}{:>10}{:>10}{:>11}{:>7}",
+                        p.id,
+                        p.name,
+                        p.state,
+                        opt(p.last_heard_ms.map(|ms| format!("{ms}ms"))),
+                        opt(p.rtt_ms.map(|r| format!("{r:.2}ms"))),
+                        opt(p
+                            .gpus_free
+                            .zip(p.gpus_total)
+                            .map(|(f, t)| format!("{f}/{t}"))),
+                        opt(p.load.map(|l| format!("{:.0}%", l * 100.0))),
+                    );
+                }
+                Ok(())
+            }
+        }
+        Cmd::Node {
+            cmd: NodeCmd::Remove { node },
+        } => {
+            let r = client(&cli).remove_node(node).await.map_err(api_err)?;
+            if cli.json {
+                print_json(&r)
+            } else {
+                println!("node {node} removed");
+                Ok(())
+            }
+        }
+        Cmd::Drain { node } | Cmd::Undrain { node } => {
+            let drain = matches!(cli.command, Cmd::Drain { .. });
+            let r = client(&cli)
+                .drain_node(node, drain)
+                .await
+                .map_err(api_err)?;
+            if cli.json {
+                print_json(&r)
+            } else {
+                println!(
+                    "node {node} {}",
+                    if drain { "drained" } else { "back in service" }
+                );
+                Ok(())
+            }
+        }
+        Cmd::Events { follow } => crate::cli::jobs::events(&client(&cli), *follow, cli.json).await,
+        Cmd::Debug {
+            cmd: DebugCmd::GpuFault { gpu, fault },
+        } => {
+            let r = client(&cli).gpu_fault(*gpu, fault).await.map_err(api_err)?;
+            if cli.json {
+                print_json(&r)
+            } else {
+                println!("injected {fault} into GPU {gpu}");
+                Ok(())
+            }
+        }
+        Cmd::PrometheusSd { out } => {
+            let c = client(&cli);
+            let status = c.status().await.map_err(api_err)?;
+            let nodes = c.nodes().await.map_err(api_err)?;
+            let targets: Vec<String> = nodes
+                .iter()
+                .filter(|n| n.state == shoal_sdk::MemberState::Alive)
+                .map(|n| n.api_addr.clone())
+                .collect();
+            let doc = serde_json::json!([{
+                "targets": targets,
+                "labels": {"shoal_cluster": status.cluster_id, "__metrics_path__": "/metrics"},
+            }]);
+            let text = serde_json::to_string_pretty(&doc)?;
+            match out {
+                None => {
+                    println!("{text}");
+                    Ok(())
+                }
+                Some(path) => {
+                    let tmp = path.with_extension("tmp");
+                    std::fs::write(&tmp, text.as_bytes())
+                        .and_then(|_| std::fs::rename(&tmp, path))
+                        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
+                }
+            }
+        }
+        Cmd::Submit { job, banner } => {
+            crate::cli::jobs::submit(&client(&cli), job, cli.json, *banner).await
+        }
+        Cmd::Alloc(job) => crate::cli::jobs::alloc(&client(&cli), job).await,
+        Cmd::Queue(args) => crate::cli::jobs::queue(&client(&cli), args, cli.json).await,
+        Cmd::Show { job } => crate::cli::jobs::show(&client(&cli), *job, cli.json).await,
+        Cmd::Cancel { jobs } => crate::cli::jobs::cancel(&client(&cli), jobs, cli.json).await,
+        Cmd::Logs { job, rank, follow } => {
+            crate::cli::jobs::logs(&client(&cli), *job, *rank, *follow).await
+        }
+        Cmd::Tenant { cmd } => crate::cli::jobs::tenant(&client(&cli), cmd, cli.json).await,
+        Cmd::Cp(args) => crate::cli::cp::cp(&client(&cli), args, cli.json).await,
+        Cmd::Ls { path } => crate::cli::cp::ls(&client(&cli), path, cli.json).await,
+        Cmd::Stat { path } => crate::cli::cp::stat(&client(&cli), path, cli.json).await,
+        Cmd::Rm { path } => crate::cli::cp::rm(&client(&cli), path).await,
+        Cmd::Ckpt { cmd } => crate::cli::ckpt::run(&client(&cli), cmd, cli.json).await,
+        Cmd::Quota { tenant } => {
+            crate::cli::jobs::quota(&client(&cli), tenant.as_deref(), cli.json).await
+        }
+        Cmd::Sim(args) => run_sim(args, cli.json),
+        Cmd::Bench { cmd } => {
+            init_logging("text");
+            crate::bench::run(cmd, cli.json).await
+        }
+    }
+}
+
+fn api_err(e: ClientError) -> anyhow::Error {
+    anyhow::anyhow!(e.to_string())
+}
+
+/// Warnings only, unless RUST_LOG says otherwise: for commands whose own
+/// output is the point (the demo's timeline).
+fn init_logging_quiet() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+pub fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(
+            "warn,openraft=error,shoal_node=info,shoal_consensus=info,shoal_mesh=info",
+        )
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
+    let env = env_map();
+    let file = args
+        .config
+        .clone()
+        .or_else(|| env.get("SHOAL_CONFIG").map(PathBuf::from));
+    let mut cfg = Config::load(file.as_deref(), &env).map_err(anyhow::Error::msg)?;
+    if let Some(d) = &cli.data_dir {
+        cfg.data_dir = Some(d.clone());
+    }
+    if let Some(n) = &args.name {
+        cfg.name = Some(n.clone());
+    }
+    if let Some(a) = args.api_addr {
+        cfg.api_addr = a;
+    }
+    if let Some(a) = args.rpc_addr {
+        cfg.rpc_addr = a;
+    }
+    if let Some(a) = args.gossip_addr {
+        cfg.gossip_addr = a;
+    }
+    if let Some(a) = args.advertise {
+        cfg.advertise = Some(a);
+    }
+    for kv in &args.labels {
+        let (k, v) = parse_label(kv).map_err(anyhow::Error::msg)?;
+        cfg.labels.insert(k, v);
+    }
+    if let Some(s) = &args.sim_gpus {
+        cfg.sim_gpus = Some(s.clone());
+    }
+    if let Some(f) = &args.log_format {
+        cfg.log_format = f.clone();
+    }
+    cfg.validate().map_err(anyhow::Error::msg)?;
+    init_logging(&cfg.log_format);
+
+    let mode = match (&args.join, &args.join_token, args.bootstrap) {
+        (Some(addr), Some(token), _) => StartMode::Join {
+            addr: *addr,
+            token: token.clone(),
+        },
+        (_, _, true) => StartMode::Bootstrap,
+        _ => StartMode::Restart,
+    };
+    let agent = Agent::start(cfg, mode).await?;
+    if let Some(boot) = &agent.bootstrap {
+        println!(
+            "Cluster bootstrapped; this node is {} (id {}).",
+            agent.name(),
+            agent.id()
+        );
+        println!(
+            "Admin token written to {}",
+            agent
+                .data_dir()
+                .join(crate::node::identity::ADMIN_TOKEN_FILE)
+                .display()
+        );
+        println!("Join more nodes with:");
+        println!(
+            "  shoal agent --join {} --join-token {}",
+            agent.rpc_addr(),
+            boot.join_token
+        );
+    }
+    wait_for_signal().await;
+    if args.leave {
+        match agent.leave().await {
+            Ok(()) => tracing::info!("left the cluster"),
+            Err(e) => tracing::error!(error = %e, "could not leave the cluster cleanly"),
+        }
+    }
+    agent.shutdown().await;
+    Ok(())
+}
+
+pub async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn format_status(s: &StatusResponse) -> String {
+    let name_of = |id: u64| {
+        s.members
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| m.name.clone())
+            .unwrap_or_else(|| "?".into())
+    };
+    let mut out = String::new();
+    out.push_str(&format!(
+        "cluster  {}  (region {})\n",
+        s.cluster_id, s.region
+    ));
+    match s.leader {
+        Some(l) => out.push_str(&format!(
+            "leader   {} ({})  term {}  commit {}\n",
+            l,
+            name_of(l),
+            s.term,
+            s.commit_index
+        )),
+        None => out.push_str("leader   none\n"),
+    }
+    out.push_str(&format!(
+        "voters   {}\n",
+        s.voters
+            .iter()
+            .map(|v| format!("{v} ({})", name_of(*v)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    out.push_str(&format!(
+        "{:<6}{:<20}{:<10}{}\n",
+        "ID", "NAME", "STATE", "ROLE"
+    ));
+    for m in &s.members {
+        let role = if s.leader == Some(m.id) {
+            "leader"
+        } else if s.voters.contains(&m.id) {
+            "voter"
+        } else {
+            "learner"
+        };
+        out.push_str(&format!(
+            "{:<6}{:<20}{:<10}{}\n",
+            m.id, m.name, m.state, role
+        ));
+    }
+    out
+}
+
+fn format_nodes(nodes: &[NodeInfo]) -> String {
+    let mut out = format!(
+        "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{}\n",
+        "ID", "NAME", "STATE", "ADDR", "GPUS", "MODEL", "UTIL", "SEEN", "LABELS"
+    );
+    for n in nodes {
+        let mut models: Vec<&str> = n.gpus.iter().map(|g| g.model.as_str()).collect();
+        models.dedup();
+        let labels = n
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let seen = match n.last_seen_ms {
+            Some(ms) if ms < 1000 => format!("{ms}ms"),
+            Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
+            None => "-".into(),
+        };
+        out.push_str(&format!(
+            "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{}\n",
+            n.id,
+            n.name,
+            if n.drained {
+                format!("{}*", n.state)
+            } else {
+                n.state.to_string()
+            },
+            n.addr,
+            format!("{}/{}", n.gpus_free, n.gpus_total),
+            if models.is_empty() {
+                "-".to_string()
+            } else {
+                models.join("+")
+            },
+            n.gpu_util
+                .filter(|_| n.gpus_total > 0)
+                .map(|u| format!("{:.0}%", u * 100.0))
+                .unwrap_or_else(|| "-".into()),
+            seen,
+            if labels.is_empty() {
+                "-".to_string()
+            } else {
+                labels
+            }
+        ));
+    }
+    out
+}
+
+fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
+    use crate::sim::run::{execute, summary_table, CliOptions};
+    use crate::sim::{parse_policy, SimConfig};
+    let secs = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<u64>> {
+        v.as_deref()
+            .map(|s| {
+                crate::cli::duration::parse_duration(s)
+                    .map(|d| d.as_secs())
+                    .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+            })
+            .transpose()
+    };
+    let policies = args
+        .policy
+        .split(',')
+        .map(|p| {
+            parse_policy(p.trim()).ok_or_else(|| {
+                anyhow::anyhow!("unknown policy '{p}': use fifo, hdrf or hdrf-preempt")
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if args.nodes == 0 || args.gpus_per_node == 0 {
+        anyhow::bail!("--nodes and --gpus-per-node must be positive");
+    }
+    let mut config = SimConfig::new(args.nodes, args.gpus_per_node, policies[0]);
+    if let Some(r) = args.racks {
+        config.racks = r;
+    }
+    if let Some(z) = args.zones {
+        config.zones = z;
+    }
+    config.seed = args.seed;
+    config.fail_mtbf_s = secs("--fail-mtbf", &args.fail_mtbf)?;
+    config.ckpt_interval_s = secs("--ckpt-interval", &args.ckpt_interval)?;
+    if let Some(name) = &args.driver {
+        config.driver = crate::sim::parse_driver(name)
+            .ok_or_else(|| anyhow::anyhow!("unknown driver '{name}': use direct or ledger"))?;
+    }
+    let options = CliOptions {
+        trace: args.trace.clone(),
+        format: args.format.parse().map_err(anyhow::Error::msg)?,
+        policies,
+        config,
+        until_s: secs("--until", &args.until)?,
+        json: None,
+        svg: args.plot.clone(),
+    };
+    let (trace, reports) = execute(&options)?;
+    if json {
+        if reports.len() == 1 {
+            print_json(&reports[0])
+        } else {
+            print_json(&reports)
+        }
+    } else {
+        println!(
+            "{} jobs replayed ({} skipped) on {} nodes x {} GPUs",
+            trace.jobs.len(),
+            trace.skipped.values().sum::<usize>(),
+            args.nodes,
+            args.gpus_per_node
+        );
+        print!("{}", summary_table(&reports));
+        Ok(())
+    }
+}

@@ -1,0 +1,729 @@
+//! Runs this node's ranks of the jobs the ledger placed here. Every node runs
+//! the same loop: read the ledger, start ranks it does not run yet, signal
+//! ranks that must stop, kill ranks whose epoch is no longer the job's
+//! current one (fencing: a requeued job may already run elsewhere), and
+//! report exits and completed checkpoints back to the ledger.
+//!
+//! One process per node and rank, in its own process group so that signals
+//! reach the whole tree, and with a parent-death signal so that a crashed
+//! agent does not leave ranks running that the ledger no longer accounts for.
+//!
+//! A rank is started at most once per epoch on a node: a marker file is
+//! written before the launch, and an agent that restarts finds the marker of
+//! a rank its predecessor ran (and took down with it) and reports that rank
+//! lost instead of starting it again alone, so the gang restarts together
+//! under a new epoch.
+
+use crate::node::metrics::Metrics;
+use crate::node::peers::SharedPeerView;
+use crate::node::{LedgerClient, LocalMember};
+use crate::rpc::chunks::ChunkNet;
+use crate::workers::anomaly::stall::StallWatch;
+use crate::workers::anomaly::EventLog;
+use crate::workers::Worker;
+use shoal_consensus::events::{EventSpec, Severity};
+use shoal_consensus::workload::{Job, JobId, StopCause, SELF_FENCE_MS};
+use shoal_consensus::{Command, LedgerResponse, NodeId};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::process::Child;
+
+const TICK: Duration = Duration::from_millis(100);
+/// Base of the rendezvous port handed to rank 0 (torchrun's default is 29500).
+const MASTER_PORT_BASE: u64 = 29_400;
+/// The exit code reported for a rank that died with a previous run of this
+/// agent (its parent-death signal is SIGKILL: 128 + 9).
+pub const LOST_WITH_AGENT_EXIT: i32 = 137;
+/// Wait before replicating a checkpoint step again after a failure.
+const CKPT_RETRY: Duration = Duration::from_secs(2);
+
+/// What this node was asked to run: one rank of one allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct RankKey {
+    job: JobId,
+    epoch: u64,
+    rank: u32,
+}
+
+struct RunningRank {
+    child: Child,
+    term_sent: Option<Instant>,
+    last_usr1: Instant,
+    ckpt_dir: PathBuf,
+    /// The newest step handed to replication (recorded, or on its way).
+    reported_step: Option<u64>,
+    /// The newest step the ledger has (or refused for good).
+    recorded_step: Option<u64>,
+    /// After a failed replication, when to try again.
+    retry_after: Option<Instant>,
+    /// Replication of the last reported step, still running.
+    replicating: Option<(u64, tokio::task::JoinHandle<bool>)>,
+    stall: StallWatch,
+}
+
+/// The directory of a job's files on this node.
+pub fn job_dir(jobs_dir: &Path, job: JobId) -> PathBuf {
+    jobs_dir.join(job.to_string())
+}
+
+pub fn log_path(jobs_dir: &Path, job: JobId, rank: u32) -> PathBuf {
+    job_dir(jobs_dir, job).join(format!("rank-{rank}.log"))
+}
+
+/// Exists once this node has launched `rank` of `epoch`.
+fn launched_marker(jobs_dir: &Path, key: &RankKey) -> PathBuf {
+    job_dir(jobs_dir, key.job).join(format!(".launched-e{}-r{}", key.epoch, key.rank))
+}
+
+/// Records, durably, that the rank is about to be launched.
+fn mark_launched(jobs_dir: &Path, key: &RankKey) -> Result<(), String> {
+    let path = launched_marker(jobs_dir, key);
+    std::fs::File::create(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))
+}
+
+/// What the executor works with: this node, its ledger and peers, the
+/// chunk network for checkpoints, and its settings.
+#[derive(Clone)]
+pub struct RankHost {
+    pub local: LocalMember,
+    pub ledger: LedgerClient,
+    pub peers: SharedPeerView,
+    pub chunks: ChunkNet,
+    pub metrics: Arc<Metrics>,
+    pub events: EventLog,
+    pub jobs_dir: PathBuf,
+    /// SIGTERM → SIGKILL grace of a stopping rank.
+    pub stop_grace: Duration,
+    /// Silence after which a running rank counts as stalled.
+    pub stall_after: Duration,
+}
+
+/// The executor loop: this node's running ranks and the exits it still has
+/// to report.
+pub struct Executor {
+    host: RankHost,
+    ranks: BTreeMap<RankKey, RunningRank>,
+    /// Exits waiting to be committed, so a rank is never started twice.
+    exited: BTreeMap<RankKey, i32>,
+}
+
+impl Executor {
+    pub fn new(host: RankHost) -> Self {
+        Executor {
+            host,
+            ranks: BTreeMap::new(),
+            exited: BTreeMap::new(),
+        }
+    }
+}
+
+impl Worker for Executor {
+    fn period(&self) -> Duration {
+        TICK
+    }
+
+    async fn stop(&mut self) {
+        for rank in self.ranks.values_mut() {
+            signal(&rank.child, libc::SIGKILL);
+        }
+    }
+
+    async fn tick(&mut self) -> ControlFlow<()> {
+        let host = &self.host;
+        let ranks = &mut self.ranks;
+        let exited = &mut self.exited;
+        let assigned = match assignments(host) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(error = %e, "executor could not read the ledger");
+                return ControlFlow::Continue(());
+            }
+        };
+        let grace = host.stop_grace;
+        // Self-fencing: cut off from a majority of the voters, this node can
+        // no longer learn that its jobs moved, so it stops them itself before
+        // the cluster may start them elsewhere.
+        let fenced = !in_contact_with_voter_majority(host);
+        if fenced {
+            if !ranks.is_empty() {
+                tracing::warn!(
+                    ranks = ranks.len(),
+                    "no contact with a majority of the voters for {} ms; killing this node's ranks",
+                    SELF_FENCE_MS
+                );
+            }
+            for rank in ranks.values_mut() {
+                signal(&rank.child, libc::SIGKILL);
+            }
+        }
+        // Fencing: anything not (or no longer) assigned to us dies now.
+        for (key, rank) in ranks.iter_mut() {
+            if !assigned.contains_key(key) {
+                tracing::info!(
+                    job = key.job,
+                    epoch = key.epoch,
+                    "the allocation moved on; killing the rank"
+                );
+                signal(&rank.child, libc::SIGKILL);
+            }
+        }
+        for (key, a) in &assigned {
+            if fenced || a.reported_exit || exited.contains_key(key) {
+                continue;
+            }
+            match ranks.get_mut(key) {
+                None if a.stop.is_some() => {
+                    // Asked to stop before we started it: report a clean stop.
+                    exited.insert(key.clone(), 0);
+                }
+                None if launched_marker(&host.jobs_dir, key).exists() => {
+                    report_lost(host, key);
+                    exited.insert(key.clone(), LOST_WITH_AGENT_EXIT);
+                }
+                None => match prepare_and_launch(host, key, a).await {
+                    Ok(rank) => {
+                        ranks.insert(key.clone(), rank);
+                    }
+                    Err(e) => {
+                        tracing::warn!(job = key.job, rank = key.rank, error = %e, "could not start the rank");
+                        host.metrics.count_rank_exit("launch_failed");
+                        exited.insert(key.clone(), 127);
+                    }
+                },
+                Some(rank) => {
+                    if a.stop.is_some() && rank.term_sent.is_none() {
+                        tracing::info!(job = key.job, rank = key.rank, cause = ?a.stop, "stopping the rank (SIGTERM)");
+                        signal(&rank.child, libc::SIGTERM);
+                        rank.term_sent = Some(Instant::now());
+                    }
+                    if rank.term_sent.is_some_and(|t| t.elapsed() >= grace) {
+                        signal(&rank.child, libc::SIGKILL);
+                    }
+                    if let Some(every) = a.ckpt_interval {
+                        if rank.term_sent.is_none() && rank.last_usr1.elapsed() >= every {
+                            signal(&rank.child, libc::SIGUSR1);
+                            rank.last_usr1 = Instant::now();
+                        }
+                    }
+                }
+            }
+        }
+        // Checkpoints completed by running ranks: replicate in the background
+        // so the job never waits beyond its own local write.
+        for (key, rank) in ranks.iter_mut() {
+            if rank
+                .replicating
+                .as_ref()
+                .is_some_and(|(_, h)| h.is_finished())
+            {
+                settle_replication(rank).await;
+            }
+            let Some(step) = latest_done_step(&rank.ckpt_dir) else {
+                continue;
+            };
+            if rank.reported_step.is_some_and(|s| step <= s) || !assigned.contains_key(key) {
+                continue;
+            }
+            if rank.replicating.is_some() {
+                continue; // one step at a time; the next tick takes the newest
+            }
+            if rank.retry_after.is_some_and(|t| Instant::now() < t) {
+                continue;
+            }
+            rank.reported_step = Some(step);
+            let host = host.clone();
+            let key = key.clone();
+            let dir = rank.ckpt_dir.join(step.to_string());
+            rank.replicating = Some((
+                step,
+                tokio::spawn(async move { record_checkpoint(&host, &key, step, dir).await }),
+            ));
+        }
+        // Alive but silent: no new output and no new checkpoint.
+        let stall_after = host.stall_after;
+        let jobs_dir = &host.jobs_dir;
+        for (key, rank) in ranks.iter_mut() {
+            if rank.term_sent.is_some() {
+                continue;
+            }
+            let log_len = std::fs::metadata(log_path(jobs_dir, key.job, key.rank))
+                .map(|m| m.len())
+                .unwrap_or(0);
+            if let Some(silent) =
+                rank.stall
+                    .observe(Instant::now(), log_len, rank.reported_step, stall_after)
+            {
+                report_stall(host, key, silent);
+            }
+        }
+        // Reap.
+        let mut done = Vec::new();
+        for (key, rank) in ranks.iter_mut() {
+            if let Ok(Some(status)) = rank.child.try_wait() {
+                done.push((key.clone(), exit_code(status)));
+            }
+        }
+        for (key, code) in done {
+            let outcome = if code == 0 { "success" } else { "failure" };
+            host.metrics.count_rank_exit(outcome);
+            tracing::info!(
+                job = key.job,
+                epoch = key.epoch,
+                rank = key.rank,
+                code,
+                "rank exited"
+            );
+            // A final checkpoint written during the grace period still counts,
+            // and must be recorded before the exit releases the allocation.
+            if let Some(mut rank) = ranks.remove(&key) {
+                settle_replication(&mut rank).await;
+                if let Some(step) = latest_done_step(&rank.ckpt_dir) {
+                    if rank.reported_step.is_none_or(|s| step > s) && assigned.contains_key(&key) {
+                        let dir = rank.ckpt_dir.join(step.to_string());
+                        record_checkpoint(host, &key, step, dir).await;
+                    }
+                }
+            }
+            if assigned.contains_key(&key) {
+                exited.insert(key, code);
+            }
+        }
+        // Report exits; keep retrying until the ledger has them or the
+        // allocation is gone.
+        let mut reported = Vec::new();
+        for (key, code) in exited.iter() {
+            if !assigned.contains_key(key) || assigned[key].reported_exit {
+                reported.push(key.clone());
+                continue;
+            }
+            let cmd = Command::RankExited {
+                job: key.job,
+                epoch: key.epoch,
+                rank: key.rank,
+                exit_code: *code,
+            };
+            match host.ledger.write(cmd).await {
+                Ok((LedgerResponse::Ok, _)) | Ok((LedgerResponse::Rejected(_), _)) => {
+                    reported.push(key.clone())
+                }
+                Ok(_) => reported.push(key.clone()),
+                Err(e) => {
+                    tracing::debug!(job = key.job, error = %e.message, "could not report a rank exit yet")
+                }
+            }
+        }
+        for key in reported {
+            exited.remove(&key);
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+fn report_stall(host: &RankHost, key: &RankKey, silent: Duration) {
+    let spec = EventSpec {
+        severity: Severity::Warning,
+        kind: "job_stalled".into(),
+        node: Some(host.local.id),
+        gpu: None,
+        job: Some(key.job),
+        message: format!(
+            "job {} rank {} on {}: no new output and no new checkpoint for {} s",
+            key.job,
+            key.rank,
+            host.local.name,
+            silent.as_secs()
+        ),
+    };
+    host.events.record(spec);
+}
+
+/// Whether this node heard from a majority of the Raft voters (itself
+/// included) within the last `SELF_FENCE_MS`.
+fn in_contact_with_voter_majority(host: &RankHost) -> bool {
+    let voters: Vec<NodeId> = host.ledger.voters().into_iter().collect();
+    if voters.is_empty() {
+        return true;
+    }
+    let window = Duration::from_millis(SELF_FENCE_MS);
+    let heard = match host.peers.lock() {
+        Ok(view) => voters
+            .iter()
+            .filter(|v| {
+                **v == host.local.id
+                    || view
+                        .last_heard
+                        .get(v)
+                        .is_some_and(|t| t.elapsed() <= window)
+            })
+            .count(),
+        Err(_) => 0,
+    };
+    heard * 2 > voters.len()
+}
+
+/// A rank of a job the ledger has placed on this node.
+struct Assignment {
+    spec: shoal_consensus::workload::JobSpec,
+    gpus: Vec<u32>,
+    world: Vec<NodeId>,
+    stop: Option<StopCause>,
+    reported_exit: bool,
+    ckpt_interval: Option<Duration>,
+    restore: Option<shoal_consensus::workload::Checkpoint>,
+}
+
+fn assignments(host: &RankHost) -> Result<HashMap<RankKey, Assignment>, String> {
+    let data = host.ledger.read().map_err(|e| e.message)?;
+    let workload = &data.ledger.workload;
+    let mut out = HashMap::new();
+    for (job, alloc) in workload.holding() {
+        let Some(rank) = alloc.rank_of(host.local.id) else {
+            continue;
+        };
+        out.insert(
+            RankKey {
+                job: job.id,
+                epoch: alloc.epoch,
+                rank,
+            },
+            assignment(
+                job,
+                alloc,
+                rank,
+                workload.latest_checkpoint(job.id).cloned(),
+            ),
+        );
+    }
+    Ok(out)
+}
+
+fn assignment(
+    job: &Job,
+    alloc: &shoal_consensus::workload::Allocation,
+    rank: u32,
+    restore: Option<shoal_consensus::workload::Checkpoint>,
+) -> Assignment {
+    Assignment {
+        spec: job.spec.clone(),
+        gpus: alloc.nodes[rank as usize].1.clone(),
+        world: alloc.nodes.iter().map(|(n, _)| *n).collect(),
+        stop: alloc.stop.map(|s| s.cause),
+        reported_exit: alloc.exits.contains_key(&rank),
+        ckpt_interval: job.spec.ckpt_interval_s.map(Duration::from_secs),
+        restore,
+    }
+}
+
+/// Restores the checkpoint to resume from (every rank's part), then starts the rank.
+async fn prepare_and_launch(
+    host: &RankHost,
+    key: &RankKey,
+    a: &Assignment,
+) -> Result<RunningRank, String> {
+    if let Some(ckpt) = a.restore.clone() {
+        let ckpt_dir = job_dir(&host.jobs_dir, key.job).join("ckpt");
+        let started = Instant::now();
+        let worker = host.chunks.clone();
+        let handle = tokio::runtime::Handle::current();
+        let dir = ckpt_dir.clone();
+        let step = ckpt.step;
+        let restored = tokio::task::spawn_blocking(move || {
+            crate::ckpt::restore_checkpoint(&worker, handle, &ckpt, &dir)
+        })
+        .await
+        .map_err(|e| format!("restore task failed: {e}"))??;
+        tracing::info!(
+            job = key.job,
+            rank = key.rank,
+            step,
+            bytes = restored,
+            ms = started.elapsed().as_millis() as u64,
+            "checkpoint restored"
+        );
+    }
+    launch(host, key, a)
+}
+
+/// Waits for the rank's replication in flight, if any. A step that failed
+/// (a peer unreachable, the leader changing) is handed out again after
+/// `CKPT_RETRY`, so a job that writes one checkpoint and then runs for
+/// hours still gets it committed.
+async fn settle_replication(rank: &mut RunningRank) {
+    let Some((step, pending)) = rank.replicating.take() else {
+        return;
+    };
+    if pending.await.unwrap_or(false) {
+        rank.recorded_step = Some(step);
+        rank.retry_after = None;
+    } else {
+        rank.reported_step = rank.recorded_step;
+        rank.retry_after = Some(Instant::now() + CKPT_RETRY);
+    }
+}
+
+/// Stores and replicates this rank's part of `step`, then records it in the
+/// ledger. False when it should be tried again; a refusal by the ledger is
+/// final (another epoch, an older step).
+async fn record_checkpoint(host: &RankHost, key: &RankKey, step: u64, dir: PathBuf) -> bool {
+    let started = Instant::now();
+    let worker = host.chunks.clone();
+    let handle = tokio::runtime::Handle::current();
+    let (job, rank) = (key.job, key.rank);
+    let part = tokio::task::spawn_blocking(move || {
+        crate::ckpt::replicate_part(&worker, handle, job, rank, step, &dir)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    let part = match part {
+        Ok(part) => part,
+        Err(e) => {
+            host.metrics.count_checkpoint_part("failed");
+            tracing::warn!(job, rank, step, error = %e, "checkpoint not replicated; will retry");
+            return false;
+        }
+    };
+    let holders = part.holders.clone();
+    let bytes = part.bytes;
+    let cmd = Command::CheckpointPart {
+        job,
+        epoch: key.epoch,
+        rank,
+        step,
+        part,
+    };
+    match host.ledger.write(cmd).await {
+        Ok((LedgerResponse::Rejected(reason), _)) => {
+            host.metrics.count_checkpoint_part("rejected");
+            tracing::info!(job, rank, step, %reason, "checkpoint part not recorded");
+            true
+        }
+        Ok(_) => {
+            host.metrics.count_checkpoint_part("recorded");
+            host.metrics.ckpt_bytes.inc_by(bytes);
+            host.metrics
+                .ckpt_part_seconds
+                .observe(started.elapsed().as_secs_f64());
+            tracing::info!(
+                job,
+                rank,
+                step,
+                ?holders,
+                ms = started.elapsed().as_millis() as u64,
+                "checkpoint part replicated and recorded"
+            );
+            true
+        }
+        Err(e) => {
+            host.metrics.count_checkpoint_part("failed");
+            tracing::warn!(job, rank, step, error = %e.message, "checkpoint part not recorded; will retry");
+            false
+        }
+    }
+}
+
+/// A rank this node launched before the agent restarted died with it (the
+/// parent-death signal): say so in its log and the agent's.
+fn report_lost(host: &RankHost, key: &RankKey) {
+    use std::io::Write;
+    tracing::warn!(
+        job = key.job,
+        epoch = key.epoch,
+        rank = key.rank,
+        "the rank died with this agent's previous run; reporting it lost so the gang restarts together"
+    );
+    host.metrics.count_rank_exit("lost");
+    let log = log_path(&host.jobs_dir, key.job, key.rank);
+    if let Ok(mut out) = std::fs::OpenOptions::new().append(true).open(&log) {
+        let _ = writeln!(
+            out,
+            "--- shoal: job {} epoch {} rank {} lost: the agent on {} restarted ---",
+            key.job, key.epoch, key.rank, host.local.name
+        );
+    }
+}
+
+fn launch(host: &RankHost, key: &RankKey, a: &Assignment) -> Result<RunningRank, String> {
+    let jobs_dir = host.jobs_dir.clone();
+    let dir = job_dir(&jobs_dir, key.job);
+    let ckpt_dir = dir.join("ckpt");
+    std::fs::create_dir_all(&ckpt_dir)
+        .map_err(|e| format!("cannot create {}: {e}", ckpt_dir.display()))?;
+    let log = log_path(&jobs_dir, key.job, key.rank);
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+    mark_launched(&jobs_dir, key)?;
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            out,
+            "--- shoal: job {} epoch {} rank {} starting on {} ---",
+            key.job, key.epoch, key.rank, host.local.name
+        );
+    }
+    if a.spec.command.is_empty() {
+        // An allocation only (`shoal alloc`): hold the GPUs with a process
+        // that does nothing until it is stopped, so stop and fencing work the
+        // same way for allocations as for jobs.
+        return spawn(
+            host,
+            key,
+            a,
+            &["sleep".to_string(), "infinity".to_string()],
+            out,
+            err,
+            ckpt_dir,
+        );
+    }
+    spawn(host, key, a, &a.spec.command, out, err, ckpt_dir)
+}
+
+fn spawn(
+    host: &RankHost,
+    key: &RankKey,
+    a: &Assignment,
+    argv: &[String],
+    out: std::fs::File,
+    err: std::fs::File,
+    ckpt_dir: PathBuf,
+) -> Result<RunningRank, String> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| "the job has no command".to_string())?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .envs(gang_env(host, key, a, &ckpt_dir))
+        .envs(&a.spec.env)
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true);
+    if let Some(dir) = &a.spec.workdir {
+        cmd.current_dir(dir);
+    }
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // Own process group, so signals reach the rank's children too.
+            libc::setsid();
+            // Die with the agent: the ledger is the only record of what runs.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run '{program}': {e}"))?;
+    tracing::info!(
+        job = key.job,
+        epoch = key.epoch,
+        rank = key.rank,
+        pid = child.id(),
+        "rank started"
+    );
+    Ok(RunningRank {
+        child,
+        term_sent: None,
+        last_usr1: Instant::now(),
+        ckpt_dir,
+        reported_step: None,
+        recorded_step: None,
+        retry_after: None,
+        replicating: None,
+        stall: StallWatch::new(Instant::now()),
+    })
+}
+
+/// The torchrun-compatible environment of INTERFACE.md.
+fn gang_env(
+    host: &RankHost,
+    key: &RankKey,
+    a: &Assignment,
+    ckpt_dir: &Path,
+) -> Vec<(String, String)> {
+    let master_addr = host
+        .ledger
+        .read()
+        .ok()
+        .and_then(|d| {
+            let first = a.world.first()?;
+            let member = d.ledger.members.get(first)?;
+            member
+                .spec
+                .rpc_addr
+                .parse::<std::net::SocketAddr>()
+                .ok()
+                .map(|s| s.ip().to_string())
+        })
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let gpus: Vec<String> = a.gpus.iter().map(u32::to_string).collect();
+    let mut env = vec![
+        ("SHOAL_JOB_ID".into(), key.job.to_string()),
+        ("SHOAL_EPOCH".into(), key.epoch.to_string()),
+        ("RANK".into(), key.rank.to_string()),
+        ("NODE_RANK".into(), key.rank.to_string()),
+        ("WORLD_SIZE".into(), a.world.len().to_string()),
+        ("LOCAL_RANK".into(), "0".into()),
+        ("LOCAL_WORLD_SIZE".into(), "1".into()),
+        ("MASTER_ADDR".into(), master_addr),
+        (
+            "MASTER_PORT".into(),
+            (MASTER_PORT_BASE + key.epoch % 1000).to_string(),
+        ),
+        ("CUDA_VISIBLE_DEVICES".into(), gpus.join(",")),
+        ("SHOAL_CKPT_DIR".into(), ckpt_dir.display().to_string()),
+        (
+            "SHOAL_API".into(),
+            format!("http://{}", host.local.api_addr),
+        ),
+        ("SHOAL_NODE".into(), host.local.name.clone()),
+    ];
+    if let Some(ckpt) = &a.restore {
+        env.push(("SHOAL_RESTORE_STEP".into(), ckpt.step.to_string()));
+    }
+    env
+}
+
+/// The highest step `N` with `<ckpt_dir>/N/.done`.
+pub fn latest_done_step(ckpt_dir: &Path) -> Option<u64> {
+    std::fs::read_dir(ckpt_dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let step = entry.file_name().to_str()?.parse::<u64>().ok()?;
+            entry.path().join(".done").exists().then_some(step)
+        })
+        .max()
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    if let Some(pid) = child.id() {
+        if let Ok(pid) = libc::pid_t::try_from(pid) {
+            // The rank leads its own process group (setsid), so -pid reaches
+            // everything it started. SAFETY: plain syscall on a pid we own.
+            unsafe {
+                libc::kill(-pid, sig);
+            }
+        }
+    }
+}
+
+/// Shell convention: 128 + signal number for a rank killed by a signal.
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(255)
+}

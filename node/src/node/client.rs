@@ -1,0 +1,356 @@
+//! The ledger client every part of the node uses: reads of this node's
+//! applied ledger, writes and linearizable queries routed to the leader
+//! (served here when this node leads, with the batcher behind the writes),
+//! and the Raft membership calls the leader's housekeeping makes.
+
+use super::batcher::Batcher;
+use super::metrics::Metrics;
+use crate::rpc::proto::{self, ErrorCode, Query, Request, Response, WireError};
+use futures::future::BoxFuture;
+use openraft::error::{ChangeMembershipError, CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState};
+use shoal_consensus::store::{LedgerHandle, StateMachineData};
+use shoal_consensus::types::Raft;
+use shoal_consensus::{Command, LedgerResponse, NodeId};
+use shoal_mesh::RpcEndpoint;
+use shoal_sdk::{NodeInfo, StatusResponse};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock, RwLockReadGuard, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// What the leader serves: the node's RPC handler, installed once the node
+/// is wired. A trait, so that routing does not depend on what it routes to.
+pub trait LeaderService: Send + Sync + 'static {
+    fn serve(&self, req: Request) -> BoxFuture<'_, Result<Response, WireError>>;
+}
+
+pub type RaftWatch = watch::Receiver<RaftMetrics<NodeId, BasicNode>>;
+
+/// A cheap handle on this node's ledger and its route to the leader.
+#[derive(Clone)]
+pub struct LedgerClient {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    me: NodeId,
+    raft: Raft,
+    state: LedgerHandle,
+    rpc: RpcEndpoint,
+    batcher: Batcher,
+    metrics: Arc<Metrics>,
+    request_timeout: Duration,
+    leader_service: OnceLock<Weak<dyn LeaderService>>,
+}
+
+impl LedgerClient {
+    pub fn new(
+        me: NodeId,
+        raft: Raft,
+        state: LedgerHandle,
+        rpc: RpcEndpoint,
+        metrics: Arc<Metrics>,
+        request_timeout: Duration,
+    ) -> Self {
+        let batcher = Batcher::spawn(raft.clone(), me);
+        LedgerClient {
+            shared: Arc::new(Shared {
+                me,
+                raft,
+                state,
+                rpc,
+                batcher,
+                metrics,
+                request_timeout,
+                leader_service: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Installs what serves routed requests when this node is the leader.
+    pub fn serve_leader_requests_with(&self, service: Weak<dyn LeaderService>) {
+        let _ = self.shared.leader_service.set(service);
+    }
+
+    pub fn me(&self) -> NodeId {
+        self.shared.me
+    }
+
+    /// This node's applied ledger (possibly behind the leader's).
+    pub fn read(&self) -> Result<RwLockReadGuard<'_, StateMachineData>, WireError> {
+        self.shared
+            .state
+            .read()
+            .map_err(|_| WireError::new(ErrorCode::Internal, "ledger lock poisoned"))
+    }
+
+    pub fn handle(&self) -> LedgerHandle {
+        self.shared.state.clone()
+    }
+
+    /// The Raft state as this node sees it; changes on every apply.
+    pub fn raft_metrics(&self) -> RaftWatch {
+        self.shared.raft.metrics()
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.shared.raft
+    }
+
+    pub fn name_of(&self, node: NodeId) -> Option<String> {
+        self.read()
+            .ok()?
+            .ledger
+            .members
+            .get(&node)
+            .map(|m| m.spec.name.clone())
+    }
+
+    pub fn current_leader(&self) -> Option<NodeId> {
+        self.shared.raft.metrics().borrow().current_leader
+    }
+
+    pub fn leader(&self) -> Option<(NodeId, SocketAddr)> {
+        let m = self.shared.raft.metrics();
+        let m = m.borrow();
+        let id = m.current_leader?;
+        let addr = m
+            .membership_config
+            .membership()
+            .get_node(&id)?
+            .addr
+            .parse()
+            .ok()?;
+        Some((id, addr))
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let m = self.shared.raft.metrics();
+        let m = m.borrow();
+        m.current_leader == Some(self.shared.me) && m.state == ServerState::Leader
+    }
+
+    /// The voter set as this node knows it.
+    pub fn voters(&self) -> BTreeSet<NodeId> {
+        self.shared
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
+    /// Sends `req` to the leader (or serves it here when this node leads),
+    /// retrying while there is no leader or the leader is unreachable, up to
+    /// the request timeout.
+    pub async fn route(&self, req: Request) -> Result<Response, WireError> {
+        let deadline = Instant::now() + self.shared.request_timeout;
+        let body = proto::encode(&req);
+        let mut local = Some(req);
+        loop {
+            let attempt = match self.leader() {
+                Some((id, _)) if id == self.shared.me => {
+                    let req = match local.take() {
+                        Some(r) => r,
+                        None => proto::decode(&body)?,
+                    };
+                    self.serve_here(req).await
+                }
+                Some((id, addr)) => self.call_leader(id, addr, &body, deadline).await,
+                None => Err(WireError::new(
+                    ErrorCode::NotLeader,
+                    "no leader is elected right now",
+                )),
+            };
+            match attempt {
+                Err(e)
+                    if matches!(e.code, ErrorCode::NotLeader | ErrorCode::Unavailable)
+                        && Instant::now() < deadline =>
+                {
+                    tracing::debug!(error = %e, "retrying on the leader");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn serve_here(&self, req: Request) -> Result<Response, WireError> {
+        let service = self.shared.leader_service.get().and_then(Weak::upgrade);
+        match service {
+            Some(service) => service.serve(req).await,
+            None => Err(WireError::new(
+                ErrorCode::Unavailable,
+                "the node is still starting",
+            )),
+        }
+    }
+
+    /// One attempt on the leader `id`. Abandoned as soon as this node learns
+    /// of another leader: a dead leader's connection would otherwise hold the
+    /// request until QUIC's idle timeout.
+    async fn call_leader(
+        &self,
+        id: NodeId,
+        addr: SocketAddr,
+        body: &[u8],
+        deadline: Instant,
+    ) -> Result<Response, WireError> {
+        let mut metrics = self.shared.raft.metrics();
+        let leader_changed = async move {
+            loop {
+                if metrics.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                if metrics.borrow().current_leader != Some(id) {
+                    return;
+                }
+            }
+        };
+        let budget = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        tokio::select! {
+            r = self.shared.rpc.call(addr, body, budget) => match r {
+                Ok(reply) => match proto::decode::<Response>(&reply)? {
+                    Response::Error(e) => Err(e),
+                    ok => Ok(ok),
+                },
+                Err(e) => Err(WireError::new(ErrorCode::Unavailable, format!("leader {id} unreachable: {e}"))),
+            },
+            _ = leader_changed => Err(WireError::new(ErrorCode::NotLeader, format!("node {id} is no longer the leader"))),
+        }
+    }
+
+    /// A write through the leader (forwarded when this node is not it).
+    pub async fn write(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
+        match self.route(Request::Write(cmd)).await? {
+            Response::Write { response, index } => Ok((response, index)),
+            _ => Err(unexpected("a write")),
+        }
+    }
+
+    /// Proposes on this node, which must be the leader. The leader stamps the
+    /// time (DESIGN invariant 7); concurrent writes share one log entry.
+    pub async fn write_local(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
+        let started = Instant::now();
+        let out = self.shared.batcher.propose(cmd).await;
+        if out.is_ok() {
+            self.shared.metrics.observe_proposal(started.elapsed());
+        }
+        out
+    }
+
+    /// Confirms with a quorum that this node still leads, so a read of its
+    /// ledger that follows is linearizable.
+    pub async fn ensure_linearizable(&self) -> Result<(), WireError> {
+        match self.shared.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
+                Err(WireError::new(
+                    ErrorCode::NotLeader,
+                    format!("node {} is not the leader", self.shared.me),
+                ))
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(WireError::new(
+                    ErrorCode::Unavailable,
+                    format!("the leader cannot reach a quorum: {e}"),
+                ))
+            }
+            Err(e) => Err(raft_wire_error(e)),
+        }
+    }
+
+    /// A read of the ledger on the leader (linearizable).
+    pub async fn query(&self, q: Query) -> Result<Response, WireError> {
+        self.route(Request::Query(q)).await
+    }
+
+    pub async fn status(&self) -> Result<StatusResponse, WireError> {
+        match self.query(Query::Status).await? {
+            Response::Status(s) => Ok(s),
+            _ => Err(unexpected("a status query")),
+        }
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeInfo>, WireError> {
+        match self.query(Query::Nodes).await? {
+            Response::Nodes(n) => Ok(n),
+            _ => Err(unexpected("a nodes query")),
+        }
+    }
+
+    pub async fn attrs(&self, prefix: String) -> Result<BTreeMap<String, String>, WireError> {
+        match self.query(Query::Attrs { prefix }).await? {
+            Response::Attrs(a) => Ok(a),
+            _ => Err(unexpected("an attribute query")),
+        }
+    }
+
+    pub async fn remove_member(&self, id: NodeId) -> Result<u64, WireError> {
+        match self.route(Request::RemoveMember(id)).await? {
+            Response::Write { index, .. } => Ok(index),
+            _ => Err(unexpected("a removal")),
+        }
+    }
+
+    /// `change_membership`, retried while another membership change (the
+    /// housekeeping loop's) is still in flight.
+    pub async fn change_membership(
+        &self,
+        changes: ChangeMembers<NodeId, BasicNode>,
+        retain: bool,
+    ) -> Result<(), WireError> {
+        let deadline = Instant::now() + self.shared.request_timeout;
+        loop {
+            match self
+                .shared
+                .raft
+                .change_membership(changes.clone(), retain)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                    ChangeMembershipError::InProgress(_),
+                ))) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                    return Err(WireError::new(
+                        ErrorCode::NotLeader,
+                        format!("node {} is not the leader", self.shared.me),
+                    ))
+                }
+                Err(e) => return Err(raft_wire_error(e)),
+            }
+        }
+    }
+
+    /// Adds `id` to Raft as a learner (non-blocking: it catches up later).
+    pub async fn add_learner(&self, id: NodeId, rpc_addr: String) -> Result<(), WireError> {
+        self.shared
+            .raft
+            .add_learner(id, BasicNode::new(rpc_addr), false)
+            .await
+            .map(|_| ())
+            .map_err(raft_wire_error)
+    }
+}
+
+fn unexpected(what: &str) -> WireError {
+    WireError::new(ErrorCode::Internal, format!("unexpected answer to {what}"))
+}
+
+pub fn raft_wire_error<E: std::fmt::Display>(e: RaftError<NodeId, E>) -> WireError {
+    match e {
+        RaftError::Fatal(f) => {
+            WireError::new(ErrorCode::Unavailable, format!("raft has stopped: {f}"))
+        }
+        RaftError::APIError(e) => WireError::new(ErrorCode::Internal, e.to_string()),
+    }
+}

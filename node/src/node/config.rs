@@ -1,0 +1,490 @@
+//! One validated `Config` per node, layered: built-in defaults, then a TOML
+//! file, then `SHOAL_*` environment variables, then command-line flags.
+//! Every key is documented in configs/node.example.toml.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Node name; defaults to the host name.
+    pub name: Option<String>,
+    /// Where the node keeps its identity, Raft log and chunks.
+    pub data_dir: Option<PathBuf>,
+    pub api_addr: SocketAddr,
+    pub rpc_addr: SocketAddr,
+    pub gossip_addr: SocketAddr,
+    /// Address peers should use to reach this node.
+    pub advertise: Option<IpAddr>,
+    /// Free-form labels; `region`, `zone` and `rack` are topology labels.
+    pub labels: BTreeMap<String, String>,
+    /// Simulated accelerators, e.g. `8xH100-80GB`; used instead of NVML.
+    pub sim_gpus: Option<String>,
+    /// Region name recorded at bootstrap.
+    pub region: String,
+    /// `text` or `json`.
+    pub log_format: String,
+    pub raft: RaftTuning,
+    pub membership: MembershipTuning,
+    pub scheduler: SchedulerTuning,
+    pub executor: ExecutorTuning,
+    pub storage: StorageTuning,
+    pub anomaly: AnomalyTuning,
+    /// Lifetime of the join token printed at bootstrap.
+    pub join_token_ttl_s: u64,
+    /// Test only: extra round-trip time added to RTT samples towards the
+    /// named peers (`name -> duration`), to emulate distance on one machine
+    /// where the kernel has no netem. Set with `SHOAL_TEST_INJECT_RTT=n2=20,n3=40`.
+    #[serde(skip)]
+    pub test_inject_rtt: BTreeMap<String, std::time::Duration>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftTuning {
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Take a snapshot after this many log entries.
+    pub snapshot_every: u64,
+    /// Log entries kept behind a snapshot so that slightly lagging followers
+    /// catch up from the log instead of a full snapshot.
+    pub logs_kept_after_snapshot: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MembershipTuning {
+    /// A voter that has been `down` this long is replaced by a healthy node.
+    pub voter_replace_after_ms: u64,
+    /// How long a forwarded write or read keeps retrying while there is no leader.
+    pub request_timeout_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerTuning {
+    /// `fifo`, `hdrf` or `hdrf-preempt`.
+    pub policy: String,
+    /// Pause between scheduling passes on the leader.
+    pub interval_ms: u64,
+}
+
+impl Default for SchedulerTuning {
+    fn default() -> Self {
+        SchedulerTuning {
+            policy: "hdrf-preempt".into(),
+            interval_ms: 100,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageTuning {
+    /// Re-hash every stored checkpoint chunk this often; corrupt ones are
+    /// quarantined and fetched again from other holders.
+    pub scrub_interval_s: u64,
+    /// Most bytes of chunks this node stores (its own checkpoints and
+    /// replicas for others); a full node refuses new chunks and writers
+    /// choose another peer. 0 = no limit but the disk.
+    pub capacity_bytes: u64,
+    /// Delete chunks no checkpoint or `mesh:` object references any more,
+    /// this often...
+    pub gc_interval_s: u64,
+    /// ...once they are older than this: chunks of uploads and checkpoint
+    /// steps still being written are not referenced yet.
+    pub gc_grace_s: u64,
+}
+
+impl Default for StorageTuning {
+    fn default() -> Self {
+        StorageTuning {
+            scrub_interval_s: 3600,
+            capacity_bytes: 0,
+            gc_interval_s: 600,
+            gc_grace_s: 3600,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnomalyTuning {
+    /// A rank whose GPUs stay below `straggler_below_pct` % of the median
+    /// utilization of its gang siblings for this long is reported as a
+    /// straggler (one event per episode).
+    pub straggler_window_ms: u64,
+    pub straggler_below_pct: u32,
+    /// Below this median sibling utilization (%) the gang is not computing
+    /// hard enough for a comparison to mean anything (start-up, I/O phases).
+    pub straggler_min_sibling_util_pct: u32,
+    /// A rank with no new output and no new checkpoint for this long is
+    /// reported as stalled; 0 turns the check off.
+    pub stall_after_s: u64,
+    /// Every new event is POSTed as JSON (the `shoal events --json` object)
+    /// to this http(s) URL by the leader.
+    pub webhook_url: Option<String>,
+}
+
+impl Default for AnomalyTuning {
+    fn default() -> Self {
+        AnomalyTuning {
+            straggler_window_ms: 10_000,
+            straggler_below_pct: 50,
+            straggler_min_sibling_util_pct: 50,
+            stall_after_s: 600,
+            webhook_url: None,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecutorTuning {
+    /// Run the ranks placed on this node. `false` only for nodes whose GPUs
+    /// are managed by something else (and for the placement benchmark):
+    /// jobs placed there hold their GPUs until cancelled.
+    pub enabled: bool,
+    /// Between SIGTERM and SIGKILL when a job is stopped.
+    pub stop_grace_s: u64,
+    /// Where job logs and checkpoint directories live; default `<data-dir>/jobs`.
+    pub jobs_dir: Option<PathBuf>,
+}
+
+impl Default for ExecutorTuning {
+    fn default() -> Self {
+        ExecutorTuning {
+            enabled: true,
+            stop_grace_s: 30,
+            jobs_dir: None,
+        }
+    }
+}
+
+impl Default for RaftTuning {
+    fn default() -> Self {
+        // openraft waits `leader lease (= max) + election timeout` after the
+        // last heartbeat of a committed leader before it campaigns, so these
+        // values give 1.4-1.8 s from a leader's death to an election: well
+        // inside the 3 s target, yet far above the scheduling hiccups of a
+        // loaded machine (heartbeats every 150 ms).
+        RaftTuning {
+            heartbeat_ms: 150,
+            election_timeout_min_ms: 500,
+            election_timeout_max_ms: 900,
+            snapshot_every: 5000,
+            logs_kept_after_snapshot: 1000,
+        }
+    }
+}
+
+impl Default for MembershipTuning {
+    fn default() -> Self {
+        MembershipTuning {
+            voter_replace_after_ms: 30_000,
+            request_timeout_ms: 8_000,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            name: None,
+            data_dir: None,
+            api_addr: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            rpc_addr: SocketAddr::from(([0, 0, 0, 0], 7071)),
+            gossip_addr: SocketAddr::from(([0, 0, 0, 0], 7072)),
+            advertise: None,
+            labels: BTreeMap::new(),
+            sim_gpus: None,
+            region: "default".into(),
+            log_format: "text".into(),
+            raft: RaftTuning::default(),
+            membership: MembershipTuning::default(),
+            scheduler: SchedulerTuning::default(),
+            executor: ExecutorTuning::default(),
+            storage: StorageTuning::default(),
+            anomaly: AnomalyTuning::default(),
+            join_token_ttl_s: 24 * 3600,
+            test_inject_rtt: BTreeMap::new(),
+        }
+    }
+}
+
+/// Environment variables that map to config keys. Nested keys use `__`
+/// (`SHOAL_RAFT__HEARTBEAT_MS`). Variables the CLI uses (`SHOAL_API`,
+/// `SHOAL_TOKEN`, `SHOAL_CONFIG`) are not config keys.
+const ENV_KEYS: &[&str] = &[
+    "name",
+    "data_dir",
+    "api_addr",
+    "rpc_addr",
+    "gossip_addr",
+    "advertise",
+    "sim_gpus",
+    "region",
+    "log_format",
+    "join_token_ttl_s",
+    "raft.heartbeat_ms",
+    "raft.election_timeout_min_ms",
+    "raft.election_timeout_max_ms",
+    "raft.snapshot_every",
+    "raft.logs_kept_after_snapshot",
+    "membership.voter_replace_after_ms",
+    "membership.request_timeout_ms",
+    "scheduler.policy",
+    "scheduler.interval_ms",
+    "executor.enabled",
+    "executor.stop_grace_s",
+    "executor.jobs_dir",
+    "storage.scrub_interval_s",
+    "storage.capacity_bytes",
+    "storage.gc_interval_s",
+    "storage.gc_grace_s",
+    "anomaly.straggler_window_ms",
+    "anomaly.straggler_below_pct",
+    "anomaly.straggler_min_sibling_util_pct",
+    "anomaly.stall_after_s",
+    "anomaly.webhook_url",
+];
+
+/// The default data dir: `/var/lib/shoal` for root, else `$XDG_DATA_HOME/shoal`.
+pub fn default_data_dir() -> PathBuf {
+    let is_root = std::env::var("USER").map(|u| u == "root").unwrap_or(false)
+        || std::env::var("HOME").map(|h| h == "/root").unwrap_or(false);
+    if is_root {
+        return PathBuf::from("/var/lib/shoal");
+    }
+    if let Ok(x) = std::env::var("XDG_DATA_HOME") {
+        if !x.is_empty() {
+            return PathBuf::from(x).join("shoal");
+        }
+    }
+    match std::env::var("HOME") {
+        Ok(h) => PathBuf::from(h).join(".local/share/shoal"),
+        Err(_) => PathBuf::from("./shoal-data"),
+    }
+}
+
+fn env_value(raw: &str) -> toml::Value {
+    if let Ok(i) = raw.parse::<i64>() {
+        return toml::Value::Integer(i);
+    }
+    match raw {
+        "true" => toml::Value::Boolean(true),
+        "false" => toml::Value::Boolean(false),
+        _ => toml::Value::String(raw.to_string()),
+    }
+}
+
+impl Config {
+    /// Defaults, then `file` (if any), then `SHOAL_*` variables from `env`.
+    pub fn load(file: Option<&Path>, env: &BTreeMap<String, String>) -> Result<Config, String> {
+        let mut table = toml::Table::try_from(Config::default()).map_err(|e| e.to_string())?;
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+            let file_table: toml::Table = text
+                .parse()
+                .map_err(|e| format!("config file {} is not valid TOML: {e}", path.display()))?;
+            merge(&mut table, file_table);
+        }
+        for key in ENV_KEYS {
+            let var = format!("SHOAL_{}", key.replace('.', "__").to_ascii_uppercase());
+            if let Some(raw) = env.get(&var) {
+                let mut t = &mut table;
+                let parts: Vec<&str> = key.split('.').collect();
+                for p in &parts[..parts.len() - 1] {
+                    t = match t
+                        .entry(p.to_string())
+                        .or_insert_with(|| toml::Value::Table(Default::default()))
+                    {
+                        toml::Value::Table(inner) => inner,
+                        _ => return Err(format!("config key {p} is not a table")),
+                    };
+                }
+                t.insert(parts[parts.len() - 1].to_string(), env_value(raw));
+            }
+        }
+        if let Some(labels) = env.get("SHOAL_LABELS") {
+            let mut map = toml::Table::new();
+            for kv in labels.split(',').filter(|s| !s.is_empty()) {
+                let (k, v) = parse_label(kv)?;
+                map.insert(k, toml::Value::String(v));
+            }
+            table.insert("labels".into(), toml::Value::Table(map));
+        }
+        let mut cfg: Config = table
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("invalid configuration: {}", e.message()))?;
+        if let Some(spec) = env.get("SHOAL_TEST_INJECT_RTT") {
+            cfg.test_inject_rtt = crate::node::peers::parse_injected_rtt(spec)?;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.raft.election_timeout_min_ms <= self.raft.heartbeat_ms * 2 {
+            return Err(format!(
+                "raft.election_timeout_min_ms ({}) must exceed twice raft.heartbeat_ms ({})",
+                self.raft.election_timeout_min_ms, self.raft.heartbeat_ms
+            ));
+        }
+        if self.raft.election_timeout_max_ms <= self.raft.election_timeout_min_ms {
+            return Err(
+                "raft.election_timeout_max_ms must exceed raft.election_timeout_min_ms".into(),
+            );
+        }
+        if !matches!(self.log_format.as_str(), "text" | "json") {
+            return Err(format!(
+                "log_format must be 'text' or 'json', not '{}'",
+                self.log_format
+            ));
+        }
+        if let Some(n) = &self.name {
+            shoal_consensus::ledger::validate_name(n)?;
+        }
+        crate::workers::scheduler::parse_policy(&self.scheduler.policy)?;
+        if self.scheduler.interval_ms == 0 {
+            return Err("scheduler.interval_ms must be positive".into());
+        }
+        if !(1..=100).contains(&self.anomaly.straggler_below_pct) {
+            return Err(format!(
+                "anomaly.straggler_below_pct must be 1-100, not {}",
+                self.anomaly.straggler_below_pct
+            ));
+        }
+        if self.anomaly.straggler_min_sibling_util_pct > 100 {
+            return Err("anomaly.straggler_min_sibling_util_pct must be 0-100".into());
+        }
+        if let Some(url) = &self.anomaly.webhook_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "anomaly.webhook_url must be an http:// or https:// URL, not '{url}'"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir.clone().unwrap_or_else(default_data_dir)
+    }
+
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.executor
+            .jobs_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir().join("jobs"))
+    }
+
+    pub fn node_name(&self) -> String {
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        let host = std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "node".into());
+        host.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(63)
+            .collect()
+    }
+}
+
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+/// `KEY=VALUE` as given to `--label`.
+pub fn parse_label(kv: &str) -> Result<(String, String), String> {
+    match kv.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("invalid label '{kv}': expected KEY=VALUE")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_apply_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("node.toml");
+        std::fs::write(
+            &file,
+            "name = \"from-file\"\nregion = \"eu\"\n[raft]\nheartbeat_ms = 100\n[labels]\nzone = \"a\"\n",
+        )
+        .expect("write");
+        let env = BTreeMap::from([
+            ("SHOAL_REGION".to_string(), "us".to_string()),
+            (
+                "SHOAL_RAFT__ELECTION_TIMEOUT_MIN_MS".to_string(),
+                "700".to_string(),
+            ),
+            ("SHOAL_API".to_string(), "ignored".to_string()),
+        ]);
+        let c = Config::load(Some(&file), &env).expect("valid");
+        assert_eq!(c.name.as_deref(), Some("from-file"));
+        assert_eq!(c.region, "us");
+        assert_eq!(c.raft.heartbeat_ms, 100);
+        assert_eq!(c.raft.election_timeout_min_ms, 700);
+        assert_eq!(c.labels.get("zone").map(String::as_str), Some("a"));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_clear_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "nmae = \"typo\"\n").expect("write");
+        let err = Config::load(Some(&file), &BTreeMap::new()).expect_err("typo");
+        assert!(err.contains("nmae"), "{err}");
+        let env = BTreeMap::from([("SHOAL_RAFT__HEARTBEAT_MS".to_string(), "900".to_string())]);
+        let err = Config::load(None, &env).expect_err("bad timing");
+        assert!(err.contains("heartbeat"), "{err}");
+    }
+
+    #[test]
+    fn the_example_config_documents_every_key() {
+        let text = include_str!("../../../configs/node.example.toml");
+        let table: toml::Table = text.parse().expect("example parses");
+        let _: Config = table.clone().try_into().expect("example is a valid config");
+        let defaults = toml::Table::try_from(Config::default()).expect("serialize");
+        for (k, v) in &defaults {
+            assert!(
+                text.contains(&format!("{k} =")) || text.contains(&format!("[{k}]")),
+                "{k} undocumented"
+            );
+            if let toml::Value::Table(inner) = v {
+                for ik in inner.keys() {
+                    assert!(text.contains(&format!("{ik} =")), "{k}.{ik} undocumented");
+                }
+            }
+        }
+        for k in ["name", "data_dir", "advertise", "sim_gpus"] {
+            assert!(text.contains(&format!("{k} =")), "{k} undocumented");
+        }
+    }
+}

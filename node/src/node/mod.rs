@@ -1,0 +1,148 @@
+//! The node's parts and the small handles it hands out. [`Node`] owns them
+//! (its fields are private); each worker, the API and the RPC handler get
+//! only the handles they use: the [`LedgerClient`] (reads, writes routed to
+//! the leader, queries, membership calls), the [`peers::SharedPeerView`],
+//! the chunk network ([`crate::rpc::chunks::ChunkNet`]), the GPUs and the
+//! metrics.
+
+pub mod auth;
+pub mod batcher;
+pub mod client;
+pub mod clock;
+pub mod config;
+pub mod identity;
+pub mod metrics;
+pub mod peers;
+pub mod procstat;
+
+pub use client::LedgerClient;
+pub use clock::wall_ms;
+
+use crate::gpu::Gpus;
+use crate::rpc::chunks::ChunkNet;
+use config::Config;
+use metrics::Metrics;
+use peers::SharedPeerView;
+use shoal_consensus::network::ContactTracker;
+use shoal_consensus::{MemberSpec, NodeId};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::watch;
+
+/// Who this node is: fixed for the life of the process.
+#[derive(Clone, Debug)]
+pub struct LocalMember {
+    pub id: NodeId,
+    pub name: String,
+    pub rpc_addr: SocketAddr,
+    pub api_addr: SocketAddr,
+    /// What this node publishes about itself in the ledger.
+    pub spec: MemberSpec,
+}
+
+/// A running node's parts.
+pub struct Node {
+    local: LocalMember,
+    cfg: Config,
+    data_dir: PathBuf,
+    ledger: LedgerClient,
+    chunks: ChunkNet,
+    peers: SharedPeerView,
+    gpus: Gpus,
+    metrics: Arc<Metrics>,
+    contacts: ContactTracker,
+    started: Instant,
+    shutdown: watch::Sender<bool>,
+}
+
+/// Everything [`Node::new`] is made of.
+pub struct NodeParts {
+    pub local: LocalMember,
+    pub cfg: Config,
+    pub data_dir: PathBuf,
+    pub ledger: LedgerClient,
+    pub chunks: ChunkNet,
+    pub peers: SharedPeerView,
+    pub gpus: Gpus,
+    pub metrics: Arc<Metrics>,
+    pub contacts: ContactTracker,
+}
+
+impl Node {
+    pub fn new(parts: NodeParts) -> Self {
+        let (shutdown, _) = watch::channel(false);
+        Node {
+            local: parts.local,
+            cfg: parts.cfg,
+            data_dir: parts.data_dir,
+            ledger: parts.ledger,
+            chunks: parts.chunks,
+            peers: parts.peers,
+            gpus: parts.gpus,
+            metrics: parts.metrics,
+            contacts: parts.contacts,
+            started: Instant::now(),
+            shutdown,
+        }
+    }
+
+    pub fn local(&self) -> &LocalMember {
+        &self.local
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.local.id
+    }
+
+    pub fn name(&self) -> &str {
+        &self.local.name
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub fn ledger(&self) -> &LedgerClient {
+        &self.ledger
+    }
+
+    pub fn chunks(&self) -> &ChunkNet {
+        &self.chunks
+    }
+
+    pub fn peers(&self) -> &SharedPeerView {
+        &self.peers
+    }
+
+    pub fn gpus(&self) -> &Gpus {
+        &self.gpus
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn contacts(&self) -> &ContactTracker {
+        &self.contacts
+    }
+
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Fires when the node stops (or is dropped).
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    /// Tells every loop to stop.
+    pub fn signal_shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+}

@@ -1,0 +1,48 @@
+//! Raft messages over mesh RPC: the node's implementation of the consensus
+//! crate's transport trait.
+
+use super::proto::{self, Request, Response};
+use shoal_consensus::network::{RaftRpc, RaftTransport, TransportError, TransportFuture};
+use shoal_consensus::NodeId;
+use shoal_mesh::{RpcEndpoint, RpcError};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub struct MeshTransport {
+    pub rpc: RpcEndpoint,
+}
+
+impl RaftTransport for MeshTransport {
+    fn send(&self, target: NodeId, addr: &str, rpc: RaftRpc, timeout: Duration) -> TransportFuture {
+        let endpoint = self.rpc.clone();
+        let addr = addr.to_string();
+        Box::pin(async move {
+            let sock: SocketAddr = addr.parse().map_err(|_| {
+                TransportError::Unreachable(format!(
+                    "node {target} has an invalid address '{addr}'"
+                ))
+            })?;
+            let body = proto::encode(&Request::Raft(rpc));
+            let reply = endpoint
+                .call(sock, &body, timeout)
+                .await
+                .map_err(|e| match e {
+                    RpcError::Unreachable { .. } => {
+                        TransportError::Unreachable(format!("node {target}: {e}"))
+                    }
+                    other => TransportError::Failed(format!("node {target}: {other}")),
+                })?;
+            match proto::decode::<Response>(&reply) {
+                Ok(Response::Raft(r)) => Ok(r),
+                Ok(Response::Error(e)) => Err(TransportError::Failed(format!(
+                    "node {target}: {}",
+                    e.message
+                ))),
+                Ok(_) => Err(TransportError::Failed(format!(
+                    "node {target} answered a Raft RPC with something else"
+                ))),
+                Err(e) => Err(TransportError::Failed(format!("node {target}: {e}"))),
+            }
+        })
+    }
+}

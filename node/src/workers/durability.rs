@@ -1,0 +1,368 @@
+//! Keeps committed checkpoints durable. Every node, every few seconds, for
+//! each committed checkpoint part it holds:
+//!
+//! - fetches any chunk it lacks from the other holders (a chunk the scrubber
+//!   quarantined as corrupt is gone from the store, so this is also the
+//!   repair path), verifying each against its hash;
+//! - if it is the lowest-numbered live holder and fewer than
+//!   [`crate::ckpt::REPLICAS`] live holders remain (a holder died or left),
+//!   copies the part to new peers and records the new holder set.
+//!
+//! The scrubber re-hashes every stored chunk every `storage.scrub_interval_s`,
+//! and every `storage.gc_interval_s` chunks that no checkpoint and no `mesh:`
+//! object references any more (removed objects, checkpoints past retention,
+//! abandoned uploads) are deleted once older than `storage.gc_grace_s`.
+
+use super::Worker;
+use crate::ckpt::{storage_node, REPLICAS};
+use crate::node::config::StorageTuning;
+use crate::node::metrics::Metrics;
+use crate::rpc::chunks::ChunkNet;
+use shoal_consensus::{Command, NodeId};
+use shoal_sdk::MemberState;
+use shoal_storage::manifest::Manifest;
+use shoal_storage::placement::place_replicas;
+use shoal_storage::replicate::{replicate_manifest, restore_from_replicas};
+use shoal_storage::ChunkId;
+use std::collections::BTreeSet;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TICK: Duration = Duration::from_secs(2);
+
+/// What a held manifest belongs to, and so how new holders are recorded.
+#[derive(Clone, Debug)]
+enum Owner {
+    Checkpoint { job: u64, step: u64, rank: u32 },
+    Object { path: String },
+}
+
+/// One manifest this node holds and should look after.
+struct HeldPart {
+    owner: Owner,
+    manifest: Vec<u8>,
+    holders: Vec<NodeId>,
+    /// Live holders wanted.
+    copies: usize,
+}
+
+/// What to do about one held part, decided from the ledger alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartPlan {
+    /// The live holders, in the ledger's order.
+    pub live: Vec<NodeId>,
+    /// The other live holders, to fetch missing chunks from.
+    pub fetch_from: Vec<NodeId>,
+    /// New holders to add (this node is the lowest live holder and fewer
+    /// than the wanted copies are alive); 0 when nothing is to be added.
+    pub add_holders: usize,
+}
+
+/// The plan for a part held by `me` with `holders`, `copies` wanted, when
+/// `alive` are the live members. Only the lowest-numbered live holder
+/// re-replicates, so two holders never both add copies.
+pub fn plan_part(
+    me: NodeId,
+    holders: &[NodeId],
+    copies: usize,
+    alive: &BTreeSet<NodeId>,
+) -> PartPlan {
+    let live: Vec<NodeId> = holders
+        .iter()
+        .copied()
+        .filter(|h| alive.contains(h))
+        .collect();
+    let responsible = live.iter().min() == Some(&me);
+    let wanted = copies.min(alive.len());
+    PartPlan {
+        fetch_from: live.iter().copied().filter(|h| *h != me).collect(),
+        add_holders: if responsible {
+            wanted.saturating_sub(live.len())
+        } else {
+            0
+        },
+        live,
+    }
+}
+
+/// The durability loop and its handles.
+pub struct Durability {
+    chunks: ChunkNet,
+    metrics: Arc<Metrics>,
+    tuning: StorageTuning,
+    last_scrub: Instant,
+    last_gc: Instant,
+}
+
+impl Durability {
+    pub fn new(chunks: ChunkNet, metrics: Arc<Metrics>, tuning: StorageTuning) -> Self {
+        Durability {
+            chunks,
+            metrics,
+            tuning,
+            last_scrub: Instant::now(),
+            last_gc: Instant::now(),
+        }
+    }
+}
+
+impl Worker for Durability {
+    fn period(&self) -> Duration {
+        TICK
+    }
+
+    async fn tick(&mut self) -> ControlFlow<()> {
+        let scrub_every = Duration::from_secs(self.tuning.scrub_interval_s.max(1));
+        if self.last_scrub.elapsed() >= scrub_every {
+            self.last_scrub = Instant::now();
+            let store = self.chunks.store().clone();
+            match tokio::task::spawn_blocking(move || store.scrub()).await {
+                Ok(Ok(report)) if !report.corrupt.is_empty() => tracing::warn!(
+                    corrupt = report.corrupt.len(),
+                    checked = report.checked,
+                    "scrub quarantined corrupt chunks; fetching good copies from other holders"
+                ),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "scrub failed"),
+                Err(e) => tracing::warn!(error = %e, "scrub task failed"),
+            }
+        }
+        if self.last_gc.elapsed() >= Duration::from_secs(self.tuning.gc_interval_s.max(1)) {
+            self.last_gc = Instant::now();
+            self.collect_garbage().await;
+        }
+        let (parts, alive) = match self.held_parts() {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(error = %e, "durability check skipped");
+                return ControlFlow::Continue(());
+            }
+        };
+        for part in parts {
+            self.look_after(part, &alive).await;
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+impl Durability {
+    /// Every chunk any manifest in the ledger references, on any node: a chunk
+    /// a node keeps beyond its own holdings is harmless, one deleted while
+    /// referenced is not.
+    fn referenced_chunks(&self) -> Result<BTreeSet<ChunkId>, String> {
+        let data = self.chunks.ledger().read().map_err(|e| e.message)?;
+        let manifests = data
+            .ledger
+            .workload
+            .checkpoints
+            .values()
+            .flatten()
+            .flat_map(|c| c.parts.values().map(|p| &p.manifest))
+            .chain(data.ledger.namespace.objects.values().map(|o| &o.manifest));
+        let mut live = BTreeSet::new();
+        for bytes in manifests {
+            let manifest = Manifest::from_bytes(bytes).map_err(|e| e.to_string())?;
+            live.extend(manifest.unique_chunks().iter().map(|c| c.id));
+        }
+        Ok(live)
+    }
+
+    async fn collect_garbage(&self) {
+        let live = match self.referenced_chunks() {
+            Ok(live) => live,
+            // An unreadable manifest means we cannot know what is referenced.
+            Err(e) => {
+                tracing::warn!(error = %e, "chunk garbage collection skipped");
+                return;
+            }
+        };
+        let store = self.chunks.store().clone();
+        let grace = Duration::from_secs(self.tuning.gc_grace_s);
+        match tokio::task::spawn_blocking(move || store.gc_older_than(&live, grace)).await {
+            Ok(Ok(report)) if report.deleted > 0 => {
+                self.metrics.chunks_collected.inc_by(report.deleted);
+                tracing::info!(
+                    deleted = report.deleted,
+                    bytes = report.bytes_freed,
+                    kept = report.kept,
+                    "deleted chunks nothing references any more"
+                )
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "chunk garbage collection failed"),
+            Err(e) => tracing::warn!(error = %e, "chunk garbage collection task failed"),
+        }
+    }
+
+    fn held_parts(&self) -> Result<(Vec<HeldPart>, BTreeSet<NodeId>), String> {
+        let data = self.chunks.ledger().read().map_err(|e| e.message)?;
+        let alive: BTreeSet<NodeId> = data
+            .ledger
+            .active_members()
+            .filter(|m| m.state == MemberState::Alive)
+            .map(|m| m.id)
+            .collect();
+        let mut out = Vec::new();
+        for (job, catalog) in &data.ledger.workload.checkpoints {
+            for ckpt in catalog.iter().filter(|c| c.committed_at_ms.is_some()) {
+                for (rank, part) in &ckpt.parts {
+                    if part.holders.contains(&self.chunks.ledger().me()) {
+                        out.push(HeldPart {
+                            owner: Owner::Checkpoint {
+                                job: *job,
+                                step: ckpt.step,
+                                rank: *rank,
+                            },
+                            manifest: part.manifest.clone(),
+                            holders: part.holders.clone(),
+                            // The source copy plus REPLICAS peers, as written.
+                            copies: REPLICAS + 1,
+                        });
+                    }
+                }
+            }
+        }
+        for object in data.ledger.namespace.objects.values() {
+            if object.holders.contains(&self.chunks.ledger().me()) {
+                out.push(HeldPart {
+                    owner: Owner::Object {
+                        path: object.path.clone(),
+                    },
+                    manifest: object.manifest.clone(),
+                    holders: object.holders.clone(),
+                    copies: object.replica as usize,
+                });
+            }
+        }
+        Ok((out, alive))
+    }
+
+    async fn look_after(&self, part: HeldPart, alive: &BTreeSet<NodeId>) {
+        let me = self.chunks.ledger().me();
+        let plan = plan_part(me, &part.holders, part.copies, alive);
+        let net = self.chunks.clone();
+        let handle = tokio::runtime::Handle::current();
+        let owner = part.owner.clone();
+        let key = match &owner {
+            Owner::Checkpoint { job, step, rank } => format!("{job}/{step}/{rank}"),
+            Owner::Object { path } => path.clone(),
+        };
+        let outcome =
+            tokio::task::spawn_blocking(move || -> Result<Option<Vec<NodeId>>, String> {
+                let manifest = Manifest::from_bytes(&part.manifest).map_err(|e| e.to_string())?;
+                let transport = net.transport(handle);
+                // Missing or quarantined chunks come back from the other holders.
+                restore_from_replicas(&manifest, &plan.fetch_from, &transport, net.store())
+                    .map_err(|e| format!("cannot complete the local copy: {e}"))?;
+                if plan.add_holders == 0 {
+                    return Ok(None);
+                }
+                let live = plan.live;
+                let candidates: Vec<_> = net
+                    .ledger()
+                    .read()
+                    .map_err(|e| e.message)?
+                    .ledger
+                    .active_members()
+                    .filter(|m| !live.contains(&m.id))
+                    .map(storage_node)
+                    .collect();
+                let targets = place_replicas(key.as_bytes(), &candidates, plan.add_holders);
+                if targets.is_empty() {
+                    return Ok(None);
+                }
+                let report = replicate_manifest(&manifest, net.store(), &targets, &transport, 1)
+                    .map_err(|e| e.to_string())?;
+                let mut holders = live;
+                holders.extend(report.complete_nodes());
+                Ok(Some(holders))
+            })
+            .await;
+        match outcome {
+            Ok(Ok(Some(holders))) => {
+                let cmd = match owner.clone() {
+                    Owner::Checkpoint { job, step, rank } => Command::SetCheckpointHolders {
+                        job,
+                        step,
+                        rank,
+                        holders: holders.clone(),
+                    },
+                    Owner::Object { path } => Command::SetObjectHolders {
+                        path,
+                        holders: holders.clone(),
+                    },
+                };
+                match self.chunks.ledger().write(cmd).await {
+                    Ok(_) => tracing::info!(?owner, ?holders, "re-replicated"),
+                    Err(e) => {
+                        tracing::warn!(?owner, error = %e.message, "could not record new holders")
+                    }
+                }
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => tracing::warn!(?owner, error = %e, "not repaired"),
+            Err(e) => tracing::warn!(?owner, error = %e, "repair task failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn set(ids: &[NodeId]) -> BTreeSet<NodeId> {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn the_lowest_live_holder_replaces_dead_ones() {
+        // Holders 2, 3, 5 of 4 wanted; 3 died: the lowest live holder adds two.
+        let alive = set(&[1, 2, 4, 5, 6]);
+        let plan = plan_part(2, &[2, 3, 5], 4, &alive);
+        assert_eq!(plan.fetch_from, vec![5]);
+        assert_eq!(plan.add_holders, 2);
+        // Another live holder only completes its own copy.
+        let plan = plan_part(5, &[2, 3, 5], 4, &alive);
+        assert_eq!(plan.fetch_from, vec![2]);
+        assert_eq!(plan.add_holders, 0);
+    }
+
+    #[test]
+    fn copies_are_capped_by_the_live_members() {
+        let alive = set(&[1, 2]);
+        assert_eq!(plan_part(1, &[1, 2], 4, &alive).add_holders, 0);
+        assert_eq!(plan_part(1, &[1], 4, &alive).add_holders, 1);
+    }
+
+    proptest! {
+        /// Whatever the holders and liveness: exactly one live holder (the
+        /// lowest) may add holders, nobody fetches from itself or from a
+        /// dead node, and the part never grows past the wanted copies.
+        #[test]
+        fn one_holder_adds_and_never_too_many(
+            holders in proptest::collection::btree_set(1u64..12, 1..6),
+            alive in proptest::collection::btree_set(1u64..12, 0..12),
+            copies in 1usize..6,
+        ) {
+            let holders: Vec<NodeId> = holders.into_iter().collect();
+            let adders: Vec<NodeId> = holders
+                .iter()
+                .copied()
+                .filter(|h| alive.contains(h))
+                .filter(|h| plan_part(*h, &holders, copies, &alive).add_holders > 0)
+                .collect();
+            prop_assert!(adders.len() <= 1);
+            for &me in holders.iter().filter(|h| alive.contains(h)) {
+                let plan = plan_part(me, &holders, copies, &alive);
+                prop_assert!(!plan.fetch_from.contains(&me));
+                prop_assert!(plan.fetch_from.iter().all(|h| alive.contains(h)));
+                prop_assert_eq!(plan.live.len(), plan.fetch_from.len() + 1);
+                let live = plan.live.len();
+                prop_assert!(live + plan.add_holders <= copies.max(live));
+                prop_assert!(live + plan.add_holders <= alive.len().max(live));
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The node's side of the gossip (libp2p, `shoal_mesh::gossip`): keeps the
+//! gossip membership in step with the ledger, publishes heartbeats and
+//! capacity adverts, and feeds what arrives into this node's
+//! [`PeerView`](crate::node::peers::PeerView).
+
+use super::Worker;
+use crate::gpu::Gpus;
+use crate::node::metrics::Metrics;
+use crate::node::peers::{Multiaddr, PeerId, SharedPeerView, HEARTBEAT_EVERY};
+use crate::node::{wall_ms, LedgerClient, LocalMember};
+use shoal_consensus::NodeId;
+use shoal_mesh::failure_detector::PeerState;
+use shoal_mesh::gossip::{CapacityAdvert, GossipEvent, GossipHandle};
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// How often a node re-publishes its capacity when nothing changed.
+const CAPACITY_EVERY: Duration = Duration::from_secs(1);
+const TICK: Duration = Duration::from_millis(100);
+
+/// The handles the gossip loops use.
+#[derive(Clone)]
+pub struct GossipParts {
+    pub local: LocalMember,
+    pub ledger: LedgerClient,
+    pub view: SharedPeerView,
+    pub metrics: Arc<Metrics>,
+    pub gpus: Gpus,
+}
+
+/// Runs the node's side of the gossip: member sync, heartbeats, adverts,
+/// event handling and the detector's clock.
+pub fn spawn(
+    parts: GossipParts,
+    handle: GossipHandle,
+    events: mpsc::Receiver<GossipEvent>,
+    shutdown: watch::Receiver<bool>,
+) {
+    tokio::spawn(handle_events(parts.clone(), events, shutdown.clone()));
+    super::spawn(Publisher::new(parts, handle), shutdown);
+}
+
+async fn handle_events(
+    parts: GossipParts,
+    mut events: mpsc::Receiver<GossipEvent>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let view = &parts.view;
+    loop {
+        let event = tokio::select! {
+            e = events.recv() => match e { Some(e) => e, None => return },
+            _ = shutdown.changed() => return,
+        };
+        let now = Instant::now();
+        let Ok(mut v) = view.lock() else { return };
+        match event {
+            GossipEvent::Heartbeat { from, node_id, .. } => {
+                if v.node_of(&from) == Some(node_id) {
+                    count_message(&parts.metrics, "heartbeat");
+                    v.heard(node_id, now);
+                }
+            }
+            GossipEvent::Capacity { from, advert } => {
+                if v.node_of(&from) == Some(advert.node_id) {
+                    count_message(&parts.metrics, "capacity");
+                    let delay_ms = wall_ms().saturating_sub(advert.sent_at_ms);
+                    parts
+                        .metrics
+                        .gossip_advert_delay
+                        .observe(delay_ms as f64 / 1000.0);
+                    let node = advert.node_id;
+                    v.capacity.apply(from, advert);
+                    v.heard(node, now);
+                }
+            }
+            GossipEvent::Rtt { peer, rtt } => {
+                let Some(node) = v.node_of(&peer) else {
+                    continue;
+                };
+                let extra = parts
+                    .ledger
+                    .name_of(node)
+                    .map(|name| v.injected_rtt_to(&name))
+                    .unwrap_or_default();
+                let Some(coord) = v.coordinate_of(node, u64::MAX) else {
+                    continue;
+                };
+                if let Err(e) = v.vivaldi.update(&node, &coord, rtt + extra) {
+                    tracing::debug!(node, error = %e, "ignored an RTT sample");
+                }
+            }
+            GossipEvent::Rejected { from, reason } => {
+                parts.metrics.gossip_rejected.inc();
+                tracing::warn!(peer = %from, %reason, "rejected a gossip message");
+            }
+            GossipEvent::PeerConnected { .. } | GossipEvent::PeerDisconnected { .. } => {}
+        }
+    }
+}
+
+/// Publishes heartbeats and capacity adverts and keeps the gossip
+/// membership and the detector's clock in step with the ledger.
+struct Publisher {
+    parts: GossipParts,
+    handle: GossipHandle,
+    heartbeat_seq: u64,
+    capacity_seq: u64,
+    last_heartbeat: Instant,
+    last_capacity: Option<(Instant, CapacityAdvert)>,
+    members_sent: BTreeMap<PeerId, Multiaddr>,
+}
+
+impl Publisher {
+    fn new(parts: GossipParts, handle: GossipHandle) -> Self {
+        Publisher {
+            parts,
+            handle,
+            // Receivers drop messages whose seq is not above the last one
+            // they saw from a node, so sequence numbers must keep growing
+            // across restarts: start from the wall clock in milliseconds
+            // (they advance by one per message, far slower than the clock).
+            heartbeat_seq: wall_ms(),
+            capacity_seq: wall_ms(),
+            last_heartbeat: Instant::now() - HEARTBEAT_EVERY,
+            last_capacity: None,
+            members_sent: BTreeMap::new(),
+        }
+    }
+
+    /// Members' gossip identities from the ledger (this node excluded).
+    fn gossip_members(&self) -> Vec<(NodeId, PeerId, Multiaddr)> {
+        let Ok(d) = self.parts.ledger.read() else {
+            return Vec::new();
+        };
+        d.ledger
+            .active_members()
+            .filter(|m| m.id != self.parts.local.id)
+            .filter_map(|m| {
+                let peer = m.spec.gossip_peer_id.parse().ok()?;
+                let addr = m.spec.gossip_addr.parse().ok()?;
+                Some((m.id, peer, addr))
+            })
+            .collect()
+    }
+}
+
+impl Worker for Publisher {
+    fn period(&self) -> Duration {
+        TICK
+    }
+
+    async fn stop(&mut self) {
+        let _ = self.handle.shutdown().await;
+    }
+
+    async fn tick(&mut self) -> ControlFlow<()> {
+        let parts = &self.parts;
+        let now = Instant::now();
+
+        // Members from the ledger.
+        let members = self.gossip_members();
+        if let Ok(mut v) = parts.view.lock() {
+            let ids: Vec<(NodeId, PeerId)> =
+                members.iter().map(|(id, peer, _)| (*id, *peer)).collect();
+            for t in v.tick(&ids, TICK, now) {
+                let to = match t.to {
+                    PeerState::Alive => "alive",
+                    PeerState::Suspect => "suspect",
+                    PeerState::Down => "down",
+                };
+                parts
+                    .metrics
+                    .fd_transitions
+                    .get_or_create(&vec![("to".into(), to.into())])
+                    .inc();
+                tracing::info!(node = t.peer, from = ?t.from, to = ?t.to, "peer state changed (local view)");
+            }
+        }
+        let traffic = self.handle.traffic();
+        for (direction, total) in [("in", traffic.bytes_in), ("out", traffic.bytes_out)] {
+            let counter = parts
+                .metrics
+                .gossip_bytes
+                .get_or_create(&vec![("direction".into(), direction.into())]);
+            let seen = counter.get();
+            if total > seen {
+                counter.inc_by(total - seen);
+            }
+        }
+        let wanted: BTreeMap<PeerId, Multiaddr> =
+            members.iter().map(|(_, p, a)| (*p, a.clone())).collect();
+        if wanted != self.members_sent && self.handle.set_members(wanted.clone()).await.is_ok() {
+            self.members_sent = wanted;
+        }
+
+        if now.duration_since(self.last_heartbeat) >= HEARTBEAT_EVERY {
+            self.heartbeat_seq += 1;
+            self.last_heartbeat = now;
+            if let Err(e) = self
+                .handle
+                .publish_heartbeat(parts.local.id, self.heartbeat_seq, wall_ms())
+                .await
+            {
+                tracing::trace!(error = %e, "heartbeat not published");
+            }
+        }
+
+        let mut advert = capacity_advert(&parts.local, &parts.ledger, &parts.gpus);
+        if let Ok(v) = parts.view.lock() {
+            advert.coordinate = bincode::serialize(v.vivaldi.coordinate()).ok();
+        }
+        let due = match &self.last_capacity {
+            None => true,
+            Some((at, prev)) => {
+                now.duration_since(*at) >= CAPACITY_EVERY
+                    || prev.gpus_free_by_model != advert.gpus_free_by_model
+                    || prev.healthy != advert.healthy
+                    || job_util_moved(&prev.job_util, &advert.job_util)
+            }
+        };
+        if due {
+            self.capacity_seq += 1;
+            advert.seq = self.capacity_seq;
+            advert.sent_at_ms = wall_ms();
+            if let Err(e) = self.handle.publish_capacity(&advert).await {
+                tracing::trace!(error = %e, "capacity advert not published");
+            }
+            self.last_capacity = Some((now, advert));
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+fn count_message(metrics: &Metrics, topic: &str) {
+    metrics
+        .gossip_messages
+        .get_or_create(&vec![("topic".into(), topic.into())])
+        .inc();
+}
+
+/// What this node offers right now, for its capacity advert.
+pub fn capacity_advert(local: &LocalMember, ledger: &LedgerClient, gpus: &Gpus) -> CapacityAdvert {
+    let (inventory, owners) = ledger
+        .read()
+        .ok()
+        .and_then(|d| {
+            let inventory = d.ledger.members.get(&local.id)?.spec.gpus.clone();
+            Some((inventory, crate::api::views::gpu_owners(&d.ledger)))
+        })
+        .unwrap_or_else(|| (local.spec.gpus.clone(), BTreeMap::new()));
+    let mut free: BTreeMap<String, u32> = BTreeMap::new();
+    for g in &inventory {
+        let e = free.entry(g.model.clone()).or_default();
+        if g.allocated_to.is_none() {
+            *e += 1;
+        }
+    }
+    let samples = gpus.latest();
+    let load = crate::gpu::mean_load(&samples);
+    CapacityAdvert {
+        node_id: local.id,
+        seq: 0,
+        gpus_free_by_model: free,
+        gpus_total: inventory.len() as u32,
+        healthy: true,
+        load,
+        job_util: crate::workers::anomaly::job_utilization(local.id, &samples, &owners),
+        coordinate: None,
+        sent_at_ms: 0,
+    }
+}
+
+/// Utilization change (percentage points) of a job's GPUs that is worth an
+/// advert before the periodic one: enough to show a straggler within a
+/// sampling period, not so little that noise floods the topic.
+const JOB_UTIL_STEP: f32 = 15.0;
+
+fn job_util_moved(before: &BTreeMap<u64, f32>, now: &BTreeMap<u64, f32>) -> bool {
+    before.len() != now.len()
+        || now.iter().any(|(job, u)| {
+            before
+                .get(job)
+                .is_none_or(|b| (b - u).abs() >= JOB_UTIL_STEP)
+        })
+}

@@ -1,0 +1,59 @@
+//! On restart the node may come back with other addresses, labels or
+//! accelerators; the ledger must describe it as it is now.
+
+use super::Worker;
+use crate::node::{LedgerClient, LocalMember};
+use shoal_consensus::{Command, MemberSpec};
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+/// Updates this node's member record once, when it differs from the node.
+pub struct MemberRecord {
+    pub local: LocalMember,
+    pub ledger: LedgerClient,
+}
+
+/// The record without what the ledger itself changes (GPU allocations).
+fn as_published(spec: &MemberSpec) -> MemberSpec {
+    let mut spec = spec.clone();
+    for g in &mut spec.gpus {
+        g.allocated_to = None;
+    }
+    spec
+}
+
+impl Worker for MemberRecord {
+    fn period(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+
+    async fn tick(&mut self) -> ControlFlow<()> {
+        let recorded = match self.ledger.read() {
+            Ok(d) => d.ledger.members.get(&self.local.id).map(|m| m.spec.clone()),
+            Err(_) => return ControlFlow::Break(()),
+        };
+        let Some(recorded) = recorded else {
+            return ControlFlow::Continue(());
+        };
+        if as_published(&recorded) == as_published(&self.local.spec) {
+            return ControlFlow::Break(());
+        }
+        let cmd = Command::UpdateMember {
+            id: self.local.id,
+            spec: self.local.spec.clone(),
+        };
+        match self.ledger.write(cmd).await {
+            Ok(_) => {
+                tracing::info!(
+                    node = self.local.id,
+                    "updated this node's record in the ledger"
+                );
+                ControlFlow::Break(())
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "could not update this node's record yet");
+                ControlFlow::Continue(())
+            }
+        }
+    }
+}
