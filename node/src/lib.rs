@@ -23,6 +23,7 @@ pub mod dev;
 pub mod durability;
 pub mod duration;
 pub mod executor;
+pub mod faults;
 pub mod gpu;
 pub mod identity;
 pub mod jobs_api;
