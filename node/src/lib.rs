@@ -20,7 +20,6 @@ pub mod bench;
 pub mod ckpt;
 pub mod cli;
 pub mod executor;
-pub mod faults;
 pub mod gpu;
 pub mod node;
 pub mod rpc;
