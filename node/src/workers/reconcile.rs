@@ -94,8 +94,109 @@ impl Worker for Housekeeping {
     }
 }
 
-/// What housekeeping needs of a member: id, state, RPC address, zone, rack.
-type MemberRow = (NodeId, MemberState, String, Option<String>, Option<String>);
+/// What housekeeping needs of a member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberRow {
+    pub id: NodeId,
+    pub state: MemberState,
+    pub rpc_addr: String,
+    pub zone: Option<String>,
+    pub rack: Option<String>,
+}
+
+/// The member states to commit: this node is alive (it is running this),
+/// every other member is what this node's detector says (alive when the
+/// detector does not know it yet).
+pub fn plan_liveness(
+    members: &[MemberRow],
+    me: NodeId,
+    detected: impl Fn(NodeId) -> Option<MemberState>,
+) -> Vec<(NodeId, MemberState)> {
+    members
+        .iter()
+        .filter_map(|m| {
+            let want = if m.id == me {
+                MemberState::Alive
+            } else {
+                detected(m.id).unwrap_or(MemberState::Alive)
+            };
+            (want != m.state).then_some((m.id, want))
+        })
+        .collect()
+}
+
+/// The Raft membership as housekeeping sees it.
+#[derive(Clone, Debug, Default)]
+pub struct RaftMembers {
+    pub voters: BTreeSet<NodeId>,
+    /// Voters and learners.
+    pub nodes: BTreeSet<NodeId>,
+}
+
+/// One membership change; housekeeping makes at most one per tick, so
+/// changes never overlap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MembershipStep {
+    /// Members that left are still in Raft: drop them (as voters first).
+    RemoveLeft {
+        voters: BTreeSet<NodeId>,
+        nodes: BTreeSet<NodeId>,
+    },
+    /// A member is not in Raft yet: add it as a learner.
+    AddLearner { id: NodeId, rpc_addr: String },
+    /// Converge the voters to the policy's choice.
+    ReplaceVoters(BTreeSet<NodeId>),
+}
+
+/// The next membership change, if any. `left` are the Raft nodes the ledger
+/// says left; `down_for` how long each member has been down (on this
+/// leader's watch). A voter counts as healthy until it has been down for
+/// `replace_after`; a learner only while alive.
+pub fn plan_membership(
+    members: &[MemberRow],
+    raft: &RaftMembers,
+    left: &BTreeSet<NodeId>,
+    down_for: impl Fn(NodeId) -> Option<Duration>,
+    replace_after: Duration,
+    me: NodeId,
+) -> Option<MembershipStep> {
+    if !left.is_empty() {
+        return Some(MembershipStep::RemoveLeft {
+            voters: left.intersection(&raft.voters).copied().collect(),
+            nodes: left.clone(),
+        });
+    }
+    if let Some(m) = members.iter().find(|m| !raft.nodes.contains(&m.id)) {
+        return Some(MembershipStep::AddLearner {
+            id: m.id,
+            rpc_addr: m.rpc_addr.clone(),
+        });
+    }
+    let candidates: Vec<VoterCandidate> = members
+        .iter()
+        .filter(|m| raft.nodes.contains(&m.id))
+        .map(|m| {
+            let is_voter = raft.voters.contains(&m.id);
+            let healthy = if m.id == me {
+                true
+            } else if is_voter {
+                down_for(m.id).is_none_or(|d| d < replace_after)
+            } else {
+                m.state == MemberState::Alive
+            };
+            VoterCandidate {
+                id: m.id,
+                zone: m.zone.clone(),
+                rack: m.rack.clone(),
+                healthy,
+                is_voter,
+            }
+        })
+        .collect();
+    choose_voters(&candidates, me)
+        .filter(|desired| *desired != raft.voters)
+        .map(MembershipStep::ReplaceVoters)
+}
 
 impl Housekeeping {
     async fn tick_as_leader(&self, v: &mut LeaderView, now: Instant) -> Result<(), String> {
@@ -104,47 +205,35 @@ impl Housekeeping {
             let d = self.ledger.read().map_err(|e| e.message)?;
             d.ledger
                 .active_members()
-                .map(|m| {
-                    (
-                        m.id,
-                        m.state,
-                        m.spec.rpc_addr.clone(),
-                        m.spec.labels.get("zone").cloned(),
-                        m.spec.labels.get("rack").cloned(),
-                    )
+                .map(|m| MemberRow {
+                    id: m.id,
+                    state: m.state,
+                    rpc_addr: m.spec.rpc_addr.clone(),
+                    zone: m.spec.labels.get("zone").cloned(),
+                    rack: m.spec.labels.get("rack").cloned(),
                 })
                 .collect()
         };
 
         // 1. Liveness, from this node's gossip-fed detector; the Raft acks the
         // leader sees count as signs of life too.
-        let mut desired_states = Vec::new();
-        {
+        let desired_states = {
             let mut peers = self.peers.lock().map_err(|_| "peer view lock poisoned")?;
-            for (id, state, ..) in &members {
-                if *id == me {
-                    if *state != MemberState::Alive {
-                        desired_states.push((*id, MemberState::Alive));
-                    }
-                    continue;
-                }
-                if let Some(t) = self.contacts.last_contact(*id) {
-                    if v.fed_until.get(id).is_none_or(|prev| t > *prev) {
-                        peers.heard(*id, t);
-                        v.fed_until.insert(*id, t);
+            for m in members.iter().filter(|m| m.id != me) {
+                if let Some(t) = self.contacts.last_contact(m.id) {
+                    if v.fed_until.get(&m.id).is_none_or(|prev| t > *prev) {
+                        peers.heard(m.id, t);
+                        v.fed_until.insert(m.id, t);
                     }
                 }
-                let want = peers.state(*id).unwrap_or(MemberState::Alive);
-                if want == MemberState::Down {
-                    v.down_since.entry(*id).or_insert(now);
+                if peers.state(m.id) == Some(MemberState::Down) {
+                    v.down_since.entry(m.id).or_insert(now);
                 } else {
-                    v.down_since.remove(id);
-                }
-                if want != *state {
-                    desired_states.push((*id, want));
+                    v.down_since.remove(&m.id);
                 }
             }
-        }
+            plan_liveness(&members, me, |id| peers.state(id))
+        };
         for (id, state) in desired_states {
             self.ledger
                 .write_local(Command::SetMemberState { id, state })
@@ -152,7 +241,8 @@ impl Housekeeping {
                 .map_err(|e| e.to_string())?;
         }
 
-        // 2. Every member is at least a learner, and nodes that left are gone.
+        // 2. Every member is at least a learner, nodes that left are gone,
+        // and 3. the voters follow the policy.
         let membership = self
             .ledger
             .raft_metrics()
@@ -160,71 +250,46 @@ impl Housekeeping {
             .membership_config
             .membership()
             .clone();
+        let raft = RaftMembers {
+            voters: membership.voter_ids().collect(),
+            nodes: membership.nodes().map(|(id, _)| *id).collect(),
+        };
         let left: BTreeSet<NodeId> = {
             let d = self.ledger.read().map_err(|e| e.message)?;
-            membership
-                .nodes()
-                .map(|(id, _)| *id)
+            raft.nodes
+                .iter()
+                .copied()
                 .filter(|id| d.ledger.members.get(id).map(|m| m.state) == Some(MemberState::Left))
                 .collect()
         };
-        if !left.is_empty() {
-            if left
-                .iter()
-                .any(|id| membership.voter_ids().any(|v| v == *id))
-            {
-                self.ledger
-                    .change_membership(ChangeMembers::RemoveVoters(left.clone()), false)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            self.ledger
-                .change_membership(ChangeMembers::RemoveNodes(left), false)
-                .await
-                .map_err(|e| e.to_string())?;
-            return Ok(());
-        }
-        for (id, _, addr, ..) in &members {
-            if membership.get_node(id).is_none() {
-                self.ledger
-                    .add_learner(*id, addr.clone())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                return Ok(());
-            }
-        }
-
-        // 3. Voters.
-        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-        let replace_after = self.replace_after;
-        let candidates: Vec<VoterCandidate> = members
-            .iter()
-            .filter(|(id, ..)| membership.get_node(id).is_some())
-            .map(|(id, state, _, zone, rack)| {
-                let is_voter = voters.contains(id);
-                let down_for = v
-                    .down_since
-                    .get(id)
-                    .map(|t| now.saturating_duration_since(*t));
-                let healthy = if *id == me {
-                    true
-                } else if is_voter {
-                    down_for.is_none_or(|d| d < replace_after)
-                } else {
-                    *state == MemberState::Alive
-                };
-                VoterCandidate {
-                    id: *id,
-                    zone: zone.clone(),
-                    rack: rack.clone(),
-                    healthy,
-                    is_voter,
+        let down_for = |id: NodeId| {
+            v.down_since
+                .get(&id)
+                .map(|t| now.saturating_duration_since(*t))
+        };
+        let step = plan_membership(&members, &raft, &left, down_for, self.replace_after, me);
+        match step {
+            None => {}
+            Some(MembershipStep::RemoveLeft { voters, nodes }) => {
+                if !voters.is_empty() {
+                    self.ledger
+                        .change_membership(ChangeMembers::RemoveVoters(nodes.clone()), false)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 }
-            })
-            .collect();
-        if let Some(desired) = choose_voters(&candidates, me) {
-            if desired != voters {
-                tracing::info!(from = ?voters, to = ?desired, "changing the voter set");
+                self.ledger
+                    .change_membership(ChangeMembers::RemoveNodes(nodes), false)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Some(MembershipStep::AddLearner { id, rpc_addr }) => {
+                self.ledger
+                    .add_learner(id, rpc_addr)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Some(MembershipStep::ReplaceVoters(desired)) => {
+                tracing::info!(from = ?raft.voters, to = ?desired, "changing the voter set");
                 self.ledger
                     .change_membership(ChangeMembers::ReplaceAllVoters(desired), true)
                     .await
@@ -232,5 +297,141 @@ impl Housekeeping {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn row(id: NodeId, state: MemberState, zone: &str) -> MemberRow {
+        MemberRow {
+            id,
+            state,
+            rpc_addr: format!("127.0.0.1:{}", 7000 + id),
+            zone: Some(zone.into()),
+            rack: None,
+        }
+    }
+
+    fn ids(v: &[NodeId]) -> BTreeSet<NodeId> {
+        v.iter().copied().collect()
+    }
+
+    const AFTER: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn liveness_follows_the_detector_and_the_leader_is_alive() {
+        let members = [
+            row(1, MemberState::Suspect, "a"),
+            row(2, MemberState::Alive, "b"),
+            row(3, MemberState::Alive, "c"),
+            row(4, MemberState::Down, "a"),
+        ];
+        let detected = |id| match id {
+            2 => Some(MemberState::Down),
+            3 => Some(MemberState::Alive),
+            _ => None,
+        };
+        assert_eq!(
+            plan_liveness(&members, 1, detected),
+            vec![
+                (1, MemberState::Alive),
+                (2, MemberState::Down),
+                (4, MemberState::Alive)
+            ]
+        );
+    }
+
+    #[test]
+    fn members_that_left_go_first_then_learners_then_voters() {
+        let members = [
+            row(1, MemberState::Alive, "a"),
+            row(2, MemberState::Alive, "b"),
+        ];
+        let raft = RaftMembers {
+            voters: ids(&[1, 3]),
+            nodes: ids(&[1, 3]),
+        };
+        assert_eq!(
+            plan_membership(&members, &raft, &ids(&[3]), |_| None, AFTER, 1),
+            Some(MembershipStep::RemoveLeft {
+                voters: ids(&[3]),
+                nodes: ids(&[3])
+            })
+        );
+        let raft = RaftMembers {
+            voters: ids(&[1]),
+            nodes: ids(&[1]),
+        };
+        assert_eq!(
+            plan_membership(&members, &raft, &BTreeSet::new(), |_| None, AFTER, 1),
+            Some(MembershipStep::AddLearner {
+                id: 2,
+                rpc_addr: "127.0.0.1:7002".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_down_voter_is_replaced_only_after_the_wait() {
+        let members = [
+            row(1, MemberState::Alive, "a"),
+            row(2, MemberState::Down, "b"),
+            row(3, MemberState::Alive, "c"),
+            row(4, MemberState::Alive, "d"),
+        ];
+        let raft = RaftMembers {
+            voters: ids(&[1, 2, 3]),
+            nodes: ids(&[1, 2, 3, 4]),
+        };
+        let none = BTreeSet::new();
+        let soon = |id| (id == 2).then_some(AFTER / 2);
+        assert_eq!(
+            plan_membership(&members, &raft, &none, soon, AFTER, 1),
+            None
+        );
+        let long = |id| (id == 2).then_some(AFTER);
+        assert_eq!(
+            plan_membership(&members, &raft, &none, long, AFTER, 1),
+            Some(MembershipStep::ReplaceVoters(ids(&[1, 3, 4])))
+        );
+    }
+
+    proptest! {
+        /// Whatever the cluster: a step never drops the leader from the
+        /// voters, never adds a member that left, and a healthy cluster
+        /// whose voters the policy accepts is left alone.
+        #[test]
+        fn steps_keep_the_leader_and_settle(
+            n in 1u64..8,
+            down in proptest::collection::btree_set(2u64..8, 0..4),
+            zones in proptest::collection::vec(0u8..3, 8),
+        ) {
+            let members: Vec<MemberRow> = (1..=n)
+                .map(|id| {
+                    let state = if down.contains(&id) { MemberState::Down } else { MemberState::Alive };
+                    row(id, state, &zones[id as usize % zones.len()].to_string())
+                })
+                .collect();
+            let all: BTreeSet<NodeId> = (1..=n).collect();
+            let mut raft = RaftMembers { voters: ids(&[1]), nodes: all.clone() };
+            let down_for = |id| down.contains(&id).then_some(AFTER * 2);
+            // Converges in a few steps, each keeping the leader a voter.
+            let mut steps = 0;
+            while let Some(step) = plan_membership(&members, &raft, &BTreeSet::new(), down_for, AFTER, 1) {
+                match step {
+                    MembershipStep::ReplaceVoters(v) => {
+                        prop_assert!(v.contains(&1));
+                        prop_assert!(v.iter().all(|id| all.contains(id)));
+                        raft.voters = v;
+                    }
+                    other => prop_assert!(false, "unexpected {other:?}"),
+                }
+                steps += 1;
+                prop_assert!(steps < 5, "did not settle");
+            }
+        }
     }
 }
