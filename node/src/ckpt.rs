@@ -211,15 +211,8 @@ mod tests {
     use crate::agent::testkit::LocalCluster;
     use std::time::Duration;
 
-    fn random_file(path: &Path, bytes: usize, mut state: u64) {
-        let data: Vec<u8> = (0..bytes)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect();
+    fn random_file(path: &Path, bytes: usize, seed: u64) {
+        let data = crate::bench::data::Xorshift::new(seed).bytes(bytes);
         std::fs::write(path, data).expect("write");
     }
 

@@ -8,15 +8,12 @@
 //! baseline is the floor of keeping three copies on one disk: three plain
 //! file copies with fsync.
 
+use super::data::{copy_files_fsync, write_files, DataSet};
 use crate::agent::testkit::LocalCluster;
 use serde::Serialize;
 use shoal_storage::manifest::{build_manifest, restore_manifest};
 use shoal_storage::replicate::restore_from_replicas_parallel;
-use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, Instant};
-
-const FILE_BYTES: u64 = 256 << 20;
 
 #[derive(Serialize, Debug)]
 pub struct CkptReport {
@@ -33,47 +30,6 @@ pub struct CkptReport {
     pub ratio_replicate_vs_3_cp: f64,
 }
 
-/// Deterministic incompressible bytes (xorshift), fast enough not to dominate.
-fn write_data(dir: &Path, bytes: u64) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut left = bytes;
-    let mut index = 0;
-    let mut buf = vec![0u8; 1 << 20];
-    while left > 0 {
-        let size = left.min(FILE_BYTES);
-        let mut file = std::fs::File::create(dir.join(format!("shard-{index:03}.bin")))?;
-        let mut written = 0;
-        while written < size {
-            for word in buf.chunks_exact_mut(8) {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                word.copy_from_slice(&state.to_le_bytes());
-            }
-            let n = (size - written).min(buf.len() as u64) as usize;
-            file.write_all(&buf[..n])?;
-            written += n as u64;
-        }
-        file.sync_all()?;
-        left -= size;
-        index += 1;
-    }
-    std::fs::write(dir.join(".done"), b"")?;
-    Ok(())
-}
-
-fn copy_tree_fsync(from: &Path, to: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let dest = to.join(entry.file_name());
-        std::fs::copy(entry.path(), &dest)?;
-        std::fs::File::open(&dest)?.sync_all()?;
-    }
-    Ok(())
-}
-
 pub async fn run(bytes: u64) -> anyhow::Result<CkptReport> {
     if bytes == 0 {
         anyhow::bail!("--size must be positive");
@@ -87,12 +43,21 @@ pub async fn run(bytes: u64) -> anyhow::Result<CkptReport> {
         .await
         .map_err(anyhow::Error::msg)?;
     let data = cluster.root().join("ckpt-data");
-    write_data(&data, bytes)?;
+    write_files(
+        &data,
+        bytes,
+        &DataSet {
+            prefix: "shard",
+            seed: 0x9E37_79B9_7F4A_7C15,
+            compressible: false,
+        },
+    )?;
+    std::fs::write(data.join(".done"), b"")?;
 
     // Baseline: three local copies, fsynced, on the same disk.
     let started = Instant::now();
     for i in 0..3 {
-        copy_tree_fsync(&data, &cluster.root().join(format!("cp-{i}")))?;
+        copy_files_fsync(&data, &cluster.root().join(format!("cp-{i}")))?;
     }
     let baseline = started.elapsed().as_secs_f64();
     for i in 0..3 {

@@ -3,10 +3,10 @@
 //! compressible data, a re-copy of unchanged data, and the baseline of N
 //! plain local copies (fsynced) of the same files on the same disk.
 
+use super::data::{copy_files_fsync, write_files, DataSet};
 use crate::agent::testkit::LocalCluster;
 use crate::cli::cp::{cp, CpArgs};
 use serde::Serialize;
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -21,54 +21,11 @@ pub struct CpBenchRow {
     pub ratio_vs_cp: f64,
 }
 
-const FILE_BYTES: u64 = 256 << 20;
-
-fn write_files(dir: &Path, bytes: u64, compressible: bool) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let mut state: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut left = bytes;
-    let mut index = 0;
-    let mut buf = vec![0u8; 1 << 20];
-    while left > 0 {
-        let size = left.min(FILE_BYTES);
-        let mut file = std::fs::File::create(dir.join(format!("part-{index:03}.bin")))?;
-        let mut written = 0;
-        while written < size {
-            for (i, word) in buf.chunks_exact_mut(8).enumerate() {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                // Compressible data: mostly a repeating pattern (like logs or
-                // sparse tensors), one random word in eight.
-                let value = if compressible && i % 8 != 0 {
-                    (i as u64) & 0xff
-                } else {
-                    state
-                };
-                word.copy_from_slice(&value.to_le_bytes());
-            }
-            let n = (size - written).min(buf.len() as u64) as usize;
-            file.write_all(&buf[..n])?;
-            written += n as u64;
-        }
-        file.sync_all()?;
-        left -= size;
-        index += 1;
-    }
-    Ok(())
-}
-
 fn copies_with_fsync(from: &Path, to: &Path, n: u32) -> anyhow::Result<f64> {
     let started = Instant::now();
     for i in 0..n {
         let dest = to.join(format!("copy-{i}"));
-        std::fs::create_dir_all(&dest)?;
-        for entry in std::fs::read_dir(from)? {
-            let entry = entry?;
-            let target = dest.join(entry.file_name());
-            std::fs::copy(entry.path(), &target)?;
-            std::fs::File::open(&target)?.sync_all()?;
-        }
+        copy_files_fsync(from, &dest)?;
     }
     let seconds = started.elapsed().as_secs_f64();
     std::fs::remove_dir_all(to)?;
@@ -88,7 +45,15 @@ pub async fn run(bytes: u64, replica: u32) -> anyhow::Result<Vec<CpBenchRow>> {
     let mut rows = Vec::new();
     for (label, compressible) in [("incompressible", false), ("compressible", true)] {
         let src = cluster.root().join(format!("src-{label}"));
-        write_files(&src, bytes, compressible)?;
+        write_files(
+            &src,
+            bytes,
+            &DataSet {
+                prefix: "part",
+                seed: 0x2545_F491_4F6C_DD1D,
+                compressible,
+            },
+        )?;
         let baseline = copies_with_fsync(&src, &cluster.root().join("baseline"), replica)?;
         let args = |force| CpArgs {
             replica,

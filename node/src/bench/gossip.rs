@@ -180,13 +180,10 @@ pub async fn run(args: &GossipBenchArgs) -> anyhow::Result<GossipReport> {
 
     let from = mark(&nodes);
     let mut seqs = vec![0u64; nodes.len()];
-    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut rng = super::data::Xorshift::new(0x2545_F491_4F6C_DD1D);
     let mut latencies = Vec::with_capacity(args.publications);
     for _ in 0..args.publications {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let publisher = (rng % nodes.len() as u64) as usize;
+        let publisher = (rng.next_u64() % nodes.len() as u64) as usize;
         seqs[publisher] += 1;
         let key = (publisher as u64, seqs[publisher]);
         let sent = Instant::now();

@@ -4,6 +4,7 @@
 pub mod anomaly;
 pub mod ckpt;
 pub mod cp;
+pub mod data;
 pub mod gossip;
 pub mod place;
 pub mod recovery;

@@ -137,11 +137,8 @@ fn coordinates(nodes: u64, rng: &mut ChaCha8Rng) -> CoordinateProximity {
 }
 
 fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)].as_secs_f64() * 1000.0
+    let ms: Vec<f64> = sorted.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    super::percentile(&ms, p)
 }
 
 /// `shared_index`: decide against one prebuilt index, as inside a

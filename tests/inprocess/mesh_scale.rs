@@ -2,26 +2,20 @@
 //! nodes learn a capacity change everywhere (within a second when the
 //! machine is quiet: `shoal bench gossip` measures it; the test's bound is
 //! what a loaded 2-core machine always meets), and ten nodes
-//! on a CPU-saturated machine never declare a live peer down. Their own test
-//! binary, so no other test competes for the cores while they measure.
+//! on a CPU-saturated machine never declare a live peer down. They hold the
+//! binary's one-at-a-time guard, so no other test competes for the cores
+//! while they measure.
 
-// See `SERIAL`: its guard is held across awaits on purpose.
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
 
 use shoal_node::agent::testkit::LocalCluster;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The two tests run one at a time: each needs the machine to itself apart
-/// from the load it adds on purpose. Every test has its own thread and
-/// runtime, so holding the guard across awaits only orders them.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+// Each test needs the machine to itself apart from the load it adds on
+// purpose: it holds the binary's shared guard, like every cluster test here.
+use crate::common::one_at_a_time;
 
 /// Waits until every node agrees on one leader.
 async fn stable_leader(c: &LocalCluster) {

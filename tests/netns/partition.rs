@@ -11,7 +11,7 @@
 //!
 //! Needs root, `ip` (iproute2) and python3; fails with the missing one named otherwise.
 
-mod common;
+use crate::common;
 
 use common::{shoal_bin, wait_for, NodeProc};
 use shoal_sdk::{Client, JobInfo, JobSubmitRequest};

@@ -4,7 +4,7 @@
 // See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
 
-mod common;
+use crate::common;
 
 use common::{wait_for, NodeProc};
 use shoal_sdk::{Client, MemberState};

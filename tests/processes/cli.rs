@@ -1,6 +1,9 @@
 //! The CLI contract of INTERFACE.md: JSON shapes, one-line errors, exit codes.
 
-mod common;
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
+use crate::common;
 
 use common::{shoal_bin, wait_for, NodeProc};
 use std::process::Command;
@@ -100,6 +103,7 @@ fn invalid_config_values_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_nodes_and_token_follow_the_interface() {
+    let _serial = common::one_at_a_time();
     let root = tempfile::tempdir().expect("tmp");
     let mut n1 = NodeProc::new(root.path(), "n1", &["zone=a", "rack=r1"]);
     n1.bootstrap();
@@ -273,6 +277,7 @@ fn sim_json_is_byte_identical_for_the_same_trace_and_seed() {
 /// NVML found and never claims the driver is missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_discovery_reports_the_gpus_nvml_finds_or_zero_once_without_a_driver() {
+    let _serial = common::one_at_a_time();
     let has_driver = std::path::Path::new("/dev/nvidiactl").exists();
     let root = tempfile::tempdir().expect("tmp");
     let mut n1 = NodeProc::new(root.path(), "n1", &[]);

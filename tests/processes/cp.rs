@@ -6,7 +6,7 @@
 // See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
 
-mod common;
+use crate::common;
 
 use common::{one_at_a_time, shoal_bin, start_cluster, wait_for};
 use std::path::Path;

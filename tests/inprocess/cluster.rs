@@ -5,7 +5,7 @@
 // See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
 
-mod common;
+use crate::common;
 
 use shoal_consensus::network::RaftRpc;
 use shoal_node::agent::testkit::{node_config, LocalCluster};

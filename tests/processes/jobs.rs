@@ -5,7 +5,7 @@
 // See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
 
-mod common;
+use crate::common;
 
 use common::{one_at_a_time, sh_job as request, shoal_bin, wait_converged, wait_for, NodeProc};
 use shoal_sdk::{Client, JobInfo, TenantRequest};

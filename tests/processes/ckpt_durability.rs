@@ -2,7 +2,10 @@
 //! corrupted replica is detected by the scrubber and repaired from a good
 //! copy; restores never return corrupt data.
 
-mod common;
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
+use crate::common;
 
 use common::{shoal_bin, start_cluster, wait_for};
 use shoal_sdk::{Client, JobSubmitRequest};
@@ -34,6 +37,7 @@ fn chunk_files(data_dir: &Path) -> Vec<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_holders_are_replaced_and_corrupt_replicas_repaired() {
+    let _serial = common::one_at_a_time();
     let root = tempfile::tempdir().expect("tempdir");
     let (mut nodes, token) = start_cluster(root.path(), &["n1", "n2", "n3", "n4", "n5"], |_| {
         vec![("SHOAL_STORAGE__SCRUB_INTERVAL_S".into(), "2".into())]

@@ -1,0 +1,10 @@
+//! In-process clusters: several agents in this process, over real QUIC,
+//! real TLS and real fsyncs on 127.0.0.1. Every test that starts a cluster
+//! holds `common::one_at_a_time`, so tests in this binary never compete for
+//! the cores.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cluster;
+mod mesh_scale;

@@ -1,0 +1,14 @@
+//! End to end on spawned `shoal` processes on loopback: the CLI contract,
+//! kill -9 and restarts, jobs and failover, `shoal cp`, checkpoint
+//! durability, metrics and events. Every test that starts an agent holds
+//! `common::one_at_a_time`, so agents of two tests never share the cores.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod ckpt_durability;
+mod cli;
+mod cluster;
+mod cp;
+mod jobs;
+mod metrics;
