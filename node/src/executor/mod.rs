@@ -13,6 +13,18 @@
 //! a rank its predecessor ran (and took down with it) and reports that rank
 //! lost instead of starting it again alone, so the gang restarts together
 //! under a new epoch.
+//!
+//! The decisions live in `plan.rs`, sans-IO and unit-tested: whether this node
+//! is self-fenced, which ranks to kill, stop, signal for a checkpoint or
+//! launch, which exits to record without a launch, which checkpoint step to
+//! hand to replication, and which waiting exits to report or forget. The loop
+//! here gathers what the plan needs (the ledger's assignments, the launch
+//! markers, the running ranks, the peer view, the clock), carries out the
+//! actions in the order the plan gives them, and keeps the I/O: spawning
+//! and signalling processes, restoring checkpoints, reaping, logs, metrics
+//! and ledger writes.
+
+mod plan;
 
 use crate::node::metrics::Metrics;
 use crate::node::peers::SharedPeerView;
@@ -21,10 +33,11 @@ use crate::rpc::chunks::ChunkNet;
 use crate::workers::anomaly::stall::StallWatch;
 use crate::workers::anomaly::EventLog;
 use crate::workers::Worker;
+use plan::{Action, KillWhy, NotLaunched};
 use shoal_consensus::events::{EventSpec, Severity};
 use shoal_consensus::workload::{Job, JobId, StopCause, SELF_FENCE_MS};
 use shoal_consensus::{Command, LedgerResponse, NodeId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -144,72 +157,95 @@ impl Worker for Executor {
                 return ControlFlow::Continue(());
             }
         };
-        let grace = host.stop_grace;
+        let now = Instant::now();
+        // What the plan decides from: the ledger's asks (and the launch
+        // markers of earlier agent runs), the ranks running here, the exits
+        // still to report.
+        let asks: BTreeMap<RankKey, plan::Assigned> = assigned
+            .iter()
+            .map(|(key, a)| {
+                let marker = launched_marker(&host.jobs_dir, key).exists();
+                (key.clone(), a.ask(marker))
+            })
+            .collect();
+        let running: BTreeMap<RankKey, plan::Running> = ranks
+            .iter()
+            .map(|(key, rank)| {
+                let seen = plan::Running {
+                    term_sent: rank.term_sent,
+                    last_usr1: rank.last_usr1,
+                };
+                (key.clone(), seen)
+            })
+            .collect();
+        let waiting: BTreeSet<RankKey> = exited.keys().cloned().collect();
         // Self-fencing: cut off from a majority of the voters, this node can
         // no longer learn that its jobs moved, so it stops them itself before
         // the cluster may start them elsewhere.
-        let fenced = !in_contact_with_voter_majority(host);
-        if fenced {
-            if !ranks.is_empty() {
-                tracing::warn!(
-                    ranks = ranks.len(),
-                    "no contact with a majority of the voters for {} ms; killing this node's ranks",
-                    SELF_FENCE_MS
-                );
-            }
-            for rank in ranks.values_mut() {
-                signal(&rank.child, libc::SIGKILL);
-            }
+        let fenced = self_fenced(host, now);
+        if fenced && !ranks.is_empty() {
+            tracing::warn!(
+                ranks = ranks.len(),
+                "no contact with a majority of the voters for {} ms; killing this node's ranks",
+                SELF_FENCE_MS
+            );
         }
-        // Fencing: anything not (or no longer) assigned to us dies now.
-        for (key, rank) in ranks.iter_mut() {
-            if !assigned.contains_key(key) {
-                tracing::info!(
-                    job = key.job,
-                    epoch = key.epoch,
-                    "the allocation moved on; killing the rank"
-                );
-                signal(&rank.child, libc::SIGKILL);
-            }
-        }
-        for (key, a) in &assigned {
-            if fenced || a.reported_exit || exited.contains_key(key) {
-                continue;
-            }
-            match ranks.get_mut(key) {
-                None if a.stop.is_some() => {
-                    // Asked to stop before we started it: report a clean stop.
-                    exited.insert(key.clone(), 0);
-                }
-                None if launched_marker(&host.jobs_dir, key).exists() => {
-                    report_lost(host, key);
-                    exited.insert(key.clone(), LOST_WITH_AGENT_EXIT);
-                }
-                None => match prepare_and_launch(host, key, a).await {
-                    Ok(rank) => {
-                        ranks.insert(key.clone(), rank);
+        let actions = plan::plan(&plan::Inputs {
+            assigned: &asks,
+            running: &running,
+            exited: &waiting,
+            fenced,
+            grace: host.stop_grace,
+            now,
+        });
+        for action in actions {
+            match action {
+                Action::Kill { key, why } => {
+                    if why == KillWhy::Moved {
+                        tracing::info!(
+                            job = key.job,
+                            epoch = key.epoch,
+                            "the allocation moved on; killing the rank"
+                        );
                     }
-                    Err(e) => {
-                        tracing::warn!(job = key.job, rank = key.rank, error = %e, "could not start the rank");
-                        host.metrics.count_rank_exit("launch_failed");
-                        exited.insert(key.clone(), 127);
+                    if let Some(rank) = ranks.get(&key) {
+                        signal(&rank.child, libc::SIGKILL);
                     }
-                },
-                Some(rank) => {
-                    if a.stop.is_some() && rank.term_sent.is_none() {
-                        tracing::info!(job = key.job, rank = key.rank, cause = ?a.stop, "stopping the rank (SIGTERM)");
+                }
+                Action::Term { key } => {
+                    if let Some(rank) = ranks.get_mut(&key) {
+                        let cause = assigned.get(&key).and_then(|a| a.stop);
+                        tracing::info!(job = key.job, rank = key.rank, cause = ?cause, "stopping the rank (SIGTERM)");
                         signal(&rank.child, libc::SIGTERM);
                         rank.term_sent = Some(Instant::now());
                     }
-                    if rank.term_sent.is_some_and(|t| t.elapsed() >= grace) {
-                        signal(&rank.child, libc::SIGKILL);
+                }
+                Action::Usr1 { key } => {
+                    if let Some(rank) = ranks.get_mut(&key) {
+                        signal(&rank.child, libc::SIGUSR1);
+                        rank.last_usr1 = Instant::now();
                     }
-                    if let Some(every) = a.ckpt_interval {
-                        if rank.term_sent.is_none() && rank.last_usr1.elapsed() >= every {
-                            signal(&rank.child, libc::SIGUSR1);
-                            rank.last_usr1 = Instant::now();
+                }
+                Action::Launch { key } => {
+                    let Some(a) = assigned.get(&key) else {
+                        continue;
+                    };
+                    match prepare_and_launch(host, &key, a).await {
+                        Ok(rank) => {
+                            ranks.insert(key, rank);
+                        }
+                        Err(e) => {
+                            tracing::warn!(job = key.job, rank = key.rank, error = %e, "could not start the rank");
+                            host.metrics.count_rank_exit("launch_failed");
+                            exited.insert(key, 127);
                         }
                     }
+                }
+                Action::ReportExit { key, why } => {
+                    if why == NotLaunched::LostWithAgent {
+                        report_lost(host, &key);
+                    }
+                    exited.insert(key, why.code());
                 }
             }
         }
@@ -223,18 +259,16 @@ impl Worker for Executor {
             {
                 settle_replication(rank).await;
             }
-            let Some(step) = latest_done_step(&rank.ckpt_dir) else {
+            let Some(step) = plan::checkpoint_to_hand_off(
+                latest_done_step(&rank.ckpt_dir),
+                rank.reported_step,
+                asks.contains_key(key),
+                rank.replicating.is_some(),
+                rank.retry_after,
+                Instant::now(),
+            ) else {
                 continue;
             };
-            if rank.reported_step.is_some_and(|s| step <= s) || !assigned.contains_key(key) {
-                continue;
-            }
-            if rank.replicating.is_some() {
-                continue; // one step at a time; the next tick takes the newest
-            }
-            if rank.retry_after.is_some_and(|t| Instant::now() < t) {
-                continue;
-            }
             rank.reported_step = Some(step);
             let host = host.clone();
             let key = key.clone();
@@ -278,40 +312,41 @@ impl Worker for Executor {
                 code,
                 "rank exited"
             );
+            let Some(mut rank) = ranks.remove(&key) else {
+                continue;
+            };
             // A final checkpoint written during the grace period still counts,
             // and must be recorded before the exit releases the allocation.
-            if let Some(mut rank) = ranks.remove(&key) {
-                settle_replication(&mut rank).await;
-                if let Some(step) = latest_done_step(&rank.ckpt_dir) {
-                    if rank.reported_step.is_none_or(|s| step > s) && assigned.contains_key(&key) {
-                        let dir = rank.ckpt_dir.join(step.to_string());
-                        record_checkpoint(host, &key, step, dir).await;
-                    }
-                }
+            settle_replication(&mut rank).await;
+            let after = plan::after_exit(
+                asks.contains_key(&key),
+                latest_done_step(&rank.ckpt_dir),
+                rank.reported_step,
+            );
+            if let Some(step) = after.record_step {
+                let dir = rank.ckpt_dir.join(step.to_string());
+                record_checkpoint(host, &key, step, dir).await;
             }
-            if assigned.contains_key(&key) {
+            if after.queue_exit {
                 exited.insert(key, code);
             }
         }
         // Report exits; keep retrying until the ledger has them or the
         // allocation is gone.
-        let mut reported = Vec::new();
-        for (key, code) in exited.iter() {
-            if !assigned.contains_key(key) || assigned[key].reported_exit {
-                reported.push(key.clone());
-                continue;
-            }
+        let exits = plan::exit_reports(exited, &asks);
+        let mut reported = exits.forget;
+        for (key, code) in exits.report {
             let cmd = Command::RankExited {
                 job: key.job,
                 epoch: key.epoch,
                 rank: key.rank,
-                exit_code: *code,
+                exit_code: code,
             };
             match host.ledger.write(cmd).await {
                 Ok((LedgerResponse::Ok, _)) | Ok((LedgerResponse::Rejected(_), _)) => {
-                    reported.push(key.clone())
+                    reported.push(key)
                 }
-                Ok(_) => reported.push(key.clone()),
+                Ok(_) => reported.push(key),
                 Err(e) => {
                     tracing::debug!(job = key.job, error = %e.message, "could not report a rank exit yet")
                 }
@@ -342,28 +377,22 @@ fn report_stall(host: &RankHost, key: &RankKey, silent: Duration) {
     host.events.record(spec);
 }
 
-/// Whether this node heard from a majority of the Raft voters (itself
-/// included) within the last `SELF_FENCE_MS`.
-fn in_contact_with_voter_majority(host: &RankHost) -> bool {
-    let voters: Vec<NodeId> = host.ledger.voters().into_iter().collect();
-    if voters.is_empty() {
-        return true;
-    }
+/// Whether this node is cut off from a majority of the Raft voters (itself
+/// included) for `SELF_FENCE_MS` (the rule: [`plan::fenced`]).
+fn self_fenced(host: &RankHost, now: Instant) -> bool {
+    let voters = host.ledger.voters();
     let window = Duration::from_millis(SELF_FENCE_MS);
-    let heard = match host.peers.lock() {
-        Ok(view) => voters
-            .iter()
-            .filter(|v| {
-                **v == host.local.id
-                    || view
-                        .last_heard
-                        .get(v)
-                        .is_some_and(|t| t.elapsed() <= window)
-            })
-            .count(),
-        Err(_) => 0,
-    };
-    heard * 2 > voters.len()
+    match host.peers.lock() {
+        Ok(view) => plan::fenced(
+            &voters,
+            host.local.id,
+            |v| view.last_heard.get(&v).copied(),
+            now,
+            window,
+        ),
+        // A poisoned view: as if nothing was heard, not even this node.
+        Err(_) => !voters.is_empty(),
+    }
 }
 
 /// A rank of a job the ledger has placed on this node.
@@ -377,10 +406,24 @@ struct Assignment {
     restore: Option<shoal_consensus::workload::Checkpoint>,
 }
 
-fn assignments(host: &RankHost) -> Result<HashMap<RankKey, Assignment>, String> {
+impl Assignment {
+    /// What the plan needs of it; `launch_marker`: a previous run of this
+    /// agent launched the rank.
+    fn ask(&self, launch_marker: bool) -> plan::Assigned {
+        plan::Assigned {
+            stop: self.stop.is_some(),
+            reported_exit: self.reported_exit,
+            ckpt_interval: self.ckpt_interval,
+            launch_marker,
+        }
+    }
+}
+
+/// The ranks the ledger assigns to this node, in key order.
+fn assignments(host: &RankHost) -> Result<BTreeMap<RankKey, Assignment>, String> {
     let data = host.ledger.read().map_err(|e| e.message)?;
     let workload = &data.ledger.workload;
-    let mut out = HashMap::new();
+    let mut out = BTreeMap::new();
     for (job, alloc) in workload.holding() {
         let Some(rank) = alloc.rank_of(host.local.id) else {
             continue;
