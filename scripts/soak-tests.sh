@@ -13,7 +13,7 @@
 #             second build would
 #   -o DIR    keep every run's output under DIR (default: a temp dir)
 #   PATTERN   only binaries whose name matches one of these shell patterns
-#             (e.g. shoal_node, cluster_inprocess, '*processes')
+#             (e.g. shoal_node, inprocess, processes, 'shoal_*')
 #
 # Binaries run exactly as `cargo test` runs them: from their package's
 # directory, tests of one binary in parallel threads. Exit status is 0 only
