@@ -121,8 +121,11 @@ pub struct RankHost {
 pub struct Executor {
     host: RankHost,
     ranks: BTreeMap<RankKey, RunningRank>,
-    /// Exits waiting to be committed, so a rank is never started twice.
+    /// Exits waiting until this node's ledger has them, so a rank is never
+    /// started twice.
     exited: BTreeMap<RankKey, i32>,
+    /// Of those, the ones the leader has applied.
+    sent: BTreeSet<RankKey>,
 }
 
 impl Executor {
@@ -131,6 +134,7 @@ impl Executor {
             host,
             ranks: BTreeMap::new(),
             exited: BTreeMap::new(),
+            sent: BTreeSet::new(),
         }
     }
 }
@@ -333,8 +337,7 @@ impl Worker for Executor {
         }
         // Report exits; keep retrying until the ledger has them or the
         // allocation is gone.
-        let exits = plan::exit_reports(exited, &asks);
-        let mut reported = exits.forget;
+        let exits = plan::exit_reports(exited, &self.sent, &asks);
         for (key, code) in exits.report {
             let cmd = Command::RankExited {
                 job: key.job,
@@ -343,17 +346,17 @@ impl Worker for Executor {
                 exit_code: code,
             };
             match host.ledger.write(cmd).await {
-                Ok((LedgerResponse::Ok, _)) | Ok((LedgerResponse::Rejected(_), _)) => {
-                    reported.push(key)
+                Ok(_) => {
+                    self.sent.insert(key);
                 }
-                Ok(_) => reported.push(key),
                 Err(e) => {
                     tracing::debug!(job = key.job, error = %e.message, "could not report a rank exit yet")
                 }
             }
         }
-        for key in reported {
+        for key in exits.forget {
             exited.remove(&key);
+            self.sent.remove(&key);
         }
         ControlFlow::Continue(())
     }

@@ -243,8 +243,12 @@ pub(super) fn after_exit(
 }
 
 /// The waiting exits, split into those to report, in key order, and those
-/// to forget without a report: the allocation is gone or the ledger already
-/// has the exit.
+/// to forget: the allocation is gone or this node's ledger has the exit.
+/// An exit already `sent` (the leader applied it) is neither sent again nor
+/// forgotten until this node's ledger shows it: a follower's ledger may lag
+/// the leader's, and forgetting the exit earlier would let the next tick
+/// take the rank for one that died with a previous agent (its launch marker
+/// is there) and report it lost.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct ExitReports {
     pub report: Vec<(RankKey, i32)>,
@@ -253,12 +257,17 @@ pub(super) struct ExitReports {
 
 pub(super) fn exit_reports(
     exited: &BTreeMap<RankKey, i32>,
+    sent: &BTreeSet<RankKey>,
     assigned: &BTreeMap<RankKey, Assigned>,
 ) -> ExitReports {
     let mut out = ExitReports::default();
     for (key, code) in exited {
         match assigned.get(key) {
-            Some(a) if !a.reported_exit => out.report.push((key.clone(), *code)),
+            Some(a) if !a.reported_exit => {
+                if !sent.contains(key) {
+                    out.report.push((key.clone(), *code));
+                }
+            }
             _ => out.forget.push(key.clone()),
         }
     }
@@ -756,11 +765,57 @@ mod tests {
         .into();
         let exited: BTreeMap<_, _> = [(key(1, 1), 0), (key(1, 0), 3), (key(2, 0), 137)].into();
         assert_eq!(
-            exit_reports(&exited, &assigned),
+            exit_reports(&exited, &BTreeSet::new(), &assigned),
             ExitReports {
                 report: vec![(key(1, 0), 3)],
                 forget: vec![key(1, 1), key(2, 0)],
             }
+        );
+    }
+
+    /// A follower's ledger may not show an exit the leader has applied: the
+    /// exit stays waiting (so the rank is neither launched again nor taken
+    /// for one lost with a previous agent) without being sent twice, and is
+    /// forgotten once this node's ledger has it.
+    #[test]
+    fn a_sent_exit_waits_for_this_nodes_ledger_without_being_sent_again() {
+        let lagging: BTreeMap<_, _> = [(
+            key(1, 0),
+            Assigned {
+                launch_marker: true,
+                ..Assigned::default()
+            },
+        )]
+        .into();
+        let exited: BTreeMap<_, _> = [(key(1, 0), 0)].into();
+        let sent: BTreeSet<_> = [key(1, 0)].into();
+        assert_eq!(
+            exit_reports(&exited, &sent, &lagging),
+            ExitReports::default()
+        );
+        let waiting: BTreeSet<_> = exited.keys().cloned().collect();
+        let running = BTreeMap::new();
+        let actions = plan(&Inputs {
+            assigned: &lagging,
+            running: &running,
+            exited: &waiting,
+            fenced: false,
+            grace: GRACE,
+            now: base(),
+        });
+        assert!(actions.is_empty(), "{actions:?}");
+        let caught_up: BTreeMap<_, _> = [(
+            key(1, 0),
+            Assigned {
+                reported_exit: true,
+                launch_marker: true,
+                ..Assigned::default()
+            },
+        )]
+        .into();
+        assert_eq!(
+            exit_reports(&exited, &sent, &caught_up).forget,
+            vec![key(1, 0)]
         );
     }
 
