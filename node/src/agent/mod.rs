@@ -6,9 +6,9 @@ pub mod join;
 pub mod testkit;
 
 use crate::executor::{Executor, RankHost};
-use crate::gpu::Gpus;
 use crate::node::client::LeaderService;
 use crate::node::config::Config;
+use crate::node::gpu::Gpus;
 use crate::node::identity::{self, Identity, RuntimeInfo};
 use crate::node::metrics::Metrics;
 use crate::node::{auth, LedgerClient, LocalMember, Node, NodeParts};
@@ -131,8 +131,8 @@ impl Agent {
         identity::ensure_data_dir(&data_dir)
             .map_err(|e| io(&format!("cannot create data dir {}", data_dir.display()), e))?;
         let name = cfg.node_name();
-        let gpu_source =
-            crate::gpu::discover(cfg.sim_gpus.as_deref(), &name).map_err(AgentError::Config)?;
+        let gpu_source = crate::node::gpu::discover(cfg.sim_gpus.as_deref(), &name)
+            .map_err(AgentError::Config)?;
         let gpus = gpu_source
             .as_ref()
             .map(|g| g.inventory())

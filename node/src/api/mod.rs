@@ -585,7 +585,7 @@ async fn gpu_fault(
     State(app): State<AppState>,
     Json(req): Json<shoal_sdk::GpuFaultRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let fault = crate::gpu::sim::SimFault::parse(&req.fault).map_err(bad_request)?;
+    let fault = crate::node::gpu::sim::SimFault::parse(&req.fault).map_err(bad_request)?;
     let injector = app
         .gpus()
         .fault_injector()

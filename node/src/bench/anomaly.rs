@@ -8,7 +8,7 @@
 
 use crate::agent::testkit::LocalCluster;
 use crate::bench::percentile;
-use crate::gpu::GpuSource;
+use crate::node::gpu::GpuSource;
 use crate::workers::anomaly::detect;
 use serde::Serialize;
 use shoal_sdk::{Client, EventInfo, JobSubmitRequest};
@@ -370,9 +370,9 @@ async fn stalls(
 /// CPU time of one sampler tick on eight simulated GPUs: sample + compare.
 fn sampler_cost() -> anyhow::Result<f64> {
     let inventory =
-        crate::gpu::parse_sim_gpus("8xH100-80GB", "bench").map_err(anyhow::Error::msg)?;
+        crate::node::gpu::parse_sim_gpus("8xH100-80GB", "bench").map_err(anyhow::Error::msg)?;
     let indices: Vec<u32> = inventory.iter().map(|g| g.index).collect();
-    let mut gpus = crate::gpu::sim::SimGpus::new(inventory, "bench");
+    let mut gpus = crate::node::gpu::sim::SimGpus::new(inventory, "bench");
     gpus.set_busy(&indices.iter().copied().collect());
     let holders = BTreeMap::new();
     let mut previous = gpus.sample();

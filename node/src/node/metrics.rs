@@ -161,7 +161,11 @@ impl DcgmSeries {
     /// Replaces every series with the latest samples. `labels_of` gives the
     /// identifying labels of a GPU index (gpu, UUID, device, modelName,
     /// Hostname, shoal_job).
-    pub fn update(&self, samples: &[crate::gpu::GpuSample], labels_of: impl Fn(u32) -> Labels) {
+    pub fn update(
+        &self,
+        samples: &[crate::node::gpu::GpuSample],
+        labels_of: impl Fn(u32) -> Labels,
+    ) {
         for family in [
             &self.gpu_util,
             &self.fb_used,

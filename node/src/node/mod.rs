@@ -10,6 +10,7 @@ pub mod batcher;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod gpu;
 pub mod identity;
 pub mod metrics;
 pub mod peers;
@@ -18,9 +19,9 @@ pub mod procstat;
 pub use client::LedgerClient;
 pub use clock::wall_ms;
 
-use crate::gpu::Gpus;
 use crate::rpc::chunks::ChunkNet;
 use config::Config;
+use gpu::Gpus;
 use metrics::Metrics;
 use peers::SharedPeerView;
 use shoal_consensus::network::ContactTracker;

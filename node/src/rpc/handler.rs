@@ -5,7 +5,7 @@
 use super::chunks::ChunkNet;
 use super::proto::{self, ErrorCode, JoinRequest, Request, Response, WireError};
 use crate::api::views::{self, Seen};
-use crate::gpu::Gpus;
+use crate::node::gpu::Gpus;
 use crate::node::peers::SharedPeerView;
 use crate::node::{auth, client::LeaderService, LedgerClient};
 use futures::future::BoxFuture;

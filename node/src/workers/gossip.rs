@@ -4,7 +4,7 @@
 //! [`PeerView`](crate::node::peers::PeerView).
 
 use super::Worker;
-use crate::gpu::Gpus;
+use crate::node::gpu::Gpus;
 use crate::node::metrics::Metrics;
 use crate::node::peers::{Multiaddr, PeerId, SharedPeerView, HEARTBEAT_EVERY};
 use crate::node::{wall_ms, LedgerClient, LocalMember};
@@ -259,7 +259,7 @@ pub fn capacity_advert(local: &LocalMember, ledger: &LedgerClient, gpus: &Gpus) 
         }
     }
     let samples = gpus.latest();
-    let load = crate::gpu::mean_load(&samples);
+    let load = crate::node::gpu::mean_load(&samples);
     CapacityAdvert {
         node_id: local.id,
         seq: 0,

@@ -13,8 +13,8 @@ pub mod straggler;
 pub mod webhook;
 
 use super::Worker;
-use crate::gpu::{GpuSample, Gpus};
 use crate::node::config::AnomalyTuning;
+use crate::node::gpu::{GpuSample, Gpus};
 use crate::node::metrics::Metrics;
 use crate::node::peers::SharedPeerView;
 use crate::node::{LedgerClient, LocalMember};

@@ -209,7 +209,7 @@ mod tests {
 
     #[test]
     fn simulated_metrics_move_and_faults_show() {
-        let inv = crate::gpu::parse_sim_gpus("4xH100-80GB", "n1").expect("spec");
+        let inv = crate::node::gpu::parse_sim_gpus("4xH100-80GB", "n1").expect("spec");
         let mut g = SimGpus::new(inv, "n1");
         let inj = g.injector();
         let first = g.sample();
@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn held_gpus_work_hard_and_a_slow_one_falls_behind() {
-        let inv = crate::gpu::parse_sim_gpus("3xH100-80GB", "n1").expect("spec");
+        let inv = crate::node::gpu::parse_sim_gpus("3xH100-80GB", "n1").expect("spec");
         let mut g = SimGpus::new(inv, "n1");
         g.set_busy(&BTreeSet::from([0, 1]));
         g.injector().inject(1, SimFault::Slow);
@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn the_same_node_name_gives_the_same_series() {
-        let inv = crate::gpu::parse_sim_gpus("2xL4", "n1").expect("spec");
+        let inv = crate::node::gpu::parse_sim_gpus("2xL4", "n1").expect("spec");
         let mut a = SimGpus::new(inv.clone(), "n1");
         let mut b = SimGpus::new(inv, "n1");
         for _ in 0..10 {

@@ -1,0 +1,281 @@
+//! The crate's module graph as a test: which module names which (through
+//! `crate::` and `super::` paths, outside `#[cfg(test)]` modules), and that
+//! the graph has no cycle — no module reaches up into one that depends on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+type ModPath = Vec<String>;
+
+/// Every module of the crate under `src`, by path, with its source.
+fn modules(src: &Path) -> BTreeMap<ModPath, String> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+                continue;
+            }
+            let Ok(rel) = path.strip_prefix(src) else {
+                continue;
+            };
+            let mut parts: ModPath = rel
+                .with_extension("")
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if matches!(
+                parts.last().map(String::as_str),
+                Some("mod" | "lib" | "main")
+            ) {
+                parts.pop();
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            // Test modules may reach anywhere; the architecture is the rest.
+            let code = match text.find("#[cfg(test)]\nmod ") {
+                Some(at) => text[..at].to_string(),
+                None => text,
+            };
+            out.insert(parts, code);
+        }
+    }
+    out
+}
+
+/// The `::`-separated identifiers starting at `text`.
+fn path_at(text: &str) -> ModPath {
+    let mut out = Vec::new();
+    let mut rest = text;
+    loop {
+        let len = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        if len == 0 {
+            break;
+        }
+        out.push(rest[..len].to_string());
+        rest = &rest[len..];
+        match rest.strip_prefix("::") {
+            Some(r) => rest = r,
+            None => break,
+        }
+    }
+    out
+}
+
+/// Every path a module names below the crate root, resolved to absolute.
+fn referenced_paths(module: &[String], code: &str) -> Vec<ModPath> {
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("crate::") {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &code[at + "crate::".len()..];
+        let path = path_at(rest);
+        // `use crate::a::{b, c::D}`: one path per item.
+        let after = &rest[path
+            .iter()
+            .map(|p| p.len() + 2)
+            .sum::<usize>()
+            .min(rest.len())..];
+        if let (Some(group), true) = (after.strip_prefix('{'), rest.contains('{')) {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                let item = path_at(item.trim());
+                if !item.is_empty() && item[0] != "self" {
+                    out.push(path.iter().cloned().chain(item).collect());
+                }
+            }
+        }
+        out.push(path);
+    }
+    for (at, _) in code.match_indices("super::") {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let path = path_at(&code[at..]);
+        let ups = path.iter().take_while(|p| *p == "super").count();
+        if ups > module.len() {
+            continue;
+        }
+        let base = &module[..module.len() - ups];
+        out.push(
+            base.iter()
+                .cloned()
+                .chain(path[ups..].iter().cloned())
+                .collect(),
+        );
+    }
+    out
+}
+
+/// Module → the modules it names (the longest prefix of each named path
+/// that is a module, following `pub use` re-exports).
+fn graph(src: &Path) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
+    let mods = modules(src);
+    let resolve = |path: &[String]| -> ModPath {
+        (0..=path.len())
+            .rev()
+            .map(|n| path[..n].to_vec())
+            .find(|p| mods.contains_key(p))
+            .unwrap_or_default()
+    };
+    let mut reexports: BTreeMap<(ModPath, String), ModPath> = BTreeMap::new();
+    for (module, code) in &mods {
+        for (at, _) in code.match_indices("pub use ") {
+            let path = path_at(&code[at + "pub use ".len()..]);
+            let Some((name, base)) = path.split_last() else {
+                continue;
+            };
+            let absolute: ModPath = match base.first().map(String::as_str) {
+                Some("crate") => base[1..].to_vec(),
+                _ => module.iter().chain(base).cloned().collect(),
+            };
+            reexports.insert((module.clone(), name.clone()), resolve(&absolute));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (module, code) in &mods {
+        let mut deps = BTreeSet::new();
+        for path in referenced_paths(module, code) {
+            let mut target = resolve(&path);
+            if let Some(next) = path.get(target.len()) {
+                if let Some(defined) = reexports.get(&(target.clone(), next.clone())) {
+                    target = defined.clone();
+                }
+            }
+            // A module may name itself and its ancestors (re-exports, docs).
+            if !target.is_empty() && !module.starts_with(&target) {
+                deps.insert(target);
+            }
+        }
+        out.insert(module.clone(), deps);
+    }
+    out
+}
+
+/// The strongly connected components with more than one module.
+fn cycles(graph: &BTreeMap<ModPath, BTreeSet<ModPath>>) -> Vec<Vec<ModPath>> {
+    // Kosaraju: order by finish time, then walk the reversed graph.
+    fn finish(
+        v: &ModPath,
+        g: &BTreeMap<ModPath, BTreeSet<ModPath>>,
+        seen: &mut BTreeSet<ModPath>,
+        order: &mut Vec<ModPath>,
+    ) {
+        if !seen.insert(v.clone()) {
+            return;
+        }
+        for w in g.get(v).into_iter().flatten() {
+            finish(w, g, seen, order);
+        }
+        order.push(v.clone());
+    }
+    let mut seen = BTreeSet::new();
+    let mut order = Vec::new();
+    for v in graph.keys() {
+        finish(v, graph, &mut seen, &mut order);
+    }
+    let mut reversed: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
+    for (v, ws) in graph {
+        for w in ws {
+            reversed.entry(w.clone()).or_default().insert(v.clone());
+        }
+    }
+    let mut assigned = BTreeSet::new();
+    let mut out = Vec::new();
+    for v in order.iter().rev() {
+        if assigned.contains(v) {
+            continue;
+        }
+        let mut component = Vec::new();
+        let mut stack = vec![v.clone()];
+        while let Some(x) = stack.pop() {
+            if !assigned.insert(x.clone()) {
+                continue;
+            }
+            component.push(x.clone());
+            stack.extend(reversed.get(&x).into_iter().flatten().cloned());
+        }
+        if component.len() > 1 {
+            component.sort();
+            out.push(component);
+        }
+    }
+    out
+}
+
+fn name(path: &[String]) -> String {
+    if path.is_empty() {
+        "crate".into()
+    } else {
+        path.join("::")
+    }
+}
+
+#[test]
+fn no_module_reaches_up_into_one_that_depends_on_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let g = graph(&src);
+    assert!(
+        g.len() > 20,
+        "found only {} modules under {}",
+        g.len(),
+        src.display()
+    );
+    let found = cycles(&g);
+    let shown: Vec<String> = found
+        .iter()
+        .map(|c| c.iter().map(|m| name(m)).collect::<Vec<_>>().join(" <-> "))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "import cycles among node/ modules:\n{}",
+        shown.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_sees_a_cycle_and_a_re_export() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |rel: &str, text: &str| {
+        let path = dir.path().join(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    };
+    write("lib.rs", "pub mod a;\npub mod b;\npub mod c;\n");
+    write("a/mod.rs", "pub mod inner;\npub use inner::Thing;\n");
+    write("a/inner.rs", "use crate::b::helper;\n");
+    write("b.rs", "use crate::{c::Other, a::Thing};\n");
+    write("c.rs", "#[cfg(test)]\nmod tests { use crate::b; }\n");
+    let g = graph(dir.path());
+    let m = |s: &str| -> ModPath { s.split("::").map(String::from).collect() };
+    assert_eq!(g[&m("b")], [m("a::inner"), m("c")].into());
+    assert!(g[&m("c")].is_empty(), "test modules do not count");
+    assert_eq!(cycles(&g), vec![vec![m("a::inner"), m("b")]]);
+}
+
+#[test]
+fn src_has_at_most_a_dozen_top_level_entries() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let entries: Vec<String> = std::fs::read_dir(&src)
+        .expect("src")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        entries.len() <= 12,
+        "{} entries in node/src: {entries:?}",
+        entries.len()
+    );
+}
