@@ -34,7 +34,6 @@ pub mod proto;
 pub mod reconcile;
 pub mod scheduler;
 pub mod scrape;
-pub mod sim;
 pub mod slurm;
 pub mod transport;
 

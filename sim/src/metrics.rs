@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sim::engine::{policy_name, SimConfig};
+use crate::engine::{policy_name, SimConfig};
 
 /// Points in [`SimReport::utilization_series`].
 pub const UTILIZATION_BUCKETS: usize = 200;

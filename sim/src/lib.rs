@@ -12,6 +12,11 @@
 //! Everything is deterministic for a given trace and seed: events are ordered
 //! by (time, kind, index), randomness comes from seeded ChaCha streams, and
 //! no hash-ordered collection reaches an output.
+//!
+//! Of Shoal's crates it needs only the scheduler and ledger
+//! (`shoal-consensus`) and the API types (`shoal-sdk`). The `shoal sim`
+//! subcommand (`shoal-node`) is a front end to [`run::execute`];
+//! `examples/sim_speed.rs` measures replay speed.
 
 pub mod engine;
 mod ledger_driver;

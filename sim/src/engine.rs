@@ -78,9 +78,9 @@ use shoal_consensus::sched::{
 
 use shoal_consensus::workload::REPLACE_AFTER_NODE_LOSS_MS;
 
-use crate::sim::ledger_driver::{CommittedPass, LedgerCluster};
-use crate::sim::metrics::{self, Accounting, JobOutcome, RunSegment, SimReport};
-use crate::sim::trace::{GangShape, TraceJob};
+use crate::ledger_driver::{CommittedPass, LedgerCluster};
+use crate::metrics::{self, Accounting, JobOutcome, RunSegment, SimReport};
+use crate::trace::{GangShape, TraceJob};
 
 /// How long a failed node stays out of service.
 pub const NODE_REPAIR_S: u64 = 2 * 3600;
@@ -1351,7 +1351,7 @@ fn gpu_count(len: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::synthetic::synthetic_trace_for;
+    use crate::synthetic::synthetic_trace_for;
 
     /// The cached passes must decide exactly what full reads decide: the
     /// engine tells the cache which nodes changed, and a node it forgot
