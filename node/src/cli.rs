@@ -776,7 +776,7 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
 
 fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
     use shoal_sim::run::{execute, summary_table, CliOptions};
-    use shoal_sim::{parse_policy, SimConfig};
+    use shoal_sim::{Policy, SimConfig};
     let secs = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<u64>> {
         v.as_deref()
             .map(|s| {
@@ -789,12 +789,8 @@ fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
     let policies = args
         .policy
         .split(',')
-        .map(|p| {
-            parse_policy(p.trim()).ok_or_else(|| {
-                anyhow::anyhow!("unknown policy '{p}': use fifo, hdrf or hdrf-preempt")
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .map(|p| p.trim().parse())
+        .collect::<Result<Vec<Policy>, _>>()?;
     if args.nodes == 0 || args.gpus_per_node == 0 {
         anyhow::bail!("--nodes and --gpus-per-node must be positive");
     }

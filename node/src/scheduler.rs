@@ -4,7 +4,7 @@
 //! lost its term while planning cannot double-book anything.
 
 use crate::agent::{wall_ms, Inner};
-use shoal_consensus::sched::{schedule, Policy, Proximity};
+use shoal_consensus::sched::{schedule, Proximity};
 use shoal_consensus::workload::{SchedSnapshot, STOP_DEADLINE_MS};
 use shoal_consensus::{Command, LedgerResponse, NodeId};
 use shoal_mesh::vivaldi::{estimate_rtt, Coordinate};
@@ -12,17 +12,6 @@ use std::collections::HashMap;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-pub fn parse_policy(name: &str) -> Result<Policy, String> {
-    match name {
-        "fifo" => Ok(Policy::Fifo),
-        "hdrf" => Ok(Policy::Hdrf),
-        "hdrf-preempt" => Ok(Policy::HdrfPreempt),
-        other => Err(format!(
-            "scheduler.policy must be fifo, hdrf or hdrf-preempt, not '{other}'"
-        )),
-    }
-}
 
 /// Network distance from the members' Vivaldi coordinates; nodes without a
 /// coordinate yet fall back to the scheduler's label estimate.
@@ -73,7 +62,7 @@ pub async fn run(inner: Weak<Inner>, mut shutdown: watch::Receiver<bool>) {
 
 /// One pass; public so that benchmarks can drive passes back to back.
 pub async fn pass(inner: &Inner) -> Result<PassOutcome, crate::proto::WireError> {
-    let policy = parse_policy(&inner.cfg.scheduler.policy).unwrap_or(Policy::HdrfPreempt);
+    let policy = inner.cfg.scheduler.policy;
     let now_ms = wall_ms();
     let (plan, overdue) = {
         let data = inner.read_ledger()?;

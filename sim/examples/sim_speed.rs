@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use shoal_sim::{parse_driver, parse_policy, run, synthetic_trace, Driver, SimConfig};
+use shoal_sim::{parse_driver, run, synthetic_trace, Driver, Policy, SimConfig};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -21,9 +21,12 @@ fn main() {
         .unwrap_or(Driver::Direct);
     let trace = synthetic_trace(jobs, 42);
     for name in policies {
-        let Some(policy) = parse_policy(&name) else {
-            eprintln!("unknown policy {name}");
-            continue;
+        let policy: Policy = match name.parse() {
+            Ok(policy) => policy,
+            Err(error) => {
+                eprintln!("{error}");
+                continue;
+            }
         };
         let config = SimConfig {
             driver,

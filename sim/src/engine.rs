@@ -169,25 +169,6 @@ impl SimConfig {
     }
 }
 
-/// The name used on the command line and in reports.
-pub fn policy_name(policy: Policy) -> &'static str {
-    match policy {
-        Policy::Fifo => "fifo",
-        Policy::Hdrf => "hdrf",
-        Policy::HdrfPreempt => "hdrf-preempt",
-    }
-}
-
-/// Inverse of [`policy_name`].
-pub fn parse_policy(name: &str) -> Option<Policy> {
-    match name {
-        "fifo" => Some(Policy::Fifo),
-        "hdrf" => Some(Policy::Hdrf),
-        "hdrf-preempt" => Some(Policy::HdrfPreempt),
-        _ => None,
-    }
-}
-
 /// Replays `trace` on the cluster described by `cfg`.
 pub fn run(trace: &[TraceJob], cfg: &SimConfig) -> SimReport {
     run_with(trace, cfg, PassInput::Cached)

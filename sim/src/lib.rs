@@ -26,10 +26,11 @@ pub mod run;
 pub mod synthetic;
 pub mod trace;
 
-pub use engine::{
-    driver_name, parse_driver, parse_policy, policy_name, run, Driver, SimConfig, NODE_REPAIR_S,
-};
+pub use engine::{driver_name, parse_driver, run, Driver, SimConfig, NODE_REPAIR_S};
 pub use metrics::{JobOutcome, RunSegment, SimReport, TenantReport};
 pub use plot::{write_svg, PlotError};
+/// The scheduler's policy, as [`SimConfig::policy`] takes it; its names
+/// (`fifo`, `hdrf`, `hdrf-preempt`) are what reports and `--policy` use.
+pub use shoal_consensus::sched::Policy;
 pub use synthetic::{synthetic_trace, synthetic_trace_for};
 pub use trace::{load_trace, parse_traces, GangShape, Trace, TraceError, TraceFormat, TraceJob};

@@ -19,9 +19,9 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use shoal_consensus::sched::Policy;
+use shoal_consensus::sched::{Policy, UnknownPolicy};
 
-use crate::engine::{parse_driver, parse_policy, run, SimConfig};
+use crate::engine::{parse_driver, run, SimConfig};
 use crate::metrics::SimReport;
 use crate::plot::{write_svg, PlotError};
 use crate::trace::{load_trace, Trace, TraceError, TraceFormat};
@@ -86,11 +86,9 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<CliOptions,
                 policies = value()?
                     .split(',')
                     .map(|name| {
-                        parse_policy(name.trim()).ok_or_else(|| {
-                            CliError::Usage(format!(
-                                "unknown policy `{name}` (fifo|hdrf|hdrf-preempt)"
-                            ))
-                        })
+                        name.trim()
+                            .parse()
+                            .map_err(|error: UnknownPolicy| CliError::Usage(error.to_string()))
                     })
                     .collect::<Result<_, _>>()?
             }
