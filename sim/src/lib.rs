@@ -1,10 +1,11 @@
 //! Trace-replay simulator for Shoal's gang scheduler.
 //!
-//! [`run`] replays a job trace ([`trace`]) on a simulated cluster
-//! ([`SimConfig`]) with a discrete-event engine ([`engine`]) that calls the
-//! very scheduler the live cluster uses, [`shoal_consensus::sched::schedule`], at every
-//! instant something happens, and summarises the replay as a [`SimReport`]
-//! ([`metrics`]); [`plot::write_svg`] charts several reports side by side.
+//! [`run()`] replays a job trace ([`trace`]) on a simulated cluster
+//! ([`SimConfig`], [`config`]) with a discrete-event engine ([`engine`]) that
+//! calls the very scheduler the live cluster uses,
+//! [`shoal_consensus::sched::schedule`], at every instant something happens,
+//! and summarises the replay as a [`SimReport`] ([`metrics`]);
+//! [`plot::write_svg`] charts several reports side by side.
 //! With [`Driver::Ledger`] the jobs, tenants and allocations live in a real
 //! consensus `Ledger` instead, and every pass and every change is the ledger
 //! command the live cluster would commit (`ledger_driver`).
@@ -18,6 +19,7 @@
 //! subcommand (`shoal-node`) is a front end to [`run::execute`];
 //! `examples/sim_speed.rs` measures replay speed.
 
+pub mod config;
 pub mod engine;
 mod ledger_driver;
 pub mod metrics;
@@ -26,7 +28,8 @@ pub mod run;
 pub mod synthetic;
 pub mod trace;
 
-pub use engine::{driver_name, parse_driver, run, Driver, SimConfig, NODE_REPAIR_S};
+pub use config::{driver_name, parse_driver, Driver, SimConfig};
+pub use engine::{run, NODE_REPAIR_S};
 pub use metrics::{JobOutcome, RunSegment, SimReport, TenantReport};
 pub use plot::{write_svg, PlotError};
 /// The scheduler's policy, as [`SimConfig::policy`] takes it; its names

@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::SimConfig;
+use crate::config::SimConfig;
 
 /// Points in [`SimReport::utilization_series`].
 pub const UTILIZATION_BUCKETS: usize = 200;

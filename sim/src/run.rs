@@ -21,7 +21,8 @@ use thiserror::Error;
 
 use shoal_consensus::sched::{Policy, UnknownPolicy};
 
-use crate::engine::{parse_driver, run, SimConfig};
+use crate::config::{parse_driver, SimConfig};
+use crate::engine::run;
 use crate::metrics::SimReport;
 use crate::plot::{write_svg, PlotError};
 use crate::trace::{load_trace, Trace, TraceError, TraceFormat};
