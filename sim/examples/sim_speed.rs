@@ -1,7 +1,8 @@
-//! Replay speed on a synthetic trace: `cargo run --release -j 1 -p shoal-sim
-//! --example sim_speed [-- JOBS NODES POLICY DRIVER]` (default 100,000 jobs, 1,000 nodes
-//! of 8 GPUs, all three policies, the direct driver; `ledger` for the other). Prints jobs per second and how much of the
-//! wall time was spent inside the scheduler.
+//! Replay speed on a synthetic trace:
+//! `cargo run --release -j 1 -p shoal-sim --example sim_speed [-- JOBS NODES POLICY DRIVER]`
+//! (default 100,000 jobs, 1,000 nodes of 8 GPUs, all three policies, the
+//! direct driver; `ledger` for the other). Prints jobs per second and how
+//! much of the wall time was spent inside the scheduler.
 
 use std::time::Instant;
 
