@@ -21,7 +21,6 @@ pub mod cli;
 pub mod executor;
 pub mod node;
 pub mod rpc;
-pub mod sim;
 pub mod workers;
 
 #[cfg(test)]

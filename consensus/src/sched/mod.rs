@@ -61,6 +61,7 @@ mod tests;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -74,11 +75,77 @@ pub use placement::{place_gang, Placer, Unplaceable, UnplaceableKind};
 pub use proximity::{MatrixProximity, Proximity, TopologyProximity};
 
 /// How a pass picks and starts jobs; see the module documentation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Named `fifo`, `hdrf` and `hdrf-preempt` wherever a person writes or reads
+/// one (configuration, command line, reports): [`FromStr`](std::str::FromStr)
+/// parses those names, [`Display`](fmt::Display) prints them, and serde
+/// (de)serializes a policy as its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
     Fifo,
     Hdrf,
     HdrfPreempt,
+}
+
+impl Policy {
+    /// Every policy, in the order the names are listed.
+    pub const ALL: [Policy; 3] = [Policy::Fifo, Policy::Hdrf, Policy::HdrfPreempt];
+
+    /// The policy's name: `fifo`, `hdrf` or `hdrf-preempt`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Policy::Fifo => "fifo",
+            Policy::Hdrf => "hdrf",
+            Policy::HdrfPreempt => "hdrf-preempt",
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// A name that is not one of [`Policy`]'s.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownPolicy(pub String);
+
+impl fmt::Display for UnknownPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown policy '{}': use fifo, hdrf or hdrf-preempt",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownPolicy {}
+
+impl std::str::FromStr for Policy {
+    type Err = UnknownPolicy;
+
+    /// Exactly the names [`Policy::name`] gives; no trimming, no case folding.
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Policy::ALL
+            .into_iter()
+            .find(|policy| policy.name() == name)
+            .ok_or_else(|| UnknownPolicy(name.to_string()))
+    }
+}
+
+impl Serialize for Policy {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Policy {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// A job holding GPUs right now.

@@ -619,3 +619,41 @@ fn plans_are_deterministic() {
     assert_eq!(first, second);
     assert_eq!(first.placements.len(), 6);
 }
+
+#[test]
+fn policies_parse_print_and_serialize_by_name() {
+    use serde::de::value::{Error as ValueError, StrDeserializer};
+    let names = ["fifo", "hdrf", "hdrf-preempt"];
+    for (policy, name) in Policy::ALL.into_iter().zip(names) {
+        assert_eq!(policy.name(), name);
+        assert_eq!(policy.to_string(), name);
+        assert_eq!(name.parse::<Policy>(), Ok(policy));
+        // Serialized as the name (bincode writes a string as its bytes), and
+        // read back from it.
+        assert_eq!(
+            bincode::serialize(&policy).expect("serialize"),
+            bincode::serialize(name).expect("serialize")
+        );
+        let read = Policy::deserialize(StrDeserializer::<ValueError>::new(name));
+        assert_eq!(read.expect("deserialize"), policy);
+    }
+    assert_eq!(format!("{:<14}|", Policy::Hdrf), "hdrf          |");
+    for bad in [
+        "lifo",
+        "HDRF",
+        "Hdrf",
+        "HdrfPreempt",
+        " fifo",
+        "hdrf_preempt",
+        "",
+    ] {
+        let err = bad.parse::<Policy>().expect_err(bad);
+        assert_eq!(err, UnknownPolicy(bad.to_string()));
+        assert_eq!(
+            err.to_string(),
+            format!("unknown policy '{bad}': use fifo, hdrf or hdrf-preempt")
+        );
+        let read = Policy::deserialize(StrDeserializer::<ValueError>::new(bad));
+        assert_eq!(read.expect_err(bad).to_string(), err.to_string());
+    }
+}

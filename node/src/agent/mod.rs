@@ -27,7 +27,6 @@ use crate::workers::scheduler::Scheduler;
 use join::join_cluster;
 use openraft::{BasicNode, SnapshotPolicy};
 use shoal_consensus::network::{ContactTracker, NetworkFactory};
-use shoal_consensus::sched::Policy;
 use shoal_consensus::store::{open_db, LedgerHandle, LogStore, StateMachineStore};
 use shoal_consensus::types::Raft;
 use shoal_consensus::{Command, LedgerResponse, MemberSpec, NodeId};
@@ -484,8 +483,7 @@ fn spawn_workers(
             ledger: ledger.clone(),
             peers: node.peers().clone(),
             metrics: node.metrics().clone(),
-            policy: workers::scheduler::parse_policy(&cfg.scheduler.policy)
-                .unwrap_or(Policy::HdrfPreempt),
+            policy: cfg.scheduler.policy,
             period: Duration::from_millis(cfg.scheduler.interval_ms.max(1)),
         },
         node.shutdown_signal(),

@@ -783,8 +783,8 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
 }
 
 fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
-    use crate::sim::run::{execute, summary_table, CliOptions};
-    use crate::sim::{parse_policy, SimConfig};
+    use shoal_sim::run::{execute, summary_table, CliOptions};
+    use shoal_sim::{Policy, SimConfig};
     let secs = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<u64>> {
         v.as_deref()
             .map(|s| {
@@ -797,12 +797,8 @@ fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
     let policies = args
         .policy
         .split(',')
-        .map(|p| {
-            parse_policy(p.trim()).ok_or_else(|| {
-                anyhow::anyhow!("unknown policy '{p}': use fifo, hdrf or hdrf-preempt")
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .map(|p| p.trim().parse())
+        .collect::<Result<Vec<Policy>, _>>()?;
     if args.nodes == 0 || args.gpus_per_node == 0 {
         anyhow::bail!("--nodes and --gpus-per-node must be positive");
     }
@@ -817,7 +813,7 @@ fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
     config.fail_mtbf_s = secs("--fail-mtbf", &args.fail_mtbf)?;
     config.ckpt_interval_s = secs("--ckpt-interval", &args.ckpt_interval)?;
     if let Some(name) = &args.driver {
-        config.driver = crate::sim::parse_driver(name)
+        config.driver = shoal_sim::parse_driver(name)
             .ok_or_else(|| anyhow::anyhow!("unknown driver '{name}': use direct or ledger"))?;
     }
     let options = CliOptions {

@@ -3,6 +3,7 @@
 //! Every key is documented in configs/node.example.toml.
 
 use serde::{Deserialize, Serialize};
+use shoal_consensus::sched::Policy;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -67,16 +68,29 @@ pub struct MembershipTuning {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct SchedulerTuning {
-    /// `fifo`, `hdrf` or `hdrf-preempt`.
-    pub policy: String,
+    /// `fifo`, `hdrf` or `hdrf-preempt`; any other name fails when the
+    /// configuration is read.
+    #[serde(deserialize_with = "policy_by_name")]
+    pub policy: Policy,
     /// Pause between scheduling passes on the leader.
     pub interval_ms: u64,
+}
+
+/// `scheduler.policy` by name; an unknown name fails the load with a message
+/// that names the key, as `validate`'s checks do.
+fn policy_by_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Policy, D::Error> {
+    let name = String::deserialize(deserializer)?;
+    name.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "scheduler.policy must be fifo, hdrf or hdrf-preempt, not '{name}'"
+        ))
+    })
 }
 
 impl Default for SchedulerTuning {
     fn default() -> Self {
         SchedulerTuning {
-            policy: "hdrf-preempt".into(),
+            policy: Policy::HdrfPreempt,
             interval_ms: 100,
         }
     }
@@ -350,7 +364,6 @@ impl Config {
         if let Some(n) = &self.name {
             shoal_consensus::ledger::validate_name(n)?;
         }
-        crate::workers::scheduler::parse_policy(&self.scheduler.policy)?;
         if self.scheduler.interval_ms == 0 {
             return Err("scheduler.interval_ms must be positive".into());
         }
@@ -464,6 +477,19 @@ mod tests {
         let env = BTreeMap::from([("SHOAL_RAFT__HEARTBEAT_MS".to_string(), "900".to_string())]);
         let err = Config::load(None, &env).expect_err("bad timing");
         assert!(err.contains("heartbeat"), "{err}");
+    }
+
+    #[test]
+    fn the_scheduler_policy_is_checked_when_read() {
+        let var =
+            |v: &str| BTreeMap::from([("SHOAL_SCHEDULER__POLICY".to_string(), v.to_string())]);
+        let c = Config::load(None, &var("fifo")).expect("valid");
+        assert_eq!(c.scheduler.policy, Policy::Fifo);
+        let err = Config::load(None, &var("lifo")).expect_err("unknown policy");
+        assert_eq!(
+            err,
+            "invalid configuration: scheduler.policy must be fifo, hdrf or hdrf-preempt, not 'lifo'"
+        );
     }
 
     #[test]

@@ -17,17 +17,6 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub fn parse_policy(name: &str) -> Result<Policy, String> {
-    match name {
-        "fifo" => Ok(Policy::Fifo),
-        "hdrf" => Ok(Policy::Hdrf),
-        "hdrf-preempt" => Ok(Policy::HdrfPreempt),
-        other => Err(format!(
-            "scheduler.policy must be fifo, hdrf or hdrf-preempt, not '{other}'"
-        )),
-    }
-}
-
 /// Network distance from the members' Vivaldi coordinates; nodes without a
 /// coordinate yet fall back to the scheduler's label estimate.
 pub struct VivaldiProximity {

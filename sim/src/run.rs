@@ -1,5 +1,7 @@
-//! Command-line front end, kept here so that the future `shoal sim`
-//! subcommand and `examples/replay.rs` share it.
+//! Command-line front end. The `shoal sim` subcommand fills in
+//! [`CliOptions`] from its own flags and calls [`execute`] and
+//! [`summary_table`]; [`parse_args`] reads the same options from a plain
+//! argument list, for a front end without a flag parser of its own:
 //!
 //! ```text
 //! replay --trace PATH [--format auto|philly|alibaba|simple]
@@ -17,12 +19,13 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use shoal_consensus::sched::Policy;
+use shoal_consensus::sched::{Policy, UnknownPolicy};
 
-use crate::sim::engine::{parse_driver, parse_policy, run, SimConfig};
-use crate::sim::metrics::SimReport;
-use crate::sim::plot::{write_svg, PlotError};
-use crate::sim::trace::{load_trace, Trace, TraceError, TraceFormat};
+use crate::config::{parse_driver, SimConfig};
+use crate::engine::run;
+use crate::metrics::SimReport;
+use crate::plot::{write_svg, PlotError};
+use crate::trace::{load_trace, Trace, TraceError, TraceFormat};
 
 /// Parsed command line.
 #[derive(Clone, Debug, PartialEq)]
@@ -84,11 +87,9 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<CliOptions,
                 policies = value()?
                     .split(',')
                     .map(|name| {
-                        parse_policy(name.trim()).ok_or_else(|| {
-                            CliError::Usage(format!(
-                                "unknown policy `{name}` (fifo|hdrf|hdrf-preempt)"
-                            ))
-                        })
+                        name.trim()
+                            .parse()
+                            .map_err(|error: UnknownPolicy| CliError::Usage(error.to_string()))
                     })
                     .collect::<Result<_, _>>()?
             }

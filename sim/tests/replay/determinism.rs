@@ -2,7 +2,7 @@
 //! random parts (failures, FIFO's random placement) switched on.
 
 use shoal_consensus::sched::Policy;
-use shoal_node::sim::{run, synthetic_trace_for, SimConfig};
+use shoal_sim::{run, synthetic_trace_for, SimConfig};
 
 fn config(policy: Policy, seed: u64) -> SimConfig {
     SimConfig {

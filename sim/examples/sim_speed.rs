@@ -1,11 +1,12 @@
-//! Replay speed on a synthetic trace: `cargo run --release -j 1 --example
-//! sim_speed [-- JOBS NODES POLICY DRIVER]` (default 100,000 jobs, 1,000 nodes
-//! of 8 GPUs, all three policies, the direct driver; `ledger` for the other). Prints jobs per second and how much of the
-//! wall time was spent inside the scheduler.
+//! Replay speed on a synthetic trace:
+//! `cargo run --release -j 1 -p shoal-sim --example sim_speed [-- JOBS NODES POLICY DRIVER]`
+//! (default 100,000 jobs, 1,000 nodes of 8 GPUs, all three policies, the
+//! direct driver; `ledger` for the other). Prints jobs per second and how
+//! much of the wall time was spent inside the scheduler.
 
 use std::time::Instant;
 
-use shoal_node::sim::{parse_driver, parse_policy, run, synthetic_trace, Driver, SimConfig};
+use shoal_sim::{parse_driver, run, synthetic_trace, Driver, Policy, SimConfig};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -21,9 +22,12 @@ fn main() {
         .unwrap_or(Driver::Direct);
     let trace = synthetic_trace(jobs, 42);
     for name in policies {
-        let Some(policy) = parse_policy(&name) else {
-            eprintln!("unknown policy {name}");
-            continue;
+        let policy: Policy = match name.parse() {
+            Ok(policy) => policy,
+            Err(error) => {
+                eprintln!("{error}");
+                continue;
+            }
         };
         let config = SimConfig {
             driver,

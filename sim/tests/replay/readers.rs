@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use shoal_node::sim::{load_trace, parse_traces, TraceError, TraceFormat};
+use shoal_sim::{load_trace, parse_traces, TraceError, TraceFormat};
 
 const PHILLY_DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use shoal_consensus::sched::Policy;
-use shoal_node::sim::{run, JobOutcome, SimConfig, SimReport, TraceJob};
+use shoal_sim::{run, JobOutcome, SimConfig, SimReport, TraceJob};
 
 const NODES: u32 = 4;
 const GPUS_PER_NODE: u32 = 4;

@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sim::engine::{policy_name, SimConfig};
+use crate::config::SimConfig;
 
 /// Points in [`SimReport::utilization_series`].
 pub const UTILIZATION_BUCKETS: usize = 200;
@@ -392,7 +392,7 @@ pub(crate) fn build_report(
     };
 
     SimReport {
-        policy: policy_name(cfg.policy).to_string(),
+        policy: cfg.policy.to_string(),
         jobs: finished.len(),
         avg_jct_s: round6(mean(jcts.iter().copied())),
         p50_jct_s: round6(percentile(&jcts, 0.50)),

@@ -68,7 +68,6 @@ use std::time::Instant;
 use rand::seq::index::sample;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
 
 use shoal_consensus::sched::model::{RACK_LABEL, REGION_LABEL, ZONE_LABEL};
 use shoal_consensus::sched::{
@@ -78,9 +77,10 @@ use shoal_consensus::sched::{
 
 use shoal_consensus::workload::REPLACE_AFTER_NODE_LOSS_MS;
 
-use crate::sim::ledger_driver::{CommittedPass, LedgerCluster};
-use crate::sim::metrics::{self, Accounting, JobOutcome, RunSegment, SimReport};
-use crate::sim::trace::{GangShape, TraceJob};
+use crate::config::{Driver, SimConfig};
+use crate::ledger_driver::{CommittedPass, LedgerCluster};
+use crate::metrics::{self, Accounting, JobOutcome, RunSegment, SimReport};
+use crate::trace::{GangShape, TraceJob};
 
 /// How long a failed node stays out of service.
 pub const NODE_REPAIR_S: u64 = 2 * 3600;
@@ -91,102 +91,6 @@ const MAX_EVENTS_PER_JOB: u64 = 1_000;
 
 /// Passes per instant; more than one only when time limits expire.
 const MAX_PASSES_PER_INSTANT: usize = 4;
-
-/// The simulated cluster and policy.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SimConfig {
-    pub nodes: u32,
-    pub gpus_per_node: u32,
-    /// Nodes are split into this many racks of consecutive node ids…
-    pub racks: u32,
-    /// …and racks into this many zones, all in one region.
-    pub zones: u32,
-    pub policy: Policy,
-    /// Drives failure times and the FIFO baseline's random placement.
-    pub seed: u64,
-    /// Mean time between failures of one node; `None` disables failures.
-    pub fail_mtbf_s: Option<u64>,
-    /// Checkpoint period in run time; `None` means restarts lose all work.
-    pub ckpt_interval_s: Option<u64>,
-    pub gpu_model: String,
-    /// Where jobs, tenants and allocations live between passes.
-    #[serde(default)]
-    pub driver: Driver,
-}
-
-/// How the engine turns a scheduling pass into a changed cluster.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Driver {
-    /// The engine's own state feeds `schedule` and it applies the plan
-    /// itself; fastest.
-    #[default]
-    Direct,
-    /// A real consensus `Ledger` holds jobs, tenants and allocations; each
-    /// pass is the live leader's (snapshot, schedule, `Schedule` command,
-    /// re-validated by `apply`), and completions, time limits, preemptions
-    /// and node failures are ledger commands. See `ledger_driver`.
-    Ledger,
-}
-
-/// The name used on the command line and in reports.
-pub fn driver_name(driver: Driver) -> &'static str {
-    match driver {
-        Driver::Direct => "direct",
-        Driver::Ledger => "ledger",
-    }
-}
-
-/// Inverse of [`driver_name`].
-pub fn parse_driver(name: &str) -> Option<Driver> {
-    match name {
-        "direct" => Some(Driver::Direct),
-        "ledger" => Some(Driver::Ledger),
-        _ => None,
-    }
-}
-
-impl SimConfig {
-    /// A failure-free cluster of racks of 32 nodes in 4 zones (or fewer).
-    pub fn new(nodes: u32, gpus_per_node: u32, policy: Policy) -> Self {
-        let racks = nodes.div_ceil(32).max(1);
-        SimConfig {
-            nodes,
-            gpus_per_node,
-            racks,
-            zones: racks.min(4),
-            policy,
-            seed: 0,
-            fail_mtbf_s: None,
-            ckpt_interval_s: None,
-            gpu_model: "H100".to_string(),
-            driver: Driver::default(),
-        }
-    }
-
-    pub fn total_gpus(&self) -> u64 {
-        u64::from(self.nodes) * u64::from(self.gpus_per_node)
-    }
-}
-
-/// The name used on the command line and in reports.
-pub fn policy_name(policy: Policy) -> &'static str {
-    match policy {
-        Policy::Fifo => "fifo",
-        Policy::Hdrf => "hdrf",
-        Policy::HdrfPreempt => "hdrf-preempt",
-    }
-}
-
-/// Inverse of [`policy_name`].
-pub fn parse_policy(name: &str) -> Option<Policy> {
-    match name {
-        "fifo" => Some(Policy::Fifo),
-        "hdrf" => Some(Policy::Hdrf),
-        "hdrf-preempt" => Some(Policy::HdrfPreempt),
-        _ => None,
-    }
-}
 
 /// Replays `trace` on the cluster described by `cfg`.
 pub fn run(trace: &[TraceJob], cfg: &SimConfig) -> SimReport {
@@ -1351,7 +1255,7 @@ fn gpu_count(len: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::synthetic::synthetic_trace_for;
+    use crate::synthetic::synthetic_trace_for;
 
     /// The cached passes must decide exactly what full reads decide: the
     /// engine tells the cache which nodes changed, and a node it forgot

@@ -6,7 +6,7 @@
 //! three VC files, parsed by the real reader.
 
 use shoal_consensus::sched::Policy;
-use shoal_node::sim::{parse_traces, run, synthetic_trace_for, SimConfig, TraceFormat, TraceJob};
+use shoal_sim::{parse_traces, run, synthetic_trace_for, SimConfig, TraceFormat, TraceJob};
 
 /// A Philly-schema sample: one CSV text per VC, as the PCS files look.
 fn philly_schema_sample() -> Vec<(String, String)> {
@@ -141,7 +141,7 @@ fn preemption_serves_a_starved_tenant() {
     let preempt = run(&trace, &SimConfig::new(4, 4, Policy::HdrfPreempt));
     assert_eq!(plain.preemptions, 0);
     assert!(preempt.preemptions >= 1);
-    let late = |r: &shoal_node::sim::SimReport| r.outcomes[8].finish_s.unwrap_or(u64::MAX);
+    let late = |r: &shoal_sim::SimReport| r.outcomes[8].finish_s.unwrap_or(u64::MAX);
     assert_eq!(late(&preempt), 1_100);
     assert!(late(&plain) > 100_000);
     assert!(preempt.gpu_hours_lost_preemption > 0.0);
@@ -184,12 +184,12 @@ fn utilization_and_fairness_are_sane() {
 #[test]
 fn svg_has_one_series_per_policy() {
     let trace = synthetic_trace_for(60, 2, 32, 0.9);
-    let reports: Vec<shoal_node::sim::SimReport> = [Policy::Fifo, Policy::Hdrf]
+    let reports: Vec<shoal_sim::SimReport> = [Policy::Fifo, Policy::Hdrf]
         .into_iter()
         .map(|policy| run(&trace, &SimConfig::new(4, 8, policy)))
         .collect();
     let path = std::env::temp_dir().join(format!("sim-plot-{}.svg", std::process::id()));
-    shoal_node::sim::write_svg(&path, &reports).expect("plot");
+    shoal_sim::write_svg(&path, &reports).expect("plot");
     let svg = std::fs::read_to_string(&path).expect("svg written");
     let _ = std::fs::remove_file(&path);
     assert!(svg.starts_with("<svg"));

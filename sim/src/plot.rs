@@ -7,7 +7,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use thiserror::Error;
 
-use crate::sim::metrics::SimReport;
+use crate::metrics::SimReport;
 
 /// Drawing failed; plotters' errors are flattened to text because their type
 /// is generic over the backend.

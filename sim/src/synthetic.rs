@@ -6,7 +6,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::sim::trace::{TraceJob, ESTIMATED_LIMIT_FACTOR};
+use crate::trace::{TraceJob, ESTIMATED_LIMIT_FACTOR};
 
 /// (GPUs, weight): roughly Philly's mix.
 const GPU_MIX: [(u32, u32); 6] = [(1, 800), (2, 50), (4, 70), (8, 60), (16, 15), (32, 5)];
