@@ -359,67 +359,6 @@ pub fn gpu_owners(ledger: &Ledger) -> BTreeMap<(u64, u32), u64> {
     owners
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps_are_rfc3339_utc() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_795_000_000_123), "2026-11-18T11:06:40Z");
-    }
-
-    #[test]
-    fn submissions_map_to_specs_with_defaults() {
-        let req = JobSubmitRequest {
-            name: String::new(),
-            tenant: None,
-            nodes: 2,
-            gpus_per_node: 8,
-            gpu_model: None,
-            time_limit_s: 60,
-            priority: 0,
-            preemptible: true,
-            command: vec!["/usr/bin/python3".into(), "train.py".into()],
-            env: BTreeMap::new(),
-            workdir: None,
-            ckpt_interval_s: None,
-            max_restarts: 0,
-            same: Some("rack".into()),
-            max_rtt_ms: None,
-            labels: BTreeMap::new(),
-        };
-        let spec = job_spec(&req).expect("valid");
-        assert_eq!(spec.name, "python3");
-        assert_eq!(spec.tenant, DEFAULT_TENANT);
-        assert_eq!(spec.same, Some(TopologyTier::Rack));
-        let bad = JobSubmitRequest {
-            same: Some("building".into()),
-            ..req
-        };
-        assert!(job_spec(&bad).unwrap_err().contains("--same"));
-    }
-
-    #[test]
-    fn tenant_updates_can_unset_limits() {
-        let req = TenantRequest {
-            name: "t".into(),
-            gpu_hours: Some(1.5),
-            unset: vec!["max_gpus".into()],
-            ..Default::default()
-        };
-        let update = tenant_update(&req).expect("valid");
-        assert_eq!(update.max_gpus, Some(None));
-        assert_eq!(update.gpu_seconds_limit, Some(Some(5400)));
-        assert!(tenant_limits(&req).is_err());
-        let bad = TenantRequest {
-            unset: vec!["weight".into()],
-            ..req
-        };
-        assert!(tenant_update(&bad).is_err());
-    }
-}
-
 /// What this node saw itself, for the views that show liveness and load.
 pub struct Seen<'a> {
     pub me: NodeId,
@@ -585,4 +524,65 @@ pub fn peer_views(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_000_000_123), "2026-11-18T11:06:40Z");
+    }
+
+    #[test]
+    fn submissions_map_to_specs_with_defaults() {
+        let req = JobSubmitRequest {
+            name: String::new(),
+            tenant: None,
+            nodes: 2,
+            gpus_per_node: 8,
+            gpu_model: None,
+            time_limit_s: 60,
+            priority: 0,
+            preemptible: true,
+            command: vec!["/usr/bin/python3".into(), "train.py".into()],
+            env: BTreeMap::new(),
+            workdir: None,
+            ckpt_interval_s: None,
+            max_restarts: 0,
+            same: Some("rack".into()),
+            max_rtt_ms: None,
+            labels: BTreeMap::new(),
+        };
+        let spec = job_spec(&req).expect("valid");
+        assert_eq!(spec.name, "python3");
+        assert_eq!(spec.tenant, DEFAULT_TENANT);
+        assert_eq!(spec.same, Some(TopologyTier::Rack));
+        let bad = JobSubmitRequest {
+            same: Some("building".into()),
+            ..req
+        };
+        assert!(job_spec(&bad).unwrap_err().contains("--same"));
+    }
+
+    #[test]
+    fn tenant_updates_can_unset_limits() {
+        let req = TenantRequest {
+            name: "t".into(),
+            gpu_hours: Some(1.5),
+            unset: vec!["max_gpus".into()],
+            ..Default::default()
+        };
+        let update = tenant_update(&req).expect("valid");
+        assert_eq!(update.max_gpus, Some(None));
+        assert_eq!(update.gpu_seconds_limit, Some(Some(5400)));
+        assert!(tenant_limits(&req).is_err());
+        let bad = TenantRequest {
+            unset: vec!["weight".into()],
+            ..req
+        };
+        assert!(tenant_update(&bad).is_err());
+    }
 }
