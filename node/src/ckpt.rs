@@ -16,7 +16,7 @@
 //! `shoal-storage` is synchronous, so the transport runs on blocking threads
 //! and drives the async RPC with the runtime handle.
 
-use crate::rpc::chunks::{ChunkNet, QuicChunkTransport};
+use crate::rpc::chunks::{ChunkNet, NodeChunkTransport};
 use shoal_consensus::workload::{Checkpoint, CkptPart};
 use shoal_consensus::NodeId;
 use shoal_sdk::MemberState;
@@ -78,7 +78,7 @@ pub fn push_chained(
     manifest: &Manifest,
     store: &shoal_storage::ChunkStore,
     targets: &[NodeId],
-    transport: &QuicChunkTransport,
+    transport: &NodeChunkTransport,
     quorum: usize,
 ) -> PushOutcome {
     let started = std::time::Instant::now();

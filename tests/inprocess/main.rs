@@ -8,3 +8,4 @@ mod common;
 
 mod cluster;
 mod mesh_scale;
+mod partition;

@@ -13,6 +13,7 @@ use crate::node::identity::{self, Identity, RuntimeInfo};
 use crate::node::metrics::Metrics;
 use crate::node::{auth, LedgerClient, LocalMember, Node, NodeParts};
 use crate::rpc::chunks::ChunkNet;
+use crate::rpc::faults;
 use crate::rpc::handler::{NodeRpc, NodeService};
 use crate::rpc::proto::WireError;
 use crate::rpc::raft_transport::MeshTransport;
@@ -232,10 +233,14 @@ impl Agent {
         )
         .map_err(|e| io("opening the chunk store", e))?;
         let contacts = ContactTracker::default();
-        let network = NetworkFactory::new(
+        // Below the contact tracker, so that a message a fault filter cuts
+        // is no sign of life either.
+        let raft_transport = faults::wrap_raft(
+            ident.node_id,
             Arc::new(MeshTransport { rpc: rpc.clone() }),
-            contacts.clone(),
+            cfg.test_faults.as_ref(),
         );
+        let network = NetworkFactory::new(raft_transport, contacts.clone());
         let raft_cfg = openraft::Config {
             cluster_name: "shoal".into(),
             heartbeat_interval: cfg.raft.heartbeat_ms,
@@ -259,8 +264,14 @@ impl Agent {
             rpc.clone(),
             metrics.clone(),
             Duration::from_millis(cfg.membership.request_timeout_ms),
+            cfg.test_faults.clone(),
         );
-        let chunks = ChunkNet::new(ledger.clone(), rpc.clone(), Arc::new(chunk_store));
+        let chunks = ChunkNet::new(
+            ledger.clone(),
+            rpc.clone(),
+            Arc::new(chunk_store),
+            cfg.test_faults.clone(),
+        );
         let peers = crate::node::peers::new_view(cfg.test_inject_rtt.clone());
         let gpus = Gpus::new(gpu_source);
         let local = LocalMember {
@@ -464,6 +475,7 @@ fn spawn_workers(
             view: node.peers().clone(),
             metrics: node.metrics().clone(),
             gpus: node.gpus().clone(),
+            faults: cfg.test_faults.clone(),
         },
         gossip,
         gossip_events,

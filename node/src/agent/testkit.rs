@@ -1,9 +1,15 @@
 //! A cluster of in-process agents on 127.0.0.1 with real QUIC, real TLS and
 //! real fsyncs — for tests, benchmarks and demos. Each node gets its own
 //! data dir under one temporary directory, removed on drop.
+//!
+//! [`LocalCluster::start_with_faults`] gives every node one shared
+//! [`FaultRouter`], so that a test can partition the cluster, lose or delay
+//! messages on its links, and heal it again, without root.
 
 use crate::agent::{Agent, AgentError, StartMode};
 use crate::node::config::Config;
+use crate::rpc::faults::FaultRouter;
+use shoal_consensus::NodeId;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -12,6 +18,7 @@ pub struct LocalCluster {
     pub agents: Vec<Agent>,
     pub admin_token: String,
     pub join_token: String,
+    faults: Option<FaultRouter>,
     dir: tempfile::TempDir,
 }
 
@@ -34,6 +41,31 @@ impl LocalCluster {
     /// Starts `n` nodes: the first bootstraps, the others join through it.
     /// `tweak` may adjust each node's config (labels, timings).
     pub async fn start(n: usize, tweak: impl Fn(usize, &mut Config)) -> Result<Self, AgentError> {
+        Self::start_inner(n, None, tweak).await
+    }
+
+    /// Like [`LocalCluster::start`], with `router` installed in every node
+    /// (`Config::test_faults`, set before `tweak` runs): filters added to it
+    /// later reach the running nodes at once. Filters already on it apply
+    /// from the first message on, so the cluster forms only if they let the
+    /// joins' Raft traffic through.
+    pub async fn start_with_faults(
+        n: usize,
+        router: FaultRouter,
+        tweak: impl Fn(usize, &mut Config),
+    ) -> Result<Self, AgentError> {
+        Self::start_inner(n, Some(router), tweak).await
+    }
+
+    async fn start_inner(
+        n: usize,
+        faults: Option<FaultRouter>,
+        tweak: impl Fn(usize, &mut Config),
+    ) -> Result<Self, AgentError> {
+        let tweak = |i: usize, cfg: &mut Config| {
+            cfg.test_faults = faults.clone();
+            tweak(i, cfg);
+        };
         let dir = tempfile::Builder::new()
             .prefix("shoal-cluster-")
             .tempdir()
@@ -59,6 +91,7 @@ impl LocalCluster {
             agents,
             admin_token: boot.admin_token,
             join_token: boot.join_token,
+            faults,
             dir,
         })
     }
@@ -91,6 +124,16 @@ impl LocalCluster {
             }
         })
         .await
+    }
+
+    /// The fault router every node shares, when started with one.
+    pub fn faults(&self) -> Option<&FaultRouter> {
+        self.faults.as_ref()
+    }
+
+    /// The agent with node id `id`.
+    pub fn agent(&self, id: NodeId) -> Option<&Agent> {
+        self.agents.iter().find(|a| a.id() == id)
     }
 
     pub fn root(&self) -> &std::path::Path {

@@ -5,6 +5,7 @@
 
 use super::batcher::Batcher;
 use super::metrics::Metrics;
+use crate::rpc::faults::{Channel, FaultRouter, Verdict, RAFT_DROP_WAIT_MAX};
 use crate::rpc::proto::{self, ErrorCode, Query, Request, Response, WireError};
 use futures::future::BoxFuture;
 use openraft::error::{ChangeMembershipError, CheckIsLeaderError, ClientWriteError, RaftError};
@@ -43,6 +44,10 @@ struct Shared {
     metrics: Arc<Metrics>,
     request_timeout: Duration,
     leader_service: OnceLock<Weak<dyn LeaderService>>,
+    /// Test only: judges the requests forwarded to the leader, so that a
+    /// node cut off by a fault filter cannot reach the leader this way
+    /// either (see [`crate::rpc::faults`]).
+    faults: Option<FaultRouter>,
 }
 
 impl LedgerClient {
@@ -53,6 +58,7 @@ impl LedgerClient {
         rpc: RpcEndpoint,
         metrics: Arc<Metrics>,
         request_timeout: Duration,
+        faults: Option<FaultRouter>,
     ) -> Self {
         let batcher = Batcher::spawn(raft.clone(), me);
         LedgerClient {
@@ -65,6 +71,7 @@ impl LedgerClient {
                 metrics,
                 request_timeout,
                 leader_service: OnceLock::new(),
+                faults,
             }),
         }
     }
@@ -214,6 +221,23 @@ impl LedgerClient {
         let budget = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
+        if let Some(router) = &self.shared.faults {
+            let unreachable = |why: &str| {
+                WireError::new(
+                    ErrorCode::Unavailable,
+                    format!("leader {id} unreachable: {why}"),
+                )
+            };
+            match router.verdict(Channel::Raft, self.shared.me, id) {
+                Verdict::Deliver => {}
+                Verdict::Delay(delay) => tokio::time::sleep(delay.min(budget)).await,
+                Verdict::Drop => {
+                    tokio::time::sleep(budget.min(RAFT_DROP_WAIT_MAX)).await;
+                    return Err(unreachable("request dropped by a fault filter"));
+                }
+                Verdict::Cut => return Err(unreachable("link cut by a fault filter")),
+            }
+        }
         tokio::select! {
             r = self.shared.rpc.call(addr, body, budget) => match r {
                 Ok(reply) => match proto::decode::<Response>(&reply)? {

@@ -41,6 +41,14 @@ pub struct Config {
     /// where the kernel has no netem. Set with `SHOAL_TEST_INJECT_RTT=n2=20,n3=40`.
     #[serde(skip)]
     pub test_inject_rtt: BTreeMap<String, std::time::Duration>,
+    /// Test only: the fault plan shared by the nodes of an in-process
+    /// cluster ([`crate::rpc::faults`]). When set, the node's Raft and chunk
+    /// transports and its forwarded ledger requests ask it for a verdict
+    /// on every message they send, and its gossip loop ignores what the
+    /// router says it may not hear. Not configurable from a file: only a
+    /// harness in the same process can share a router.
+    #[serde(skip)]
+    pub test_faults: Option<crate::rpc::faults::FaultRouter>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -226,6 +234,7 @@ impl Default for Config {
             anomaly: AnomalyTuning::default(),
             join_token_ttl_s: 24 * 3600,
             test_inject_rtt: BTreeMap::new(),
+            test_faults: None,
         }
     }
 }

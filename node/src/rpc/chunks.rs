@@ -6,7 +6,14 @@
 //!
 //! `shoal-storage` is synchronous, so the transport runs on blocking
 //! threads and drives the async RPC with the runtime handle.
+//!
+//! Every transport [`ChunkNet::transport`] hands out is wrapped in a
+//! [`FaultyChunkTransport`], which passes everything straight through unless
+//! a test installed a fault router ([`super::faults`]); the chained pushes
+//! this node forwards use the same wrapped transport, so each forwarded hop
+//! is judged by the node that sends it.
 
+use super::faults::{FaultRouter, FaultyChunkTransport};
 use super::proto::{self, ChunkRequest, ErrorCode, Request, Response, WireError};
 use crate::node::LedgerClient;
 use shoal_mesh::RpcEndpoint;
@@ -16,6 +23,10 @@ use shoal_storage::ChunkStore;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The chunk transport of a node: QUIC underneath, the fault router (when a
+/// test installed one) on top.
+pub type NodeChunkTransport = FaultyChunkTransport<QuicChunkTransport>;
 
 const CHUNK_RPC_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a chunk call waits for this node's ledger to learn of a member
@@ -28,11 +39,24 @@ pub struct ChunkNet {
     ledger: LedgerClient,
     rpc: RpcEndpoint,
     store: Arc<ChunkStore>,
+    faults: Option<FaultRouter>,
 }
 
 impl ChunkNet {
-    pub fn new(ledger: LedgerClient, rpc: RpcEndpoint, store: Arc<ChunkStore>) -> Self {
-        ChunkNet { ledger, rpc, store }
+    /// `faults` is for tests: a router that judges every chunk message this
+    /// node sends (None in production: no effect).
+    pub fn new(
+        ledger: LedgerClient,
+        rpc: RpcEndpoint,
+        store: Arc<ChunkStore>,
+        faults: Option<FaultRouter>,
+    ) -> Self {
+        ChunkNet {
+            ledger,
+            rpc,
+            store,
+            faults,
+        }
     }
 
     /// The chunks held by this node (its own and replicas for peers).
@@ -45,8 +69,12 @@ impl ChunkNet {
     }
 
     /// A transport to other members, for blocking code on `handle`'s runtime.
-    pub fn transport(&self, handle: tokio::runtime::Handle) -> QuicChunkTransport {
-        QuicChunkTransport::new(self.clone(), handle)
+    pub fn transport(&self, handle: tokio::runtime::Handle) -> NodeChunkTransport {
+        FaultyChunkTransport::wrap(
+            self.ledger.me(),
+            Arc::new(QuicChunkTransport::new(self.clone(), handle)),
+            self.faults.clone(),
+        )
     }
 }
 
@@ -342,7 +370,8 @@ mod tests {
         let future_id = net.ledger().read().expect("ledger").ledger.next_node_id + 5;
         let handle = tokio::runtime::Handle::current();
         let (own_addr, removed, future) = tokio::task::spawn_blocking(move || {
-            let transport = net.transport(handle);
+            let wrapped = net.transport(handle);
+            let transport = wrapped.inner();
             let own_addr = transport.addr_of(own);
             let started = Instant::now();
             let removed = transport.addr_of(0).map_err(|e| (e, started.elapsed()));

@@ -8,7 +8,10 @@
 //! such as `router.add(Filter::partition([1, 2], [3]))` splits the whole
 //! cluster, in both directions, on every channel at once:
 //!
-//! - Raft: [`FaultyRaftTransport`] wraps the node's [`RaftTransport`];
+//! - Raft: [`FaultyRaftTransport`] wraps the node's [`RaftTransport`]. The
+//!   ledger requests a node forwards to the leader (writes, linearizable
+//!   reads) are judged on this channel too, by the node's ledger client, so
+//!   a cut-off follower cannot commit through the leader either;
 //! - checkpoint chunks: [`FaultyChunkTransport`] wraps the node's
 //!   [`ChunkTransport`]. A chain push is forwarded server-side by each
 //!   node of the chain with its own chunk transport, so when every node's
@@ -16,7 +19,9 @@
 //!   that sends it;
 //! - gossip has no transport to wrap: the receiving node's event loop asks
 //!   [`FaultRouter::allows`] and ignores events from a sender it may not
-//!   hear.
+//!   hear. An RTT sample comes from a ping this node started, so it is
+//!   judged on the link from this node to the peer, and a delay verdict
+//!   is added to the sample.
 //!
 //! # Semantics
 //!

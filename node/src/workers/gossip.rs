@@ -2,12 +2,20 @@
 //! gossip membership in step with the ledger, publishes heartbeats and
 //! capacity adverts, and feeds what arrives into this node's
 //! [`PeerView`](crate::node::peers::PeerView).
+//!
+//! Gossip has no transport a fault router could wrap, so when a test
+//! installed one ([`crate::rpc::faults`]) the event loop applies it on
+//! receipt: a heartbeat or capacity advert from a node the router does not
+//! let reach this one is ignored, and so is an RTT sample of a ping
+//! exchange this node may not start towards that peer (a delayed link adds
+//! its delay to the sample instead).
 
 use super::Worker;
 use crate::node::gpu::Gpus;
 use crate::node::metrics::Metrics;
 use crate::node::peers::{Multiaddr, PeerId, SharedPeerView, HEARTBEAT_EVERY};
 use crate::node::{wall_ms, LedgerClient, LocalMember};
+use crate::rpc::faults::{Channel, FaultRouter, Verdict};
 use shoal_consensus::NodeId;
 use shoal_mesh::failure_detector::PeerState;
 use shoal_mesh::gossip::{CapacityAdvert, GossipEvent, GossipHandle};
@@ -29,6 +37,8 @@ pub struct GossipParts {
     pub view: SharedPeerView,
     pub metrics: Arc<Metrics>,
     pub gpus: Gpus,
+    /// Test only: the fault plan that decides which peers this node hears.
+    pub faults: Option<FaultRouter>,
 }
 
 /// Runs the node's side of the gossip: member sync, heartbeats, adverts,
@@ -49,6 +59,9 @@ async fn handle_events(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let view = &parts.view;
+    let me = parts.local.id;
+    // Whether a message `from` started towards this node reaches it.
+    let hears = |from: NodeId| parts.faults.as_ref().is_none_or(|r| r.allows(from, me));
     loop {
         let event = tokio::select! {
             e = events.recv() => match e { Some(e) => e, None => return },
@@ -58,13 +71,13 @@ async fn handle_events(
         let Ok(mut v) = view.lock() else { return };
         match event {
             GossipEvent::Heartbeat { from, node_id, .. } => {
-                if v.node_of(&from) == Some(node_id) {
+                if v.node_of(&from) == Some(node_id) && hears(node_id) {
                     count_message(&parts.metrics, "heartbeat");
                     v.heard(node_id, now);
                 }
             }
             GossipEvent::Capacity { from, advert } => {
-                if v.node_of(&from) == Some(advert.node_id) {
+                if v.node_of(&from) == Some(advert.node_id) && hears(advert.node_id) {
                     count_message(&parts.metrics, "capacity");
                     let delay_ms = wall_ms().saturating_sub(advert.sent_at_ms);
                     parts
@@ -80,11 +93,23 @@ async fn handle_events(
                 let Some(node) = v.node_of(&peer) else {
                     continue;
                 };
-                let extra = parts
-                    .ledger
-                    .name_of(node)
-                    .map(|name| v.injected_rtt_to(&name))
-                    .unwrap_or_default();
+                // This node's ping and its answer are one exchange, judged
+                // on the link from here.
+                let fault_delay = match parts
+                    .faults
+                    .as_ref()
+                    .map(|r| r.verdict(Channel::Gossip, me, node))
+                {
+                    None | Some(Verdict::Deliver) => Duration::ZERO,
+                    Some(Verdict::Delay(delay)) => delay,
+                    Some(Verdict::Drop | Verdict::Cut) => continue,
+                };
+                let extra = fault_delay
+                    + parts
+                        .ledger
+                        .name_of(node)
+                        .map(|name| v.injected_rtt_to(&name))
+                        .unwrap_or_default();
                 let Some(coord) = v.coordinate_of(node, u64::MAX) else {
                     continue;
                 };
