@@ -165,7 +165,19 @@ impl LedgerClient {
                         Some(r) => r,
                         None => proto::decode(&body)?,
                     };
-                    self.serve_here(req).await
+                    // A leader cut off from its quorum does not know it yet
+                    // and would hold the write until the partition heals.
+                    let left = deadline
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(100));
+                    tokio::time::timeout(left, self.serve_here(req))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(WireError::new(
+                                ErrorCode::Unavailable,
+                                "this node leads but could not commit within the request timeout (no quorum?)",
+                            ))
+                        })
                 }
                 Some((id, addr)) => self.call_leader(id, addr, &body, deadline).await,
                 None => Err(WireError::new(
