@@ -501,20 +501,19 @@ fn spawn_workers(
         node.shutdown_signal(),
     );
     if cfg.executor.enabled {
-        workers::spawn(
-            Executor::new(RankHost {
-                local: local.clone(),
-                ledger: ledger.clone(),
-                peers: node.peers().clone(),
-                chunks: node.chunks().clone(),
-                metrics: node.metrics().clone(),
-                events: events.clone(),
-                jobs_dir: cfg.jobs_dir(),
-                stop_grace: Duration::from_secs(cfg.executor.stop_grace_s),
-                stall_after: Duration::from_secs(cfg.anomaly.stall_after_s),
-            }),
-            node.shutdown_signal(),
-        );
+        let executor = Executor::new(RankHost {
+            local: local.clone(),
+            ledger: ledger.clone(),
+            peers: node.peers().clone(),
+            chunks: node.chunks().clone(),
+            metrics: node.metrics().clone(),
+            events: events.clone(),
+            jobs_dir: cfg.jobs_dir(),
+            stop_grace: Duration::from_secs(cfg.executor.stop_grace_s),
+            stall_after: Duration::from_secs(cfg.anomaly.stall_after_s),
+        });
+        workers::spawn(executor.fence_guard(), node.shutdown_signal());
+        workers::spawn(executor, node.shutdown_signal());
     }
     workers::spawn(
         AnomalyWatch::new(

@@ -24,7 +24,10 @@
 //! and signalling processes, restoring checkpoints, reaping, logs, metrics
 //! and ledger writes.
 
+mod fence;
 mod plan;
+
+pub use fence::{FenceGuard, RankGroups};
 
 use crate::node::metrics::Metrics;
 use crate::node::peers::SharedPeerView;
@@ -126,6 +129,8 @@ pub struct Executor {
     exited: BTreeMap<RankKey, i32>,
     /// Of those, the ones the leader has applied.
     sent: BTreeSet<RankKey>,
+    /// The running ranks' process groups, shared with the [`FenceGuard`].
+    groups: RankGroups,
 }
 
 impl Executor {
@@ -135,7 +140,17 @@ impl Executor {
             ranks: BTreeMap::new(),
             exited: BTreeMap::new(),
             sent: BTreeSet::new(),
+            groups: RankGroups::default(),
         }
+    }
+
+    /// The guard that kills this executor's ranks once the node is cut off
+    /// from a majority of the voters, on a task of its own.
+    pub fn fence_guard(&self) -> FenceGuard {
+        let host = self.host.clone();
+        FenceGuard::new(self.groups.clone(), TICK, move || {
+            self_fenced(&host, Instant::now())
+        })
     }
 }
 
@@ -236,6 +251,11 @@ impl Worker for Executor {
                     };
                     match prepare_and_launch(host, &key, a).await {
                         Ok(rank) => {
+                            if let Some(pid) =
+                                rank.child.id().and_then(|p| libc::pid_t::try_from(p).ok())
+                            {
+                                self.groups.lock().insert(key.clone(), pid);
+                            }
                             ranks.insert(key, rank);
                         }
                         Err(e) => {
@@ -301,9 +321,14 @@ impl Worker for Executor {
         }
         // Reap.
         let mut done = Vec::new();
-        for (key, rank) in ranks.iter_mut() {
-            if let Ok(Some(status)) = rank.child.try_wait() {
-                done.push((key.clone(), exit_code(status)));
+        {
+            // Reaped and forgotten together: see `RankGroups`.
+            let mut groups = self.groups.lock();
+            for (key, rank) in ranks.iter_mut() {
+                if let Ok(Some(status)) = rank.child.try_wait() {
+                    groups.remove(key);
+                    done.push((key.clone(), exit_code(status)));
+                }
             }
         }
         for (key, code) in done {

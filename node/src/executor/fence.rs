@@ -1,0 +1,119 @@
+//! Self-fencing that nothing else can hold up. The executor's tick also
+//! fences, but a tick may wait — on a ledger write an isolated leader cannot
+//! commit, on a restore, on a checkpoint's replication — for longer than the
+//! cluster takes to start the gang elsewhere. [`FenceGuard`] runs on its own
+//! task: once this node is cut off from a majority of the voters it kills
+//! every rank's process group, whatever the tick is doing.
+
+use crate::workers::Worker;
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// The process groups of the ranks running on this node, by rank. A rank's
+/// group is removed in the same critical section that reaps its process, so
+/// the guard never signals a group whose id the kernel may have reused.
+#[derive(Clone, Default)]
+pub struct RankGroups {
+    groups: Arc<Mutex<BTreeMap<super::RankKey, libc::pid_t>>>,
+}
+
+impl RankGroups {
+    /// The map, locked; a panic elsewhere leaves it usable.
+    pub(super) fn lock(&self) -> MutexGuard<'_, BTreeMap<super::RankKey, libc::pid_t>> {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Kills every rank of this node while `fenced` says so.
+pub struct FenceGuard {
+    groups: RankGroups,
+    fenced: Box<dyn Fn() -> bool + Send>,
+    period: Duration,
+}
+
+impl FenceGuard {
+    pub fn new(
+        groups: RankGroups,
+        period: Duration,
+        fenced: impl Fn() -> bool + Send + 'static,
+    ) -> Self {
+        FenceGuard {
+            groups,
+            fenced: Box::new(fenced),
+            period,
+        }
+    }
+}
+
+impl Worker for FenceGuard {
+    fn period(&self) -> Duration {
+        self.period
+    }
+
+    async fn tick(&mut self) -> ControlFlow<()> {
+        if !(self.fenced)() {
+            return ControlFlow::Continue(());
+        }
+        let groups = self.groups.lock();
+        for (key, group) in groups.iter() {
+            // SAFETY: a plain syscall on a process group this executor
+            // started and has not reaped (the map holds only those).
+            let sent = unsafe { libc::kill(-group, libc::SIGKILL) } == 0;
+            if sent {
+                tracing::warn!(
+                    job = key.job,
+                    epoch = key.epoch,
+                    rank = key.rank,
+                    "cut off from a majority of the voters; killed the rank"
+                );
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::RankKey;
+    use std::os::unix::process::CommandExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A process leading its own group, as ranks are started.
+    fn group_leader() -> std::process::Child {
+        std::process::Command::new("sleep")
+            .arg("600")
+            .process_group(0)
+            .spawn()
+            .expect("sleep")
+    }
+
+    #[tokio::test]
+    async fn a_fenced_node_kills_every_rank_group_and_only_then() {
+        let groups = RankGroups::default();
+        let mut child = group_leader();
+        let key = RankKey {
+            job: 1,
+            epoch: 2,
+            rank: 0,
+        };
+        groups.lock().insert(key, child.id() as libc::pid_t);
+        let fenced = Arc::new(AtomicBool::new(false));
+        let flag = fenced.clone();
+        let mut guard = FenceGuard::new(groups.clone(), Duration::from_millis(10), move || {
+            flag.load(Ordering::SeqCst)
+        });
+        let _ = guard.tick().await;
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "killed while in contact"
+        );
+        fenced.store(true, Ordering::SeqCst);
+        let _ = guard.tick().await;
+        let status = child.wait().expect("wait");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+    }
+}
