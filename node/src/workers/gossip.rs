@@ -276,13 +276,7 @@ pub fn capacity_advert(local: &LocalMember, ledger: &LedgerClient, gpus: &Gpus) 
             Some((inventory, crate::api::views::gpu_owners(&d.ledger)))
         })
         .unwrap_or_else(|| (local.spec.gpus.clone(), BTreeMap::new()));
-    let mut free: BTreeMap<String, u32> = BTreeMap::new();
-    for g in &inventory {
-        let e = free.entry(g.model.clone()).or_default();
-        if g.allocated_to.is_none() {
-            *e += 1;
-        }
-    }
+    let free = free_by_model(local.id, &inventory, &owners);
     let samples = gpus.latest();
     let load = crate::node::gpu::mean_load(&samples);
     CapacityAdvert {
@@ -298,6 +292,23 @@ pub fn capacity_advert(local: &LocalMember, ledger: &LedgerClient, gpus: &Gpus) 
     }
 }
 
+/// Free GPUs of `node` by model. Who holds a GPU lives in the allocations
+/// (`owners`), not in the member's inventory.
+fn free_by_model(
+    node: NodeId,
+    inventory: &[shoal_sdk::GpuInfo],
+    owners: &BTreeMap<(NodeId, u32), u64>,
+) -> BTreeMap<String, u32> {
+    let mut free: BTreeMap<String, u32> = BTreeMap::new();
+    for g in inventory {
+        let e = free.entry(g.model.clone()).or_default();
+        if !owners.contains_key(&(node, g.index)) {
+            *e += 1;
+        }
+    }
+    free
+}
+
 /// Utilization change (percentage points) of a job's GPUs that is worth an
 /// advert before the periodic one: enough to show a straggler within a
 /// sampling period, not so little that noise floods the topic.
@@ -310,4 +321,32 @@ fn job_util_moved(before: &BTreeMap<u64, f32>, now: &BTreeMap<u64, f32>) -> bool
                 .get(job)
                 .is_none_or(|b| (b - u).abs() >= JOB_UTIL_STEP)
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32, model: &str) -> shoal_sdk::GpuInfo {
+        shoal_sdk::GpuInfo {
+            index,
+            model: model.into(),
+            memory_mb: 81_920,
+            uuid: format!("GPU-{index}"),
+            allocated_to: None,
+            numa_node: None,
+            nvlink_peers: Vec::new(),
+            mig_enabled: false,
+        }
+    }
+
+    #[test]
+    fn gpus_held_by_allocations_are_not_advertised_free() {
+        let inventory = [gpu(0, "H100"), gpu(1, "H100"), gpu(2, "A100")];
+        let owners = BTreeMap::from([((7, 1), 3), ((8, 0), 4), ((7, 2), 3)]);
+        assert_eq!(
+            free_by_model(7, &inventory, &owners),
+            BTreeMap::from([("H100".to_string(), 1), ("A100".to_string(), 0)])
+        );
+    }
 }
