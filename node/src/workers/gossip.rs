@@ -292,8 +292,9 @@ pub fn capacity_advert(local: &LocalMember, ledger: &LedgerClient, gpus: &Gpus) 
     }
 }
 
-/// Free GPUs of `node` by model. Who holds a GPU lives in the allocations
-/// (`owners`), not in the member's inventory.
+/// Free GPUs of `node` by model: held by no allocation (`owners`, where the
+/// scheduler records who holds a GPU) and not marked taken in the member's
+/// inventory.
 fn free_by_model(
     node: NodeId,
     inventory: &[shoal_sdk::GpuInfo],
@@ -302,7 +303,7 @@ fn free_by_model(
     let mut free: BTreeMap<String, u32> = BTreeMap::new();
     for g in inventory {
         let e = free.entry(g.model.clone()).or_default();
-        if !owners.contains_key(&(node, g.index)) {
+        if g.allocated_to.is_none() && !owners.contains_key(&(node, g.index)) {
             *e += 1;
         }
     }
@@ -342,11 +343,18 @@ mod tests {
 
     #[test]
     fn gpus_held_by_allocations_are_not_advertised_free() {
-        let inventory = [gpu(0, "H100"), gpu(1, "H100"), gpu(2, "A100")];
+        let mut inventory = [
+            gpu(0, "H100"),
+            gpu(1, "H100"),
+            gpu(2, "A100"),
+            gpu(3, "A100"),
+        ];
         let owners = BTreeMap::from([((7, 1), 3), ((8, 0), 4), ((7, 2), 3)]);
         assert_eq!(
             free_by_model(7, &inventory, &owners),
-            BTreeMap::from([("H100".to_string(), 1), ("A100".to_string(), 0)])
+            BTreeMap::from([("H100".to_string(), 1), ("A100".to_string(), 1)])
         );
+        inventory[3].allocated_to = Some(9);
+        assert_eq!(free_by_model(7, &inventory, &owners)["A100"], 0);
     }
 }
