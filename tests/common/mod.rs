@@ -83,14 +83,21 @@ pub async fn start_cluster(
             n
         })
         .collect();
+    let token = form_cluster(&mut nodes);
+    wait_converged(&nodes, &token).await;
+    (nodes, token)
+}
+
+/// Bootstraps a cluster on the first of `nodes` and joins the others
+/// through it; returns the admin token. Nothing is waited for beyond each
+/// node's start: see [`wait_converged`].
+pub fn form_cluster(nodes: &mut [NodeProc]) -> String {
     let join = nodes[0].bootstrap();
     let via = nodes[0].rpc_addr();
     for node in nodes.iter_mut().skip(1) {
         node.join(&via, &join);
     }
-    let token = nodes[0].admin_token();
-    wait_converged(&nodes, &token).await;
-    (nodes, token)
+    nodes[0].admin_token()
 }
 
 /// Waits until every node of `nodes` has, in its *own* state (its

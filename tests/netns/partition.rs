@@ -194,12 +194,7 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
             node
         })
         .collect();
-    let join = nodes[0].bootstrap();
-    let via = nodes[0].rpc_addr();
-    for node in nodes.iter_mut().skip(1) {
-        node.join(&via, &join);
-    }
-    let token = nodes[0].admin_token();
+    let token = common::form_cluster(&mut nodes);
     let clients: Vec<Client> = nodes.iter().map(|n| n.client(&token)).collect();
     wait_for("three alive members and three voters", TIMEOUT, || {
         let c = clients[0].clone();

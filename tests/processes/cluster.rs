@@ -23,12 +23,7 @@ impl Cluster {
         let mut nodes: Vec<NodeProc> = (0..n)
             .map(|i| NodeProc::new(root.path(), &format!("n{}", i + 1), &[]))
             .collect();
-        let join = nodes[0].bootstrap();
-        let via = nodes[0].rpc_addr();
-        for node in nodes.iter_mut().skip(1) {
-            node.join(&via, &join);
-        }
-        let token = nodes[0].admin_token();
+        let token = common::form_cluster(&mut nodes);
         common::wait_converged(&nodes, &token).await;
         let c = Cluster {
             nodes,

@@ -9,6 +9,7 @@
 use crate::common;
 
 use common::{one_at_a_time, shoal_bin, start_cluster, wait_for};
+use shoal_node::bench::data::Xorshift;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -17,22 +18,14 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn write_tree(root: &Path) {
     std::fs::create_dir_all(root.join("sub/deeper")).expect("mkdir");
-    let mut state: u64 = 7;
+    let mut rng = Xorshift::new(7);
     for (name, size) in [
         // 64 MiB in all, as the acceptance test asks.
         ("a.bin", 33_554_432usize),
         ("sub/b.bin", 33_553_432),
         ("sub/deeper/c.txt", 1_000),
     ] {
-        let bytes: Vec<u8> = (0..size)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect();
-        std::fs::write(root.join(name), bytes).expect("write");
+        std::fs::write(root.join(name), rng.bytes(size)).expect("write");
     }
 }
 
@@ -190,15 +183,7 @@ async fn an_interrupted_upload_leaves_nothing_and_resumes() {
     let (nodes, token) = start_cluster(root.path(), &["n1", "n2", "n3"], |_| Vec::new()).await;
     // 64 MiB of incompressible data: 16 chunks per copy.
     let src = root.path().join("big.bin");
-    let mut state: u64 = 11;
-    let bytes: Vec<u8> = (0..64 << 20)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
+    let bytes = Xorshift::new(11).bytes(64 << 20);
     std::fs::write(&src, &bytes).expect("write");
     let src_s = src.display().to_string();
     let mut upload = Command::new(shoal_bin())

@@ -36,12 +36,7 @@ impl Cluster {
                 node
             })
             .collect();
-        let join = nodes[0].bootstrap();
-        let via = nodes[0].rpc_addr();
-        for node in nodes.iter_mut().skip(1) {
-            node.join(&via, &join);
-        }
-        let token = nodes[0].admin_token();
+        let token = common::form_cluster(&mut nodes);
         wait_converged(&nodes, &token).await;
         Cluster { nodes, token, root }
     }
