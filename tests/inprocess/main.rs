@@ -9,3 +9,4 @@ mod common;
 mod cluster;
 mod mesh_scale;
 mod partition;
+mod tenancy;

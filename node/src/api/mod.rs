@@ -1,10 +1,12 @@
 //! The HTTP/JSON API (axum). Everything under /v1 needs a bearer token whose
 //! hash the ledger knows; /health and /metrics are open. A tenant-scoped
-//! token reads the cluster's state (nodes, jobs, events) but only its own
-//! tenants' `mesh:/` objects, and may only make the writes in
-//! [`TENANT_WRITES`]; those go to the ledger wrapped in `Command::AsTenant`,
-//! which checks ownership at commit.
+//! token reads only its own tenants' work (jobs, logs, checkpoints, events,
+//! quotas, `mesh:/` objects and their chunks: [`scope`]) and the nodes
+//! without other tenants' job ids, never the reads in [`ADMIN_READS`], and
+//! may only make the writes in [`TENANT_WRITES`]; those go to the ledger
+//! wrapped in `Command::AsTenant`, which checks ownership at commit.
 
+pub mod scope;
 pub mod scrape;
 pub mod views;
 
@@ -32,6 +34,9 @@ type AppState = Arc<Node>;
 const MAX_TOKEN_TTL_S: u64 = 30 * 24 * 3600;
 
 pub struct ApiError(StatusCode, ApiErrorBody);
+
+/// Reads about the cluster itself, for admin tokens only.
+const ADMIN_READS: &[(&str, &str)] = &[("GET", "/v1/attrs")];
 
 /// The writes (method, route) a tenant-scoped token may make; every other
 /// write needs an admin token. Listed, not derived, so that a new route is
@@ -169,7 +174,12 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
                     .get::<MatchedPath>()
                     .map(|p| p.as_str())
                     .unwrap_or_default();
-                if method != "GET" && !TENANT_WRITES.contains(&(method, route)) {
+                let allowed = if method == "GET" {
+                    !ADMIN_READS.contains(&(method, route))
+                } else {
+                    TENANT_WRITES.contains(&(method, route))
+                };
+                if !allowed {
                     return forbidden(format!(
                         "permission denied: {method} {route} needs an admin token; \
                          token '{}' is for tenant '{tenant}'",
@@ -230,8 +240,13 @@ async fn status(State(app): State<AppState>) -> Result<Json<shoal_sdk::StatusRes
     Ok(Json(app.ledger().status().await?))
 }
 
-async fn nodes(State(app): State<AppState>) -> Result<Json<Vec<shoal_sdk::NodeInfo>>, ApiError> {
-    Ok(Json(app.ledger().nodes().await?))
+async fn nodes(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<shoal_sdk::NodeInfo>>, ApiError> {
+    let nodes = app.ledger().nodes().await?;
+    let d = app.ledger().read()?;
+    Ok(Json(scope::nodes(&d.ledger, &caller, nodes)))
 }
 
 async fn peers(State(app): State<AppState>) -> Json<Vec<shoal_sdk::PeerView>> {
@@ -377,6 +392,7 @@ struct JobQuery {
 
 async fn list_jobs(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Query(q): Query<JobQuery>,
 ) -> Result<Json<Vec<JobInfo>>, ApiError> {
     match app
@@ -387,19 +403,40 @@ async fn list_jobs(
         })
         .await?
     {
-        ProtoResponse::Jobs(jobs) => Ok(Json(jobs)),
+        ProtoResponse::Jobs(jobs) => {
+            let d = app.ledger().read()?;
+            Ok(Json(scope::jobs(&d.ledger, &caller, jobs)))
+        }
         _ => Err(unexpected()),
+    }
+}
+
+/// The job `id`, if the caller may see it; another tenant's job answers
+/// exactly as a job that does not exist.
+async fn visible_job(app: &Node, caller: &Caller, id: u64) -> Result<JobInfo, ApiError> {
+    let hidden = || ApiError::from(WireError::new(ErrorCode::NotFound, format!("no job {id}")));
+    match app.ledger().query(ProtoQuery::Job(id)).await {
+        Ok(ProtoResponse::Jobs(mut jobs)) if jobs.len() == 1 => {
+            let job = jobs.remove(0);
+            let d = app.ledger().read()?;
+            if scope::sees_tenant(&d.ledger, caller, &job.tenant) {
+                Ok(job)
+            } else {
+                Err(hidden())
+            }
+        }
+        Ok(_) => Err(unexpected()),
+        Err(e) if e.code == ErrorCode::NotFound => Err(hidden()),
+        Err(e) => Err(e.into()),
     }
 }
 
 async fn show_job(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<u64>,
 ) -> Result<Json<JobInfo>, ApiError> {
-    match app.ledger().query(ProtoQuery::Job(id)).await? {
-        ProtoResponse::Jobs(mut jobs) if jobs.len() == 1 => Ok(Json(jobs.remove(0))),
-        _ => Err(unexpected()),
-    }
+    Ok(Json(visible_job(&app, &caller, id).await?))
 }
 
 async fn cancel_job(
@@ -423,10 +460,14 @@ struct LogQuery {
 /// A rank's log as this node has it; the CLI asks the node that ran the rank.
 async fn job_logs(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<u64>,
     Query(q): Query<LogQuery>,
 ) -> Result<Response, ApiError> {
     use std::io::{Read, Seek, SeekFrom};
+    if caller.tenant.is_some() {
+        visible_job(&app, &caller, id).await?;
+    }
     let path = crate::executor::log_path(&app.config().jobs_dir(), id, q.rank);
     let mut file = std::fs::File::open(&path).map_err(|_| {
         ApiError(
@@ -477,24 +518,40 @@ async fn set_tenant(
     Ok(Json(WriteResponse { index }))
 }
 
-async fn list_tenants(State(app): State<AppState>) -> Result<Json<Vec<TenantInfo>>, ApiError> {
+async fn list_tenants(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<TenantInfo>>, ApiError> {
     match app.ledger().query(ProtoQuery::Tenants).await? {
-        ProtoResponse::Tenants(t) => Ok(Json(t)),
+        ProtoResponse::Tenants(t) => {
+            let d = app.ledger().read()?;
+            Ok(Json(scope::tenants(&d.ledger, &caller, t)))
+        }
         _ => Err(unexpected()),
     }
 }
 
-async fn quota(State(app): State<AppState>) -> Result<Json<Vec<QuotaInfo>>, ApiError> {
+async fn quota(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<QuotaInfo>>, ApiError> {
     match app.ledger().query(ProtoQuery::Quota).await? {
-        ProtoResponse::Quota(q) => Ok(Json(q)),
+        ProtoResponse::Quota(q) => {
+            let d = app.ledger().read()?;
+            Ok(Json(scope::quotas(&d.ledger, &caller, q)))
+        }
         _ => Err(unexpected()),
     }
 }
 
 async fn list_checkpoints(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<u64>,
 ) -> Result<Json<Vec<shoal_sdk::CheckpointInfo>>, ApiError> {
+    if caller.tenant.is_some() {
+        visible_job(&app, &caller, id).await?;
+    }
     match app.ledger().query(ProtoQuery::Checkpoints(id)).await? {
         ProtoResponse::Checkpoints(c) => Ok(Json(c)),
         _ => Err(unexpected()),
@@ -505,11 +562,22 @@ async fn list_checkpoints(
 /// client verifies it against the id.
 async fn get_chunk(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id: shoal_storage::chunk::ChunkId = id
         .parse()
         .map_err(|_| bad_request(format!("'{id}' is not a chunk id")))?;
+    if !scope::sees_chunk(&app.ledger().read()?.ledger, &caller, &id) {
+        // As for a chunk this node does not hold: no oracle for others' data.
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            ApiErrorBody {
+                code: "not_found".into(),
+                message: format!("node {} does not hold chunk {id}", app.name()),
+            },
+        ));
+    }
     let store = app.chunks().store().clone();
     let frame = tokio::task::spawn_blocking(move || store.get_encoded(&id))
         .await
@@ -568,6 +636,7 @@ struct EventQuery {
 
 async fn list_events(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Query(q): Query<EventQuery>,
 ) -> Result<Json<Vec<shoal_sdk::EventInfo>>, ApiError> {
     match app
@@ -575,7 +644,10 @@ async fn list_events(
         .query(ProtoQuery::Events { after: q.after })
         .await?
     {
-        ProtoResponse::Events(e) => Ok(Json(e)),
+        ProtoResponse::Events(e) => {
+            let d = app.ledger().read()?;
+            Ok(Json(scope::events(&d.ledger, &caller, e)))
+        }
         _ => Err(unexpected()),
     }
 }

@@ -1,0 +1,242 @@
+//! Reads are scoped like writes: every API route asked with no token, an
+//! admin token, tenant A's, tenant B's and the token of A's child tenant.
+//! A tenant sees its own subtree's jobs, logs, checkpoints, events, quotas,
+//! objects and chunks, and nothing of another tenant — not even an id or a
+//! name in an error message.
+
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
+use crate::common;
+
+use shoal_node::agent::testkit::LocalCluster;
+use shoal_node::cli::cp::{cp, CpArgs};
+use shoal_sdk::{ApiTokenCreateRequest, Client, JobSubmitRequest, TenantRequest};
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn tenant(name: &str, parent: Option<&str>) -> TenantRequest {
+    TenantRequest {
+        name: name.into(),
+        parent: parent.map(String::from),
+        ..TenantRequest::default()
+    }
+}
+
+async fn token_for(admin: &Client, tenant: &str) -> String {
+    admin
+        .create_api_token(&ApiTokenCreateRequest {
+            name: Some(format!("{tenant}-token")),
+            tenant: Some(tenant.into()),
+        })
+        .await
+        .expect("token")
+        .token
+}
+
+/// A one-GPU job that prints its name and sleeps, submitted with `client`.
+async fn job(client: &Client, tenant: &str, name: &str) -> u64 {
+    let mut req = JobSubmitRequest::shell(1, 1, &format!("echo {name}; exec sleep 600"));
+    req.name = name.into();
+    req.tenant = Some(tenant.into());
+    client.submit_job(&req).await.expect("submit").id
+}
+
+/// Status and body of `GET path` with `token`.
+async fn get(base: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let http = reqwest::Client::new();
+    let mut req = http.get(format!("{base}{path}"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
+    let _serial = common::one_at_a_time();
+    let c = LocalCluster::start(1, |_, _| {}).await.expect("cluster");
+    let admin = c.client(0);
+    let base = c.agents[0].api_url();
+    for (name, parent) in [
+        ("alpha", None),
+        ("alpha-sub", Some("alpha")),
+        ("beta", None),
+    ] {
+        admin
+            .create_tenant(&tenant(name, parent))
+            .await
+            .expect("tenant");
+    }
+    let a = token_for(&admin, "alpha").await;
+    let sub = token_for(&admin, "alpha-sub").await;
+    let b = token_for(&admin, "beta").await;
+    let as_a = Client::new(base.clone(), Some(a.clone()));
+    let as_sub = Client::new(base.clone(), Some(sub.clone()));
+    let as_b = Client::new(base.clone(), Some(b.clone()));
+    let a_job = job(&as_a, "alpha", "secret-alpha-run").await;
+    let sub_job = job(&as_sub, "alpha-sub", "alpha-sub-run").await;
+    let b_job = job(&as_b, "beta", "beta-run").await;
+
+    // Every job running (its log exists), an event about A's job, and an
+    // object of A's whose chunk a token may or may not fetch.
+    common::wait_for("every job running", TIMEOUT, || {
+        let admin = admin.clone();
+        async move {
+            let jobs = admin.jobs(None, None).await.ok()?;
+            (jobs.iter().filter(|j| j.state == "running").count() == 3).then_some(())
+        }
+    })
+    .await;
+    let a_gpu = admin
+        .nodes()
+        .await
+        .expect("nodes")
+        .iter()
+        .flat_map(|n| n.gpus.iter())
+        .find(|g| g.allocated_to == Some(a_job))
+        .map(|g| g.index)
+        .expect("A's GPU");
+    admin.gpu_fault(a_gpu, "xid:79").await.expect("fault");
+    common::wait_for("an event about A's job", TIMEOUT, || {
+        let admin = admin.clone();
+        async move {
+            let events = admin.events(0).await.ok()?;
+            events.iter().any(|e| e.job == Some(a_job)).then_some(())
+        }
+    })
+    .await;
+    let file = c.root().join("alpha-weights.bin");
+    std::fs::write(&file, b"alpha's weights, not beta's").expect("write");
+    let upload = CpArgs {
+        replica: 1,
+        recursive: false,
+        force: false,
+        allow_degraded: true,
+        paths: vec![file.display().to_string(), "mesh:/alpha/weights.bin".into()],
+    };
+    cp(&as_a, &upload, true).await.expect("upload");
+    let object = admin.objects("/alpha/weights.bin").await.expect("object");
+    let manifest = shoal_storage::manifest::Manifest::from_bytes(
+        &hex::decode(&object[0].manifest_hex).expect("hex"),
+    )
+    .expect("manifest");
+    let chunk = manifest.unique_chunks()[0].id.to_string();
+
+    // (route, admin, A, A's child, B); no token is always 401.
+    let routes: Vec<(String, [u16; 4])> = vec![
+        ("/v1/status".into(), [200, 200, 200, 200]),
+        ("/v1/nodes".into(), [200, 200, 200, 200]),
+        ("/v1/peers".into(), [200, 200, 200, 200]),
+        ("/v1/jobs".into(), [200, 200, 200, 200]),
+        (format!("/v1/jobs/{a_job}"), [200, 200, 404, 404]),
+        (format!("/v1/jobs/{sub_job}"), [200, 200, 200, 404]),
+        (format!("/v1/jobs/{b_job}"), [200, 404, 404, 200]),
+        (format!("/v1/jobs/{a_job}/logs"), [200, 200, 404, 404]),
+        (format!("/v1/jobs/{b_job}/logs"), [200, 404, 404, 200]),
+        (
+            format!("/v1/jobs/{a_job}/checkpoints"),
+            [200, 200, 404, 404],
+        ),
+        ("/v1/jobs/999999".into(), [404, 404, 404, 404]),
+        ("/v1/tenants".into(), [200, 200, 200, 200]),
+        ("/v1/quota".into(), [200, 200, 200, 200]),
+        ("/v1/events".into(), [200, 200, 200, 200]),
+        ("/v1/attrs".into(), [200, 403, 403, 403]),
+        ("/v1/objects?path=/".into(), [200, 200, 200, 200]),
+        (format!("/v1/chunks/{chunk}"), [200, 200, 404, 404]),
+    ];
+    let tokens = [
+        Some(admin_token(&c)),
+        Some(a.clone()),
+        Some(sub.clone()),
+        Some(b.clone()),
+    ];
+    let mut bodies: Vec<Vec<String>> = vec![Vec::new(); 4];
+    let mut wrong = Vec::new();
+    for (path, expected) in &routes {
+        let (status, _) = get(&base, path, None).await;
+        if status != 401 {
+            wrong.push(format!("{path} without a token: {status}"));
+        }
+        for (who, token) in tokens.iter().enumerate() {
+            let (status, body) = get(&base, path, token.as_deref()).await;
+            if status != expected[who] {
+                wrong.push(format!(
+                    "{path} as token {who}: {status} (want {}): {body}",
+                    expected[who]
+                ));
+            }
+            bodies[who].push(body);
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "unexpected answers:\n{}",
+        wrong.join("\n")
+    );
+
+    // Nothing of A's reaches B, nothing of the parent or of B reaches the child.
+    let leaks = |who: usize, marks: &[String]| -> Vec<String> {
+        bodies[who]
+            .iter()
+            .zip(&routes)
+            .filter_map(|(body, (path, _))| {
+                marks
+                    .iter()
+                    .find(|m| body.contains(m.as_str()))
+                    .map(|m| format!("{path} shows {m}"))
+            })
+            .collect()
+    };
+    let a_marks = [
+        "secret-alpha-run".to_string(),
+        "\"alpha\"".to_string(),
+        "alpha-sub".to_string(),
+        format!("\"allocated_to\":{a_job}"),
+        format!("\"job\":{a_job}"),
+        "/alpha/weights.bin".to_string(),
+    ];
+    let b_events = &bodies[3][routes
+        .iter()
+        .position(|(p, _)| p == "/v1/events")
+        .expect("route")];
+    assert_eq!(
+        leaks(3, &a_marks),
+        Vec::<String>::new(),
+        "B sees A's work: {b_events}"
+    );
+    let not_for_child = [
+        "secret-alpha-run".to_string(),
+        format!("\"job\":{a_job}"),
+        format!("\"job\":{b_job}"),
+        "beta".to_string(),
+        "/alpha/weights.bin".to_string(),
+    ];
+    assert_eq!(
+        leaks(2, &not_for_child),
+        Vec::<String>::new(),
+        "the child sees too much"
+    );
+    // A sees its own subtree; the admin sees everyone.
+    let a_jobs = as_a.jobs(None, None).await.expect("jobs");
+    let mut ids: Vec<u64> = a_jobs.iter().map(|j| j.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![a_job, sub_job]);
+    assert_eq!(as_b.jobs(Some("alpha"), None).await.expect("jobs").len(), 0);
+    assert!(as_a
+        .events(0)
+        .await
+        .expect("events")
+        .iter()
+        .any(|e| e.job == Some(a_job)));
+    assert_eq!(admin.jobs(None, None).await.expect("jobs").len(), 3);
+    c.shutdown().await;
+}
+
+fn admin_token(c: &LocalCluster) -> String {
+    c.admin_token.clone()
+}
