@@ -20,8 +20,10 @@
 //! - [`Policy::HdrfPreempt`] additionally lets a job that cannot start, ahead
 //!   of any reservation, preempt preemptible running jobs when its tenant is
 //!   below its fair share and the victims' tenants are above theirs, or when
-//!   its base `priority` is strictly higher than the victim's. `boost` does
-//!   not count here (see below). Victims are taken
+//!   its base `priority` is strictly higher than that of a victim of its own
+//!   tenant (priority never ranks one tenant's jobs against another's, so a
+//!   tenant's `--priority 1000000` preempts nobody else). `boost` does not
+//!   count here (see below). Victims are taken
 //!   smallest first, then most recently checkpointed, and only if freeing them
 //!   really makes the gang placeable; victims that turn out unnecessary are
 //!   dropped again.

@@ -1291,7 +1291,11 @@ impl<'a> Pass<'a> {
                     .tree
                     .index_of(&victim.tenant)
                     .is_some_and(|t| self.usage.own_share(t) > fair[t] + SHARE_EPSILON);
-                (below_fair_share && above_fair_share) || job.priority > victim.priority
+                // Priority ranks a tenant's own jobs only: across tenants,
+                // fair share alone decides, or one tenant's --priority
+                // would preempt everyone.
+                (below_fair_share && above_fair_share)
+                    || (victim.tenant == job.tenant && job.priority > victim.priority)
             })
             .collect();
         candidates.sort_by_key(|victim| {

@@ -483,6 +483,84 @@ fn tenants_at_their_fair_share_do_not_preempt() {
     assert!(!plan.preemptions.is_empty());
 }
 
+/// Priority orders a tenant's own jobs only: a tenant at its fair share
+/// submitting an enormous priority neither preempts nor overtakes a tenant
+/// below its share.
+#[test]
+fn priority_never_preempts_or_overtakes_another_tenant() {
+    let now = 1000;
+    let mut nodes: Vec<NodeView> = (1..=4).map(|id| node(id, "r1", 2, "A10")).collect();
+    let mut running = vec![
+        occupy(&mut nodes, 1, 2, 10, "greedy", 0, 10_000),
+        occupy(&mut nodes, 2, 2, 11, "greedy", 0, 10_000),
+        occupy(&mut nodes, 3, 2, 12, "calm", 0, 10_000),
+        occupy(&mut nodes, 4, 2, 13, "calm", 0, 10_000),
+    ];
+    // Only the other tenant's jobs could make room.
+    for r in running.iter_mut().filter(|r| r.tenant == "greedy") {
+        r.preemptible = false;
+    }
+    let mut greedy = tenant("greedy", 1.0);
+    greedy.gpus_in_use = 4;
+    let mut calm = tenant("calm", 1.0);
+    calm.gpus_in_use = 4;
+    let mut shouting = pending(1, "greedy", 1, 2, 100);
+    shouting.0.priority = 1_000_000;
+    let pass_input = SchedInput {
+        now_s: now,
+        ..input(
+            nodes.clone(),
+            vec![greedy.clone(), calm.clone()],
+            running.clone(),
+            vec![shouting.clone()],
+            Policy::HdrfPreempt,
+        )
+    };
+    let prox = TopologyProximity::new(&nodes);
+    let plan = schedule(&pass_input, &prox);
+    check_plan(&pass_input, &plan).unwrap();
+    assert!(plan.preemptions.is_empty(), "{plan:?}");
+    assert!(plan.placements.is_empty());
+
+    // The same priority against its own tenant's running jobs does preempt.
+    let own: Vec<RunningJob> = running
+        .iter()
+        .cloned()
+        .map(|mut r| {
+            r.tenant = "greedy".into();
+            r.preemptible = true;
+            r
+        })
+        .collect();
+    greedy.gpus_in_use = 8;
+    let own_input = SchedInput {
+        running: own,
+        tenants: vec![greedy.clone(), calm.clone()],
+        ..pass_input.clone()
+    };
+    let plan = schedule(&own_input, &prox);
+    check_plan(&own_input, &plan).unwrap();
+    assert!(!plan.preemptions.is_empty(), "{plan:?}");
+
+    // Two free GPUs, a waiting job of each tenant: the tenant below its
+    // share gets them, however high the other's priority.
+    let mut free_nodes: Vec<NodeView> = (1..=2).map(|id| node(id, "r1", 2, "A10")).collect();
+    let running = vec![occupy(&mut free_nodes, 1, 2, 10, "greedy", 0, 10_000)];
+    greedy.gpus_in_use = 2;
+    calm.gpus_in_use = 0;
+    let race = input(
+        free_nodes.clone(),
+        vec![greedy, calm],
+        running,
+        vec![shouting, pending(2, "calm", 1, 2, 100)],
+        Policy::Hdrf,
+    );
+    let plan = schedule(&race, &TopologyProximity::new(&free_nodes));
+    check_plan(&race, &plan).unwrap();
+    assert_eq!(plan.placements.len(), 1);
+    assert_eq!(plan.placements[0].job, 2, "{plan:?}");
+}
+
 /// A requeued victim carries `boost` to climb its tenant's queue, but boost
 /// is not priority: it must not let the victim preempt running jobs of the
 /// same base priority, or each preemption would cause the next.
