@@ -291,4 +291,145 @@ mod tests {
             }
         }
     }
+
+    // --- how much a tenant token may use (crate::limits) ---
+
+    fn as_tenant(l: &mut Ledger, tenant: &str, cmd: Command) -> LedgerResponse {
+        let index = l.clock_ms + 1;
+        let cmd = Command::AsTenant {
+            tenant: tenant.into(),
+            cmd: Box::new(cmd),
+        };
+        l.apply(index, &LedgerRequest { now_ms: index, cmd })
+    }
+
+    fn waiting(l: &Ledger, tenant: &str) -> usize {
+        l.workload
+            .jobs
+            .values()
+            .filter(|j| j.spec.tenant == tenant && j.state.is_waiting())
+            .count()
+    }
+
+    #[test]
+    fn a_tenant_token_is_held_to_the_waiting_jobs_limit_and_an_admin_is_not() {
+        let mut l = ledger_with_tenants();
+        let most = crate::limits::Limits::DEFAULT.waiting_jobs;
+        let mut big = job("a");
+        big.gpus_per_node = 1;
+        for _ in 0..most {
+            let r = as_tenant(&mut l, "a", Command::SubmitJob { spec: big.clone() });
+            assert!(matches!(r, LedgerResponse::JobId(_)), "{r:?}");
+        }
+        assert_eq!(waiting(&l, "a"), most);
+        match as_tenant(&mut l, "a", Command::SubmitJob { spec: big.clone() }) {
+            LedgerResponse::Rejected(m) => assert_eq!(
+                m,
+                format!("limit: tenant 'a' has {most} jobs waiting (at most {most}); cancel some or wait for them to start")
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Another tenant, and the admin, are not held back by a's use.
+        let mut b = job("b");
+        b.gpus_per_node = 1;
+        assert!(matches!(
+            as_tenant(&mut l, "b", Command::SubmitJob { spec: b }),
+            LedgerResponse::JobId(_)
+        ));
+        let index = l.clock_ms + 1;
+        let r = l.apply(
+            index,
+            &LedgerRequest {
+                now_ms: index,
+                cmd: Command::SubmitJob { spec: big },
+            },
+        );
+        assert!(matches!(r, LedgerResponse::JobId(_)), "{r:?}");
+    }
+
+    #[test]
+    fn oversized_specs_and_manifests_are_refused_and_never_stored() {
+        let mut l = ledger_with_tenants();
+        let mut spec = job("a");
+        spec.command = vec!["x".repeat(65 << 10)];
+        let r = as_tenant(&mut l, "a", Command::SubmitJob { spec });
+        assert!(
+            matches!(&r, LedgerResponse::Rejected(m) if m.starts_with("limit: the job spec is")),
+            "{r:?}"
+        );
+        let mut spec = job("a");
+        spec.required_labels = (0..200).map(|i| (format!("k{i}"), "v".into())).collect();
+        let r = as_tenant(&mut l, "a", Command::SubmitJob { spec });
+        assert!(
+            matches!(&r, LedgerResponse::Rejected(m) if m.contains("200 required_labels entries")),
+            "{r:?}"
+        );
+        let mut huge = object("/a/huge", "a");
+        huge.manifest = vec![0; (4 << 20) + 1];
+        let r = as_tenant(
+            &mut l,
+            "a",
+            Command::PutObject {
+                object: huge,
+                replace: false,
+            },
+        );
+        assert!(
+            matches!(&r, LedgerResponse::Rejected(m) if m.contains("at most 4194304")),
+            "{r:?}"
+        );
+        assert!(l.workload.jobs.is_empty());
+        assert!(l.namespace.objects.is_empty());
+    }
+
+    proptest! {
+        /// Whatever a tenant sends, what `limits::check_with` lets through
+        /// never takes it past a limit.
+        #[test]
+        fn a_tenant_never_exceeds_its_limits(
+            ops in proptest::collection::vec((0u8..3, 0usize..6, 1usize..600), 1..80)
+        ) {
+            use crate::limits::{check_with, Limits};
+            let limits = Limits {
+                waiting_jobs: 5,
+                job_spec_bytes: 300,
+                job_map_entries: 4,
+                objects: 3,
+                manifest_bytes: 400,
+                tenant_manifest_bytes: 900,
+            };
+            let mut l = ledger_with_tenants();
+            for (i, (kind, n, size)) in ops.into_iter().enumerate() {
+                let cmd = match kind {
+                    0 => {
+                        let mut spec = job("a");
+                        spec.gpus_per_node = 1;
+                        spec.name = "n".repeat(size / 2);
+                        spec.env = (0..n).map(|k| (format!("K{k}"), "v".into())).collect();
+                        Command::SubmitJob { spec }
+                    }
+                    1 => {
+                        let mut o = object(&format!("/a/o{n}"), "a");
+                        o.manifest = vec![1; size];
+                        Command::PutObject { object: o, replace: true }
+                    }
+                    _ => Command::CancelJob { job: n as u64 + 1 },
+                };
+                if check_with(&l, &cmd, &limits).is_err() {
+                    continue;
+                }
+                let index = 100 + i as u64;
+                l.apply(index, &LedgerRequest { now_ms: index, cmd });
+                prop_assert!(waiting(&l, "a") <= limits.waiting_jobs);
+                let objects: Vec<_> = l.namespace.objects.values().filter(|o| o.tenant == "a").collect();
+                prop_assert!(objects.len() <= limits.objects);
+                prop_assert!(objects.iter().all(|o| o.manifest.len() <= limits.manifest_bytes));
+                prop_assert!(objects.iter().map(|o| o.manifest.len()).sum::<usize>() <= limits.tenant_manifest_bytes);
+                for j in l.workload.jobs.values() {
+                    prop_assert!(crate::limits::spec_bytes(&j.spec) <= limits.job_spec_bytes);
+                    prop_assert!(j.spec.env.len() <= limits.job_map_entries);
+                }
+            }
+        }
+    }
 }

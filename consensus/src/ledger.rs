@@ -421,9 +421,12 @@ impl Ledger {
                 if matches!(**cmd, Command::AsTenant { .. } | Command::Batch(_)) {
                     return LedgerResponse::Rejected("tenant commands do not nest".into());
                 }
-                match crate::access::authorize(self, tenant, cmd) {
+                if let Err(reason) = crate::access::authorize(self, tenant, cmd) {
+                    return LedgerResponse::Denied(reason);
+                }
+                match crate::limits::check(self, cmd) {
                     Ok(()) => self.apply_command(index, cmd),
-                    Err(reason) => LedgerResponse::Denied(reason),
+                    Err(reason) => LedgerResponse::Rejected(reason),
                 }
             }
             Command::PutAttr { key, value } => {

@@ -6,6 +6,7 @@
 pub mod access;
 pub mod events;
 pub mod ledger;
+pub mod limits;
 pub mod namespace;
 pub mod network;
 pub mod sched;

@@ -234,6 +234,42 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         .iter()
         .any(|e| e.job == Some(a_job)));
     assert_eq!(admin.jobs(None, None).await.expect("jobs").len(), 3);
+
+    // Hostile metadata is refused with one line naming the limit, and
+    // nothing is stored.
+    let bad = shoal_sdk::ObjectPut {
+        path: "/alpha/bad".into(),
+        is_dir: false,
+        manifest_hex: "00".into(),
+        bytes: 1,
+        files: 1,
+        holders: vec![1],
+        replica: 1,
+        tenant: None,
+        replace: false,
+    };
+    let err = as_a
+        .put_object(&bad)
+        .await
+        .expect_err("undecodable manifest");
+    assert!(err.to_string().contains("invalid manifest"), "{err}");
+    assert!(admin
+        .objects("/alpha/bad")
+        .await
+        .map(|o| o.is_empty())
+        .unwrap_or(true));
+    let mut huge = JobSubmitRequest::shell(1, 1, "true");
+    huge.env = (0..200).map(|i| (format!("K{i}"), "v".into())).collect();
+    let err = as_a
+        .submit_job(&huge)
+        .await
+        .expect_err("too many env entries");
+    assert!(
+        err.to_string()
+            .contains("limit: the job has 200 env entries"),
+        "{err}"
+    );
+    assert_eq!(admin.jobs(None, None).await.expect("jobs").len(), 3);
     c.shutdown().await;
 }
 

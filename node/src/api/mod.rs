@@ -729,6 +729,11 @@ async fn put_object(
 ) -> Result<Json<WriteResponse>, ApiError> {
     let manifest =
         hex::decode(&req.manifest_hex).map_err(|_| bad_request("manifest_hex is not hex"))?;
+    // The ledger keeps manifests opaque; one that does not decode would only
+    // make every node's garbage collection and repair skip, so it is refused
+    // here, before anything is stored.
+    shoal_storage::manifest::Manifest::from_bytes(&manifest)
+        .map_err(|e| bad_request(format!("invalid manifest: {e}")))?;
     let object = shoal_consensus::namespace::MeshObject {
         path: req.path,
         is_dir: req.is_dir,
