@@ -156,6 +156,8 @@ pub struct NodeProc {
     pub rpc_port: u16,
     pub labels: Vec<String>,
     pub extra_env: Vec<(String, String)>,
+    /// Run ranks as the agent's own user (the default for tests).
+    pub single_user: bool,
     /// `--sim-gpus`; None runs the node with real discovery (NVML).
     pub sim_gpus: Option<String>,
     /// Address the node binds and advertises (127.0.0.1 unless in a netns).
@@ -175,11 +177,17 @@ impl NodeProc {
             rpc_port: port,
             labels: labels.iter().map(|s| s.to_string()).collect(),
             extra_env: Vec::new(),
+            single_user: true,
             sim_gpus: Some("4xH100-80GB".into()),
             host: "127.0.0.1".into(),
             netns: None,
             child: None,
         }
+    }
+
+    /// The agent's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn rpc_addr(&self) -> String {
@@ -215,6 +223,12 @@ impl NodeProc {
         }
         for l in &self.labels {
             c.arg("--label").arg(l);
+        }
+        // Ranks run as the test's own user, root included, unless a test
+        // asks for the production default (see `isolation`).
+        if self.single_user {
+            c.env("SHOAL_EXECUTOR__RUN_AS", "agent")
+                .env("SHOAL_EXECUTOR__ALLOW_ROOT", "true");
         }
         for (k, v) in &self.extra_env {
             c.env(k, v);

@@ -336,8 +336,8 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
     // its lease, and before any rank of the new epoch started anywhere.
     let cut_log = std::fs::read_to_string(
         root.as_path()
-            .join(&cut_name)
-            .join(format!("jobs/{id}/ranks.log")),
+            .join(format!("{cut_name}-jobs"))
+            .join(format!("{id}/ranks.log")),
     )
     .expect("ranks.log on the cut node");
     let old = rank_lifetimes(&cut_log);
@@ -355,8 +355,8 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
     for node in &moved.nodes {
         let log = std::fs::read_to_string(
             root.as_path()
-                .join(node)
-                .join(format!("jobs/{id}/ranks.log")),
+                .join(format!("{node}-jobs"))
+                .join(format!("{id}/ranks.log")),
         )
         .unwrap_or_default();
         for ((rank, epoch), (start, _)) in rank_lifetimes(&log) {
@@ -376,8 +376,8 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
     for (rank, node) in done.nodes.iter().enumerate() {
         let log = std::fs::read_to_string(
             root.as_path()
-                .join(node)
-                .join(format!("jobs/{id}/rank-{rank}.log")),
+                .join(format!("{node}-jobs"))
+                .join(format!("{id}/rank-{rank}.log")),
         )
         .expect("rank log");
         let checksum = log

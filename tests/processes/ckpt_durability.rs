@@ -138,10 +138,11 @@ async fn lost_holders_are_replaced_and_corrupt_replicas_repaired() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let source_node = &nodes[index_of(source)];
     let original = std::fs::read(
-        nodes[index_of(source)]
-            .data_dir
-            .join(format!("jobs/{id}/ckpt/1/weights.bin")),
+        root.path()
+            .join(format!("{}-jobs", source_node.name))
+            .join(format!("{id}/ckpt/1/weights.bin")),
     )
     .expect("original");
     assert_eq!(

@@ -48,8 +48,7 @@ impl Cluster {
     fn job_dir(&self, node: &str, job: u64) -> PathBuf {
         self.root
             .path()
-            .join(node)
-            .join("jobs")
+            .join(format!("{node}-jobs"))
             .join(job.to_string())
     }
 }

@@ -10,5 +10,6 @@ mod ckpt_durability;
 mod cli;
 mod cluster;
 mod cp;
+mod isolation;
 mod jobs;
 mod metrics;

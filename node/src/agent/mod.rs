@@ -5,6 +5,7 @@
 pub mod join;
 pub mod testkit;
 
+use crate::executor::account::RankUsers;
 use crate::executor::{Executor, RankHost};
 use crate::node::client::LeaderService;
 use crate::node::config::Config;
@@ -511,6 +512,11 @@ fn spawn_workers(
             jobs_dir: cfg.jobs_dir(),
             stop_grace: Duration::from_secs(cfg.executor.stop_grace_s),
             stall_after: Duration::from_secs(cfg.anomaly.stall_after_s),
+            users: RankUsers {
+                run_as: cfg.executor.run_as.clone(),
+                users: cfg.executor.users.clone(),
+                allow_root: cfg.executor.allow_root,
+            },
         });
         workers::spawn(executor.fence_guard(), node.shutdown_signal());
         workers::spawn(executor, node.shutdown_signal());

@@ -23,10 +23,11 @@ pub struct LocalCluster {
 }
 
 /// Config of the i-th node (0-based) under `root`: loopback, ephemeral
-/// ports, four simulated H100s.
+/// ports, four simulated H100s. Ranks run as the user running the cluster
+/// (root allowed): one process, one user, as on a laptop.
 pub fn node_config(root: &std::path::Path, i: usize) -> Config {
     let name = format!("n{}", i + 1);
-    Config {
+    let mut cfg = Config {
         name: Some(name.clone()),
         data_dir: Some(root.join(&name)),
         api_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -34,7 +35,10 @@ pub fn node_config(root: &std::path::Path, i: usize) -> Config {
         gossip_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         sim_gpus: Some("4xH100-80GB".into()),
         ..Config::default()
-    }
+    };
+    cfg.executor.run_as = Some(crate::executor::account::AGENT_USER.into());
+    cfg.executor.allow_root = true;
+    cfg
 }
 
 impl LocalCluster {

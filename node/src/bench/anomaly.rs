@@ -335,8 +335,11 @@ async fn stalls(
         for j in running(&client, &ids).await? {
             let node = j.nodes[0].clone();
             let index = agent_index(cluster, &node)?;
-            let log =
-                crate::executor::log_path(&cluster.agents[index].data_dir().join("jobs"), j.id, 0);
+            let log = crate::executor::log_path(
+                &cluster.agents[index].node().config().jobs_dir(),
+                j.id,
+                0,
+            );
             let at = poll("the rank's first output", || {
                 let log = log.clone();
                 async move {

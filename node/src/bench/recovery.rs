@@ -87,7 +87,7 @@ async fn all_logs_contain(
                 continue;
             }
             let path = crate::executor::log_path(
-                &cluster.root().join(node).join("jobs"),
+                &cluster.root().join(format!("{node}-jobs")),
                 job,
                 rank as u32,
             );

@@ -229,7 +229,7 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
 }
 
 fn read_rank_log(root: &Path, node: &str, job: u64, rank: usize) -> String {
-    let path = crate::executor::log_path(&root.join(node).join("jobs"), job, rank as u32);
+    let path = crate::executor::log_path(&root.join(format!("{node}-jobs")), job, rank as u32);
     std::fs::read_to_string(path).unwrap_or_default()
 }
 

@@ -15,15 +15,19 @@ pub async fn run(api_addr: Option<SocketAddr>, sim_gpus: Option<String>) -> anyh
     } else {
         preferred
     };
-    let cfg = Config {
+    let mut cfg = Config {
         name: Some("dev".into()),
-        data_dir: Some(dir.path().to_path_buf()),
+        data_dir: Some(dir.path().join("data")),
         api_addr: api,
         rpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         gossip_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         sim_gpus: Some(sim_gpus.unwrap_or_else(|| "8xH100-80GB".into())),
         ..Config::default()
     };
+    // One user's machine: jobs run as that user, root included.
+    cfg.executor.jobs_dir = Some(dir.path().join("jobs"));
+    cfg.executor.run_as = Some(crate::executor::account::AGENT_USER.into());
+    cfg.executor.allow_root = true;
     let agent = Agent::start(cfg, StartMode::Bootstrap).await?;
     let boot = agent
         .bootstrap
@@ -33,6 +37,7 @@ pub async fn run(api_addr: Option<SocketAddr>, sim_gpus: Option<String>) -> anyh
     println!();
     println!("  API       {}", agent.api_url());
     println!("  data dir  {} (removed on exit)", dir.path().display());
+    println!("  jobs run as you: a single-user node, not for a shared pool");
     println!();
     println!("Point the CLI at it from another terminal:");
     println!();

@@ -24,6 +24,7 @@
 //! and signalling processes, restoring checkpoints, reaping, logs, metrics
 //! and ledger writes.
 
+pub mod account;
 mod fence;
 mod plan;
 
@@ -117,6 +118,8 @@ pub struct RankHost {
     pub stop_grace: Duration,
     /// Silence after which a running rank counts as stalled.
     pub stall_after: Duration,
+    /// Which Unix user each tenant's ranks run as.
+    pub users: account::RankUsers,
 }
 
 /// The executor loop: this node's running ranks and the exits it still has
@@ -620,11 +623,13 @@ fn report_lost(host: &RankHost, key: &RankKey) {
 }
 
 fn launch(host: &RankHost, key: &RankKey, a: &Assignment) -> Result<RunningRank, String> {
+    let account = host.users.resolve(&a.spec.tenant)?;
     let jobs_dir = host.jobs_dir.clone();
     let dir = job_dir(&jobs_dir, key.job);
     let ckpt_dir = dir.join("ckpt");
     std::fs::create_dir_all(&ckpt_dir)
         .map_err(|e| format!("cannot create {}: {e}", ckpt_dir.display()))?;
+    give_job_dir(&jobs_dir, &dir, &account)?;
     let log = log_path(&jobs_dir, key.job, key.rank);
     let mut out = std::fs::OpenOptions::new()
         .create(true)
@@ -647,17 +652,62 @@ fn launch(host: &RankHost, key: &RankKey, a: &Assignment) -> Result<RunningRank,
         // An allocation only (`shoal alloc`): hold the GPUs with a process
         // that does nothing until it is stopped, so stop and fencing work the
         // same way for allocations as for jobs.
-        return spawn(
-            host,
-            key,
-            a,
-            &["sleep".to_string(), "infinity".to_string()],
-            out,
-            err,
-            ckpt_dir,
-        );
+        let idle = ["sleep".to_string(), "infinity".to_string()];
+        return spawn(host, key, a, &idle, (out, err), &account, ckpt_dir);
     }
-    spawn(host, key, a, &a.spec.command, out, err, ckpt_dir)
+    spawn(
+        host,
+        key,
+        a,
+        &a.spec.command,
+        (out, err),
+        &account,
+        ckpt_dir,
+    )
+}
+
+/// Hands the job's directory (and what a restore wrote into it) to the
+/// rank's user, private to it; the jobs dir above it only lets users pass.
+fn give_job_dir(jobs_dir: &Path, dir: &Path, account: &account::Account) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions.
+    if account.uid == unsafe { libc::geteuid() } {
+        return Ok(());
+    }
+    let fail = |p: &Path, e: std::io::Error| {
+        format!("cannot hand {} to {}: {e}", p.display(), account.name)
+    };
+    std::fs::set_permissions(jobs_dir, std::fs::Permissions::from_mode(0o711))
+        .map_err(|e| fail(jobs_dir, e))?;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        std::os::unix::fs::lchown(&path, Some(account.uid), Some(account.gid))
+            .map_err(|e| fail(&path, e))?;
+        if path.is_dir() && !path.is_symlink() {
+            for entry in std::fs::read_dir(&path)
+                .map_err(|e| fail(&path, e))?
+                .flatten()
+            {
+                pending.push(entry.path());
+            }
+        }
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| fail(dir, e))
+}
+
+/// The environment a rank starts with, built from scratch: nothing of the
+/// agent's (no token, no config) but the basics a program expects.
+fn base_env(account: &account::Account) -> Vec<(String, String)> {
+    vec![
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        ("HOME".into(), account.home.display().to_string()),
+        ("USER".into(), account.name.clone()),
+        ("LOGNAME".into(), account.name.clone()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ]
 }
 
 fn spawn(
@@ -665,31 +715,57 @@ fn spawn(
     key: &RankKey,
     a: &Assignment,
     argv: &[String],
-    out: std::fs::File,
-    err: std::fs::File,
+    (out, err): (std::fs::File, std::fs::File),
+    account: &account::Account,
     ckpt_dir: PathBuf,
 ) -> Result<RunningRank, String> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| "the job has no command".to_string())?;
+    // SAFETY: geteuid has no preconditions.
+    let switch = (account.uid != unsafe { libc::geteuid() }).then_some((account.uid, account.gid));
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
+        .env_clear()
+        .envs(base_env(account))
         .envs(gang_env(host, key, a, &ckpt_dir))
         .envs(&a.spec.env)
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err)
         .kill_on_drop(true);
-    if let Some(dir) = &a.spec.workdir {
-        cmd.current_dir(dir);
+    match &a.spec.workdir {
+        Some(dir) => {
+            cmd.current_dir(dir);
+        }
+        // Another user cannot be left in the agent's working directory.
+        None if switch.is_some() => {
+            cmd.current_dir(job_dir(&host.jobs_dir, key.job));
+        }
+        None => {}
     }
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
-            // Own process group, so signals reach the rank's children too.
+        cmd.pre_exec(move || {
+            // Own session and process group, so signals reach the rank's
+            // children too and it has no terminal of the agent's.
             libc::setsid();
+            if let Some((uid, gid)) = switch {
+                // Groups first: once the uid changes it may not.
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // After the switch: a change of credentials clears it.
             // Die with the agent: the ledger is the only record of what runs.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            // No setuid binary can give the rank more than it has.
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }

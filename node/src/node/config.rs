@@ -173,8 +173,17 @@ pub struct ExecutorTuning {
     pub enabled: bool,
     /// Between SIGTERM and SIGKILL when a job is stopped.
     pub stop_grace_s: u64,
-    /// Where job logs and checkpoint directories live; default `<data-dir>/jobs`.
+    /// Where job logs and checkpoint directories live, outside the data dir
+    /// (which holds keys and tokens); default `<data-dir>-jobs`.
     pub jobs_dir: Option<PathBuf>,
+    /// The Unix user ranks run as: a user name, or `agent` for the agent's
+    /// own user (single-user machines). Default: `shoal-job` (created when
+    /// missing) for an agent running as root, else the agent's own user.
+    pub run_as: Option<String>,
+    /// Per-tenant users, overriding `run_as` (`vision = "vision"`).
+    pub users: BTreeMap<String, String>,
+    /// Let a rank run as root (uid 0). Off: such a launch is refused.
+    pub allow_root: bool,
 }
 
 impl Default for ExecutorTuning {
@@ -183,6 +192,9 @@ impl Default for ExecutorTuning {
             enabled: true,
             stop_grace_s: 30,
             jobs_dir: None,
+            run_as: None,
+            users: BTreeMap::new(),
+            allow_root: false,
         }
     }
 }
@@ -265,6 +277,8 @@ const ENV_KEYS: &[&str] = &[
     "executor.enabled",
     "executor.stop_grace_s",
     "executor.jobs_dir",
+    "executor.run_as",
+    "executor.allow_root",
     "storage.scrub_interval_s",
     "storage.capacity_bytes",
     "storage.gc_interval_s",
@@ -400,10 +414,12 @@ impl Config {
     }
 
     pub fn jobs_dir(&self) -> PathBuf {
-        self.executor
-            .jobs_dir
-            .clone()
-            .unwrap_or_else(|| self.data_dir().join("jobs"))
+        self.executor.jobs_dir.clone().unwrap_or_else(|| {
+            let data = self.data_dir();
+            let mut name = data.file_name().unwrap_or_default().to_os_string();
+            name.push("-jobs");
+            data.with_file_name(name)
+        })
     }
 
     pub fn node_name(&self) -> String {

@@ -114,15 +114,17 @@ pub fn write_private(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()
     Ok(())
 }
 
+/// The data dir holds the node's keys, tokens and ledger: private to the
+/// agent whoever created it (jobs live elsewhere: `executor.jobs_dir`).
 pub fn ensure_data_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
     }
-    Ok(())
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 
 pub const GOSSIP_KEY_FILE: &str = "gossip.key";

@@ -1,0 +1,147 @@
+//! A tenant's job is hostile input. Under a root agent with the default
+//! configuration its ranks run as an unprivileged user — the tenant's own
+//! (`executor.users`) or `shoal-job` — with an environment built from
+//! scratch, so a job can read nothing of the agent (its data dir, the admin
+//! token, its environment), cannot signal it, and cannot read another
+//! tenant's job directory. Needs root (the agent switches users); fails
+//! with that reason otherwise.
+
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
+use crate::common;
+
+use common::{wait_for, NodeProc};
+use shoal_sdk::{JobSubmitRequest, TenantRequest};
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+const BETA_USER: &str = "shoal-test-beta";
+
+fn uid_of(user: &str) -> u32 {
+    let out = std::process::Command::new("id")
+        .args(["-u", user])
+        .output()
+        .expect("id");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no user {user}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root: the agent switches ranks to unprivileged users"
+    );
+    let _serial = common::one_at_a_time();
+    let status = std::process::Command::new("useradd")
+        .args(["--system", "--user-group", "--no-create-home", BETA_USER])
+        .status()
+        .expect("useradd");
+    assert!(
+        status.success() || status.code() == Some(9),
+        "useradd: {status}"
+    );
+    let root = tempfile::tempdir().expect("tempdir");
+    // Users may pass through the test's directory to their own job dirs.
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let config = root.path().join("node.toml");
+    std::fs::write(
+        &config,
+        format!("[executor]\nusers = {{ beta = \"{BETA_USER}\" }}\n"),
+    )
+    .expect("config");
+    let mut node = NodeProc::new(root.path(), "n1", &[]);
+    node.single_user = false;
+    node.extra_env
+        .push(("SHOAL_CONFIG".into(), config.display().to_string()));
+    node.bootstrap();
+    let admin = node.client(&node.admin_token());
+    for name in ["alpha", "beta"] {
+        admin
+            .create_tenant(&TenantRequest {
+                name: name.into(),
+                ..TenantRequest::default()
+            })
+            .await
+            .expect("tenant");
+    }
+
+    // Alpha's job keeps a secret in its checkpoint dir.
+    let mut alpha = JobSubmitRequest::shell(
+        1,
+        1,
+        "id -u; echo alpha-secret > \"$SHOAL_CKPT_DIR/secret\"; exec sleep 600",
+    );
+    alpha.tenant = Some("alpha".into());
+    let alpha = admin.submit_job(&alpha).await.expect("submit").id;
+    let secret = root
+        .path()
+        .join("n1-jobs")
+        .join(alpha.to_string())
+        .join("ckpt/secret");
+    wait_for("alpha's secret on disk", TIMEOUT, || {
+        let secret = secret.clone();
+        async move { secret.exists().then_some(()) }
+    })
+    .await;
+
+    // Beta's job tries everything it must not be able to do.
+    let agent = node.pid().expect("agent pid");
+    let data = node.data_dir.display().to_string();
+    let probes = format!(
+        "echo uid=$(id -u)\n\
+         cat {data}/admin.token >/dev/null 2>&1 && echo token=read || echo token=denied\n\
+         ls {data} >/dev/null 2>&1 && echo data=listed || echo data=denied\n\
+         cat {secret} >/dev/null 2>&1 && echo other=read || echo other=denied\n\
+         cat /proc/{agent}/environ >/dev/null 2>&1 && echo environ=read || echo environ=denied\n\
+         kill -0 {agent} 2>/dev/null && echo signal=sent || echo signal=denied\n\
+         echo env=$(env | grep -c -e SHOAL_TOKEN -e SHOAL_CONFIG -e SHOAL_EXECUTOR)\n",
+        secret = secret.display()
+    );
+    let mut beta = JobSubmitRequest::shell(1, 1, &probes);
+    beta.tenant = Some("beta".into());
+    let beta = admin.submit_job(&beta).await.expect("submit").id;
+    let log = wait_for("beta's probes to finish", TIMEOUT, || {
+        let admin = admin.clone();
+        async move {
+            let job = admin.job(beta).await.ok()?;
+            if !matches!(job.state.as_str(), "completed" | "failed") {
+                return None;
+            }
+            let log = admin.job_log(beta, 0, 0).await.ok()?;
+            Some(String::from_utf8_lossy(&log).into_owned())
+        }
+    })
+    .await;
+    let expected = [
+        format!("uid={}", uid_of(BETA_USER)),
+        "token=denied".into(),
+        "data=denied".into(),
+        "other=denied".into(),
+        "environ=denied".into(),
+        "signal=denied".into(),
+        "env=0".into(),
+    ];
+    for line in &expected {
+        assert!(
+            log.lines().any(|l| l == line),
+            "want '{line}' in beta's log:\n{log}"
+        );
+    }
+    // Alpha, with no user of its own, runs as the default job user.
+    let alpha_log =
+        String::from_utf8_lossy(&admin.job_log(alpha, 0, 0).await.expect("log")).into_owned();
+    assert!(
+        alpha_log
+            .lines()
+            .any(|l| l == uid_of("shoal-job").to_string()),
+        "alpha's rank is not shoal-job's:\n{alpha_log}"
+    );
+    let _ = admin.cancel_job(alpha).await;
+}
