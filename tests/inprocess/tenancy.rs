@@ -234,6 +234,14 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         .iter()
         .any(|e| e.job == Some(a_job)));
     assert_eq!(admin.jobs(None, None).await.expect("jobs").len(), 3);
+    // /metrics needs no token, so it names no tenant unless asked to.
+    let (status, metrics) = get(&base, "/metrics", None).await;
+    assert_eq!(status, 200);
+    assert!(metrics.contains("shoal_jobs{"), "{metrics}");
+    assert!(
+        !metrics.contains("tenant=\""),
+        "tenant labels on /metrics:\n{metrics}"
+    );
 
     // Hostile metadata is refused with one line naming the limit, and
     // nothing is stored.

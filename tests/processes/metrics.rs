@@ -114,7 +114,10 @@ fn assert_promtool_accepts(dir: &std::path::Path, text: &str) {
 async fn metrics_of_a_three_node_cluster_carry_dcgm_series_per_gpu_and_shoal_series() {
     let _serial = common::one_at_a_time();
     let root = tempfile::tempdir().expect("tempdir");
-    let (nodes, token) = start_cluster(root.path(), &["m1", "m2", "m3"], |_| Vec::new()).await;
+    let (nodes, token) = start_cluster(root.path(), &["m1", "m2", "m3"], |_| {
+        vec![("SHOAL_METRICS__TENANT_LABELS".into(), "true".into())]
+    })
+    .await;
     let client = nodes[0].client(&token);
     let id = client
         .submit_job(&JobSubmitRequest {

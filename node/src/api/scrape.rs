@@ -45,14 +45,15 @@ pub fn refresh(node: &Node) {
             .get_or_create(&vec![("state".into(), job.state.as_str().into())])
             .inc();
     }
+    // Tenant names only where the operator asked for them: /metrics is open.
+    let tenant_labels = node.config().metrics.tenant_labels;
     mm.jobs_pending.clear();
     for job in workload.jobs.values().filter(|j| j.state.is_waiting()) {
-        mm.jobs_pending
-            .get_or_create(&vec![
-                ("tenant".into(), job.spec.tenant.clone()),
-                ("reason".into(), reason_class(&job.reason).into()),
-            ])
-            .inc();
+        let mut labels: Labels = vec![("reason".into(), reason_class(&job.reason).into())];
+        if tenant_labels {
+            labels.insert(0, ("tenant".into(), job.spec.tenant.clone()));
+        }
+        mm.jobs_pending.get_or_create(&labels).inc();
     }
     let owners = super::views::gpu_owners(ledger);
     let alive_gpus: usize = ledger
@@ -72,7 +73,7 @@ pub fn refresh(node: &Node) {
     mm.tenant_gpus.clear();
     mm.tenant_gpu_hours.clear();
     mm.tenant_gpu_hours_limit.clear();
-    for tenant in workload.tenants.values() {
+    for tenant in workload.tenants.values().filter(|_| tenant_labels) {
         let labels: Labels = vec![("tenant".into(), tenant.name.clone())];
         mm.tenant_gpus.get_or_create(&labels).set(i64::from(
             held.get(tenant.name.as_str()).copied().unwrap_or(0),

@@ -34,6 +34,7 @@ pub struct Config {
     pub executor: ExecutorTuning,
     pub storage: StorageTuning,
     pub anomaly: AnomalyTuning,
+    pub metrics: MetricsTuning,
     /// Lifetime of the join token printed at bootstrap.
     pub join_token_ttl_s: u64,
     /// Test only: extra round-trip time added to RTT samples towards the
@@ -131,6 +132,16 @@ impl Default for StorageTuning {
             gc_grace_s: 3600,
         }
     }
+}
+
+/// What `/metrics`, which needs no token, may tell.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsTuning {
+    /// Export series labelled with tenant names (per-tenant GPUs and
+    /// budgets, pending jobs by tenant). Off: anyone who can reach the port
+    /// would learn who uses the pool.
+    pub tenant_labels: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -244,6 +255,7 @@ impl Default for Config {
             executor: ExecutorTuning::default(),
             storage: StorageTuning::default(),
             anomaly: AnomalyTuning::default(),
+            metrics: MetricsTuning::default(),
             join_token_ttl_s: 24 * 3600,
             test_inject_rtt: BTreeMap::new(),
             test_faults: None,
@@ -288,6 +300,7 @@ const ENV_KEYS: &[&str] = &[
     "anomaly.straggler_min_sibling_util_pct",
     "anomaly.stall_after_s",
     "anomaly.webhook_url",
+    "metrics.tenant_labels",
 ];
 
 /// The default data dir: `/var/lib/shoal` for root, else `$XDG_DATA_HOME/shoal`.
