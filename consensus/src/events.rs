@@ -7,6 +7,9 @@ use std::collections::VecDeque;
 
 use crate::types::NodeId;
 
+/// The kind of the events that record admin actions and refused requests.
+pub const AUDIT: &str = "audit";
+
 /// Events kept; older ones are dropped first.
 pub const MAX_EVENTS: usize = 1000;
 /// The same kind of event for the same node and GPU is recorded at most once
@@ -63,11 +66,14 @@ impl EventLog {
         if spec.kind.is_empty() || spec.kind.len() > 64 || spec.message.len() > 1024 {
             return None;
         }
+        // An audit record is about one request: only the very same message
+        // is a repeat.
         let duplicate = self.events.iter().rev().any(|e| {
             e.spec.kind == spec.kind
                 && e.spec.node == spec.node
                 && e.spec.gpu == spec.gpu
                 && e.spec.job == spec.job
+                && (spec.kind != AUDIT || e.spec.message == spec.message)
                 && now_ms.saturating_sub(e.at_ms) < DEDUP_WINDOW_MS
         });
         if duplicate {

@@ -234,6 +234,57 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         .iter()
         .any(|e| e.job == Some(a_job)));
     assert_eq!(admin.jobs(None, None).await.expect("jobs").len(), 3);
+    // Admin actions and refused requests are audit events, for admins only.
+    let refused = as_b
+        .cancel_job(a_job)
+        .await
+        .expect_err("another tenant's job");
+    assert!(
+        refused.to_string().contains("permission denied"),
+        "{refused}"
+    );
+    let refused = as_b
+        .create_tenant(&tenant("beta-sub", Some("beta")))
+        .await
+        .expect_err("admin only");
+    assert!(
+        refused.to_string().contains("needs an admin token"),
+        "{refused}"
+    );
+    let audit = common::wait_for("the audit events", TIMEOUT, || {
+        let admin = admin.clone();
+        async move {
+            let audit: Vec<String> = admin
+                .events(0)
+                .await
+                .ok()?
+                .into_iter()
+                .filter(|e| e.kind == "audit")
+                .map(|e| e.message)
+                .collect();
+            let want = [
+                "token 'beta-token' of tenant 'beta': POST /v1/jobs/{id}/cancel refused (403)",
+                "token 'beta-token' of tenant 'beta': POST /v1/tenants refused (403)",
+            ];
+            (want.iter().all(|w| audit.iter().any(|m| m == w))
+                && audit.iter().any(|m| m.ends_with("POST /v1/tenants done")))
+            .then_some(audit)
+        }
+    })
+    .await;
+    assert!(
+        audit.iter().all(|m| !m.contains("sa1.")),
+        "a secret in {audit:?}"
+    );
+    assert!(
+        as_b.events(0)
+            .await
+            .expect("events")
+            .iter()
+            .all(|e| e.kind != "audit"),
+        "a tenant sees audit events"
+    );
+
     // /metrics needs no token, so it names no tenant unless asked to.
     let (status, metrics) = get(&base, "/metrics", None).await;
     assert_eq!(status, 200);

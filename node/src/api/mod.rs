@@ -180,6 +180,7 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
                     TENANT_WRITES.contains(&(method, route))
                 };
                 if !allowed {
+                    audit(&app, &caller, method, route, StatusCode::FORBIDDEN);
                     return forbidden(format!(
                         "permission denied: {method} {route} needs an admin token; \
                          token '{}' is for tenant '{tenant}'",
@@ -188,9 +189,17 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
                     .into_response();
                 }
             }
+            let method = req.method().as_str().to_string();
+            let route = req
+                .extensions()
+                .get::<MatchedPath>()
+                .map(|p| p.as_str().to_string())
+                .unwrap_or_default();
             let mut req = req;
-            req.extensions_mut().insert(caller);
-            next.run(req).await
+            req.extensions_mut().insert(caller.clone());
+            let resp = next.run(req).await;
+            audit(&app, &caller, &method, &route, resp.status());
+            resp
         }
         None => ApiError(
             StatusCode::UNAUTHORIZED,
@@ -203,6 +212,42 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
         )
         .into_response(),
     }
+}
+
+/// Records, as an `audit` event, every write an admin token made and every
+/// request of a tenant token that was refused (a 403: another tenant's
+/// object or job, an admin-only route). The token is named, never shown.
+fn audit(app: &Arc<Node>, caller: &Caller, method: &str, route: &str, status: StatusCode) {
+    let refused = caller.tenant.is_some() && status == StatusCode::FORBIDDEN;
+    let admin_write = caller.tenant.is_none() && method != "GET" && status.is_success();
+    if !(refused || admin_write) {
+        return;
+    }
+    let who = match &caller.tenant {
+        Some(tenant) => format!("token '{}' of tenant '{tenant}'", caller.name),
+        None => format!("admin token '{}'", caller.name),
+    };
+    let spec = shoal_consensus::events::EventSpec {
+        severity: if refused {
+            shoal_consensus::events::Severity::Warning
+        } else {
+            shoal_consensus::events::Severity::Info
+        },
+        kind: shoal_consensus::events::AUDIT.into(),
+        node: Some(app.id()),
+        gpu: None,
+        job: None,
+        message: format!(
+            "{who}: {method} {route} {}",
+            if refused { "refused (403)" } else { "done" }
+        ),
+    };
+    let ledger = app.ledger().clone();
+    tokio::spawn(async move {
+        if let Err(e) = ledger.write(Command::RecordEvent(spec)).await {
+            tracing::warn!(error = %e.message, "could not record an audit event");
+        }
+    });
 }
 
 async fn count_requests(State(app): State<AppState>, req: Request, next: Next) -> Response {

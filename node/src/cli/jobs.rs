@@ -495,12 +495,20 @@ pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::
 }
 
 /// `shoal events [-f]`: the event log, then (with -f) new events as they come.
-pub async fn events(client: &Client, follow: bool, json: bool) -> anyhow::Result<()> {
+pub async fn events(
+    client: &Client,
+    follow: bool,
+    kind: Option<&str>,
+    json: bool,
+) -> anyhow::Result<()> {
     let mut after = 0;
     loop {
-        let batch = client.events(after).await.map_err(api)?;
+        let mut batch = client.events(after).await.map_err(api)?;
         if let Some(last) = batch.last() {
             after = last.id;
+        }
+        if let Some(kind) = kind {
+            batch.retain(|e| e.kind == kind);
         }
         if json && !follow {
             return print_json(&batch);

@@ -75,6 +75,9 @@ enum Cmd {
         /// Keep printing new events
         #[arg(short = 'f', long)]
         follow: bool,
+        /// Only events of this kind (e.g. audit, gpu_xid, node_down)
+        #[arg(long)]
+        kind: Option<String>,
     },
     /// Debugging aids
     Debug {
@@ -484,7 +487,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
         }
-        Cmd::Events { follow } => crate::cli::jobs::events(&client(&cli), *follow, cli.json).await,
+        Cmd::Events { follow, kind } => {
+            crate::cli::jobs::events(&client(&cli), *follow, kind.as_deref(), cli.json).await
+        }
         Cmd::Debug {
             cmd: DebugCmd::GpuFault { gpu, fault },
         } => {
