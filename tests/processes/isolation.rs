@@ -101,7 +101,10 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
          cat {secret} >/dev/null 2>&1 && echo other=read || echo other=denied\n\
          cat /proc/{agent}/environ >/dev/null 2>&1 && echo environ=read || echo environ=denied\n\
          kill -0 {agent} 2>/dev/null && echo signal=sent || echo signal=denied\n\
-         echo env=$(env | grep -c -e SHOAL_TOKEN -e SHOAL_CONFIG -e SHOAL_EXECUTOR)\n",
+         echo env=$(env | grep -c -e SHOAL_TOKEN -e SHOAL_CONFIG -e SHOAL_EXECUTOR)\n\
+         ln -s /etc/passwd \"$SHOAL_CKPT_DIR/../rank-9.log\" 2>/dev/null && echo plant=done || echo plant=denied\n\
+         touch \"$SHOAL_CKPT_DIR/mine\" && echo ckpt=writable || echo ckpt=denied\n\
+         echo cwd=$(basename \"$PWD\")\n",
         secret = secret.display()
     );
     let mut beta = JobSubmitRequest::shell(1, 1, &probes);
@@ -127,6 +130,11 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
         "environ=denied".into(),
         "signal=denied".into(),
         "env=0".into(),
+        // Logs and launch markers sit in a dir of the agent's: no job can
+        // replace one with a link for the agent to write through.
+        "plant=denied".into(),
+        "ckpt=writable".into(),
+        "cwd=work".into(),
     ];
     for line in &expected {
         assert!(

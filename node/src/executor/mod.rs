@@ -499,18 +499,19 @@ async fn prepare_and_launch(
     key: &RankKey,
     a: &Assignment,
 ) -> Result<RunningRank, String> {
+    let account = host.users.resolve(&a.spec.tenant)?;
+    let dir = job_dir(&host.jobs_dir, key.job);
+    prepare_job_dir(&host.jobs_dir, &dir, &account)?;
     if let Some(ckpt) = a.restore.clone() {
-        let ckpt_dir = job_dir(&host.jobs_dir, key.job).join("ckpt");
         let started = Instant::now();
         let worker = host.chunks.clone();
         let handle = tokio::runtime::Handle::current();
-        let dir = ckpt_dir.clone();
         let step = ckpt.step;
-        let restored = tokio::task::spawn_blocking(move || {
-            crate::ckpt::restore_checkpoint(&worker, handle, &ckpt, &dir)
-        })
-        .await
-        .map_err(|e| format!("restore task failed: {e}"))??;
+        let (dir, owner) = (dir.clone(), account.clone());
+        let restored =
+            tokio::task::spawn_blocking(move || restore_for(&worker, handle, &ckpt, &dir, &owner))
+                .await
+                .map_err(|e| format!("restore task failed: {e}"))??;
         tracing::info!(
             job = key.job,
             rank = key.rank,
@@ -520,7 +521,92 @@ async fn prepare_and_launch(
             "checkpoint restored"
         );
     }
-    launch(host, key, a)
+    launch(host, key, a, &account)
+}
+
+/// Whether ranks of `account` run as another user than the agent.
+fn switches(account: &account::Account) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    account.uid != unsafe { libc::geteuid() }
+}
+
+/// The job's directory for `account`. When the rank runs as another user,
+/// the job dir (its logs and launch markers) stays the agent's and only
+/// `ckpt/` and `work/` (the rank's working directory) become the rank's,
+/// 0700: the agent then never opens a path a job could have replaced with a
+/// symlink. The jobs dir above only lets users pass.
+fn prepare_job_dir(jobs_dir: &Path, dir: &Path, account: &account::Account) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |p: &Path, e: std::io::Error| format!("cannot prepare {}: {e}", p.display());
+    let ckpt = dir.join("ckpt");
+    if !switches(account) {
+        return std::fs::create_dir_all(&ckpt).map_err(|e| fail(&ckpt, e));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| fail(dir, e))?;
+    for (path, mode) in [(jobs_dir, 0o711), (dir, 0o711)] {
+        std::os::unix::fs::lchown(path, Some(0), Some(0)).map_err(|e| fail(path, e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| fail(path, e))?;
+    }
+    for sub in [ckpt, dir.join("work")] {
+        match std::fs::symlink_metadata(&sub) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => std::fs::remove_file(&sub).map_err(|e| fail(&sub, e))?,
+            Err(_) => {}
+        }
+        if !sub.exists() {
+            std::fs::create_dir(&sub).map_err(|e| fail(&sub, e))?;
+        }
+        std::os::unix::fs::lchown(&sub, Some(account.uid), Some(account.gid))
+            .map_err(|e| fail(&sub, e))?;
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| fail(&sub, e))?;
+    }
+    Ok(())
+}
+
+/// Restores `checkpoint` into the job's `ckpt/`; blocking. For a rank of
+/// another user the union is built in a scratch dir only the agent can
+/// touch, handed to the user there, and moved into place whole, replacing
+/// whatever the job left at that step (never following it).
+fn restore_for(
+    net: &crate::rpc::chunks::ChunkNet,
+    handle: tokio::runtime::Handle,
+    checkpoint: &shoal_consensus::workload::Checkpoint,
+    dir: &Path,
+    account: &account::Account,
+) -> Result<u64, String> {
+    let ckpt_dir = dir.join("ckpt");
+    if !switches(account) {
+        return crate::ckpt::restore_checkpoint(net, handle, checkpoint, &ckpt_dir);
+    }
+    let scratch = dir.join(".restore");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir(&scratch)
+        .map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
+    let bytes = crate::ckpt::restore_checkpoint(net, handle, checkpoint, &scratch)?;
+    let step = checkpoint.step.to_string();
+    let staged = scratch.join(&step);
+    let mut pending = vec![staged.clone()];
+    while let Some(path) = pending.pop() {
+        std::os::unix::fs::lchown(&path, Some(account.uid), Some(account.gid))
+            .map_err(|e| format!("cannot hand {} over: {e}", path.display()))?;
+        if path.is_dir() && !path.is_symlink() {
+            let entries = std::fs::read_dir(&path).map_err(|e| e.to_string())?;
+            pending.extend(entries.flatten().map(|e| e.path()));
+        }
+    }
+    let target = ckpt_dir.join(&step);
+    match std::fs::symlink_metadata(&target) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&target),
+        Ok(_) => std::fs::remove_file(&target),
+        Err(_) => Ok(()),
+    }
+    .map_err(|e| format!("cannot replace {}: {e}", target.display()))?;
+    std::fs::rename(&staged, &target)
+        .map_err(|e| format!("cannot move the restore into {}: {e}", target.display()))?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(bytes)
 }
 
 /// Waits for the rank's replication in flight, if any. A step that failed
@@ -622,14 +708,15 @@ fn report_lost(host: &RankHost, key: &RankKey) {
     }
 }
 
-fn launch(host: &RankHost, key: &RankKey, a: &Assignment) -> Result<RunningRank, String> {
-    let account = host.users.resolve(&a.spec.tenant)?;
+fn launch(
+    host: &RankHost,
+    key: &RankKey,
+    a: &Assignment,
+    account: &account::Account,
+) -> Result<RunningRank, String> {
     let jobs_dir = host.jobs_dir.clone();
     let dir = job_dir(&jobs_dir, key.job);
     let ckpt_dir = dir.join("ckpt");
-    std::fs::create_dir_all(&ckpt_dir)
-        .map_err(|e| format!("cannot create {}: {e}", ckpt_dir.display()))?;
-    give_job_dir(&jobs_dir, &dir, &account)?;
     let log = log_path(&jobs_dir, key.job, key.rank);
     let mut out = std::fs::OpenOptions::new()
         .create(true)
@@ -664,35 +751,6 @@ fn launch(host: &RankHost, key: &RankKey, a: &Assignment) -> Result<RunningRank,
         &account,
         ckpt_dir,
     )
-}
-
-/// Hands the job's directory (and what a restore wrote into it) to the
-/// rank's user, private to it; the jobs dir above it only lets users pass.
-fn give_job_dir(jobs_dir: &Path, dir: &Path, account: &account::Account) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    // SAFETY: geteuid has no preconditions.
-    if account.uid == unsafe { libc::geteuid() } {
-        return Ok(());
-    }
-    let fail = |p: &Path, e: std::io::Error| {
-        format!("cannot hand {} to {}: {e}", p.display(), account.name)
-    };
-    std::fs::set_permissions(jobs_dir, std::fs::Permissions::from_mode(0o711))
-        .map_err(|e| fail(jobs_dir, e))?;
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(path) = pending.pop() {
-        std::os::unix::fs::lchown(&path, Some(account.uid), Some(account.gid))
-            .map_err(|e| fail(&path, e))?;
-        if path.is_dir() && !path.is_symlink() {
-            for entry in std::fs::read_dir(&path)
-                .map_err(|e| fail(&path, e))?
-                .flatten()
-            {
-                pending.push(entry.path());
-            }
-        }
-    }
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| fail(dir, e))
 }
 
 /// The environment a rank starts with, built from scratch: nothing of the
@@ -740,7 +798,7 @@ fn spawn(
         }
         // Another user cannot be left in the agent's working directory.
         None if switch.is_some() => {
-            cmd.current_dir(job_dir(&host.jobs_dir, key.job));
+            cmd.current_dir(job_dir(&host.jobs_dir, key.job).join("work"));
         }
         None => {}
     }
