@@ -740,17 +740,9 @@ fn launch(
         // that does nothing until it is stopped, so stop and fencing work the
         // same way for allocations as for jobs.
         let idle = ["sleep".to_string(), "infinity".to_string()];
-        return spawn(host, key, a, &idle, (out, err), &account, ckpt_dir);
+        return spawn(host, key, a, &idle, (out, err), account, ckpt_dir);
     }
-    spawn(
-        host,
-        key,
-        a,
-        &a.spec.command,
-        (out, err),
-        &account,
-        ckpt_dir,
-    )
+    spawn(host, key, a, &a.spec.command, (out, err), account, ckpt_dir)
 }
 
 /// The environment a rank starts with, built from scratch: nothing of the
