@@ -184,6 +184,13 @@ pub enum Command {
         tenant: String,
         cmd: Box<Command>,
     },
+    /// A command a member node forwarded on its own authority (no user
+    /// token): applied only if it is about that node
+    /// ([`crate::node_access::authorize`]); a refusal is an audit event.
+    AsNode {
+        node: NodeId,
+        cmd: Box<Command>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -418,7 +425,10 @@ impl Ledger {
                 LedgerResponse::Ok
             }
             Command::AsTenant { tenant, cmd } => {
-                if matches!(**cmd, Command::AsTenant { .. } | Command::Batch(_)) {
+                if matches!(
+                    **cmd,
+                    Command::AsTenant { .. } | Command::AsNode { .. } | Command::Batch(_)
+                ) {
                     return LedgerResponse::Rejected("tenant commands do not nest".into());
                 }
                 if let Err(reason) = crate::access::authorize(self, tenant, cmd) {
@@ -427,6 +437,33 @@ impl Ledger {
                 match crate::limits::check(self, cmd) {
                     Ok(()) => self.apply_command(index, cmd),
                     Err(reason) => LedgerResponse::Rejected(reason),
+                }
+            }
+            Command::AsNode { node, cmd } => {
+                let refusal = if matches!(
+                    **cmd,
+                    Command::AsTenant { .. } | Command::AsNode { .. } | Command::Batch(_)
+                ) {
+                    Some(format!("node {node} may not nest commands"))
+                } else {
+                    crate::node_access::authorize(self, *node, cmd).err()
+                };
+                match refusal {
+                    None => self.apply_command(index, cmd),
+                    Some(reason) => {
+                        self.events.record(
+                            &crate::events::EventSpec {
+                                severity: crate::events::Severity::Warning,
+                                kind: crate::events::AUDIT.into(),
+                                node: Some(*node),
+                                gpu: None,
+                                job: None,
+                                message: format!("refused a command from a member: {reason}"),
+                            },
+                            now,
+                        );
+                        LedgerResponse::Denied(reason)
+                    }
                 }
             }
             Command::PutAttr { key, value } => {

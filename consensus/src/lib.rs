@@ -9,6 +9,7 @@ pub mod ledger;
 pub mod limits;
 pub mod namespace;
 pub mod network;
+pub mod node_access;
 pub mod sched;
 pub mod store;
 pub mod types;

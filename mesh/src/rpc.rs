@@ -37,11 +37,13 @@ pub enum RpcError {
 }
 
 /// Who sent a request. `authenticated` is true only when the peer presented a
-/// certificate signed by the cluster CA.
+/// certificate signed by the cluster CA; `member` is the member id that
+/// certificate names (what the peer may do is the receiver's decision).
 #[derive(Clone, Debug)]
 pub struct PeerInfo {
     pub remote: SocketAddr,
     pub authenticated: bool,
+    pub member: Option<u64>,
 }
 
 pub type RpcFuture = Pin<Box<dyn Future<Output = Vec<u8>> + Send>>;
@@ -246,17 +248,15 @@ async fn accept_loop(endpoint: Endpoint, handler: Arc<dyn RpcHandler>) {
                     return;
                 }
             };
-            let authenticated = conn
-                .peer_identity()
-                .and_then(|id| {
-                    id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
-                        .ok()
-                })
-                .map(|chain| !chain.is_empty())
-                .unwrap_or(false);
+            let chain = conn.peer_identity().and_then(|id| {
+                id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                    .ok()
+            });
+            let leaf = chain.as_ref().and_then(|c| c.first());
             let peer = PeerInfo {
                 remote,
-                authenticated,
+                authenticated: leaf.is_some(),
+                member: leaf.and_then(|cert| crate::tls::member_id_of(cert.as_ref())),
             };
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let handler = handler.clone();
@@ -349,7 +349,10 @@ mod tests {
     impl RpcHandler for Echo {
         fn handle(&self, peer: PeerInfo, body: Vec<u8>) -> RpcFuture {
             Box::pin(async move {
-                let mut v = vec![u8::from(peer.authenticated)];
+                let mut v = vec![
+                    u8::from(peer.authenticated),
+                    peer.member.and_then(|m| u8::try_from(m).ok()).unwrap_or(0),
+                ];
                 v.extend(body);
                 v
             })
@@ -372,7 +375,7 @@ mod tests {
             .call(addr, b"hi", Duration::from_secs(5))
             .await
             .expect("call");
-        assert_eq!(resp, b"\x01hi");
+        assert_eq!(resp, b"\x01\x02hi", "b is member 2");
     }
 
     #[tokio::test]
@@ -402,7 +405,7 @@ mod tests {
         let (resp, ca_der) = call_as_joiner(addr, &pin, b"join", Duration::from_secs(5))
             .await
             .expect("join");
-        assert_eq!(resp, b"\x00join");
+        assert_eq!(resp, b"\x00\x00join");
         assert_eq!(crate::tls::fingerprint_der(&ca_der), pin);
         let wrong = "0".repeat(64);
         assert!(

@@ -146,6 +146,15 @@ pub fn new_key_and_csr(node_name: &str) -> Result<(String, String), TlsError> {
     Ok((key.serialize_pem(), csr.pem()?))
 }
 
+/// The member id a node certificate names (its subject is `CN=node-<id>`,
+/// set by the CA at signing, never by the requester). `None` for anything
+/// else, including the unsigned placeholder a joiner is issued as id 0.
+pub fn member_id_of(cert_der: &[u8]) -> Option<u64> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
+    cn.strip_prefix("node-")?.parse().ok().filter(|id| *id != 0)
+}
+
 pub fn fingerprint_der(der: &[u8]) -> String {
     blake3::hash(der).to_hex().to_string()
 }
@@ -394,6 +403,17 @@ mod tests {
         assert!(creds.cert_pem.contains("BEGIN CERTIFICATE"));
         creds.server_config().expect("server config");
         creds.client_config().expect("client config");
+    }
+
+    #[test]
+    fn a_certificate_names_the_member_the_ca_chose() {
+        let ca = CaBundle::generate("test").expect("ca");
+        let creds = ca.issue("n1", 7).expect("issue");
+        let der = pem_to_der(&creds.cert_pem).expect("der");
+        assert_eq!(member_id_of(&der), Some(7));
+        // The CA's own certificate and garbage name no member.
+        assert_eq!(member_id_of(&pem_to_der(&ca.cert_pem).expect("der")), None);
+        assert_eq!(member_id_of(b"not a certificate"), None);
     }
 
     #[test]

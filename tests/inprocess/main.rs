@@ -8,5 +8,6 @@ mod common;
 
 mod cluster;
 mod mesh_scale;
+mod node_trust;
 mod partition;
 mod tenancy;

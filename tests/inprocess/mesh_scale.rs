@@ -64,7 +64,8 @@ async fn twenty_nodes_see_a_capacity_change_everywhere() {
         .clone();
     spec.gpus[0].allocated_to = Some(42);
     let start = Instant::now();
-    c.agents[0]
+    // A member's own record: the one change a node may make on its own.
+    changed
         .write(shoal_consensus::Command::UpdateMember {
             id: changed.id(),
             spec,

@@ -122,7 +122,7 @@ async fn an_isolated_leader_commits_nothing_and_catches_up_as_a_follower_after_h
     let old = formed(&c, 3).await;
     let all = ids(&c);
     c.agents[0]
-        .write(put("before", "1"))
+        .write_as(&c.admin_token, put("before", "1"))
         .await
         .expect("write before the cut");
 
@@ -138,7 +138,7 @@ async fn an_isolated_leader_commits_nothing_and_catches_up_as_a_follower_after_h
         let (response, _) = c
             .agent(*id)
             .expect("agent")
-            .write(put(&format!("during/{i}"), &i.to_string()))
+            .write_as(&c.admin_token, put(&format!("during/{i}"), &i.to_string()))
             .await
             .expect("the majority accepts writes");
         assert!(
@@ -152,7 +152,7 @@ async fn an_isolated_leader_commits_nothing_and_catches_up_as_a_follower_after_h
     let old_agent = c.agent(old).expect("old leader");
     let stranded = tokio::time::timeout(
         Duration::from_secs(30),
-        old_agent.write(put("stranded", "x")),
+        old_agent.write_as(&c.admin_token, put("stranded", "x")),
     )
     .await;
     assert!(
@@ -219,7 +219,7 @@ async fn a_one_way_cut_stops_what_a_follower_sends_the_leader_but_not_replicatio
     // The leader still replicates to the follower (it starts those
     // exchanges); the follower's requests to the leader are lost.
     let cut = router.add(Filter::one_way(follower, leader));
-    l.write(put("from-leader", "1"))
+    l.write_as(&c.admin_token, put("from-leader", "1"))
         .await
         .expect("leader write");
     c.wait_until("the follower applies the leader's write", TIMEOUT, |_| {
@@ -228,8 +228,11 @@ async fn a_one_way_cut_stops_what_a_follower_sends_the_leader_but_not_replicatio
     })
     .await
     .expect("replication past a one-way cut");
-    let forwarded =
-        tokio::time::timeout(Duration::from_secs(30), f.write(put("from-follower", "1"))).await;
+    let forwarded = tokio::time::timeout(
+        Duration::from_secs(30),
+        f.write_as(&c.admin_token, put("from-follower", "1")),
+    )
+    .await;
     assert!(
         matches!(forwarded, Ok(Err(_)) | Err(_)),
         "a forwarded write crossed the cut: {forwarded:?}"
@@ -241,7 +244,7 @@ async fn a_one_way_cut_stops_what_a_follower_sends_the_leader_but_not_replicatio
     assert!(exercised.cut > 0);
 
     router.remove(cut);
-    f.write(put("from-follower", "2"))
+    f.write_as(&c.admin_token, put("from-follower", "2"))
         .await
         .expect("a forwarded write once the cut is gone");
     c.wait_until("every node applies the follower's write", TIMEOUT, |c| {
@@ -463,8 +466,13 @@ async fn isolate_a_gang_node(which: Cut) {
     // write runs while the majority re-places the gang.
     let stranded = {
         let a = c.agent(cut_node).expect("agent").clone();
+        let admin = c.admin_token.clone();
         tokio::spawn(async move {
-            tokio::time::timeout(Duration::from_secs(15), a.write(put("stranded", "x"))).await
+            tokio::time::timeout(
+                Duration::from_secs(15),
+                a.write_as(&admin, put("stranded", "x")),
+            )
+            .await
         })
     };
 
@@ -590,7 +598,7 @@ async fn writes_acknowledged_over_lossy_links_are_in_every_ledger_after_healing(
         // keeps a hung write from hanging the test.
         let write = tokio::time::timeout(
             Duration::from_secs(30),
-            a.write(put(&format!("lossy/{i}"), &i.to_string())),
+            a.write_as(&c.admin_token, put(&format!("lossy/{i}"), &i.to_string())),
         )
         .await;
         match write {

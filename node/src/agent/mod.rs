@@ -380,9 +380,20 @@ impl Agent {
         self.node.ledger().voters()
     }
 
-    /// A write through the leader (forwarded when this node is not it).
+    /// This node's own write through the leader (forwarded when this node
+    /// is not it; applied there only as far as this member may).
     pub async fn write(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
         self.node.ledger().write(cmd).await
+    }
+
+    /// A user's write with API token `token`, relayed to the leader.
+    pub async fn write_as(
+        &self,
+        token: &str,
+        cmd: Command,
+    ) -> Result<(LedgerResponse, u64), WireError> {
+        let token = crate::rpc::proto::UserToken(token.to_string());
+        self.node.ledger().write_as(&token, cmd).await
     }
 
     pub async fn status(&self) -> Result<StatusResponse, WireError> {
@@ -393,7 +404,7 @@ impl Agent {
     pub async fn leave(&self) -> Result<(), WireError> {
         self.node
             .ledger()
-            .remove_member(self.node.id())
+            .remove_member(self.node.id(), None)
             .await
             .map(|_| ())
     }
@@ -448,11 +459,13 @@ async fn bootstrap_cluster(
         0o600,
     )
     .map_err(|e| io("cannot write the admin token", e))?;
-    let join_token =
-        auth::create_join_token(ledger, Duration::from_secs(node.config().join_token_ttl_s))
-            .await
-            .map_err(|e| AgentError::Raft(e.to_string()))?
-            .0;
+    let admin = auth::caller(ledger, &admin_token)
+        .ok_or_else(|| AgentError::Raft("the bootstrap admin token was not applied".into()))?;
+    let ttl = Duration::from_secs(node.config().join_token_ttl_s);
+    let join_token = auth::create_join_token(ledger, &admin, ttl)
+        .await
+        .map_err(|e| AgentError::Raft(e.to_string()))?
+        .0;
     Ok(BootstrapInfo {
         admin_token,
         join_token,

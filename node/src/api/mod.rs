@@ -3,8 +3,11 @@
 //! token reads only its own tenants' work (jobs, logs, checkpoints, events,
 //! quotas, `mesh:/` objects and their chunks: [`scope`]) and the nodes
 //! without other tenants' job ids, never the reads in [`ADMIN_READS`], and
-//! may only make the writes in [`TENANT_WRITES`]; those go to the ledger
-//! wrapped in `Command::AsTenant`, which checks ownership at commit.
+//! may only make the writes in [`TENANT_WRITES`]. Every write travels to the
+//! leader with the caller's token; the leader resolves it again and wraps a
+//! tenant's command in `Command::AsTenant`, which checks ownership at commit.
+//! This node only relays: it cannot make a user's write say more than the
+//! user's token allows.
 
 pub mod scope;
 pub mod scrape;
@@ -300,6 +303,7 @@ async fn peers(State(app): State<AppState>) -> Json<Vec<shoal_sdk::PeerView>> {
 
 async fn create_token(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Json(req): Json<TokenCreateRequest>,
 ) -> Result<Json<TokenCreateResponse>, ApiError> {
     let ttl = req.ttl_s.unwrap_or(app.config().join_token_ttl_s);
@@ -310,7 +314,7 @@ async fn create_token(
         )));
     }
     let (token, expires_at_ms) =
-        auth::create_join_token(app.ledger(), Duration::from_secs(ttl)).await?;
+        auth::create_join_token(app.ledger(), &caller, Duration::from_secs(ttl)).await?;
     Ok(Json(TokenCreateResponse {
         token,
         expires_at_ms,
@@ -319,6 +323,7 @@ async fn create_token(
 
 async fn create_api_token(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Json(req): Json<ApiTokenCreateRequest>,
 ) -> Result<Json<ApiTokenCreateResponse>, ApiError> {
     let name = req.name.unwrap_or_else(|| {
@@ -329,9 +334,10 @@ async fn create_api_token(
         )
     });
     let (token, resp) =
-        auth::create_api_token(app.ledger(), name.clone(), req.tenant.clone()).await?;
+        auth::create_api_token(app.ledger(), &caller, name.clone(), req.tenant.clone()).await?;
     match resp {
         LedgerResponse::Rejected(m) => Err(bad_request(m)),
+        LedgerResponse::Denied(m) => Err(forbidden(m)),
         _ => Ok(Json(ApiTokenCreateResponse {
             token,
             name,
@@ -342,23 +348,29 @@ async fn create_api_token(
 
 async fn put_attr(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Json(req): Json<AttrPut>,
 ) -> Result<Json<WriteResponse>, ApiError> {
     let (resp, index) = app
         .ledger()
-        .write(Command::PutAttr {
-            key: req.key,
-            value: req.value,
-        })
+        .write_as(
+            &caller.token,
+            Command::PutAttr {
+                key: req.key,
+                value: req.value,
+            },
+        )
         .await?;
     match resp {
         LedgerResponse::Rejected(m) => Err(bad_request(m)),
+        LedgerResponse::Denied(m) => Err(forbidden(m)),
         _ => Ok(Json(WriteResponse { index })),
     }
 }
 
 async fn remove_node(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(node): Path<String>,
 ) -> Result<Json<WriteResponse>, ApiError> {
     let id = {
@@ -368,7 +380,10 @@ async fn remove_node(
             .map(|m| m.id)
             .ok_or_else(|| bad_request(format!("no node named or numbered '{node}'")))?
     };
-    let index = app.ledger().remove_member(id).await?;
+    let index = app
+        .ledger()
+        .remove_member(id, Some(caller.token.clone()))
+        .await?;
     Ok(Json(WriteResponse { index }))
 }
 
@@ -385,9 +400,14 @@ async fn get_attrs(
     Ok(Json(app.ledger().attrs(q.prefix).await?))
 }
 
-/// A ledger write whose refusal is the caller's fault (HTTP 409 with the reason).
-async fn write_or_reject(app: &Arc<Node>, cmd: Command) -> Result<(LedgerResponse, u64), ApiError> {
-    let (resp, index) = app.ledger().write(cmd).await?;
+/// The caller's write, checked by the leader against the caller's token; a
+/// refusal is the caller's fault (HTTP 409 or 403 with the reason).
+async fn write_or_reject(
+    app: &Arc<Node>,
+    caller: &Caller,
+    cmd: Command,
+) -> Result<(LedgerResponse, u64), ApiError> {
+    let (resp, index) = app.ledger().write_as(&caller.token, cmd).await?;
     match resp {
         LedgerResponse::Rejected(m) => Err(ApiError(
             StatusCode::CONFLICT,
@@ -420,7 +440,7 @@ async fn submit_job(
         req.tenant = caller.tenant.clone();
     }
     let spec = views::job_spec(&req).map_err(bad_request)?;
-    match write_or_reject(&app, caller.scoped(Command::SubmitJob { spec }))
+    match write_or_reject(&app, &caller, Command::SubmitJob { spec })
         .await?
         .0
     {
@@ -489,7 +509,7 @@ async fn cancel_job(
     Extension(caller): Extension<Caller>,
     Path(id): Path<u64>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let (_, index) = write_or_reject(&app, caller.scoped(Command::CancelJob { job: id })).await?;
+    let (_, index) = write_or_reject(&app, &caller, Command::CancelJob { job: id }).await?;
     Ok(Json(WriteResponse { index }))
 }
 
@@ -539,11 +559,13 @@ async fn job_logs(
 
 async fn create_tenant(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Json(req): Json<TenantRequest>,
 ) -> Result<Json<WriteResponse>, ApiError> {
     let limits = views::tenant_limits(&req).map_err(bad_request)?;
     let (_, index) = write_or_reject(
         &app,
+        &caller,
         Command::CreateTenant {
             name: req.name,
             limits,
@@ -555,11 +577,12 @@ async fn create_tenant(
 
 async fn set_tenant(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     Json(req): Json<TenantRequest>,
 ) -> Result<Json<WriteResponse>, ApiError> {
     let update = views::tenant_update(&req).map_err(bad_request)?;
-    let (_, index) = write_or_reject(&app, Command::UpdateTenant { name, update }).await?;
+    let (_, index) = write_or_reject(&app, &caller, Command::UpdateTenant { name, update }).await?;
     Ok(Json(WriteResponse { index }))
 }
 
@@ -645,6 +668,7 @@ async fn get_chunk(
 
 async fn set_drain(
     app: &Arc<Node>,
+    caller: &Caller,
     node: &str,
     drain: bool,
 ) -> Result<Json<WriteResponse>, ApiError> {
@@ -655,22 +679,24 @@ async fn set_drain(
             .map(|m| m.id)
             .ok_or_else(|| bad_request(format!("no node named or numbered '{node}'")))?
     };
-    let (_, index) = write_or_reject(app, Command::SetDrain { id, drain }).await?;
+    let (_, index) = write_or_reject(app, caller, Command::SetDrain { id, drain }).await?;
     Ok(Json(WriteResponse { index }))
 }
 
 async fn drain_node(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(node): Path<String>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    set_drain(&app, &node, true).await
+    set_drain(&app, &caller, &node, true).await
 }
 
 async fn undrain_node(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(node): Path<String>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    set_drain(&app, &node, false).await
+    set_drain(&app, &caller, &node, false).await
 }
 
 #[derive(serde::Deserialize)]
@@ -795,10 +821,11 @@ async fn put_object(
     };
     let (_, index) = write_or_reject(
         &app,
-        caller.scoped(Command::PutObject {
+        &caller,
+        Command::PutObject {
             object,
             replace: req.replace,
-        }),
+        },
     )
     .await?;
     Ok(Json(WriteResponse { index }))
@@ -854,10 +881,7 @@ async fn remove_object(
     Extension(caller): Extension<Caller>,
     Json(req): Json<RemoveQuery>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let (_, index) = write_or_reject(
-        &app,
-        caller.scoped(Command::RemoveObject { path: req.path }),
-    )
-    .await?;
+    let (_, index) =
+        write_or_reject(&app, &caller, Command::RemoveObject { path: req.path }).await?;
     Ok(Json(WriteResponse { index }))
 }

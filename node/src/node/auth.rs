@@ -5,7 +5,7 @@
 use super::client::LedgerClient;
 use super::clock::wall_ms;
 use super::identity;
-use crate::rpc::proto::{ErrorCode, JoinRequest, JoinResponse, WireError};
+use crate::rpc::proto::{ErrorCode, JoinRequest, JoinResponse, UserToken, WireError};
 use shoal_consensus::{Command, LedgerResponse, NodeId};
 use shoal_mesh::CaBundle;
 use std::net::SocketAddr;
@@ -16,11 +16,13 @@ use std::time::{Duration, Instant};
 const TOKEN_CATCH_UP: Duration = Duration::from_secs(2);
 
 /// Who sent a request: the API token's name and, for a tenant-scoped token,
-/// its tenant.
+/// its tenant. The token itself goes along with the caller's writes, so the
+/// leader checks it again rather than trusting the node that relays it.
 #[derive(Clone, Debug)]
 pub struct Caller {
     pub name: String,
     pub tenant: Option<String>,
+    pub token: UserToken,
 }
 
 impl Caller {
@@ -44,6 +46,7 @@ pub fn caller(ledger: &LedgerClient, token: &str) -> Option<Caller> {
     d.ledger.api_tokens.get(&hash).map(|t| Caller {
         name: t.name.clone(),
         tenant: t.tenant.clone(),
+        token: UserToken(token.to_string()),
     })
 }
 
@@ -68,12 +71,13 @@ pub async fn caller_eventually(ledger: &LedgerClient, token: &str) -> Option<Cal
 /// A new API token, admin or scoped to `tenant`; only its hash is kept.
 pub async fn create_api_token(
     ledger: &LedgerClient,
+    by: &Caller,
     name: String,
     tenant: Option<String>,
 ) -> Result<(String, LedgerResponse), WireError> {
     let (token, hash) = identity::new_api_token();
     let (resp, _) = ledger
-        .write(Command::CreateApiToken { hash, name, tenant })
+        .write_as(&by.token, Command::CreateApiToken { hash, name, tenant })
         .await?;
     Ok((token, resp))
 }
@@ -82,6 +86,7 @@ pub async fn create_api_token(
 /// the token and when it expires (ms since the epoch).
 pub async fn create_join_token(
     ledger: &LedgerClient,
+    by: &Caller,
     ttl: Duration,
 ) -> Result<(String, u64), WireError> {
     let pin = {
@@ -101,13 +106,20 @@ pub async fn create_join_token(
     };
     let (token, hash) = identity::new_join_token(&pin);
     let expires_at_ms = wall_ms() + ttl.as_millis() as u64;
-    ledger
-        .write(Command::CreateJoinToken {
-            hash,
-            expires_at_ms,
-        })
+    let (resp, _) = ledger
+        .write_as(
+            &by.token,
+            Command::CreateJoinToken {
+                hash,
+                expires_at_ms,
+            },
+        )
         .await?;
-    Ok((token, expires_at_ms))
+    match resp {
+        LedgerResponse::Denied(m) => Err(WireError::new(ErrorCode::Forbidden, m)),
+        LedgerResponse::Rejected(m) => Err(WireError::new(ErrorCode::Rejected, m)),
+        _ => Ok((token, expires_at_ms)),
+    }
 }
 
 /// Admits a joining node: checks its token and CA pin, records it in the

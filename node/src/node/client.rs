@@ -6,7 +6,7 @@
 use super::batcher::Batcher;
 use super::metrics::Metrics;
 use crate::rpc::faults::{Channel, FaultRouter, Verdict, RAFT_DROP_WAIT_MAX};
-use crate::rpc::proto::{self, ErrorCode, Query, Request, Response, WireError};
+use crate::rpc::proto::{self, ErrorCode, Query, Request, Response, UserToken, WireError};
 use futures::future::BoxFuture;
 use openraft::error::{ChangeMembershipError, CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState};
@@ -270,6 +270,23 @@ impl LedgerClient {
         }
     }
 
+    /// A user's write through the leader, which checks `token` and applies
+    /// `cmd` as far as its holder may.
+    pub async fn write_as(
+        &self,
+        token: &UserToken,
+        cmd: Command,
+    ) -> Result<(LedgerResponse, u64), WireError> {
+        let req = Request::WriteAs {
+            token: token.clone(),
+            cmd,
+        };
+        match self.route(req).await? {
+            Response::Write { response, index } => Ok((response, index)),
+            _ => Err(unexpected("a write")),
+        }
+    }
+
     /// Proposes on this node, which must be the leader. The leader stamps the
     /// time (DESIGN invariant 7); concurrent writes share one log entry.
     pub async fn write_local(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
@@ -328,8 +345,14 @@ impl LedgerClient {
         }
     }
 
-    pub async fn remove_member(&self, id: NodeId) -> Result<u64, WireError> {
-        match self.route(Request::RemoveMember(id)).await? {
+    /// Removes member `id`: by an admin's `token`, or (`None`) this node
+    /// leaving on its own.
+    pub async fn remove_member(
+        &self,
+        id: NodeId,
+        token: Option<UserToken>,
+    ) -> Result<u64, WireError> {
+        match self.route(Request::RemoveMember { id, token }).await? {
             Response::Write { index, .. } => Ok(index),
             _ => Err(unexpected("a removal")),
         }

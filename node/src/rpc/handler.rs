@@ -3,12 +3,13 @@
 //! requests other nodes route to it.
 
 use super::chunks::ChunkNet;
-use super::proto::{self, ErrorCode, JoinRequest, Request, Response, WireError};
+use super::proto::{self, ErrorCode, JoinRequest, Request, Response, UserToken, WireError};
 use crate::api::views::{self, Seen};
 use crate::node::gpu::Gpus;
 use crate::node::peers::SharedPeerView;
 use crate::node::{auth, client::LeaderService, LedgerClient};
 use futures::future::BoxFuture;
+use shoal_consensus::events::{EventSpec, Severity};
 use shoal_consensus::network::{RaftRpc, RaftRpcReply};
 use shoal_consensus::{Command, NodeId};
 use shoal_mesh::{PeerInfo, RpcHandler};
@@ -34,13 +35,42 @@ impl NodeService {
     }
 
     async fn serve_rpc(self: &Arc<Self>, peer: PeerInfo, req: Request) -> Response {
+        let member = match (peer.authenticated, peer.member) {
+            (true, Some(member)) => member,
+            _ => {
+                let result = match req {
+                    Request::Join(j) => self.ledger.route(Request::Join(j)).await,
+                    _ => Err(WireError::new(
+                        ErrorCode::Unauthenticated,
+                        "this request needs a member certificate signed by the cluster CA",
+                    )),
+                };
+                return result.unwrap_or_else(Response::Error);
+            }
+        };
         let result = match req {
-            Request::Join(j) if !peer.authenticated => self.ledger.route(Request::Join(j)).await,
-            _ if !peer.authenticated => Err(WireError::new(
-                ErrorCode::Unauthenticated,
-                "this request needs a certificate signed by the cluster CA",
-            )),
-            Request::Raft(rpc) => Ok(Response::Raft(self.serve_raft(rpc).await)),
+            Request::Raft(rpc) => match self.authorize_raft(member, &rpc) {
+                Ok(()) => Ok(Response::Raft(self.serve_raft(rpc).await)),
+                Err(e) => Err(e),
+            },
+            // What a member proposes on its own is applied only as far as it
+            // is about that member (decided at commit).
+            Request::Write(cmd) => {
+                self.serve_as_leader(Request::Write(Command::AsNode {
+                    node: member,
+                    cmd: Box::new(cmd),
+                }))
+                .await
+            }
+            Request::RemoveMember { id, token: None } if id != member => {
+                self.audit(format!(
+                    "refused a request from member {member}: it may remove only itself, not node {id}"
+                ));
+                Err(WireError::new(
+                    ErrorCode::Forbidden,
+                    format!("member {member} may remove only itself; removing node {id} needs an admin token"),
+                ))
+            }
             Request::Chunk(req) => {
                 let chunks = self.chunks.clone();
                 let handle = tokio::runtime::Handle::current();
@@ -51,6 +81,61 @@ impl NodeService {
             other => self.serve_as_leader(other).await,
         };
         result.unwrap_or_else(Response::Error)
+    }
+
+    /// A Raft message speaks for the node in its vote (the candidate, or the
+    /// leader that sends entries and snapshots): only that node's own
+    /// certificate may carry it, and never one of a member that has left.
+    /// A member unknown to this node's ledger is let through: this node may
+    /// lag behind the membership (a new leader it has not heard of yet), and
+    /// only the cluster CA issues member certificates.
+    fn authorize_raft(&self, member: NodeId, rpc: &RaftRpc) -> Result<(), WireError> {
+        let claimed = match rpc {
+            RaftRpc::AppendEntries(r) => r.vote.leader_id().voted_for(),
+            RaftRpc::Vote(r) => r.vote.leader_id().voted_for(),
+            RaftRpc::InstallSnapshot(r) => r.vote.leader_id().voted_for(),
+        };
+        let refusal = if claimed != Some(member) {
+            Some(format!(
+                "member {member} sent a Raft message in the name of node {}",
+                claimed.map_or_else(|| "?".to_string(), |c| c.to_string())
+            ))
+        } else {
+            let state = self
+                .ledger
+                .read()?
+                .ledger
+                .members
+                .get(&member)
+                .map(|m| m.state);
+            (state == Some(MemberState::Left)).then(|| {
+                format!("node {member} has left the cluster; its Raft messages are refused")
+            })
+        };
+        match refusal {
+            None => Ok(()),
+            Some(why) => {
+                self.audit(format!("refused a Raft message: {why}"));
+                Err(WireError::new(ErrorCode::Forbidden, why))
+            }
+        }
+    }
+
+    /// Records a refusal as an audit event, in the background.
+    fn audit(&self, message: String) {
+        tracing::warn!("{message}");
+        let spec = EventSpec {
+            severity: Severity::Warning,
+            kind: shoal_consensus::events::AUDIT.into(),
+            node: Some(self.ledger.me()),
+            gpu: None,
+            job: None,
+            message,
+        };
+        let ledger = self.ledger.clone();
+        tokio::spawn(async move {
+            let _ = ledger.write(Command::RecordEvent(spec)).await;
+        });
     }
 
     async fn serve_raft(&self, rpc: RaftRpc) -> RaftRpcReply {
@@ -70,6 +155,11 @@ impl NodeService {
                 let (response, index) = self.ledger.write_local(cmd).await?;
                 Ok(Response::Write { response, index })
             }
+            Request::WriteAs { token, cmd } => {
+                let caller = self.user(&token)?;
+                let (response, index) = self.ledger.write_local(caller.scoped(cmd)).await?;
+                Ok(Response::Write { response, index })
+            }
             Request::Query(q) => {
                 self.ledger.ensure_linearizable().await?;
                 let raft = self.ledger.raft_metrics().borrow().clone();
@@ -82,12 +172,33 @@ impl NodeService {
                 views::answer(q, &data, &raft, &seen)
             }
             Request::Join(j) => self.admit(j).await,
-            Request::RemoveMember(id) => self.remove_local(id).await,
+            Request::RemoveMember { id, token } => {
+                if let Some(token) = token {
+                    let caller = self.user(&token)?;
+                    if let Some(tenant) = caller.tenant {
+                        return Err(WireError::new(
+                            ErrorCode::Forbidden,
+                            format!("permission denied: removing a node needs an admin token; token '{}' is for tenant '{tenant}'", caller.name),
+                        ));
+                    }
+                }
+                self.remove_local(id).await
+            }
             Request::Raft(_) | Request::Chunk(_) => Err(WireError::new(
                 ErrorCode::Invalid,
                 "Raft and chunk RPCs are not routed",
             )),
         }
+    }
+
+    /// The holder of a user's token, as the leader's (current) ledger knows it.
+    fn user(&self, token: &UserToken) -> Result<auth::Caller, WireError> {
+        auth::caller(&self.ledger, &token.0).ok_or_else(|| {
+            WireError::new(
+                ErrorCode::Unauthenticated,
+                "the API token is not known to the leader",
+            )
+        })
     }
 
     async fn admit(&self, j: JoinRequest) -> Result<Response, WireError> {

@@ -15,14 +15,37 @@ pub enum Request {
     Raft(RaftRpc),
     /// From a node without a certificate yet.
     Join(JoinRequest),
-    /// A write forwarded to the leader, which stamps the time.
+    /// A node's own write forwarded to the leader, which stamps the time;
+    /// the leader applies it only as far as the sending member may
+    /// (`Command::AsNode`).
     Write(Command),
+    /// A user's write: the leader resolves the token and applies what its
+    /// holder may do. A node relays users' writes, it never vouches for them.
+    WriteAs {
+        token: UserToken,
+        cmd: Command,
+    },
     /// A linearizable read served by the leader.
     Query(Query),
-    /// Remove a member from the cluster (leader only).
-    RemoveMember(u64),
+    /// Remove a member from the cluster (leader only): by an admin's token,
+    /// or by the member itself leaving.
+    RemoveMember {
+        id: u64,
+        token: Option<UserToken>,
+    },
     /// Checkpoint chunks, served by the receiving node's own store.
     Chunk(ChunkRequest),
+}
+
+/// A user's API token on its way to the leader. Only its holder and the
+/// leader see it (the link is mutual TLS); it is never printed.
+#[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]
+pub struct UserToken(pub String);
+
+impl std::fmt::Debug for UserToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UserToken(<secret>)")
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]

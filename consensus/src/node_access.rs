@@ -1,0 +1,428 @@
+//! What a member node may propose on its own (the NodeRestriction idea): a
+//! command a node forwards to the leader without a user's token is applied
+//! only if it is about that node — its own record, its own ranks' exits and
+//! checkpoint parts, copies it holds, events it observed. Everything else
+//! (tokens, tenants, jobs, other members) is a user's action and must carry
+//! the user's token, which the leader verifies (see `Command::AsNode`).
+//!
+//! Pure, and decided in `apply` like [`crate::access`], so the check reads
+//! the ledger as of the commit and every replica agrees.
+//!
+//! The leader itself proposes without this check: Raft trusts its leader
+//! with the log, and the leader's own loops (scheduling, liveness,
+//! membership) are the cluster's control plane.
+
+use crate::ledger::{Command, Ledger};
+use crate::workload::Allocation;
+use crate::NodeId;
+use shoal_sdk::MemberState;
+
+/// `Ok` when member `node` may have `cmd` applied on its own authority;
+/// otherwise why not, worded for the operator reading the audit log.
+pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), String> {
+    match ledger.members.get(&node) {
+        None => return Err(format!("node {node} is not a member")),
+        Some(m) if m.state == MemberState::Left => {
+            return Err(format!("node {node} has left the cluster"))
+        }
+        Some(_) => {}
+    }
+    let refuse = |what: &str| Err(format!("node {node} may not {what}"));
+    match cmd {
+        Command::UpdateMember { id, .. } if *id == node => Ok(()),
+        Command::UpdateMember { id, .. } => refuse(&format!("change member {id}")),
+        Command::RankExited {
+            job, epoch, rank, ..
+        }
+        | Command::CheckpointPart {
+            job, epoch, rank, ..
+        } => match allocation(ledger, *job, *epoch) {
+            // A stale or finished allocation is refused by apply with its
+            // usual message; there is nothing to protect.
+            None => Ok(()),
+            Some(alloc) if rank_node(alloc, *rank) == Some(node) => Ok(()),
+            Some(_) => refuse(&format!(
+                "report for rank {rank} of job {job}: it runs elsewhere"
+            )),
+        },
+        Command::SetCheckpointHolders {
+            job,
+            step,
+            rank,
+            holders,
+        } => {
+            let current = ledger
+                .workload
+                .checkpoints
+                .get(job)
+                .and_then(|catalog| catalog.iter().find(|c| c.step == *step))
+                .and_then(|c| c.parts.get(rank))
+                .map(|p| p.holders.as_slice())
+                .unwrap_or_default();
+            holder_change(node, current, holders)
+                .or_else(|why| refuse(&format!("set the holders of job {job} step {step}: {why}")))
+        }
+        Command::SetObjectHolders { path, holders } => {
+            let current = crate::namespace::normalize(path)
+                .ok()
+                .and_then(|p| ledger.namespace.objects.get(&p))
+                .map(|o| o.holders.as_slice())
+                .unwrap_or_default();
+            holder_change(node, current, holders)
+                .or_else(|why| refuse(&format!("set the holders of mesh:{path}: {why}")))
+        }
+        Command::RecordEvent(spec) => {
+            let own = spec.node == Some(node);
+            // A gang's ranks judge each other (stragglers): a node may
+            // report on a job it runs a rank of, never forge an audit record.
+            let gang = spec
+                .job
+                .and_then(|j| ledger.workload.jobs.get(&j))
+                .and_then(|j| j.alloc.as_ref())
+                .is_some_and(|a| a.nodes.iter().any(|(n, _)| *n == node));
+            if spec.kind == crate::events::AUDIT && !own {
+                refuse("record audit events about other nodes")
+            } else if own || gang {
+                Ok(())
+            } else {
+                refuse("record events about other nodes")
+            }
+        }
+        other => refuse(&format!(
+            "{} on its own: user actions carry the user's token",
+            describe(other)
+        )),
+    }
+}
+
+fn allocation(ledger: &Ledger, job: u64, epoch: u64) -> Option<&Allocation> {
+    ledger
+        .workload
+        .jobs
+        .get(&job)
+        .and_then(|j| j.alloc.as_ref())
+        .filter(|a| a.epoch == epoch)
+}
+
+fn rank_node(alloc: &Allocation, rank: u32) -> Option<NodeId> {
+    alloc.nodes.get(rank as usize).map(|(n, _)| *n)
+}
+
+/// A node that re-replicated data may name the new holder set only if it
+/// holds a copy before or after: a member with no part in the data cannot
+/// rewrite where it lives.
+fn holder_change(node: NodeId, current: &[NodeId], new: &[NodeId]) -> Result<(), String> {
+    if current.contains(&node) || new.contains(&node) {
+        Ok(())
+    } else {
+        Err("it holds no copy, before or after".into())
+    }
+}
+
+fn describe(cmd: &Command) -> &'static str {
+    match cmd {
+        Command::Bootstrap { .. } => "bootstrap",
+        Command::AddMember { .. } => "admit members",
+        Command::SetMemberState { .. } => "change a node's state",
+        Command::CreateJoinToken { .. } | Command::CreateApiToken { .. } => "create tokens",
+        Command::PutAttr { .. } => "set cluster attributes",
+        Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "manage tenants",
+        Command::SubmitJob { .. } | Command::CancelJob { .. } => "submit or cancel jobs",
+        Command::Schedule(_) | Command::ReleaseJob { .. } => "schedule",
+        Command::PutObject { .. } | Command::RemoveObject { .. } => "write mesh:/ objects",
+        Command::SetDrain { .. } => "drain nodes",
+        Command::AsTenant { .. } | Command::AsNode { .. } | Command::Batch(_) => "nest commands",
+        _ => "do this",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::events::{EventSpec, Severity, AUDIT};
+    use crate::ledger::{Command, Ledger, LedgerRequest, LedgerResponse, MemberSpec};
+    use crate::sched::{schedule, Policy, TopologyProximity};
+    use crate::workload::SchedSnapshot;
+    use crate::workload::{JobSpec, TenantLimits};
+    use shoal_sdk::{GpuInfo, MemberState};
+    use std::collections::BTreeMap;
+
+    fn member(name: &str) -> MemberSpec {
+        MemberSpec {
+            name: name.into(),
+            rpc_addr: "127.0.0.1:1".into(),
+            api_addr: "127.0.0.1:2".into(),
+            labels: BTreeMap::new(),
+            gpus: vec![GpuInfo {
+                index: 0,
+                model: "H100".into(),
+                memory_mb: 81_920,
+                uuid: format!("GPU-{name}"),
+                allocated_to: None,
+                numa_node: None,
+                nvlink_peers: vec![],
+                mig_enabled: false,
+            }],
+            gossip_peer_id: String::new(),
+            gossip_addr: String::new(),
+        }
+    }
+
+    struct Replica {
+        ledger: Ledger,
+        index: u64,
+    }
+
+    impl Replica {
+        /// Members 1, 2 and 3, a tenant, and one running one-GPU job.
+        fn with_a_running_job() -> (Self, u64) {
+            let mut r = Replica {
+                ledger: Ledger::new(),
+                index: 0,
+            };
+            r.apply(Command::Bootstrap {
+                cluster_id: "c".into(),
+                region: "r".into(),
+                ca_cert_pem: String::new(),
+                ca_key_pem: String::new(),
+                admin_token_hash: "a".into(),
+                first_member: 1,
+                spec: member("n1"),
+            });
+            r.apply(Command::CreateJoinToken {
+                hash: "t".into(),
+                expires_at_ms: u64::MAX,
+            });
+            for name in ["n2", "n3"] {
+                r.apply(Command::AddMember {
+                    spec: member(name),
+                    token_hash: "t".into(),
+                });
+            }
+            r.apply(Command::CreateTenant {
+                name: "lab".into(),
+                limits: TenantLimits::default(),
+            });
+            let job = match r.apply(Command::SubmitJob {
+                spec: JobSpec {
+                    name: "train".into(),
+                    tenant: "lab".into(),
+                    nodes: 1,
+                    gpus_per_node: 1,
+                    gpu_model: None,
+                    time_limit_s: 3600,
+                    priority: 0,
+                    preemptible: true,
+                    command: vec!["true".into()],
+                    env: BTreeMap::new(),
+                    workdir: None,
+                    ckpt_interval_s: None,
+                    max_restarts: 0,
+                    same: None,
+                    max_rtt_ms: None,
+                    required_labels: BTreeMap::new(),
+                },
+            }) {
+                LedgerResponse::JobId(id) => id,
+                other => panic!("submit refused: {other:?}"),
+            };
+            let snapshot = SchedSnapshot::new(&r.ledger, r.index, Policy::Fifo);
+            let prox = TopologyProximity::new(&snapshot.input.nodes);
+            let plan = snapshot.to_plan(&schedule(&snapshot.input, &prox), &r.ledger.workload);
+            r.apply(Command::Schedule(plan));
+            (r, job)
+        }
+
+        fn apply(&mut self, cmd: Command) -> LedgerResponse {
+            self.index += 1;
+            self.ledger.apply(
+                self.index,
+                &LedgerRequest {
+                    now_ms: self.index,
+                    cmd,
+                },
+            )
+        }
+
+        fn as_node(&mut self, node: u64, cmd: Command) -> LedgerResponse {
+            self.apply(Command::AsNode {
+                node,
+                cmd: Box::new(cmd),
+            })
+        }
+
+        /// The job's (epoch, node of rank 0) and a member that runs no rank.
+        fn placement(&self, job: u64) -> (u64, u64, u64) {
+            let alloc = self.ledger.workload.jobs[&job]
+                .alloc
+                .clone()
+                .expect("the job runs");
+            let runner = alloc.nodes[0].0;
+            let bystander = (1..=3).find(|n| *n != runner).expect("three members");
+            (alloc.epoch, runner, bystander)
+        }
+
+        fn audit_messages(&self) -> Vec<String> {
+            self.ledger
+                .events
+                .after(0)
+                .filter(|e| e.spec.kind == AUDIT)
+                .map(|e| e.spec.message.clone())
+                .collect()
+        }
+    }
+
+    fn denied(r: &LedgerResponse) -> bool {
+        matches!(r, LedgerResponse::Denied(_))
+    }
+
+    #[test]
+    fn a_node_reports_only_its_own_ranks() {
+        let (mut r, job) = Replica::with_a_running_job();
+        let (epoch, runner, bystander) = r.placement(job);
+        let exit = Command::RankExited {
+            job,
+            epoch,
+            rank: 0,
+            exit_code: 0,
+        };
+        let forged = r.as_node(bystander, exit.clone());
+        assert!(denied(&forged), "{forged:?}");
+        assert!(r.ledger.workload.jobs[&job]
+            .alloc
+            .as_ref()
+            .expect("runs")
+            .exits
+            .is_empty());
+        assert_eq!(r.as_node(runner, exit), LedgerResponse::Ok);
+        let audit = r.audit_messages();
+        assert!(
+            audit
+                .iter()
+                .any(|m| m.contains(&format!("node {bystander}")) && m.contains("rank 0")),
+            "{audit:?}"
+        );
+    }
+
+    #[test]
+    fn a_node_changes_only_its_own_member_record() {
+        let (mut r, _) = Replica::with_a_running_job();
+        let mut spec = member("n2");
+        spec.rpc_addr = "10.0.0.9:7000".into();
+        let forged = r.as_node(
+            3,
+            Command::UpdateMember {
+                id: 2,
+                spec: spec.clone(),
+            },
+        );
+        assert!(denied(&forged), "{forged:?}");
+        assert_eq!(r.ledger.members[&2].spec.rpc_addr, "127.0.0.1:1");
+        assert_eq!(
+            r.as_node(2, Command::UpdateMember { id: 2, spec }),
+            LedgerResponse::Ok
+        );
+        assert_eq!(r.ledger.members[&2].spec.rpc_addr, "10.0.0.9:7000");
+    }
+
+    #[test]
+    fn a_node_cannot_mint_user_or_admin_actions() {
+        let (mut r, job) = Replica::with_a_running_job();
+        let tokens = r.ledger.api_tokens.len();
+        for cmd in [
+            Command::CreateApiToken {
+                hash: "h".into(),
+                name: "mine".into(),
+                tenant: None,
+            },
+            Command::CreateJoinToken {
+                hash: "j".into(),
+                expires_at_ms: u64::MAX,
+            },
+            Command::SetMemberState {
+                id: 1,
+                state: MemberState::Left,
+            },
+            Command::CancelJob { job },
+            Command::PutAttr {
+                key: "k".into(),
+                value: "v".into(),
+            },
+            Command::AsTenant {
+                tenant: "lab".into(),
+                cmd: Box::new(Command::CancelJob { job }),
+            },
+            Command::Batch(vec![Command::CancelJob { job }]),
+        ] {
+            let answer = r.as_node(2, cmd.clone());
+            assert!(denied(&answer), "{cmd:?} -> {answer:?}");
+        }
+        assert_eq!(r.ledger.api_tokens.len(), tokens);
+        assert!(!r.ledger.join_tokens.contains_key("j"));
+        assert_eq!(r.ledger.members[&1].state, MemberState::Alive);
+        assert!(r.ledger.workload.jobs[&job].alloc.is_some());
+        // One audit record per distinct refusal: identical ones coalesce.
+        assert!(r.audit_messages().len() >= 5, "{:?}", r.audit_messages());
+    }
+
+    #[test]
+    fn a_node_that_left_may_do_nothing() {
+        let (mut r, _) = Replica::with_a_running_job();
+        r.apply(Command::SetMemberState {
+            id: 3,
+            state: MemberState::Left,
+        });
+        let answer = r.as_node(
+            3,
+            Command::UpdateMember {
+                id: 3,
+                spec: member("n3"),
+            },
+        );
+        assert!(denied(&answer), "{answer:?}");
+        assert!(denied(&r.as_node(
+            9,
+            Command::UpdateMember {
+                id: 9,
+                spec: member("x")
+            }
+        )));
+    }
+
+    #[test]
+    fn events_are_a_nodes_own_or_about_a_gang_it_runs_in() {
+        let (mut r, job) = Replica::with_a_running_job();
+        let (_, runner, bystander) = r.placement(job);
+        let event = |node: u64, kind: &str, job: Option<u64>| {
+            Command::RecordEvent(EventSpec {
+                severity: Severity::Warning,
+                kind: kind.into(),
+                node: Some(node),
+                gpu: None,
+                job,
+                message: "m".into(),
+            })
+        };
+        assert_eq!(
+            r.as_node(bystander, event(bystander, "gpu_xid", None)),
+            LedgerResponse::Ok
+        );
+        assert!(denied(
+            &r.as_node(bystander, event(runner, "node_down", None))
+        ));
+        assert!(denied(&r.as_node(bystander, event(runner, AUDIT, None))));
+        assert!(denied(
+            &r.as_node(bystander, event(runner, "job_straggler", Some(job)))
+        ));
+        assert_eq!(
+            r.as_node(runner, event(bystander, "job_straggler", Some(job))),
+            LedgerResponse::Ok
+        );
+    }
+
+    #[test]
+    fn only_a_holder_rewrites_where_a_copy_lives() {
+        assert!(super::holder_change(2, &[1, 2, 3], &[1, 3, 4]).is_ok());
+        assert!(super::holder_change(4, &[1, 2, 3], &[1, 3, 4]).is_ok());
+        assert!(super::holder_change(5, &[1, 2, 3], &[1]).is_err());
+    }
+}

@@ -1,0 +1,252 @@
+//! A member's certificate proves who it is, never what it may do. A crafted
+//! client holding a valid certificate of one member (issued by the cluster
+//! CA for that member's id) tries what a compromised node would: propose
+//! commands about other nodes, mint tokens, speak Raft in the leader's name,
+//! remove another node, pass off a made-up user token. Every attempt is
+//! refused and leaves an audit event; the member's own business still works.
+
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
+use crate::common;
+
+use shoal_consensus::network::RaftRpc;
+use shoal_consensus::{Command, LedgerResponse};
+use shoal_mesh::rpc::RpcFuture;
+use shoal_mesh::{CaBundle, PeerInfo, RpcEndpoint, RpcHandler};
+use shoal_node::agent::testkit::LocalCluster;
+use shoal_node::rpc::proto::{self, ErrorCode, Request, Response, UserToken};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Silent;
+impl RpcHandler for Silent {
+    fn handle(&self, _: PeerInfo, _: Vec<u8>) -> RpcFuture {
+        Box::pin(async { Vec::new() })
+    }
+}
+
+/// An RPC client with member `id`'s certificate, as that node would hold it.
+fn impersonate(c: &LocalCluster, id: u64, name: &str) -> RpcEndpoint {
+    let ca = {
+        let d = c.agents[0].ledger();
+        let d = d.read().expect("ledger");
+        let cluster = d.ledger.cluster.as_ref().expect("bootstrapped");
+        CaBundle {
+            cert_pem: cluster.ca_cert_pem.clone(),
+            key_pem: cluster.ca_key_pem.clone(),
+        }
+    };
+    let creds = ca.issue(name, id).expect("credentials");
+    RpcEndpoint::serve(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        &creds,
+        Arc::new(Silent),
+    )
+    .expect("endpoint")
+}
+
+async fn call(client: &RpcEndpoint, to: SocketAddr, req: &Request) -> Response {
+    let reply = client
+        .call(to, &proto::encode(req), Duration::from_secs(10))
+        .await
+        .expect("an answer");
+    proto::decode(&reply).expect("a response")
+}
+
+fn refused(r: &Response) -> bool {
+    matches!(
+        r,
+        Response::Write {
+            response: LedgerResponse::Denied(_),
+            ..
+        }
+    ) || matches!(r, Response::Error(e) if e.code == ErrorCode::Forbidden)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_certificate_proves_identity_not_authority() {
+    let _serial = common::one_at_a_time();
+    let c = LocalCluster::start(3, |_, _| {}).await.expect("cluster");
+    c.wait_all_alive(TIMEOUT).await.expect("alive");
+    let leader = c
+        .wait_until("a leader", TIMEOUT, |c| {
+            let ok = c.agreed_leader().is_some();
+            async move { ok }
+        })
+        .await
+        .map(|_| c.agreed_leader().expect("leader"))
+        .expect("leader");
+    let leader_id = leader.id();
+    let follower = c
+        .agents
+        .iter()
+        .find(|a| a.id() != leader_id)
+        .expect("a follower");
+    let other = c
+        .agents
+        .iter()
+        .find(|a| a.id() != leader_id && a.id() != follower.id())
+        .expect("a second follower");
+    let rogue = impersonate(&c, follower.id(), follower.name());
+    let tokens_before = leader
+        .ledger()
+        .read()
+        .expect("ledger")
+        .ledger
+        .api_tokens
+        .len();
+
+    // Commands about someone else, or a user's, with only a certificate.
+    let other_spec = other.ledger().read().expect("ledger").ledger.members[&other.id()]
+        .spec
+        .clone();
+    let mut hijacked = other_spec.clone();
+    hijacked.rpc_addr = "203.0.113.7:7000".into();
+    for cmd in [
+        Command::UpdateMember {
+            id: other.id(),
+            spec: hijacked,
+        },
+        Command::CreateApiToken {
+            hash: "0".repeat(64),
+            name: "rogue".into(),
+            tenant: None,
+        },
+        Command::SetDrain {
+            id: other.id(),
+            drain: true,
+        },
+    ] {
+        let answer = call(&rogue, leader.rpc_addr(), &Request::Write(cmd.clone())).await;
+        assert!(refused(&answer), "{cmd:?} was not refused: {answer:?}");
+    }
+    // Another node's removal without an admin token.
+    let answer = call(
+        &rogue,
+        leader.rpc_addr(),
+        &Request::RemoveMember {
+            id: other.id(),
+            token: None,
+        },
+    )
+    .await;
+    assert!(refused(&answer), "removal was not refused: {answer:?}");
+    // A user token it made up.
+    let answer = call(
+        &rogue,
+        leader.rpc_addr(),
+        &Request::WriteAs {
+            token: UserToken("made-up".into()),
+            cmd: Command::PutAttr {
+                key: "k".into(),
+                value: "v".into(),
+            },
+        },
+    )
+    .await;
+    assert!(
+        matches!(&answer, Response::Error(e) if e.code == ErrorCode::Unauthenticated),
+        "{answer:?}"
+    );
+    // AppendEntries in the leader's name, to the other follower.
+    let term = leader.node().ledger().raft_metrics().borrow().current_term;
+    let heartbeat = openraft::raft::AppendEntriesRequest {
+        vote: openraft::Vote::new_committed(term + 1, leader_id),
+        prev_log_id: None,
+        entries: vec![],
+        leader_commit: None,
+    };
+    let answer = call(
+        &rogue,
+        other.rpc_addr(),
+        &Request::Raft(RaftRpc::AppendEntries(heartbeat)),
+    )
+    .await;
+    assert!(
+        refused(&answer),
+        "a forged AppendEntries was not refused: {answer:?}"
+    );
+
+    // Nothing changed, and the refusals are in the audit log.
+    let expected = [
+        format!(
+            "node {} may not change member {}",
+            follower.id(),
+            other.id()
+        ),
+        format!("node {} may not create tokens", follower.id()),
+        format!("node {} may not drain nodes", follower.id()),
+        format!("it may remove only itself, not node {}", other.id()),
+        format!(
+            "member {} sent a Raft message in the name of node {leader_id}",
+            follower.id()
+        ),
+    ];
+    c.wait_until("every refusal audited", TIMEOUT, |c| {
+        let d = c.agents[0].ledger();
+        let d = d.read().expect("ledger");
+        let audit: Vec<&str> = d
+            .ledger
+            .events
+            .after(0)
+            .filter(|e| e.spec.kind == "audit")
+            .map(|e| e.spec.message.as_str())
+            .collect();
+        let ok = expected
+            .iter()
+            .all(|m| audit.iter().any(|a| a.contains(m.as_str())));
+        async move { ok }
+    })
+    .await
+    .expect("audit events");
+    {
+        let d = leader.ledger();
+        let d = d.read().expect("ledger");
+        assert_eq!(d.ledger.api_tokens.len(), tokens_before);
+        assert_eq!(d.ledger.members[&other.id()].spec, other_spec);
+        assert!(d
+            .ledger
+            .members
+            .values()
+            .all(|m| !m.spec.rpc_addr.starts_with("203.")));
+    }
+    let drained = c.agents[0]
+        .ledger()
+        .read()
+        .expect("ledger")
+        .ledger
+        .workload
+        .drained
+        .contains(&other.id());
+    assert!(!drained, "the forged drain was applied");
+
+    // The member's own business is still its own: its record, as itself.
+    let own_spec = follower.ledger().read().expect("ledger").ledger.members[&follower.id()]
+        .spec
+        .clone();
+    let answer = call(
+        &rogue,
+        leader.rpc_addr(),
+        &Request::Write(Command::UpdateMember {
+            id: follower.id(),
+            spec: own_spec,
+        }),
+    )
+    .await;
+    assert!(
+        matches!(
+            answer,
+            Response::Write {
+                response: LedgerResponse::Ok,
+                ..
+            }
+        ),
+        "{answer:?}"
+    );
+    rogue.shutdown().await;
+    c.shutdown().await;
+}
