@@ -3,7 +3,8 @@
 
 use crate::types::{NodeId, TypeConfig};
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -54,6 +55,25 @@ pub type TransportFuture =
 /// over mesh RPC (and by in-memory routers in tests).
 pub trait RaftTransport: Send + Sync + 'static {
     fn send(&self, target: NodeId, addr: &str, rpc: RaftRpc, timeout: Duration) -> TransportFuture;
+
+    /// The largest encoded [`RaftRpc`] this transport carries. A larger
+    /// AppendEntries is answered with `PayloadTooLarge`, so that openraft
+    /// sends fewer entries per message instead of failing for ever.
+    fn max_message_bytes(&self) -> u64 {
+        u64::MAX
+    }
+}
+
+/// How many of `entries` entries to send instead, when `size` encoded bytes
+/// exceed `max`: `None` when it fits, or when a single entry does not (which
+/// the proposer must prevent: nothing can split one entry).
+pub fn entries_that_fit(size: u64, max: u64, entries: usize) -> Option<u64> {
+    if size <= max || entries <= 1 {
+        return None;
+    }
+    // Scale down by the overshoot, halving at least, one entry at least.
+    let scaled = (entries as u128 * max as u128 / size as u128) as u64;
+    Some(scaled.min(entries as u64 / 2).max(1))
 }
 
 /// When each peer last answered a Raft RPC. On the leader this is a liveness
@@ -155,6 +175,28 @@ impl RaftNetwork<TypeConfig> for Connection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let max = self.transport.max_message_bytes();
+        if max != u64::MAX {
+            let entries = rpc.entries.len();
+            let rpc = RaftRpc::AppendEntries(rpc);
+            let size = bincode::serialized_size(&rpc).unwrap_or(u64::MAX);
+            if let Some(hint) = entries_that_fit(size, max, entries) {
+                return Err(RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint(hint),
+                ));
+            }
+            if size > max {
+                return Err(RPCError::Network(NetworkError::new(
+                    &TransportError::Failed(format!(
+                        "a single log entry of {size} bytes exceeds the {max}-byte message limit"
+                    )),
+                )));
+            }
+            return match self.exchange(rpc, &option).await? {
+                RaftRpcReply::AppendEntries(r) => r.map_err(|e| self.remote(e)),
+                _ => Err(self.unexpected()),
+            };
+        }
         match self.exchange(RaftRpc::AppendEntries(rpc), &option).await? {
             RaftRpcReply::AppendEntries(r) => r.map_err(|e| self.remote(e)),
             _ => Err(self.unexpected()),
@@ -186,6 +228,111 @@ impl RaftNetwork<TypeConfig> for Connection {
         match self.exchange(RaftRpc::Vote(rpc), &option).await? {
             RaftRpcReply::Vote(r) => r.map_err(|e| self.remote(e)),
             _ => Err(self.unexpected()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Command, LedgerRequest};
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+    use proptest::prelude::*;
+
+    /// Answers every AppendEntries with success; carries at most `max` bytes.
+    struct Small {
+        max: u64,
+        sent: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl RaftTransport for Small {
+        fn send(&self, _: NodeId, _: &str, rpc: RaftRpc, _: Duration) -> TransportFuture {
+            let sent = self.sent.clone();
+            Box::pin(async move {
+                let RaftRpc::AppendEntries(r) = rpc else {
+                    return Err(TransportError::Failed("only AppendEntries here".into()));
+                };
+                if let Ok(mut s) = sent.lock() {
+                    s.push(r.entries.len());
+                }
+                Ok(RaftRpcReply::AppendEntries(Ok(
+                    AppendEntriesResponse::Success,
+                )))
+            })
+        }
+
+        fn max_message_bytes(&self) -> u64 {
+            self.max
+        }
+    }
+
+    fn entries(n: u64, bytes: usize) -> Vec<Entry<TypeConfig>> {
+        (1..=n)
+            .map(|index| Entry {
+                log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+                payload: EntryPayload::Normal(LedgerRequest {
+                    now_ms: 0,
+                    cmd: Command::PutAttr {
+                        key: "k".into(),
+                        value: "x".repeat(bytes),
+                    },
+                }),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn too_many_entries_for_one_message_ask_openraft_for_fewer() {
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let mut conn = Connection {
+            target: 2,
+            addr: "127.0.0.1:1".into(),
+            transport: Arc::new(Small {
+                max: 10_000,
+                sent: sent.clone(),
+            }),
+            contacts: ContactTracker::default(),
+        };
+        let request = |n| AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: None,
+            entries: entries(n, 1000),
+            leader_commit: None,
+        };
+        let option = || RPCOption::new(Duration::from_secs(1));
+        match conn.append_entries(request(40), option()).await {
+            Err(RPCError::PayloadTooLarge(too_large)) => {
+                let hint = too_large.entries_hint();
+                assert!((1..=9).contains(&hint), "hint {hint} does not fit 10 kB");
+                conn.append_entries(request(hint), option())
+                    .await
+                    .expect("the hinted batch fits");
+            }
+            other => panic!("expected PayloadTooLarge, got {other:?}"),
+        }
+        assert_eq!(
+            sent.lock().map(|s| s.len()).unwrap_or(0),
+            1,
+            "only what fits is sent"
+        );
+    }
+
+    #[test]
+    fn what_fits_is_sent_whole() {
+        assert_eq!(entries_that_fit(100, 100, 10), None);
+        // One entry cannot be split: the proposer keeps entries small.
+        assert_eq!(entries_that_fit(500, 100, 1), None);
+        assert_eq!(entries_that_fit(1000, 100, 10), Some(1));
+        assert_eq!(entries_that_fit(101, 100, 10), Some(5));
+    }
+
+    proptest! {
+        #[test]
+        fn the_hint_always_shrinks_the_batch(size in 1u64..1 << 40, max in 1u64..1 << 30, entries in 2usize..100_000) {
+            if let Some(hint) = entries_that_fit(size, max, entries) {
+                prop_assert!(size > max);
+                prop_assert!(hint >= 1 && hint < entries as u64);
+            }
         }
     }
 }

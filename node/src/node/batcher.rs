@@ -13,6 +13,10 @@ use tokio::sync::{mpsc, oneshot};
 /// Upper bound of commands in one log entry (keeps entries and replication
 /// messages small).
 const MAX_BATCH: usize = 512;
+/// Upper bound of one log entry's encoded commands: a quarter of the RPC
+/// frame, so an AppendEntries always has room for at least one entry (the
+/// transport splits larger batches of entries, never an entry).
+pub const MAX_ENTRY_BYTES: u64 = shoal_mesh::rpc::MAX_FRAME as u64 / 4;
 
 type Reply = oneshot::Sender<Result<(LedgerResponse, u64), WireError>>;
 
@@ -39,13 +43,54 @@ impl Batcher {
     }
 }
 
+/// The encoded size of `cmd`, or why it cannot be one log entry.
+fn entry_size(cmd: &Command) -> Result<u64, WireError> {
+    let size = bincode::serialized_size(cmd).unwrap_or(u64::MAX);
+    if size > MAX_ENTRY_BYTES {
+        return Err(WireError::new(
+            ErrorCode::Invalid,
+            format!("this write is {size} bytes; one ledger entry holds at most {MAX_ENTRY_BYTES}"),
+        ));
+    }
+    Ok(size)
+}
+
 async fn run(raft: Raft, node_id: u64, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
+    // A write that did not fit the last batch opens the next one.
+    let mut carried: Option<(Command, Reply, u64)> = None;
+    loop {
+        let (first, first_reply, mut bytes) = match carried.take() {
+            Some(c) => c,
+            None => {
+                let Some((cmd, reply)) = rx.recv().await else {
+                    return;
+                };
+                match entry_size(&cmd) {
+                    Ok(size) => (cmd, reply, size),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        continue;
+                    }
+                }
+            }
+        };
+        let mut batch = vec![(first, first_reply)];
         while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
+            let Ok((cmd, reply)) = rx.try_recv() else {
+                break;
+            };
+            match entry_size(&cmd) {
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+                Ok(size) if bytes + size > MAX_ENTRY_BYTES => {
+                    carried = Some((cmd, reply, size));
+                    break;
+                }
+                Ok(size) => {
+                    bytes += size;
+                    batch.push((cmd, reply));
+                }
             }
         }
         let (mut cmds, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
@@ -91,5 +136,26 @@ async fn run(raft: Raft, node_id: u64, mut rx: mpsc::UnboundedReceiver<(Command,
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_larger_than_an_entry_is_refused_before_raft_sees_it() {
+        let small = Command::PutAttr {
+            key: "k".into(),
+            value: "v".into(),
+        };
+        assert!(entry_size(&small).is_ok_and(|s| s < 64));
+        let huge = Command::PutAttr {
+            key: "k".into(),
+            value: "x".repeat(MAX_ENTRY_BYTES as usize + 1),
+        };
+        let err = entry_size(&huge).expect_err("too large");
+        assert_eq!(err.code, ErrorCode::Invalid);
+        assert!(err.message.contains("at most"), "{}", err.message);
     }
 }

@@ -561,6 +561,10 @@ impl FaultyRaftTransport {
 }
 
 impl RaftTransport for FaultyRaftTransport {
+    fn max_message_bytes(&self) -> u64 {
+        self.inner.max_message_bytes()
+    }
+
     fn send(&self, target: NodeId, addr: &str, rpc: RaftRpc, timeout: Duration) -> TransportFuture {
         let me = self.me;
         let timed_out = move |waited: Duration, why: &str| {

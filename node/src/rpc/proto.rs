@@ -177,9 +177,14 @@ fn opts() -> impl bincode::Options {
 
 pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     use bincode::Options;
-    // Serialising our own in-memory types cannot fail short of a bug; an
-    // empty body is answered by the peer as a decode error, never a panic.
-    opts().serialize(v).unwrap_or_default()
+    // Only a message above the frame limit fails here (senders of large
+    // data split it: chunks, the batcher's entry bound, PayloadTooLarge for
+    // Raft). An empty body is answered by the peer as a decode error, never
+    // a panic, and the failure is not silent.
+    opts().serialize(v).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "a message could not be encoded; sending an empty body");
+        Vec::new()
+    })
 }
 
 pub fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, WireError> {

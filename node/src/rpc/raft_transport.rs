@@ -12,7 +12,14 @@ pub struct MeshTransport {
     pub rpc: RpcEndpoint,
 }
 
+/// Room left in a frame for the request envelope around a Raft message.
+const ENVELOPE_BYTES: u64 = 4096;
+
 impl RaftTransport for MeshTransport {
+    fn max_message_bytes(&self) -> u64 {
+        shoal_mesh::rpc::MAX_FRAME as u64 - ENVELOPE_BYTES
+    }
+
     fn send(&self, target: NodeId, addr: &str, rpc: RaftRpc, timeout: Duration) -> TransportFuture {
         let endpoint = self.rpc.clone();
         let addr = addr.to_string();
