@@ -5,6 +5,7 @@
 //! built on what it carries: Vivaldi network coordinates (`vivaldi`) and the
 //! heartbeat failure detector (`failure_detector`).
 
+pub mod admission;
 pub mod failure_detector;
 pub mod gossip;
 pub mod rpc;

@@ -4,6 +4,7 @@
 //! what they mean (bincode-encoded messages), which keeps the transport
 //! reusable and the protocol in one place.
 
+use crate::admission::{Admission, Holder, Limits};
 use crate::tls::{joiner_client_config, NodeCredentials, TlsError, CLUSTER_SERVER_NAME};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{ClientConfig, Connection, Endpoint, ServerConfig, TransportConfig};
@@ -12,7 +13,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 /// Version of the frame layout and of the message encoding inside it.
@@ -62,7 +63,10 @@ fn transport_config() -> Arc<TransportConfig> {
     if let Ok(idle) = Duration::from_secs(5).try_into() {
         t.max_idle_timeout(Some(idle));
     }
-    t.max_concurrent_bidi_streams(1024u32.into());
+    t.max_concurrent_bidi_streams(256u32.into());
+    // Bound what one connection can make this node buffer: a few frames in
+    // flight, not every stream's window at once.
+    t.receive_window((4 * MAX_FRAME as u32).into());
     // Let MTU discovery climb past Ethernet's 1500 bytes where the path
     // allows it (loopback, jumbo-frame fabrics): bulk chunk transfers are
     // bound by packets per second, not bytes. Probes that get no answer
@@ -131,7 +135,8 @@ impl RpcEndpoint {
             client,
             connections: Arc::new(Mutex::new(HashMap::new())),
         };
-        tokio::spawn(accept_loop(endpoint, handler));
+        let admission = Arc::new(std::sync::Mutex::new(Admission::new(Limits::default())));
+        tokio::spawn(accept_loop(endpoint, handler, admission));
         Ok(this)
     }
 
@@ -236,9 +241,29 @@ async fn exchange(conn: &Connection, addr: SocketAddr, body: &[u8]) -> Result<Ve
     }
 }
 
-async fn accept_loop(endpoint: Endpoint, handler: Arc<dyn RpcHandler>) {
+/// QUIC application close code for a connection refused by [`Admission`].
+const CLOSE_LIMITED: u32 = 0x5348;
+
+type SharedAdmission = Arc<std::sync::Mutex<Admission>>;
+
+/// A connection slot, given back when the connection's task ends.
+struct Slot {
+    admission: SharedAdmission,
+    holder: Holder,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut a) = self.admission.lock() {
+            a.close(self.holder);
+        }
+    }
+}
+
+async fn accept_loop(endpoint: Endpoint, handler: Arc<dyn RpcHandler>, admission: SharedAdmission) {
     while let Some(incoming) = endpoint.accept().await {
         let handler = handler.clone();
+        let admission = admission.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
@@ -248,23 +273,110 @@ async fn accept_loop(endpoint: Endpoint, handler: Arc<dyn RpcHandler>) {
                     return;
                 }
             };
-            let chain = conn.peer_identity().and_then(|id| {
-                id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
-                    .ok()
-            });
-            let leaf = chain.as_ref().and_then(|c| c.first());
-            let peer = PeerInfo {
-                remote,
-                authenticated: leaf.is_some(),
-                member: leaf.and_then(|cert| crate::tls::member_id_of(cert.as_ref())),
-            };
-            while let Ok((send, recv)) = conn.accept_bi().await {
-                let handler = handler.clone();
-                let peer = peer.clone();
-                tokio::spawn(serve_stream(handler, peer, send, recv));
-            }
+            serve_connection(conn, remote, handler, admission).await;
         });
     }
+}
+
+async fn serve_connection(
+    conn: Connection,
+    remote: SocketAddr,
+    handler: Arc<dyn RpcHandler>,
+    admission: SharedAdmission,
+) {
+    let chain = conn.peer_identity().and_then(|id| {
+        id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
+    let leaf = chain.as_ref().and_then(|c| c.first());
+    let peer = PeerInfo {
+        remote,
+        authenticated: leaf.is_some(),
+        member: leaf.and_then(|cert| crate::tls::member_id_of(cert.as_ref())),
+    };
+    let holder = match (peer.authenticated, peer.member) {
+        (true, member) => Holder::Member(member.unwrap_or(0)),
+        (false, _) => Holder::Anonymous(remote.ip()),
+    };
+    let (limits, opened) = match admission.lock() {
+        Ok(mut a) => (a.limits().clone(), a.open(holder)),
+        Err(_) => return,
+    };
+    if let Err(why) = opened {
+        tracing::debug!(%remote, "{why}");
+        conn.close(CLOSE_LIMITED.into(), why.as_bytes());
+        return;
+    }
+    let _slot = Slot {
+        admission: admission.clone(),
+        holder,
+    };
+    if !peer.authenticated {
+        // One door, and a narrow one: the handler answers only the join
+        // RPC; requests are read one at a time, small and quickly, and the
+        // whole connection has a deadline.
+        conn.set_max_concurrent_bi_streams(limits.anonymous_streams.into());
+        let lifetime = limits.anonymous_read_timeout * 6;
+        let served = tokio::time::timeout(
+            lifetime,
+            serve_anonymous(&conn, &peer, &handler, &admission, &limits),
+        )
+        .await;
+        if served.is_err() {
+            conn.close(
+                CLOSE_LIMITED.into(),
+                b"connection without a certificate held too long",
+            );
+        }
+        return;
+    }
+    let read = StreamLimits {
+        frame: MAX_FRAME,
+        timeout: limits.member_read_timeout,
+    };
+    while let Ok((send, recv)) = conn.accept_bi().await {
+        tokio::spawn(serve_stream(
+            handler.clone(),
+            peer.clone(),
+            send,
+            recv,
+            read.clone(),
+        ));
+    }
+}
+
+async fn serve_anonymous(
+    conn: &Connection,
+    peer: &PeerInfo,
+    handler: &Arc<dyn RpcHandler>,
+    admission: &SharedAdmission,
+    limits: &Limits,
+) {
+    let read = StreamLimits {
+        frame: limits.anonymous_frame,
+        timeout: limits.anonymous_read_timeout,
+    };
+    while let Ok((send, recv)) = conn.accept_bi().await {
+        let allowed = admission
+            .lock()
+            .map(|mut a| a.anonymous_request(peer.remote.ip(), Instant::now()))
+            .unwrap_or(false);
+        if !allowed {
+            conn.close(
+                CLOSE_LIMITED.into(),
+                b"too many requests without a certificate; slow down",
+            );
+            return;
+        }
+        serve_stream(handler.clone(), peer.clone(), send, recv, read.clone()).await;
+    }
+}
+
+/// How much of a request the endpoint reads, and for how long.
+#[derive(Clone, Debug)]
+struct StreamLimits {
+    frame: usize,
+    timeout: Duration,
 }
 
 async fn serve_stream(
@@ -272,11 +384,20 @@ async fn serve_stream(
     peer: PeerInfo,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
+    limits: StreamLimits,
 ) {
-    let req = match recv.read_to_end(MAX_FRAME).await {
-        Ok(r) => r,
-        Err(e) => {
+    // `read_to_end` stops at the limit: a larger request is never buffered.
+    let req = match tokio::time::timeout(limits.timeout, recv.read_to_end(limits.frame)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
             tracing::debug!(remote = %peer.remote, error = %e, "dropped an unreadable request");
+            let _ = send.reset(2u32.into());
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(remote = %peer.remote, after = ?limits.timeout, "dropped a request that took too long to arrive");
+            let _ = recv.stop(3u32.into());
+            let _ = send.reset(3u32.into());
             return;
         }
     };
@@ -376,6 +497,51 @@ mod tests {
             .await
             .expect("call");
         assert_eq!(resp, b"\x01\x02hi", "b is member 2");
+    }
+
+    #[tokio::test]
+    async fn a_client_without_a_certificate_gets_small_frames_and_few_connections() {
+        let ca = CaBundle::generate("c").expect("ca");
+        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo))
+            .expect("a");
+        let addr = a.local_addr().expect("addr");
+        let pin = ca.fingerprint().expect("fp");
+        let limits = Limits::default();
+        let big = vec![7u8; limits.anonymous_frame + 1];
+        assert!(
+            call_as_joiner(addr, &pin, &big, Duration::from_secs(5))
+                .await
+                .is_err(),
+            "a request above the anonymous frame limit must not be answered"
+        );
+        // A member may send far more.
+        let b = RpcEndpoint::serve(localhost(), &ca.issue("b", 2).expect("b"), Arc::new(Echo))
+            .expect("b");
+        let answer = b
+            .call(addr, &big, Duration::from_secs(5))
+            .await
+            .expect("member call");
+        assert_eq!(answer.len(), big.len() + 2);
+        // Connections without a certificate from one source are capped: hold
+        // the cap's worth open, and the next one is refused.
+        let mut held = Vec::new();
+        for _ in 0..limits.anonymous_connections_per_source {
+            let (tls, _) = joiner_client_config(&pin).expect("tls");
+            let quic = QuicClientConfig::try_from(tls).expect("quic");
+            let endpoint = Endpoint::client(localhost()).expect("client");
+            let conn = connect(&endpoint, ClientConfig::new(Arc::new(quic)), addr)
+                .await
+                .expect("connect");
+            exchange(&conn, addr, b"hi").await.expect("answered");
+            held.push((endpoint, conn));
+        }
+        assert!(
+            call_as_joiner(addr, &pin, b"one more", Duration::from_secs(5))
+                .await
+                .is_err(),
+            "the connection above the per-source cap must be refused"
+        );
+        drop(held);
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@
 
 pub mod scope;
 pub mod scrape;
+pub mod serve;
 pub mod views;
 
 use crate::node::auth::{self, Caller};
@@ -145,16 +146,14 @@ pub fn router(state: AppState) -> Router {
 }
 
 pub fn spawn(app: Arc<Node>, listener: tokio::net::TcpListener) {
-    let mut shutdown = app.shutdown_signal();
+    let shutdown = app.shutdown_signal();
     let app = router(app);
-    tokio::spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-            let _ = shutdown.changed().await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "the HTTP API stopped");
-        }
-    });
+    tokio::spawn(serve::serve(
+        listener,
+        app,
+        serve::ServeLimits::default(),
+        shutdown,
+    ));
 }
 
 async fn require_token(State(app): State<AppState>, req: Request, next: Next) -> Response {
