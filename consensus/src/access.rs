@@ -116,6 +116,7 @@ mod tests {
             gpus: vec![],
             gossip_peer_id: String::new(),
             gossip_addr: String::new(),
+            ..Default::default()
         };
         let apply = |l: &mut Ledger, cmd: Command| {
             let index = l.clock_ms + 1;
@@ -181,6 +182,7 @@ mod tests {
             same: None,
             max_rtt_ms: None,
             required_labels: BTreeMap::new(),
+            ..Default::default()
         }
     }
 

@@ -23,8 +23,9 @@ pub struct ClusterInfo {
     pub created_at_ms: u64,
 }
 
-/// What a node tells the cluster about itself.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+/// What a node tells the cluster about itself. `Default` is a base for
+/// struct-update literals in tests.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemberSpec {
     pub name: String,
     pub rpc_addr: String,
@@ -35,6 +36,12 @@ pub struct MemberSpec {
     /// only messages signed by the peer ids recorded here are accepted.
     pub gossip_peer_id: String,
     pub gossip_addr: String,
+    /// How the node fences its ranks' resources: `cgroup` (a cgroup v2
+    /// per rank) or `none`.
+    pub isolation: String,
+    /// The cgroup controllers it enforces for ranks (`memory`, `cpu`,
+    /// `pids`); empty under `cgroup`: accounting and kill only.
+    pub isolation_controllers: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -606,6 +613,7 @@ mod tests {
             gpus: vec![],
             gossip_peer_id: String::new(),
             gossip_addr: String::new(),
+            ..Default::default()
         }
     }
 

@@ -95,6 +95,14 @@ pub struct NodeInfo {
     /// Drained (`shoal drain`): takes no new work.
     #[serde(default)]
     pub drained: bool,
+    /// How the node fences its ranks' resources: `cgroup` (a cgroup v2 per
+    /// rank, killed whole on cancel) or `none`.
+    #[serde(default)]
+    pub isolation: String,
+    /// The cgroup controllers enforced for ranks (`memory`, `cpu`, `pids`);
+    /// empty under `cgroup`: accounting and kill only.
+    #[serde(default)]
+    pub isolation_controllers: Vec<String>,
 }
 
 /// One row of `shoal mesh --json`: how the answering node sees a peer,
@@ -203,6 +211,12 @@ pub struct JobSubmitRequest {
     /// Node labels every node of the gang must carry.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Memory of each rank in bytes (`--mem`).
+    #[serde(default)]
+    pub mem_bytes: Option<u64>,
+    /// CPUs of each rank (`--cpus-per-task`).
+    #[serde(default)]
+    pub cpus_per_task: Option<u32>,
 }
 
 impl JobSubmitRequest {
@@ -228,6 +242,8 @@ impl JobSubmitRequest {
             same: None,
             max_rtt_ms: None,
             labels: BTreeMap::new(),
+            mem_bytes: None,
+            cpus_per_task: None,
         }
     }
 }
@@ -271,6 +287,12 @@ pub struct JobInfo {
     pub ended_at: Option<String>,
     pub exit_code: Option<i32>,
     pub last_ckpt_step: Option<u64>,
+    /// Memory of each rank in bytes (`--mem`), when asked for.
+    #[serde(default)]
+    pub mem_bytes: Option<u64>,
+    /// CPUs of each rank (`--cpus-per-task`), when asked for.
+    #[serde(default)]
+    pub cpus_per_task: Option<u32>,
 }
 
 /// `POST /v1/tenants` (create) and `POST /v1/tenants/{name}` (set).

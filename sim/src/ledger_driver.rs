@@ -200,6 +200,7 @@ impl LedgerCluster {
             same: None,
             max_rtt_ms: None,
             required_labels: BTreeMap::new(),
+            ..Default::default()
         };
         match self.apply(now_s, Command::SubmitJob { spec }) {
             LedgerResponse::JobId(id) => {
@@ -468,5 +469,6 @@ fn member_spec(node: &NodeView) -> MemberSpec {
             .collect(),
         gossip_peer_id: String::new(),
         gossip_addr: String::new(),
+        ..Default::default()
     }
 }

@@ -303,7 +303,38 @@ impl NodeProc {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+            self.remove_rank_cgroups();
         }
+    }
+
+    /// Kills and removes the rank cgroups the agent leaves when it dies
+    /// without unwinding (its restart would; a test's agent never restarts
+    /// once the test is over), so tests leave no cgroups behind.
+    fn remove_rank_cgroups(&self) {
+        let Ok(text) = std::fs::read_to_string(self.data_dir.join("agent.json")) else {
+            return;
+        };
+        let Some(dir) = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["rank_cgroups"].as_str().map(PathBuf::from))
+        else {
+            return;
+        };
+        let ranks: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect();
+        for rank in ranks {
+            let _ = std::fs::write(rank.join("cgroup.kill"), "1");
+            let start = Instant::now();
+            while std::fs::remove_dir(&rank).is_err() && start.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = std::fs::remove_dir(&dir);
     }
 
     pub fn log(&self) -> String {

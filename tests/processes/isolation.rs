@@ -5,15 +5,21 @@
 //! token, its environment), cannot signal it, and cannot read another
 //! tenant's job directory. Needs root (the agent switches users); fails
 //! with that reason otherwise.
+//!
+//! Where the host has a writable cgroup v2 hierarchy (root on every machine
+//! these tests run on), every rank runs in a cgroup of its own, and a
+//! cancel kills all of it: a child that ignores SIGTERM and escapes into a
+//! session of its own dies with the rank.
 
 // See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
 
 use crate::common;
 
-use common::{wait_for, NodeProc};
+use common::{shoal_bin, wait_for, NodeProc};
 use shoal_sdk::{JobSubmitRequest, TenantRequest};
 use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -152,4 +158,166 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
         "alpha's rank is not shoal-job's:\n{alpha_log}"
     );
     let _ = admin.cancel_job(alpha).await;
+}
+
+/// The cgroup2 mount of this host (`/sys/fs/cgroup`, or a hybrid host's
+/// `/sys/fs/cgroup/unified`).
+fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let found: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| f[1])
+        })
+        .collect();
+    found
+        .iter()
+        .find(|m| **m == "/sys/fs/cgroup")
+        .or(found.first())
+        .map(PathBuf::from)
+}
+
+/// The processes whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// The cgroup v2 directory of a process, from its `0::` line.
+fn cgroup_of(mount: &std::path::Path, pid: u32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(mount.join(path.trim().trim_start_matches('/')))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_kills_every_process_of_the_rank_even_an_escaped_one() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root: the agent creates a cgroup per rank"
+    );
+    let mount = cgroup2_mount()
+        .expect("this test needs a cgroup v2 hierarchy (no cgroup2 mount in /proc/self/mounts)");
+    let probe = mount.join(format!("shoal-test-probe-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&probe) {
+        panic!(
+            "this test needs a writable cgroup v2 hierarchy: cannot create {}: {e}",
+            probe.display()
+        );
+    }
+    std::fs::remove_dir(&probe).expect("remove the probe cgroup");
+    let _serial = common::one_at_a_time();
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut node = NodeProc::new(root.path(), "n1", &[]);
+    node.bootstrap();
+    let token = node.admin_token();
+    let admin = node.client(&token);
+
+    // The node says how it fences ranks, in `shoal nodes --json`.
+    let out = std::process::Command::new(shoal_bin())
+        .args([
+            "--api",
+            &node.api_url(),
+            "--token",
+            &token,
+            "nodes",
+            "--json",
+        ])
+        .output()
+        .expect("shoal nodes");
+    assert!(out.status.success(), "shoal nodes: {out:?}");
+    let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        nodes[0]["isolation"],
+        "cgroup",
+        "the agent runs without cgroups:\n{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        node.log()
+    );
+    assert!(nodes[0]["isolation_controllers"].is_array(), "{nodes}");
+
+    // A rank whose child ignores SIGTERM and double-forks into a session of
+    // its own: out of the rank's process group, so only the cgroup holds it.
+    // The marker is assembled by the shell, so only the escapee's command
+    // line carries it whole.
+    let unique = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    );
+    let marker = format!("shoal-escapee-{unique}");
+    let script = format!(
+        "( trap '' TERM; m=shoal-esc; setsid sh -c \"trap '' TERM; while :; do sleep 1; done # ${{m}}apee-{unique}\" & ); \
+         echo forked; sleep 1000"
+    );
+    let job = admin
+        .submit_job(&JobSubmitRequest::shell(1, 1, &script))
+        .await
+        .expect("submit")
+        .id;
+    let escapee = wait_for("the escaped child to run", TIMEOUT, || {
+        let marker = marker.clone();
+        async move { processes_with(&marker).first().copied() }
+    })
+    .await;
+    let rank_cgroup = cgroup_of(&mount, escapee).expect("the escapee's cgroup");
+    let name = rank_cgroup
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    assert!(
+        name.starts_with(&format!("job-{job}-rank-0-e")),
+        "the escapee is not in its rank's cgroup but in {}",
+        rank_cgroup.display()
+    );
+    assert!(rank_cgroup.is_dir());
+    // SAFETY: getsid has no preconditions.
+    let (sid, agent_sid) = unsafe {
+        (
+            libc::getsid(escapee as libc::pid_t),
+            libc::getsid(node.pid().expect("agent") as libc::pid_t),
+        )
+    };
+    assert_eq!(
+        sid, escapee as libc::pid_t,
+        "the child did not escape into its own session"
+    );
+    assert_ne!(sid, agent_sid);
+
+    admin.cancel_job(job).await.expect("cancel");
+    wait_for(
+        "every process of the cancelled rank to be gone, its cgroup removed",
+        TIMEOUT,
+        || {
+            let (marker, rank_cgroup) = (marker.clone(), rank_cgroup.clone());
+            async move {
+                (processes_with(&marker).is_empty() && !rank_cgroup.exists()).then_some(())
+            }
+        },
+    )
+    .await;
+    wait_for("the job to end cancelled", TIMEOUT, || {
+        let admin = admin.clone();
+        async move {
+            let j = admin.job(job).await.ok()?;
+            (j.state == "cancelled").then_some(())
+        }
+    })
+    .await;
 }

@@ -858,6 +858,12 @@ fn validate_spec(spec: &JobSpec) -> Result<(), String> {
     if spec.time_limit_s == 0 {
         return Err("the time limit (-t) must be positive".into());
     }
+    if spec.mem_bytes == Some(0) {
+        return Err("the memory of a rank (--mem) must be positive".into());
+    }
+    if spec.cpus_per_task == Some(0) {
+        return Err("the CPUs of a rank (--cpus-per-task) must be positive".into());
+    }
     if !spec.name.is_empty() && spec.name.len() > 128 {
         return Err("job names are at most 128 characters".into());
     }

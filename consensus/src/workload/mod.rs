@@ -178,8 +178,9 @@ impl std::fmt::Display for JobState {
     }
 }
 
-/// What a user asked for.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+/// What a user asked for. `Default` is a base for struct-update literals
+/// (tests, the simulator), not a valid job: it has no node and no GPU.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct JobSpec {
     pub name: String,
     pub tenant: String,
@@ -198,6 +199,12 @@ pub struct JobSpec {
     pub same: Option<TopologyTier>,
     pub max_rtt_ms: Option<u32>,
     pub required_labels: BTreeMap<String, String>,
+    /// Memory of each rank in bytes (`--mem`): the rank's cgroup
+    /// `memory.max` where the node enforces it.
+    pub mem_bytes: Option<u64>,
+    /// CPUs of each rank (`--cpus-per-task`): the rank's cgroup `cpu.max`
+    /// quota where the node enforces it.
+    pub cpus_per_task: Option<u32>,
 }
 
 impl JobSpec {

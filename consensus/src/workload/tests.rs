@@ -31,6 +31,7 @@ fn member(name: &str, rack: &str, gpu_count: u32) -> MemberSpec {
         gpus: gpus(gpu_count, "H100"),
         gossip_peer_id: String::new(),
         gossip_addr: String::new(),
+        ..Default::default()
     }
 }
 
@@ -137,6 +138,7 @@ fn job(tenant: &str, nodes: u32, gpus_per_node: u32) -> JobSpec {
         same: None,
         max_rtt_ms: None,
         required_labels: BTreeMap::new(),
+        ..Default::default()
     }
 }
 
@@ -304,6 +306,35 @@ fn admission_refuses_what_can_never_run() {
         spec: job("nobody", 1, 1),
     });
     assert!(matches!(unknown, LedgerResponse::Rejected(m) if m.contains("no tenant")));
+}
+
+#[test]
+fn memory_and_cpus_per_rank_must_be_positive_when_given() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    r.apply(Command::CreateTenant {
+        name: "vision".into(),
+        limits: limits(None, None, 1),
+    });
+    let mut no_mem = job("vision", 1, 1);
+    no_mem.mem_bytes = Some(0);
+    let refused = r.apply(Command::SubmitJob { spec: no_mem });
+    assert!(
+        matches!(&refused, LedgerResponse::Rejected(m) if m.contains("--mem") && m.contains("positive")),
+        "{refused:?}"
+    );
+    let mut no_cpus = job("vision", 1, 1);
+    no_cpus.cpus_per_task = Some(0);
+    let refused = r.apply(Command::SubmitJob { spec: no_cpus });
+    assert!(
+        matches!(&refused, LedgerResponse::Rejected(m) if m.contains("--cpus-per-task")),
+        "{refused:?}"
+    );
+    let mut sized = job("vision", 1, 1);
+    sized.mem_bytes = Some(16 << 30);
+    sized.cpus_per_task = Some(8);
+    let id = r.submit(sized);
+    assert_eq!(r.job(id).spec.mem_bytes, Some(16 << 30));
+    assert_eq!(r.job(id).spec.cpus_per_task, Some(8));
 }
 
 #[test]

@@ -6,9 +6,10 @@ pub mod join;
 pub mod testkit;
 
 use crate::executor::account::RankUsers;
+use crate::executor::cgroup::{self, Isolation, RankCgroups};
 use crate::executor::{Executor, RankHost};
 use crate::node::client::LeaderService;
-use crate::node::config::Config;
+use crate::node::config::{CgroupMode, Config};
 use crate::node::gpu::Gpus;
 use crate::node::identity::{self, Identity, RuntimeInfo};
 use crate::node::metrics::Metrics;
@@ -175,6 +176,11 @@ impl Agent {
             IpAddr::V4(ip) => format!("/ip4/{ip}/udp/{gossip_port}/quic-v1"),
             IpAddr::V6(ip) => format!("/ip6/{ip}/udp/{gossip_port}/quic-v1"),
         };
+        let cgroups = rank_cgroups(&cfg, &name, &data_dir).await;
+        let isolation = cgroups
+            .as_ref()
+            .map(|c| c.isolation())
+            .unwrap_or(Isolation::None);
         let spec = MemberSpec {
             name: name.clone(),
             rpc_addr: rpc_addr.to_string(),
@@ -183,6 +189,8 @@ impl Agent {
             gpus,
             gossip_peer_id: gossip_key.public().to_peer_id().to_string(),
             gossip_addr,
+            isolation: isolation.mode().to_string(),
+            isolation_controllers: isolation.controllers(),
         };
 
         let (ident, new_cluster) = match (mode, existing) {
@@ -315,7 +323,8 @@ impl Agent {
         }
 
         crate::api::spawn(node.clone(), api_listener);
-        spawn_workers(&node, gossip, gossip_events);
+        let rank_cgroups = cgroups.as_ref().map(|c| c.dir().display().to_string());
+        spawn_workers(&node, gossip, gossip_events, cgroups);
 
         let runtime = RuntimeInfo {
             node_id: node.id(),
@@ -323,6 +332,7 @@ impl Agent {
             api_url: format!("http://{}", node.local().api_addr),
             rpc_addr: node.local().rpc_addr.to_string(),
             pid: std::process::id(),
+            rank_cgroups,
         };
         if let Ok(bytes) = serde_json::to_vec_pretty(&runtime) {
             let _ = identity::write_private(&data_dir.join(identity::RUNTIME_FILE), &bytes, 0o600);
@@ -472,11 +482,53 @@ async fn bootstrap_cluster(
     })
 }
 
+/// This agent's rank cgroups (`executor.cgroups`), with the leftovers of
+/// its previous run killed and removed; None, said once in the log, where
+/// it cannot have them.
+async fn rank_cgroups(
+    cfg: &Config,
+    name: &str,
+    data_dir: &std::path::Path,
+) -> Option<Arc<RankCgroups>> {
+    if !cfg.executor.enabled {
+        return None;
+    }
+    if cfg.executor.cgroups == CgroupMode::Off {
+        tracing::info!("executor.cgroups = off: ranks run without cgroups (isolation: none); they are fenced by their process group only");
+        return None;
+    }
+    let dir = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let cgroups = match RankCgroups::detect(&cgroup::agent_key(name, &dir)) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("cgroups are unavailable, so ranks start without resource fences (isolation: none): {e}");
+            return None;
+        }
+    };
+    let (cleared, failed) = cgroups.clear_leftovers().await;
+    if cleared > 0 {
+        tracing::info!(
+            cleared,
+            "killed and removed the rank cgroups this agent's previous run left"
+        );
+    }
+    for e in failed {
+        tracing::warn!(error = %e, "could not clear a rank cgroup this agent's previous run left");
+    }
+    tracing::info!(
+        cgroup = %cgroups.dir().display(),
+        isolation = %cgroups.isolation(),
+        "every rank runs in a cgroup of its own"
+    );
+    Some(Arc::new(cgroups))
+}
+
 /// Starts the node's background loops, each with the handles it uses.
 fn spawn_workers(
     node: &Arc<Node>,
     gossip: shoal_mesh::gossip::GossipHandle,
     gossip_events: tokio::sync::mpsc::Receiver<shoal_mesh::gossip::GossipEvent>,
+    cgroups: Option<Arc<RankCgroups>>,
 ) {
     let cfg = node.config();
     let local = node.local().clone();
@@ -530,6 +582,7 @@ fn spawn_workers(
                 users: cfg.executor.users.clone(),
                 allow_root: cfg.executor.allow_root,
             },
+            cgroups,
         });
         workers::spawn(executor.fence_guard(), node.shutdown_signal());
         workers::spawn(executor, node.shutdown_signal());

@@ -73,6 +73,8 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
         same,
         max_rtt_ms: req.max_rtt_ms,
         required_labels: req.labels.clone(),
+        mem_bytes: req.mem_bytes,
+        cpus_per_task: req.cpus_per_task,
     })
 }
 
@@ -114,6 +116,8 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
         ended_at: job.ended_at_ms.map(rfc3339),
         exit_code: job.exit_code,
         last_ckpt_step: job.last_ckpt_step,
+        mem_bytes: job.spec.mem_bytes,
+        cpus_per_task: job.spec.cpus_per_task,
     }
 }
 
@@ -473,6 +477,8 @@ pub fn answer(
                         joined_at_ms: m.joined_at_ms,
                         gpu_util,
                         drained: d.ledger.workload.drained.contains(&m.id),
+                        isolation: m.spec.isolation.clone(),
+                        isolation_controllers: m.spec.isolation_controllers.clone(),
                     }
                 })
                 .collect();
@@ -555,6 +561,8 @@ mod tests {
             same: Some("rack".into()),
             max_rtt_ms: None,
             labels: BTreeMap::new(),
+            mem_bytes: None,
+            cpus_per_task: None,
         };
         let spec = job_spec(&req).expect("valid");
         assert_eq!(spec.name, "python3");

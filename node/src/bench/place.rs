@@ -297,6 +297,8 @@ async fn end_to_end(gangs: usize) -> anyhow::Result<EndToEndRow> {
         same: None,
         max_rtt_ms: None,
         labels: Default::default(),
+        mem_bytes: None,
+        cpus_per_task: None,
     };
     let clients = 32;
     let started = Instant::now();

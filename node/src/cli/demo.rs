@@ -97,6 +97,8 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         same: Some("rack".into()),
         max_rtt_ms: None,
         labels: Default::default(),
+        mem_bytes: None,
+        cpus_per_task: None,
     };
     let id = client.submit_job(&request).await.map_err(api)?.id;
     t.event(format!(

@@ -62,6 +62,15 @@ pub struct JobArgs {
     /// Working directory of the ranks [default: the current directory]
     #[arg(long)]
     pub chdir: Option<String>,
+    /// Memory of each rank, like Slurm: a bare number is MiB, or 512K,
+    /// 512M, 16G, 1T, 1048576B; enforced where the node has the cgroup
+    /// memory controller
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// CPUs of each rank; enforced as a CPU quota where the node has the
+    /// cgroup cpu controller
+    #[arg(long, short = 'c')]
+    pub cpus_per_task: Option<u32>,
     /// The command (after --)
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -85,6 +94,53 @@ pub fn parse_gres(s: &str) -> Result<(Option<String>, u32), String> {
         )),
         _ => Err(bad()),
     }
+}
+
+/// Bytes from a Slurm memory size: a bare number is MiB; the suffixes K, M,
+/// G and T (optionally followed by `B` or `iB`, any case) are powers of
+/// 1024; `B` alone is bytes.
+pub fn parse_mem(s: &str) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "invalid --mem '{s}': use a size such as 512M, 16G or 1048576B (a bare number is MiB)"
+        )
+    };
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let unit = unit.to_ascii_uppercase();
+    let unit = unit
+        .strip_suffix("IB")
+        .filter(|u| !u.is_empty())
+        .or_else(|| unit.strip_suffix('B').filter(|u| !u.is_empty()))
+        .unwrap_or(&unit);
+    let shift = match unit {
+        "" => 20,
+        "B" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(bad()),
+    };
+    let bytes = n.checked_mul(1u64 << shift).ok_or_else(bad)?;
+    if bytes == 0 {
+        return Err(format!(
+            "invalid --mem '{s}': the memory of a rank must be positive"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A byte count the way `--mem` takes it: the largest unit that divides it.
+pub fn format_mem(bytes: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes}B")
 }
 
 fn parse_kv(s: &str, what: &str) -> Result<(String, String), String> {
@@ -140,6 +196,11 @@ impl JobArgs {
             same: self.same.clone(),
             max_rtt_ms: self.max_rtt_ms,
             labels,
+            mem_bytes: self.mem.as_deref().map(parse_mem).transpose()?,
+            cpus_per_task: match self.cpus_per_task {
+                Some(0) => return Err("--cpus-per-task must be positive".into()),
+                c => c,
+            },
         })
     }
 }
@@ -411,6 +472,15 @@ pub async fn show(client: &Client, id: u64, json: bool) -> anyhow::Result<()> {
             ", not preemptible"
         }
     );
+    if job.mem_bytes.is_some() || job.cpus_per_task.is_some() {
+        println!(
+            "per rank:    memory {}, CPUs {}",
+            job.mem_bytes.map(format_mem).unwrap_or_else(|| "-".into()),
+            job.cpus_per_task
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+    }
     for (rank, node) in job.nodes.iter().enumerate() {
         let gpus = job.gpus.get(node).cloned().unwrap_or_default();
         println!("rank {rank:<6} {node} GPUs {gpus:?}");
@@ -648,6 +718,41 @@ mod tests {
         assert_eq!(parse_gres("gres/gpu:2"), Ok((None, 2)));
         assert!(parse_gres("cpu:4").is_err());
         assert!(parse_gres("gpu:x").is_err());
+    }
+
+    #[test]
+    fn memory_sizes_read_like_slurm() {
+        assert_eq!(parse_mem("512"), Ok(512 << 20), "a bare number is MiB");
+        assert_eq!(parse_mem("512M"), Ok(512 << 20));
+        assert_eq!(parse_mem("16G"), Ok(16 << 30));
+        assert_eq!(parse_mem("16g"), Ok(16 << 30));
+        assert_eq!(parse_mem("16GB"), Ok(16 << 30));
+        assert_eq!(parse_mem("16GiB"), Ok(16 << 30));
+        assert_eq!(parse_mem("2T"), Ok(2 << 40));
+        assert_eq!(parse_mem("64K"), Ok(64 << 10));
+        assert_eq!(parse_mem("1048576B"), Ok(1 << 20));
+        assert_eq!(parse_mem("1048576b"), Ok(1 << 20));
+        for bad in [
+            "",
+            "G",
+            "iB",
+            "16iB",
+            "0",
+            "0G",
+            "1.5G",
+            "16X",
+            "-1",
+            "16 G",
+            "99999999999999T",
+        ] {
+            assert!(parse_mem(bad).is_err(), "'{bad}' accepted");
+        }
+        assert_eq!(format_mem(16 << 30), "16G");
+        assert_eq!(format_mem(1536 << 20), "1536M");
+        assert_eq!(format_mem(1000), "1000B");
+        for s in ["512M", "16G", "3T", "7K", "1000B"] {
+            assert_eq!(format_mem(parse_mem(s).expect("valid")), s);
+        }
     }
 
     #[test]

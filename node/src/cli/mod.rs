@@ -739,8 +739,8 @@ fn format_status(s: &StatusResponse) -> String {
 
 fn format_nodes(nodes: &[NodeInfo]) -> String {
     let mut out = format!(
-        "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{}\n",
-        "ID", "NAME", "STATE", "ADDR", "GPUS", "MODEL", "UTIL", "SEEN", "LABELS"
+        "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{:<26}{}\n",
+        "ID", "NAME", "STATE", "ADDR", "GPUS", "MODEL", "UTIL", "SEEN", "ISOLATION", "LABELS"
     );
     for n in nodes {
         let mut models: Vec<&str> = n.gpus.iter().map(|g| g.model.as_str()).collect();
@@ -757,7 +757,7 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
             None => "-".into(),
         };
         out.push_str(&format!(
-            "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{}\n",
+            "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{:<26}{}\n",
             n.id,
             n.name,
             if n.drained {
@@ -777,6 +777,7 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
                 .map(|u| format!("{:.0}%", u * 100.0))
                 .unwrap_or_else(|| "-".into()),
             seen,
+            isolation_text(&n.isolation, &n.isolation_controllers),
             if labels.is_empty() {
                 "-".to_string()
             } else {
@@ -785,6 +786,17 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
         ));
     }
     out
+}
+
+/// `none`, `cgroup (kill only)`, `cgroup (memory,cpu,pids)`; `-` for a node
+/// that has not said (an older agent).
+fn isolation_text(mode: &str, controllers: &[String]) -> String {
+    match (mode, controllers) {
+        ("", _) => "-".into(),
+        ("cgroup", []) => "cgroup (kill only)".into(),
+        ("cgroup", c) => format!("cgroup ({})", c.join(",")),
+        (other, _) => other.to_string(),
+    }
 }
 
 fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
@@ -847,5 +859,22 @@ fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
         );
         print!("{}", summary_table(&reports));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isolation_reads_as_the_agent_reports_it() {
+        let c = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(isolation_text("none", &[]), "none");
+        assert_eq!(isolation_text("cgroup", &[]), "cgroup (kill only)");
+        assert_eq!(
+            isolation_text("cgroup", &c(&["memory", "cpu", "pids"])),
+            "cgroup (memory,cpu,pids)"
+        );
+        assert_eq!(isolation_text("", &[]), "-");
     }
 }

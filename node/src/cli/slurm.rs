@@ -24,8 +24,8 @@ const JOB_OPTIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     ("output", Some("o"), None),
     ("error", Some("e"), None),
     ("ntasks-per-node", None, None),
-    ("cpus-per-task", Some("c"), None),
-    ("mem", None, None),
+    ("cpus-per-task", Some("c"), Some("--cpus-per-task")),
+    ("mem", None, Some("--mem")),
     ("export", None, None),
     ("mail-type", None, None),
     ("mail-user", None, None),
@@ -470,6 +470,45 @@ mod tests {
                 "--",
                 "python",
                 "x.py"
+            ]
+        );
+    }
+
+    #[test]
+    fn memory_and_cpus_per_task_pass_through() {
+        assert_eq!(
+            t("sbatch", "--mem=16G -c 4 --wrap true"),
+            [
+                "shoal",
+                "submit",
+                "--mem",
+                "16G",
+                "--cpus-per-task",
+                "4",
+                "--banner",
+                "--",
+                "/bin/sh",
+                "-c",
+                "true"
+            ]
+        );
+        let args: Vec<String> = "--mem 512 --cpus-per-task=2 -- x"
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        let out = translate("salloc", &args).expect("translates");
+        assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+        assert_eq!(
+            out.argv,
+            [
+                "shoal",
+                "alloc",
+                "--mem",
+                "512",
+                "--cpus-per-task",
+                "2",
+                "--",
+                "x"
             ]
         );
     }

@@ -3,25 +3,56 @@
 //! commit, on a restore, on a checkpoint's replication — for longer than the
 //! cluster takes to start the gang elsewhere. [`FenceGuard`] runs on its own
 //! task: once this node is cut off from a majority of the voters it kills
-//! every rank's process group, whatever the tick is doing.
+//! every rank — its whole cgroup where it has one, else its process group —
+//! whatever the tick is doing.
 
+use super::cgroup::RankCgroup;
 use crate::workers::Worker;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// The process groups of the ranks running on this node, by rank. A rank's
-/// group is removed in the same critical section that reaps its process, so
-/// the guard never signals a group whose id the kernel may have reused.
+/// How to kill one running rank: its cgroup (every process it started,
+/// whatever session or group they moved to), else its process group.
+#[derive(Clone, Debug)]
+pub struct RankFence {
+    pub group: libc::pid_t,
+    pub cgroup: Option<Arc<RankCgroup>>,
+}
+
+impl RankFence {
+    /// SIGKILL to the rank: through `cgroup.kill` when the rank has a
+    /// cgroup, through its process group when it has none or the cgroup
+    /// write fails. True when a kill was sent.
+    pub fn kill(&self) -> bool {
+        if let Some(cgroup) = &self.cgroup {
+            match cgroup.kill() {
+                Ok(()) => return true,
+                Err(e) => tracing::warn!(
+                    cgroup = %cgroup.dir().display(),
+                    error = %e,
+                    "could not kill the rank's cgroup; killing its process group"
+                ),
+            }
+        }
+        // SAFETY: a plain syscall on a process group this executor started
+        // and has not reaped (the map holds only those).
+        unsafe { libc::kill(-self.group, libc::SIGKILL) == 0 }
+    }
+}
+
+/// The running ranks of this node, by rank. A rank's entry is removed in
+/// the same critical section that reaps its process, so the guard never
+/// signals a group whose id the kernel may have reused.
 #[derive(Clone, Default)]
 pub struct RankGroups {
-    groups: Arc<Mutex<BTreeMap<super::RankKey, libc::pid_t>>>,
+    groups: Arc<Mutex<BTreeMap<super::RankKey, RankFence>>>,
 }
 
 impl RankGroups {
     /// The map, locked; a panic elsewhere leaves it usable.
-    pub(super) fn lock(&self) -> MutexGuard<'_, BTreeMap<super::RankKey, libc::pid_t>> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, BTreeMap<super::RankKey, RankFence>> {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -57,11 +88,8 @@ impl Worker for FenceGuard {
             return ControlFlow::Continue(());
         }
         let groups = self.groups.lock();
-        for (key, group) in groups.iter() {
-            // SAFETY: a plain syscall on a process group this executor
-            // started and has not reaped (the map holds only those).
-            let sent = unsafe { libc::kill(-group, libc::SIGKILL) } == 0;
-            if sent {
+        for (key, fence) in groups.iter() {
+            if fence.kill() {
                 tracing::warn!(
                     job = key.job,
                     epoch = key.epoch,
@@ -99,7 +127,13 @@ mod tests {
             epoch: 2,
             rank: 0,
         };
-        groups.lock().insert(key, child.id() as libc::pid_t);
+        groups.lock().insert(
+            key,
+            RankFence {
+                group: child.id() as libc::pid_t,
+                cgroup: None,
+            },
+        );
         let fenced = Arc::new(AtomicBool::new(false));
         let flag = fenced.clone();
         let mut guard = FenceGuard::new(groups.clone(), Duration::from_millis(10), move || {

@@ -7,6 +7,10 @@
 //! One process per node and rank, in its own process group so that signals
 //! reach the whole tree, and with a parent-death signal so that a crashed
 //! agent does not leave ranks running that the ledger no longer accounts for.
+//! Where the node has cgroup v2 (`cgroup.rs`), each rank also runs in a
+//! cgroup of its own, with the job's memory and CPU limits, which is killed
+//! whole when the rank stops and removed once empty before the exit is
+//! reported, so no escaped child outlives its rank or keeps its GPUs.
 //!
 //! A rank is started at most once per epoch on a node: a marker file is
 //! written before the launch, and an agent that restarts finds the marker of
@@ -25,10 +29,11 @@
 //! and ledger writes.
 
 pub mod account;
+pub mod cgroup;
 mod fence;
 mod plan;
 
-pub use fence::{FenceGuard, RankGroups};
+pub use fence::{FenceGuard, RankFence, RankGroups};
 
 use crate::node::metrics::Metrics;
 use crate::node::peers::SharedPeerView;
@@ -79,6 +84,39 @@ struct RunningRank {
     /// Replication of the last reported step, still running.
     replicating: Option<(u64, tokio::task::JoinHandle<bool>)>,
     stall: StallWatch,
+    /// The rank's cgroup, where the node has cgroups.
+    cgroup: Option<Arc<cgroup::RankCgroup>>,
+    /// The job's limits this node does not enforce, as sentences.
+    unenforced: Vec<String>,
+}
+
+impl RunningRank {
+    /// How the fence guard kills it.
+    fn fence(&self) -> Option<RankFence> {
+        let pid = self
+            .child
+            .id()
+            .and_then(|p| libc::pid_t::try_from(p).ok())?;
+        Some(RankFence {
+            group: pid,
+            cgroup: self.cgroup.clone(),
+        })
+    }
+
+    /// SIGKILL to the rank's whole cgroup, else its process group.
+    fn kill(&self) {
+        match self.fence() {
+            Some(fence) => {
+                fence.kill();
+            }
+            // Reaped already: only the cgroup may still hold something.
+            None => {
+                if let Some(cg) = &self.cgroup {
+                    let _ = cg.kill();
+                }
+            }
+        }
+    }
 }
 
 /// The directory of a job's files on this node.
@@ -120,6 +158,8 @@ pub struct RankHost {
     pub stall_after: Duration,
     /// Which Unix user each tenant's ranks run as.
     pub users: account::RankUsers,
+    /// This agent's rank cgroups; None: no cgroups (isolation `none`).
+    pub cgroups: Option<Arc<cgroup::RankCgroups>>,
 }
 
 /// The executor loop: this node's running ranks and the exits it still has
@@ -132,8 +172,13 @@ pub struct Executor {
     exited: BTreeMap<RankKey, i32>,
     /// Of those, the ones the leader has applied.
     sent: BTreeSet<RankKey>,
-    /// The running ranks' process groups, shared with the [`FenceGuard`].
+    /// The running ranks' process groups and cgroups, shared with the
+    /// [`FenceGuard`].
     groups: RankGroups,
+    /// Jobs whose unenforceable limits were logged already.
+    warned: BTreeSet<JobId>,
+    /// Cgroups of exited ranks that did not empty in time; retried.
+    draining: Vec<Arc<cgroup::RankCgroup>>,
 }
 
 impl Executor {
@@ -144,6 +189,8 @@ impl Executor {
             exited: BTreeMap::new(),
             sent: BTreeSet::new(),
             groups: RankGroups::default(),
+            warned: BTreeSet::new(),
+            draining: Vec::new(),
         }
     }
 
@@ -163,8 +210,21 @@ impl Worker for Executor {
     }
 
     async fn stop(&mut self) {
-        for rank in self.ranks.values_mut() {
-            signal(&rank.child, libc::SIGKILL);
+        for rank in self.ranks.values() {
+            rank.kill();
+        }
+        let cgroups = self
+            .ranks
+            .values()
+            .filter_map(|r| r.cgroup.clone())
+            .chain(self.draining.drain(..));
+        for cgroup in cgroups {
+            if let Err(e) = cgroup.drain(Duration::from_secs(1)).await {
+                tracing::warn!(error = %e, "a rank's cgroup is left for the next start of this agent");
+            }
+        }
+        if let Some(cgroups) = &self.host.cgroups {
+            cgroups.remove_if_empty();
         }
     }
 
@@ -231,7 +291,7 @@ impl Worker for Executor {
                         );
                     }
                     if let Some(rank) = ranks.get(&key) {
-                        signal(&rank.child, libc::SIGKILL);
+                        rank.kill();
                     }
                 }
                 Action::Term { key } => {
@@ -254,10 +314,15 @@ impl Worker for Executor {
                     };
                     match prepare_and_launch(host, &key, a).await {
                         Ok(rank) => {
-                            if let Some(pid) =
-                                rank.child.id().and_then(|p| libc::pid_t::try_from(p).ok())
-                            {
-                                self.groups.lock().insert(key.clone(), pid);
+                            if let Some(fence) = rank.fence() {
+                                self.groups.lock().insert(key.clone(), fence);
+                            }
+                            if !rank.unenforced.is_empty() && self.warned.insert(key.job) {
+                                tracing::warn!(
+                                    job = key.job,
+                                    "the job asks for limits this node cannot enforce; its ranks run without them: {}",
+                                    rank.unenforced.join("; ")
+                                );
                             }
                             ranks.insert(key, rank);
                         }
@@ -337,16 +402,32 @@ impl Worker for Executor {
         for (key, code) in done {
             let outcome = if code == 0 { "success" } else { "failure" };
             host.metrics.count_rank_exit(outcome);
+            let Some(mut rank) = ranks.remove(&key) else {
+                continue;
+            };
+            // Whatever the main process left behind dies with it, before the
+            // exit (and so its GPUs) is reported.
+            let usage = match rank.cgroup.take() {
+                Some(cg) => match cg.drain(cgroup::DRAIN_TIMEOUT).await {
+                    Ok(usage) => usage,
+                    Err(e) => {
+                        tracing::warn!(job = key.job, rank = key.rank, error = %e, "the rank's processes are not all gone yet; still killing them");
+                        let usage = cg.usage();
+                        self.draining.push(cg);
+                        usage
+                    }
+                },
+                None => cgroup::Usage::default(),
+            };
             tracing::info!(
                 job = key.job,
                 epoch = key.epoch,
                 rank = key.rank,
                 code,
+                cpu_s = usage.cpu_usec.map(|u| u as f64 / 1e6),
+                mem_peak_bytes = usage.mem_peak_bytes,
                 "rank exited"
             );
-            let Some(mut rank) = ranks.remove(&key) else {
-                continue;
-            };
             // A final checkpoint written during the grace period still counts,
             // and must be recorded before the exit releases the allocation.
             settle_replication(&mut rank).await;
@@ -386,6 +467,15 @@ impl Worker for Executor {
             exited.remove(&key);
             self.sent.remove(&key);
         }
+        self.draining.retain(|cg| match cg.try_remove() {
+            Ok(gone) => !gone,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot remove an exited rank's cgroup");
+                true
+            }
+        });
+        self.warned
+            .retain(|job| assigned.keys().any(|k| k.job == *job));
         ControlFlow::Continue(())
     }
 }
@@ -727,6 +817,7 @@ fn launch(
         .try_clone()
         .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
     mark_launched(&jobs_dir, key)?;
+    let (cgroup, unenforced) = rank_cgroup(host, key, &a.spec)?;
     {
         use std::io::Write;
         let _ = writeln!(
@@ -734,15 +825,73 @@ fn launch(
             "--- shoal: job {} epoch {} rank {} starting on {} ---",
             key.job, key.epoch, key.rank, host.local.name
         );
+        for note in &unenforced {
+            let _ = writeln!(
+                out,
+                "--- shoal: not enforced on {}: {note} ---",
+                host.local.name
+            );
+        }
     }
-    if a.spec.command.is_empty() {
-        // An allocation only (`shoal alloc`): hold the GPUs with a process
-        // that does nothing until it is stopped, so stop and fencing work the
-        // same way for allocations as for jobs.
-        let idle = ["sleep".to_string(), "infinity".to_string()];
-        return spawn(host, key, a, &idle, (out, err), account, ckpt_dir);
+    // An allocation only (`shoal alloc`): hold the GPUs with a process that
+    // does nothing until it is stopped, so stop and fencing work the same
+    // way for allocations as for jobs.
+    let idle = ["sleep".to_string(), "infinity".to_string()];
+    let argv = if a.spec.command.is_empty() {
+        &idle[..]
+    } else {
+        &a.spec.command[..]
+    };
+    let fences = Fences {
+        cgroup: cgroup.clone(),
+        unenforced,
+    };
+    let launched = spawn(host, key, a, argv, (out, err), account, ckpt_dir, fences);
+    if launched.is_err() {
+        if let Some(cg) = cgroup {
+            // Nothing ran in it.
+            let _ = std::fs::remove_dir(cg.dir());
+        }
     }
-    spawn(host, key, a, &a.spec.command, (out, err), account, ckpt_dir)
+    launched
+}
+
+/// The rank's cgroup and what it cannot enforce.
+struct Fences {
+    cgroup: Option<Arc<cgroup::RankCgroup>>,
+    unenforced: Vec<String>,
+}
+
+/// Creates the rank's cgroup with the job's limits, where the node has
+/// cgroups; the limits it cannot enforce come back as sentences.
+fn rank_cgroup(
+    host: &RankHost,
+    key: &RankKey,
+    spec: &shoal_consensus::workload::JobSpec,
+) -> Result<(Option<Arc<cgroup::RankCgroup>>, Vec<String>), String> {
+    let limits = cgroup::Limits {
+        mem_bytes: spec.mem_bytes,
+        cpus: spec.cpus_per_task,
+    };
+    let Some(cgroups) = &host.cgroups else {
+        let mut notes = Vec::new();
+        if let Some(bytes) = limits.mem_bytes {
+            notes.push(format!(
+                "--mem {bytes} bytes: this node has no cgroups (isolation: none)"
+            ));
+        }
+        if let Some(cpus) = limits.cpus {
+            notes.push(format!(
+                "--cpus-per-task {cpus}: this node has no cgroups (isolation: none)"
+            ));
+        }
+        return Ok((None, notes));
+    };
+    let name = cgroup::rank_name(key.job, key.rank, key.epoch);
+    let (cg, notes) = cgroups
+        .create(&name, limits)
+        .map_err(|e| format!("cannot create the rank's cgroup: {e}"))?;
+    Ok((Some(Arc::new(cg)), notes))
 }
 
 /// The environment a rank starts with, built from scratch: nothing of the
@@ -760,6 +909,7 @@ fn base_env(account: &account::Account) -> Vec<(String, String)> {
     ]
 }
 
+#[allow(clippy::too_many_arguments)]
 fn spawn(
     host: &RankHost,
     key: &RankKey,
@@ -768,10 +918,20 @@ fn spawn(
     (out, err): (std::fs::File, std::fs::File),
     account: &account::Account,
     ckpt_dir: PathBuf,
+    fences: Fences,
 ) -> Result<RunningRank, String> {
+    use std::os::fd::AsRawFd;
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| "the job has no command".to_string())?;
+    // Opened here, written by the child: allocation-free between fork and exec.
+    let procs = fences
+        .cgroup
+        .as_ref()
+        .map(|cg| cg.open_procs())
+        .transpose()
+        .map_err(|e| format!("cannot enter the rank's cgroup: {e}"))?;
+    let procs_fd = procs.as_ref().map(|fd| fd.as_raw_fd());
     // SAFETY: geteuid has no preconditions.
     let switch = (account.uid != unsafe { libc::geteuid() }).then_some((account.uid, account.gid));
     let mut cmd = tokio::process::Command::new(program);
@@ -797,6 +957,14 @@ fn spawn(
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
+            // Into the rank's cgroup first, before anything else can run
+            // and while still privileged: "0" moves the writing process, and
+            // everything the rank starts is born inside.
+            if let Some(fd) = procs_fd {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             // Own session and process group, so signals reach the rank's
             // children too and it has no terminal of the agent's.
             libc::setsid();
@@ -822,11 +990,16 @@ fn spawn(
     let child = cmd
         .spawn()
         .map_err(|e| format!("cannot run '{program}': {e}"))?;
+    drop(procs);
     tracing::info!(
         job = key.job,
         epoch = key.epoch,
         rank = key.rank,
         pid = child.id(),
+        cgroup = fences
+            .cgroup
+            .as_ref()
+            .map(|c| c.dir().display().to_string()),
         "rank started"
     );
     Ok(RunningRank {
@@ -839,6 +1012,8 @@ fn spawn(
         retry_after: None,
         replicating: None,
         stall: StallWatch::new(Instant::now()),
+        cgroup: fences.cgroup,
+        unenforced: fences.unenforced,
     })
 }
 

@@ -195,6 +195,21 @@ pub struct ExecutorTuning {
     pub users: BTreeMap<String, String>,
     /// Let a rank run as root (uid 0). Off: such a launch is refused.
     pub allow_root: bool,
+    /// A cgroup v2 per rank (`auto`: where the agent can create them), or
+    /// none (`off`): see docs/security.md.
+    pub cgroups: CgroupMode,
+}
+
+/// `executor.cgroups`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupMode {
+    /// Per-rank cgroups where the agent can create them; none elsewhere,
+    /// said once in the log.
+    #[default]
+    Auto,
+    /// No cgroups: ranks are fenced by their process group only.
+    Off,
 }
 
 impl Default for ExecutorTuning {
@@ -206,6 +221,7 @@ impl Default for ExecutorTuning {
             run_as: None,
             users: BTreeMap::new(),
             allow_root: false,
+            cgroups: CgroupMode::Auto,
         }
     }
 }
@@ -291,6 +307,7 @@ const ENV_KEYS: &[&str] = &[
     "executor.jobs_dir",
     "executor.run_as",
     "executor.allow_root",
+    "executor.cgroups",
     "storage.scrub_interval_s",
     "storage.capacity_bytes",
     "storage.gc_interval_s",
@@ -528,6 +545,23 @@ mod tests {
             err,
             "invalid configuration: scheduler.policy must be fifo, hdrf or hdrf-preempt, not 'lifo'"
         );
+    }
+
+    #[test]
+    fn cgroups_are_auto_unless_turned_off() {
+        assert_eq!(
+            Config::load(None, &BTreeMap::new())
+                .expect("valid")
+                .executor
+                .cgroups,
+            CgroupMode::Auto
+        );
+        let var =
+            |v: &str| BTreeMap::from([("SHOAL_EXECUTOR__CGROUPS".to_string(), v.to_string())]);
+        let c = Config::load(None, &var("off")).expect("valid");
+        assert_eq!(c.executor.cgroups, CgroupMode::Off);
+        let err = Config::load(None, &var("maybe")).expect_err("unknown mode");
+        assert!(err.contains("maybe") || err.contains("cgroups"), "{err}");
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub struct RuntimeInfo {
     pub api_url: String,
     pub rpc_addr: String,
     pub pid: u32,
+    /// The cgroup holding this agent's rank cgroups, when it has one.
+    #[serde(default)]
+    pub rank_cgroups: Option<String>,
 }
 
 fn random_hex(bytes: usize) -> String {
