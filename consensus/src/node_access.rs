@@ -162,8 +162,7 @@ mod tests {
                 nvlink_peers: vec![],
                 mig_enabled: false,
             }],
-            gossip_peer_id: String::new(),
-            gossip_addr: String::new(),
+            ..MemberSpec::default()
         }
     }
 
@@ -213,13 +212,8 @@ mod tests {
                     priority: 0,
                     preemptible: true,
                     command: vec!["true".into()],
-                    env: BTreeMap::new(),
-                    workdir: None,
-                    ckpt_interval_s: None,
                     max_restarts: 0,
-                    same: None,
-                    max_rtt_ms: None,
-                    required_labels: BTreeMap::new(),
+                    ..JobSpec::default()
                 },
             }) {
                 LedgerResponse::JobId(id) => id,
