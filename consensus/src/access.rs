@@ -17,50 +17,70 @@ pub fn covers(workload: &Workload, scope: &str, tenant: &str) -> bool {
     workload.ancestry(tenant).contains(&scope)
 }
 
+/// Why a tenant token may not have a command applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Refused, and the caller may know why (`permission denied: …`).
+    Denied(String),
+    /// The command names another tenant's job: answered exactly as if the
+    /// job did not exist, so that ids do not leak, while the API records
+    /// the attempt as an audit event.
+    Hidden(String),
+}
+
+impl Refusal {
+    pub fn message(&self) -> &str {
+        match self {
+            Refusal::Denied(m) | Refusal::Hidden(m) => m,
+        }
+    }
+}
+
 /// `Ok` when a token of tenant `scope` may have `cmd` applied; otherwise the
-/// reason, worded for the user who ran the command.
-pub fn authorize(ledger: &Ledger, scope: &str, cmd: &Command) -> Result<(), String> {
+/// reason, worded for the user who ran the command. No refusal names
+/// another tenant: a job of another tenant is "no job N", an object of
+/// another tenant "belongs to another tenant" (paths are one namespace, so
+/// that the path is taken cannot be hidden from a writer).
+pub fn authorize(ledger: &Ledger, scope: &str, cmd: &Command) -> Result<(), Refusal> {
     let workload = &ledger.workload;
     if !workload.tenants.contains_key(scope) {
-        return Err(format!(
+        return Err(Refusal::Denied(format!(
             "permission denied: the token's tenant '{scope}' no longer exists"
-        ));
+        )));
     }
-    let denied = |what: &str, owner: &str| {
-        Err(format!(
-            "permission denied: {what} belongs to tenant '{owner}', and this token is for tenant '{scope}'"
-        ))
+    let denied = |path: &str| {
+        Err(Refusal::Denied(format!(
+            "permission denied: mesh:{path} belongs to another tenant, and this token is for tenant '{scope}'"
+        )))
     };
     match cmd {
         Command::SubmitJob { spec } if covers(workload, scope, &spec.tenant) => Ok(()),
-        Command::SubmitJob { spec } => Err(format!(
+        Command::SubmitJob { spec } => Err(Refusal::Denied(format!(
             "permission denied: a token of tenant '{scope}' cannot submit jobs for tenant '{}'",
             spec.tenant
-        )),
+        ))),
         Command::CancelJob { job } => match workload.jobs.get(job) {
             // Cancelling a job that does not exist fails in apply with its
-            // usual message.
+            // usual message, which a hidden job's answer repeats.
             None => Ok(()),
             Some(j) if covers(workload, scope, &j.spec.tenant) => Ok(()),
-            Some(j) => denied(&format!("job {job}"), &j.spec.tenant),
+            Some(_) => Err(Refusal::Hidden(format!("no job {job}"))),
         },
         Command::PutObject { object, .. } => {
             if !covers(workload, scope, &object.tenant) {
-                return Err(format!(
+                return Err(Refusal::Denied(format!(
                     "permission denied: a token of tenant '{scope}' cannot write objects owned by tenant '{}'",
                     object.tenant
-                ));
+                )));
             }
-            let path = crate::namespace::normalize(&object.path)?;
+            let path = crate::namespace::normalize(&object.path).map_err(Refusal::Denied)?;
             match ledger.namespace.objects.get(&path) {
-                Some(existing) if !covers(workload, scope, &existing.tenant) => {
-                    denied(&format!("mesh:{path}"), &existing.tenant)
-                }
+                Some(existing) if !covers(workload, scope, &existing.tenant) => denied(&path),
                 _ => Ok(()),
             }
         }
         Command::RemoveObject { path } => {
-            let path = crate::namespace::normalize(path)?;
+            let path = crate::namespace::normalize(path).map_err(Refusal::Denied)?;
             // Removing a directory removes everything below it: all of it
             // must be the caller's, or nothing is removed.
             let prefix = format!("{path}/");
@@ -71,14 +91,14 @@ pub fn authorize(ledger: &Ledger, scope: &str, cmd: &Command) -> Result<(), Stri
                 .filter(|o| o.path == path || o.path.starts_with(&prefix))
                 .find(|o| !covers(workload, scope, &o.tenant))
             {
-                Some(other) => denied(&format!("mesh:{}", other.path), &other.tenant),
+                Some(other) => denied(&other.path),
                 None => Ok(()),
             }
         }
-        other => Err(format!(
+        other => Err(Refusal::Denied(format!(
             "permission denied: {} needs an admin token; this token is for tenant '{scope}'",
             describe(other)
-        )),
+        ))),
     }
 }
 
@@ -197,14 +217,17 @@ mod tests {
     }
 
     #[test]
-    fn jobs_and_objects_of_other_tenants_are_refused_with_the_owner_named() {
+    fn jobs_and_objects_of_other_tenants_are_refused_without_naming_the_owner() {
         let mut l = ledger_with_tenants();
         l.namespace
             .put(&object("/b/data", "b"), false)
             .expect("put");
         assert!(authorize(&l, "a", &Command::SubmitJob { spec: job("a-sub") }).is_ok());
         let err = authorize(&l, "a", &Command::SubmitJob { spec: job("b") }).unwrap_err();
-        assert!(err.contains("cannot submit jobs for tenant 'b'"), "{err}");
+        assert!(
+            err.message().contains("cannot submit jobs for tenant 'b'"),
+            "{err:?}"
+        );
         let err = authorize(
             &l,
             "a",
@@ -214,14 +237,50 @@ mod tests {
             },
         )
         .unwrap_err();
-        assert!(
-            err.starts_with("permission denied: mesh:/b/data belongs to tenant 'b'"),
-            "{err}"
+        assert_eq!(
+            err,
+            Refusal::Denied(
+                "permission denied: mesh:/b/data belongs to another tenant, and this token is for tenant 'a'"
+                    .into()
+            )
         );
         let err = authorize(&l, "a", &Command::RemoveObject { path: "/b".into() }).unwrap_err();
-        assert!(err.contains("mesh:/b/data belongs to tenant 'b'"), "{err}");
+        assert!(
+            err.message()
+                .contains("mesh:/b/data belongs to another tenant"),
+            "{err:?}"
+        );
         let err = authorize(&l, "a", &Command::SetDrain { id: 1, drain: true }).unwrap_err();
-        assert!(err.contains("draining nodes needs an admin token"), "{err}");
+        assert!(
+            err.message()
+                .contains("draining nodes needs an admin token"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn another_tenants_job_is_answered_as_one_that_does_not_exist() {
+        let mut l = ledger_with_tenants();
+        let mut spec = job("b");
+        spec.gpus_per_node = 1;
+        let LedgerResponse::JobId(b_job) = as_tenant(&mut l, "b", Command::SubmitJob { spec })
+        else {
+            panic!("b's job refused")
+        };
+        let missing = b_job + 100;
+        let hidden = as_tenant(&mut l, "a", Command::CancelJob { job: b_job });
+        let absent = as_tenant(&mut l, "a", Command::CancelJob { job: missing });
+        assert_eq!(hidden, LedgerResponse::Hidden(format!("no job {b_job}")));
+        assert_eq!(
+            absent,
+            LedgerResponse::Rejected(format!("no job {missing}"))
+        );
+        assert!(l.workload.jobs[&b_job].state.is_waiting());
+        // The owner's own token still cancels it.
+        assert_eq!(
+            as_tenant(&mut l, "b", Command::CancelJob { job: b_job }),
+            LedgerResponse::Ok
+        );
     }
 
     #[derive(Debug, Clone)]
@@ -327,7 +386,7 @@ mod tests {
         match as_tenant(&mut l, "a", Command::SubmitJob { spec: big.clone() }) {
             LedgerResponse::Rejected(m) => assert_eq!(
                 m,
-                format!("limit: tenant 'a' has {most} jobs waiting (at most {most}); cancel some or wait for them to start")
+                format!("limit: tenant 'a' has {most} jobs waiting (at most {most}, --max-pending-jobs); cancel some or wait for them to start")
             ),
             other => panic!("{other:?}"),
         }
@@ -382,56 +441,5 @@ mod tests {
         );
         assert!(l.workload.jobs.is_empty());
         assert!(l.namespace.objects.is_empty());
-    }
-
-    proptest! {
-        /// Whatever a tenant sends, what `limits::check_with` lets through
-        /// never takes it past a limit.
-        #[test]
-        fn a_tenant_never_exceeds_its_limits(
-            ops in proptest::collection::vec((0u8..3, 0usize..6, 1usize..600), 1..80)
-        ) {
-            use crate::limits::{check_with, Limits};
-            let limits = Limits {
-                waiting_jobs: 5,
-                job_spec_bytes: 300,
-                job_map_entries: 4,
-                objects: 3,
-                manifest_bytes: 400,
-                tenant_manifest_bytes: 900,
-            };
-            let mut l = ledger_with_tenants();
-            for (i, (kind, n, size)) in ops.into_iter().enumerate() {
-                let cmd = match kind {
-                    0 => {
-                        let mut spec = job("a");
-                        spec.gpus_per_node = 1;
-                        spec.name = "n".repeat(size / 2);
-                        spec.env = (0..n).map(|k| (format!("K{k}"), "v".into())).collect();
-                        Command::SubmitJob { spec }
-                    }
-                    1 => {
-                        let mut o = object(&format!("/a/o{n}"), "a");
-                        o.manifest = vec![1; size];
-                        Command::PutObject { object: o, replace: true }
-                    }
-                    _ => Command::CancelJob { job: n as u64 + 1 },
-                };
-                if check_with(&l, &cmd, &limits).is_err() {
-                    continue;
-                }
-                let index = 100 + i as u64;
-                l.apply(index, &LedgerRequest { now_ms: index, cmd });
-                prop_assert!(waiting(&l, "a") <= limits.waiting_jobs);
-                let objects: Vec<_> = l.namespace.objects.values().filter(|o| o.tenant == "a").collect();
-                prop_assert!(objects.len() <= limits.objects);
-                prop_assert!(objects.iter().all(|o| o.manifest.len() <= limits.manifest_bytes));
-                prop_assert!(objects.iter().map(|o| o.manifest.len()).sum::<usize>() <= limits.tenant_manifest_bytes);
-                for j in l.workload.jobs.values() {
-                    prop_assert!(crate::limits::spec_bytes(&j.spec) <= limits.job_spec_bytes);
-                    prop_assert!(j.spec.env.len() <= limits.job_map_entries);
-                }
-            }
-        }
     }
 }

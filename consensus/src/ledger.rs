@@ -217,6 +217,25 @@ pub enum LedgerResponse {
     Rejected(String),
     /// The caller's token may not do this; the message is for a human.
     Denied(String),
+    /// The command named another tenant's job; the message is the one a
+    /// job that does not exist gets (see [`crate::access::Refusal::Hidden`]),
+    /// and callers answer it exactly like a `Rejected` one.
+    Hidden(String),
+}
+
+/// Decodes and checks a manifest's bytes (a `mesh:/` object's or a
+/// checkpoint part's). The ledger keeps manifests opaque — their format
+/// belongs to the storage crate, which this crate does not depend on — so
+/// the node supplies the check. It is part of the state machine: every
+/// replica must run the same one, as they run the same `apply`.
+pub type ManifestCheck = fn(&[u8]) -> Result<(), String>;
+
+/// The checks `apply` makes with code from outside this crate.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ApplyChecks {
+    /// `None` accepts any bytes (tests and the simulator, which make up
+    /// their manifests).
+    pub manifest: Option<ManifestCheck>,
 }
 
 /// Limits that keep the ledger (and therefore every snapshot) small.
@@ -268,21 +287,32 @@ impl Ledger {
         }
     }
 
-    /// Applies the command at log position `index`. Deterministic: the
-    /// result depends only on `self`, `index` and `req`.
+    /// Applies the command at log position `index`, accepting any manifest
+    /// bytes. Deterministic: the result depends only on `self`, `index` and
+    /// `req`.
     pub fn apply(&mut self, index: u64, req: &LedgerRequest) -> LedgerResponse {
-        self.clock_ms = self.clock_ms.max(req.now_ms);
-        self.apply_command(index, &req.cmd)
+        self.apply_with(index, req, &ApplyChecks::default())
     }
 
-    fn apply_command(&mut self, index: u64, cmd: &Command) -> LedgerResponse {
+    /// [`Ledger::apply`], refusing what `checks` refuse.
+    pub fn apply_with(
+        &mut self,
+        index: u64,
+        req: &LedgerRequest,
+        checks: &ApplyChecks,
+    ) -> LedgerResponse {
+        self.clock_ms = self.clock_ms.max(req.now_ms);
+        self.apply_command(index, &req.cmd, checks)
+    }
+
+    fn apply_command(&mut self, index: u64, cmd: &Command, checks: &ApplyChecks) -> LedgerResponse {
         let now = self.clock_ms;
         match cmd {
             Command::Batch(cmds) => LedgerResponse::Batch(
                 cmds.iter()
                     .map(|c| match c {
                         Command::Batch(_) => LedgerResponse::Rejected("batches do not nest".into()),
-                        c => self.apply_command(index, c),
+                        c => self.apply_command(index, c, checks),
                     })
                     .collect(),
             ),
@@ -380,6 +410,7 @@ impl Ledger {
                                         "node {} stopped answering heartbeats",
                                         member.spec.name
                                     ),
+                                    resource: None,
                                 },
                                 now,
                             );
@@ -438,11 +469,17 @@ impl Ledger {
                 ) {
                     return LedgerResponse::Rejected("tenant commands do not nest".into());
                 }
-                if let Err(reason) = crate::access::authorize(self, tenant, cmd) {
-                    return LedgerResponse::Denied(reason);
+                match crate::access::authorize(self, tenant, cmd) {
+                    Ok(()) => {}
+                    Err(crate::access::Refusal::Denied(reason)) => {
+                        return LedgerResponse::Denied(reason)
+                    }
+                    Err(crate::access::Refusal::Hidden(reason)) => {
+                        return LedgerResponse::Hidden(reason)
+                    }
                 }
                 match crate::limits::check(self, cmd) {
-                    Ok(()) => self.apply_command(index, cmd),
+                    Ok(()) => self.apply_command(index, cmd, checks),
                     Err(reason) => LedgerResponse::Rejected(reason),
                 }
             }
@@ -456,7 +493,7 @@ impl Ledger {
                     crate::node_access::authorize(self, *node, cmd).err()
                 };
                 match refusal {
-                    None => self.apply_command(index, cmd),
+                    None => self.apply_command(index, cmd, checks),
                     Some(reason) => {
                         self.events.record(
                             &crate::events::EventSpec {
@@ -465,6 +502,7 @@ impl Ledger {
                                 node: Some(*node),
                                 gpu: None,
                                 job: None,
+                                resource: None,
                                 message: format!("refused a command from a member: {reason}"),
                             },
                             now,
@@ -515,12 +553,25 @@ impl Ledger {
                 rank,
                 step,
                 part,
-            } => answer(
-                self.workload
-                    .checkpoint_part(*job, *epoch, *rank, *step, part, now),
-            ),
+            } => {
+                if let Err(e) = checks.check_manifest(&part.manifest) {
+                    return LedgerResponse::Rejected(format!(
+                        "invalid manifest for checkpoint {step} of job {job}, rank {rank}: {e}"
+                    ));
+                }
+                answer(
+                    self.workload
+                        .checkpoint_part(*job, *epoch, *rank, *step, part, now),
+                )
+            }
             Command::ReleaseJob { job, epoch } => answer(self.workload.release(*job, *epoch, now)),
             Command::PutObject { object, replace } => {
+                if let Err(e) = checks.check_manifest(&object.manifest) {
+                    return LedgerResponse::Rejected(format!(
+                        "invalid manifest for mesh:{}: {e}",
+                        object.path
+                    ));
+                }
                 let mut object = object.clone();
                 object.mtime_ms = now;
                 answer(self.namespace.put(&object, *replace))
@@ -589,6 +640,15 @@ impl Ledger {
             }
         }
         self.members.values().find(|m| m.spec.name == key)
+    }
+}
+
+impl ApplyChecks {
+    fn check_manifest(&self, bytes: &[u8]) -> Result<(), String> {
+        match self.manifest {
+            Some(check) => check(bytes),
+            None => Ok(()),
+        }
     }
 }
 

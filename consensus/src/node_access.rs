@@ -393,6 +393,7 @@ mod tests {
                 node: Some(node),
                 gpu: None,
                 job,
+                resource: None,
                 message: "m".into(),
             })
         };

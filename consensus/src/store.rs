@@ -14,7 +14,7 @@
 // it is large, but boxing it is not ours to choose.
 #![allow(clippy::result_large_err)]
 
-use crate::ledger::{Ledger, LedgerResponse};
+use crate::ledger::{ApplyChecks, Ledger, LedgerResponse};
 use crate::types::{
     Entry, LogId, NodeId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote,
 };
@@ -43,8 +43,9 @@ const KEY_SNAP_DATA: &str = "data";
 /// Version byte in front of every snapshot so that an old binary refuses a
 /// newer snapshot with a clear error instead of misreading it.
 /// Version 2 added tenants and jobs to the ledger; version 3 gave API
-/// tokens a tenant; version 4 gave job specs memory and CPUs per rank and
-/// members their isolation.
+/// tokens a tenant; version 4 gave job specs memory and CPUs per rank,
+/// members their isolation, tenants ledger limits and events a resource and
+/// a repeat count.
 const SNAPSHOT_VERSION: u8 = 4;
 /// Decoding bound for snapshots and log entries.
 const MAX_DECODE: u64 = 1 << 30;
@@ -261,6 +262,7 @@ pub struct StateMachineStore {
     db: Arc<Database>,
     data: LedgerHandle,
     snapshot_seq: u64,
+    checks: ApplyChecks,
 }
 
 fn encode_snapshot(data: &StateMachineData) -> Result<Vec<u8>, StorageError> {
@@ -309,7 +311,15 @@ impl StateMachineStore {
             db,
             data: Arc::new(RwLock::new(data)),
             snapshot_seq,
+            checks: ApplyChecks::default(),
         })
+    }
+
+    /// The store, applying entries with `checks` (every replica of a
+    /// cluster must use the same).
+    pub fn with_checks(mut self, checks: ApplyChecks) -> Self {
+        self.checks = checks;
+        self
     }
 
     pub fn handle(&self) -> LedgerHandle {
@@ -371,6 +381,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             db: self.db.clone(),
             data: self.data.clone(),
             snapshot_seq: self.seq,
+            checks: ApplyChecks::default(),
         };
         store.write_snapshot(&meta, &bytes)?;
         Ok(Snapshot {
@@ -399,7 +410,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             d.last_applied = Some(e.log_id);
             match e.payload {
                 EntryPayload::Blank => out.push(LedgerResponse::Ok),
-                EntryPayload::Normal(req) => out.push(d.ledger.apply(e.log_id.index, &req)),
+                EntryPayload::Normal(req) => {
+                    out.push(d.ledger.apply_with(e.log_id.index, &req, &self.checks))
+                }
                 EntryPayload::Membership(m) => {
                     d.membership = StoredMembership::new(Some(e.log_id), m);
                     out.push(LedgerResponse::Ok);

@@ -307,9 +307,44 @@ pub struct TenantRequest {
     pub gpu_hours: Option<f64>,
     #[serde(default)]
     pub weight: Option<u32>,
-    /// Limits to remove (`max_gpus`, `gpu_hours`, `parent`) on set.
+    /// Ledger limits of the tenant's own work (what a tenant token may
+    /// cause); unset, each is the cluster default.
+    #[serde(default)]
+    pub max_pending_jobs: Option<u32>,
+    #[serde(default)]
+    pub max_objects: Option<u32>,
+    /// The tenant's `mesh:/` manifests together, in bytes.
+    #[serde(default)]
+    pub max_manifest_bytes: Option<u64>,
+    /// Highest `--priority` a tenant token may give the tenant's jobs.
+    #[serde(default)]
+    pub max_priority: Option<i32>,
+    /// Limits to remove on set: `max_gpus`, `gpu_hours`, `parent` (then
+    /// unlimited, or a root), or `max_pending_jobs`, `max_objects`,
+    /// `max_manifest_bytes`, `max_priority` (then the cluster default).
     #[serde(default)]
     pub unset: Vec<String>,
+}
+
+/// A tenant's own use of the ledger and the limits on it, in `shoal tenant
+/// ls --json` and `shoal quota --json`. The limits are those in force: the
+/// cluster default unless `overridden` names them. They bound what tenant
+/// tokens may add; an admin's writes are not counted against them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct LedgerLimitsInfo {
+    /// Jobs of the tenant itself (not its subtree) pending or requeued.
+    pub pending_jobs: u64,
+    pub max_pending_jobs: u64,
+    /// `mesh:/` objects the tenant owns.
+    pub objects: u64,
+    pub max_objects: u64,
+    /// Bytes of those objects' manifests together.
+    pub manifest_bytes: u64,
+    pub max_manifest_bytes: u64,
+    pub max_priority: i32,
+    /// Which of the `max_*` above an admin set for this tenant.
+    #[serde(default)]
+    pub overridden: Vec<String>,
 }
 
 /// `shoal tenant ls --json`.
@@ -321,6 +356,10 @@ pub struct TenantInfo {
     pub gpu_hours_limit: Option<f64>,
     pub weight: u32,
     pub created_at: String,
+    /// Absent from (null for) servers that predate ledger limits. Never
+    /// skipped when serializing: the RPC encodes these types with bincode.
+    #[serde(default)]
+    pub ledger_limits: Option<LedgerLimitsInfo>,
 }
 
 /// `shoal quota --json`.
@@ -342,6 +381,10 @@ pub struct QuotaInfo {
     pub fair_usage_gpu_hours: f64,
     pub running_jobs: u32,
     pub pending_jobs: u32,
+    /// The tenant's own ledger use and limits; absent from servers that
+    /// predate them.
+    #[serde(default)]
+    pub ledger_limits: Option<LedgerLimitsInfo>,
 }
 
 /// `shoal ckpt ls --json`: one committed (or in-progress) checkpoint step.
@@ -382,6 +425,13 @@ pub struct EventInfo {
     pub gpu: Option<u32>,
     pub job: Option<u64>,
     pub message: String,
+    /// What else the event is about, e.g. the job a refused request named.
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// Repeats of the event within a minute of it, counted here instead of
+    /// being recorded again.
+    #[serde(default)]
+    pub repeats: u64,
 }
 
 /// `POST /v1/debug/gpu-fault`: make a simulated GPU of the answering node misbehave.

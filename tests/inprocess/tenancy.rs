@@ -2,7 +2,9 @@
 //! admin token, tenant A's, tenant B's and the token of A's child tenant.
 //! A tenant sees its own subtree's jobs, logs, checkpoints, events, quotas,
 //! objects and chunks, and nothing of another tenant — not even an id or a
-//! name in an error message.
+//! name in an error message. Asking for another tenant's job answers as if
+//! it did not exist, and is an audit event; an admin's override of a
+//! tenant's ledger limit is what the tenant's next command is held to.
 
 // See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
@@ -235,13 +237,27 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         .any(|e| e.job == Some(a_job)));
     assert_eq!(admin.jobs(None, None).await.expect("jobs").len(), 3);
     // Admin actions and refused requests are audit events, for admins only.
+    // Cancelling another tenant's job answers like cancelling none.
     let refused = as_b
         .cancel_job(a_job)
         .await
         .expect_err("another tenant's job");
-    assert!(
-        refused.to_string().contains("permission denied"),
-        "{refused}"
+    let missing = as_b.cancel_job(999_999).await.expect_err("no such job");
+    let answer = |e: &shoal_sdk::ClientError| match e {
+        shoal_sdk::ClientError::Api {
+            status,
+            code,
+            message,
+        } => (*status, code.clone(), message.clone()),
+        other => panic!("{other}"),
+    };
+    assert_eq!(
+        answer(&refused),
+        (409, "rejected".to_string(), format!("no job {a_job}"))
+    );
+    assert_eq!(
+        answer(&missing),
+        (409, "rejected".to_string(), "no job 999999".to_string())
     );
     let refused = as_b
         .create_tenant(&tenant("beta-sub", Some("beta")))
@@ -263,8 +279,10 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
                 .map(|e| e.message)
                 .collect();
             let want = [
-                "token 'beta-token' of tenant 'beta': POST /v1/jobs/{id}/cancel refused (403)",
+                "token 'beta-token' of tenant 'beta': POST /v1/jobs/{id}/cancel refused: another tenant's job, answered as not found (409)",
                 "token 'beta-token' of tenant 'beta': POST /v1/tenants refused (403)",
+                "token 'beta-token' of tenant 'beta': GET /v1/jobs/{id} refused: another tenant's job, answered as not found (404)",
+                "token 'alpha-sub-token' of tenant 'alpha-sub': GET /v1/jobs/{id}/logs refused: another tenant's job, answered as not found (404)",
             ];
             (want.iter().all(|w| audit.iter().any(|m| m == w))
                 && audit.iter().any(|m| m.ends_with("POST /v1/tenants done")))
@@ -272,6 +290,23 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         }
     })
     .await;
+    // The hidden job is named for the admin; a job that does not exist is
+    // not an attempt on anyone's.
+    let events = admin.events(0).await.expect("events");
+    let cancel = events
+        .iter()
+        .find(|e| e.kind == "audit" && e.message.contains("/cancel refused"))
+        .expect("the refused cancel");
+    assert_eq!(
+        cancel.resource.as_deref(),
+        Some(format!("job {a_job} of tenant 'alpha'").as_str())
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| !e.resource.as_deref().unwrap_or("").contains("999999")),
+        "a missing job audited: {events:?}"
+    );
     assert!(
         audit.iter().all(|m| !m.contains("sa1.")),
         "a secret in {audit:?}"
@@ -329,6 +364,96 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         "{err}"
     );
     assert_eq!(admin.jobs(None, None).await.expect("jobs").len(), 3);
+
+    // A token asking again and again, for any of another tenant's jobs, is
+    // counted on one audit event per route (per minute), not recorded anew.
+    let hidden_read = "token 'beta-token' of tenant 'beta': GET /v1/jobs/{id} refused: another tenant's job, answered as not found (404)";
+    for _ in 0..20 {
+        for id in [a_job, sub_job] {
+            let (status, _) = get(&base, &format!("/v1/jobs/{id}"), Some(&b)).await;
+            assert_eq!(status, 404);
+        }
+    }
+    let hidden: Vec<shoal_sdk::EventInfo> =
+        common::wait_for("the counted hidden reads", TIMEOUT, || {
+            let admin = admin.clone();
+            async move {
+                let hidden: Vec<_> = admin
+                    .events(0)
+                    .await
+                    .ok()?
+                    .into_iter()
+                    .filter(|e| e.message == hidden_read)
+                    .collect();
+                let seen: u64 = hidden.iter().map(|e| 1 + e.repeats).sum();
+                (seen > 40).then_some(hidden)
+            }
+        })
+        .await;
+    // Two when a minute's window ended in between.
+    assert!(hidden.len() <= 2, "{hidden:?}");
+
+    // An admin lowers alpha's pending-job limit and caps nothing more: the
+    // next job past it is refused naming the limit and the use.
+    let lower = TenantRequest {
+        name: "alpha".into(),
+        max_pending_jobs: Some(1),
+        ..TenantRequest::default()
+    };
+    admin.set_tenant(&lower).await.expect("set alpha's limit");
+    // Two nodes on a one-node cluster: it waits.
+    let mut waits = JobSubmitRequest::shell(2, 1, "true");
+    waits.tenant = Some("alpha".into());
+    let waiting = as_a.submit_job(&waits).await.expect("first waiting job").id;
+    let err = as_a
+        .submit_job(&waits)
+        .await
+        .expect_err("past the pending-job limit");
+    assert_eq!(
+        err.to_string(),
+        "limit: tenant 'alpha' has 1 jobs waiting (at most 1, --max-pending-jobs); cancel some or wait for them to start"
+    );
+    let mut loud = JobSubmitRequest::shell(1, 1, "true");
+    loud.priority = 1_000_000;
+    let err = as_a
+        .submit_job(&loud)
+        .await
+        .expect_err("past the priority cap");
+    assert_eq!(
+        err.to_string(),
+        "limit: priority 1000000 is above the cap of tenant 'alpha' (at most 1000, --max-priority)"
+    );
+    // The limits in force and the use, for the tenant and the admin alike.
+    for client in [&admin, &as_a] {
+        let tenants = client.tenants().await.expect("tenants");
+        let alpha = tenants.iter().find(|t| t.name == "alpha").expect("alpha");
+        let limits = alpha.ledger_limits.as_ref().expect("ledger limits");
+        assert_eq!(
+            (limits.pending_jobs, limits.max_pending_jobs),
+            (1, 1),
+            "{limits:?}"
+        );
+        assert_eq!(limits.overridden, vec!["max_pending_jobs".to_string()]);
+        assert_eq!(limits.max_priority, 1000);
+        assert_eq!(limits.objects, 1);
+        let quota = client.quota().await.expect("quota");
+        let alpha = quota.iter().find(|q| q.tenant == "alpha").expect("alpha");
+        assert_eq!(
+            alpha.ledger_limits.as_ref().map(|l| l.max_pending_jobs),
+            Some(1)
+        );
+    }
+    // Back to the default: room again.
+    let reset = TenantRequest {
+        name: "alpha".into(),
+        unset: vec!["max_pending_jobs".into()],
+        ..TenantRequest::default()
+    };
+    admin.set_tenant(&reset).await.expect("reset alpha's limit");
+    let second = as_a.submit_job(&waits).await.expect("room again").id;
+    for id in [waiting, second] {
+        as_a.cancel_job(id).await.expect("cancel");
+    }
     c.shutdown().await;
 }
 

@@ -238,6 +238,31 @@ proptest! {
         prop_assert_eq!(skipping, summing);
     }
 
+    /// Priority ranks a tenant's jobs against each other only: adding the
+    /// same amount — a million, say — to the priority of every job of one
+    /// tenant, waiting or running, changes no decision of any pass. So a
+    /// tenant's `--priority 1000000` neither overtakes nor preempts another
+    /// tenant's work; fair share and the preemption rules alone decide.
+    #[test]
+    fn one_tenants_priorities_shifted_together_change_no_plan(
+        seed in any::<u64>(),
+        policy in policy_strategy(),
+        which in 0..TENANTS.len(),
+        shift in prop_oneof![Just(1_000_000i32), Just(-1_000_000), -5i32..5],
+    ) {
+        let input = random_input(seed, policy);
+        let tenant = TENANTS[which].0;
+        let mut shifted = input.clone();
+        for (job, _) in shifted.pending.iter_mut().filter(|(job, _)| job.tenant == tenant) {
+            job.priority += shift;
+        }
+        for job in shifted.running.iter_mut().filter(|job| job.tenant == tenant) {
+            job.priority += shift;
+        }
+        let prox = TopologyProximity::new(&input.nodes);
+        prop_assert_eq!(schedule(&input, &prox), schedule(&shifted, &prox));
+    }
+
     #[test]
     fn hdrf_order_is_a_permutation(seed in any::<u64>()) {
         let input = random_input(seed, Policy::Hdrf);

@@ -69,6 +69,18 @@ impl Workload {
         if let Some(weight) = update.weight {
             limits.weight = weight;
         }
+        if let Some(max) = update.max_pending_jobs {
+            limits.max_pending_jobs = max;
+        }
+        if let Some(max) = update.max_objects {
+            limits.max_objects = max;
+        }
+        if let Some(max) = update.max_manifest_bytes {
+            limits.max_manifest_bytes = max;
+        }
+        if let Some(max) = update.max_priority {
+            limits.max_priority = max;
+        }
         self.check_limits(name, &limits)?;
         if let Some(parent) = &limits.parent {
             if self.ancestry(parent).contains(&name) {

@@ -62,7 +62,12 @@ pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
 /// Longest command line (bytes over all arguments and environment) a job may carry.
 pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024;
 
-/// A tenant's limits; `None` means unlimited.
+/// A tenant's limits. For `max_gpus` and `gpu_seconds_limit` `None` means
+/// unlimited; for the ledger limits below it means the cluster default
+/// ([`crate::limits::Limits::DEFAULT`]). The ledger limits bound what a
+/// tenant token may do (`Command::AsTenant`, checked in `apply` by
+/// [`crate::limits`]); each counts the tenant's own jobs and objects, not
+/// its subtree's.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct TenantLimits {
     pub parent: Option<String>,
@@ -70,6 +75,14 @@ pub struct TenantLimits {
     pub gpu_seconds_limit: Option<u64>,
     /// Relative share among siblings, at least 1.
     pub weight: u32,
+    /// Jobs waiting at once (pending or requeued).
+    pub max_pending_jobs: Option<u32>,
+    /// `mesh:/` objects.
+    pub max_objects: Option<u32>,
+    /// The tenant's `mesh:/` manifests together, in bytes.
+    pub max_manifest_bytes: Option<u64>,
+    /// Highest `--priority` a tenant token may give a job of this tenant.
+    pub max_priority: Option<i32>,
 }
 
 impl Default for TenantLimits {
@@ -79,17 +92,26 @@ impl Default for TenantLimits {
             max_gpus: None,
             gpu_seconds_limit: None,
             weight: 1,
+            max_pending_jobs: None,
+            max_objects: None,
+            max_manifest_bytes: None,
+            max_priority: None,
         }
     }
 }
 
-/// A partial update: `None` leaves a field as it is.
+/// A partial update: `None` leaves a field as it is; `Some(None)` removes
+/// a limit (unlimited, or back to the cluster default for the ledger limits).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct TenantUpdate {
     pub parent: Option<Option<String>>,
     pub max_gpus: Option<Option<u32>>,
     pub gpu_seconds_limit: Option<Option<u64>>,
     pub weight: Option<u32>,
+    pub max_pending_jobs: Option<Option<u32>>,
+    pub max_objects: Option<Option<u32>>,
+    pub max_manifest_bytes: Option<Option<u64>>,
+    pub max_priority: Option<Option<i32>>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

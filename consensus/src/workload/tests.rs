@@ -148,6 +148,7 @@ fn limits(max_gpus: Option<u32>, hours: Option<u64>, weight: u32) -> TenantLimit
         max_gpus,
         gpu_seconds_limit: hours.map(|h| h * 3600),
         weight,
+        ..TenantLimits::default()
     }
 }
 
@@ -285,6 +286,73 @@ fn preemption_requeues_the_victim_and_refunds_lost_work() {
     assert_eq!(tenant.charged_gpu_ms, 8 * 905_000);
     r.pass(Policy::HdrfPreempt);
     assert_eq!(r.job(urgent).state, JobState::Running);
+}
+
+/// The case, through the ledger: a tenant whose cap an admin raised
+/// submits `--priority 1000000` with its own token. It preempts a job of
+/// its own (priority ranks a tenant's jobs), never another tenant's at its
+/// fair share, and does not overtake a tenant below its share.
+#[test]
+fn a_tenant_priority_of_a_million_neither_preempts_nor_overtakes_another_tenant() {
+    let mut r = Replica::new(&[("n1", "r1", 4), ("n2", "r1", 4)]);
+    for name in ["greedy", "calm"] {
+        r.apply(Command::CreateTenant {
+            name: name.into(),
+            limits: limits(None, None, 1),
+        });
+    }
+    let as_tenant = |r: &mut Replica, spec: JobSpec| match r.apply(Command::AsTenant {
+        tenant: spec.tenant.clone(),
+        cmd: Box::new(Command::SubmitJob { spec }),
+    }) {
+        LedgerResponse::JobId(id) => id,
+        other => panic!("submit refused: {other:?}"),
+    };
+    let mut loud = job("greedy", 1, 4);
+    loud.priority = 1_000_000;
+    let refused = r.apply(Command::AsTenant {
+        tenant: "greedy".into(),
+        cmd: Box::new(Command::SubmitJob { spec: loud.clone() }),
+    });
+    assert!(
+        matches!(&refused, LedgerResponse::Rejected(m) if m.contains("--max-priority")),
+        "{refused:?}"
+    );
+    r.apply(Command::UpdateTenant {
+        name: "greedy".into(),
+        update: TenantUpdate {
+            max_priority: Some(Some(i32::MAX)),
+            ..Default::default()
+        },
+    });
+    let g1 = as_tenant(&mut r, job("greedy", 1, 4));
+    let c1 = as_tenant(&mut r, job("calm", 1, 4));
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(r.job(g1).state, JobState::Running);
+    assert_eq!(r.job(c1).state, JobState::Running);
+
+    let g2 = as_tenant(&mut r, loud.clone());
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(r.job(c1).state, JobState::Running, "{:?}", r.job(c1));
+    assert_eq!(r.job(c1).preemptions, 0);
+    assert_eq!(r.job(g1).state, JobState::Preempted);
+    r.now_ms += 1_000;
+    r.exit_all(g1, 143);
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(r.job(g2).state, JobState::Running);
+
+    // Calm's job ends; a loud job of greedy waits first, a plain one of calm
+    // comes after it. Calm holds nothing, greedy half the cluster: calm's
+    // job gets the free GPUs.
+    r.now_ms += 1_000;
+    r.exit_all(c1, 0);
+    let g3 = as_tenant(&mut r, loud);
+    r.now_ms += 1_000;
+    let c2 = as_tenant(&mut r, job("calm", 1, 4));
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(r.job(c2).state, JobState::Running, "{:?}", r.job(c2));
+    assert!(r.job(g3).state.is_waiting());
+    assert_eq!(r.job(g2).state, JobState::Running);
 }
 
 #[test]

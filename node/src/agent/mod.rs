@@ -29,6 +29,7 @@ use crate::workers::reconcile::Housekeeping;
 use crate::workers::scheduler::Scheduler;
 use join::join_cluster;
 use openraft::{BasicNode, SnapshotPolicy};
+use shoal_consensus::ledger::ApplyChecks;
 use shoal_consensus::network::{ContactTracker, NetworkFactory};
 use shoal_consensus::store::{open_db, LedgerHandle, LogStore, StateMachineStore};
 use shoal_consensus::types::Raft;
@@ -82,6 +83,22 @@ pub struct BootstrapInfo {
 
 fn io(what: &str, e: impl std::fmt::Display) -> AgentError {
     AgentError::Io(format!("{what}: {e}"))
+}
+
+/// The checks the ledger's `apply` makes with code from outside consensus:
+/// a manifest (of a `mesh:/` object or a checkpoint part) must decode and
+/// validate as `shoal_storage`'s, or it is refused and never stored. Every
+/// node of a cluster applies the same checks, as it applies the same log.
+pub fn apply_checks() -> ApplyChecks {
+    ApplyChecks {
+        manifest: Some(manifest_decodes),
+    }
+}
+
+fn manifest_decodes(bytes: &[u8]) -> Result<(), String> {
+    shoal_storage::manifest::Manifest::from_bytes(bytes)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// The address peers should use: explicit, else the bound one, else the
@@ -230,7 +247,9 @@ impl Agent {
         let db = open_db(&data_dir.join(identity::RAFT_DB_FILE))
             .map_err(|e| io("cannot open the Raft database", e))?;
         let log = LogStore::new(db.clone()).map_err(|e| AgentError::Raft(e.to_string()))?;
-        let sm = StateMachineStore::new(db).map_err(|e| AgentError::Raft(e.to_string()))?;
+        let sm = StateMachineStore::new(db)
+            .map_err(|e| AgentError::Raft(e.to_string()))?
+            .with_checks(apply_checks());
         let ledger_state = sm.handle();
         let chunk_store = shoal_storage::ChunkStore::open(
             data_dir.join("chunks"),

@@ -218,13 +218,70 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
 
 /// Records, as an `audit` event, every write an admin token made and every
 /// request of a tenant token that was refused (a 403: another tenant's
-/// object or job, an admin-only route). The token is named, never shown.
+/// object, an admin-only route). Requests naming another tenant's job,
+/// answered as if it did not exist, are recorded by [`audit_hidden`]. The
+/// token is named, never shown.
 fn audit(app: &Arc<Node>, caller: &Caller, method: &str, route: &str, status: StatusCode) {
     let refused = caller.tenant.is_some() && status == StatusCode::FORBIDDEN;
     let admin_write = caller.tenant.is_none() && method != "GET" && status.is_success();
     if !(refused || admin_write) {
         return;
     }
+    let outcome = if refused { "refused (403)" } else { "done" };
+    record_audit(
+        app,
+        caller,
+        refused,
+        format!("{method} {route} {outcome}"),
+        None,
+    );
+}
+
+/// Records that a tenant token named another tenant's job (`resource`),
+/// which was answered as if it did not exist (with `status`). The message
+/// leaves the job out, so repeats on any job are counted on one event
+/// (see `shoal_consensus::events`) and cannot flood the log.
+fn audit_hidden(
+    app: &Arc<Node>,
+    caller: &Caller,
+    route: &str,
+    status: StatusCode,
+    resource: String,
+) {
+    record_audit(
+        app,
+        caller,
+        true,
+        format!(
+            "{route} refused: another tenant's job, answered as not found ({})",
+            status.as_u16()
+        ),
+        Some(resource),
+    );
+}
+
+/// `job N of tenant 'T'`, as this node's ledger knows it, for an audit record.
+fn job_resource(app: &Node, id: u64) -> String {
+    let owner = app.ledger().read().ok().and_then(|d| {
+        d.ledger
+            .workload
+            .jobs
+            .get(&id)
+            .map(|j| j.spec.tenant.clone())
+    });
+    match owner {
+        Some(tenant) => format!("job {id} of tenant '{tenant}'"),
+        None => format!("job {id}"),
+    }
+}
+
+fn record_audit(
+    app: &Arc<Node>,
+    caller: &Caller,
+    refused: bool,
+    what: String,
+    resource: Option<String>,
+) {
     let who = match &caller.tenant {
         Some(tenant) => format!("token '{}' of tenant '{tenant}'", caller.name),
         None => format!("admin token '{}'", caller.name),
@@ -238,11 +295,10 @@ fn audit(app: &Arc<Node>, caller: &Caller, method: &str, route: &str, status: St
         kind: shoal_consensus::events::AUDIT.into(),
         node: Some(app.id()),
         gpu: None,
+        // Never the job: events about a job are shown to its tenant.
         job: None,
-        message: format!(
-            "{who}: {method} {route} {}",
-            if refused { "refused (403)" } else { "done" }
-        ),
+        message: format!("{who}: {what}"),
+        resource,
     };
     let ledger = app.ledger().clone();
     tokio::spawn(async move {
@@ -407,8 +463,30 @@ async fn write_or_reject(
     cmd: Command,
 ) -> Result<(LedgerResponse, u64), ApiError> {
     let (resp, index) = app.ledger().write_as(&caller.token, cmd).await?;
+    answer_write(resp, index)
+}
+
+/// [`write_or_reject`] of a tenant-scoped route (the leader wraps a tenant
+/// token's command in `AsTenant`). A command that named another tenant's
+/// job is answered exactly as one naming a job that does not exist, and
+/// audited with `resource` (the job, named by the handler).
+async fn write_as(
+    app: &Arc<Node>,
+    caller: &Caller,
+    route: &str,
+    cmd: Command,
+    resource: impl FnOnce() -> String,
+) -> Result<(LedgerResponse, u64), ApiError> {
+    let (resp, index) = app.ledger().write_as(&caller.token, cmd).await?;
+    if matches!(resp, LedgerResponse::Hidden(_)) {
+        audit_hidden(app, caller, route, StatusCode::CONFLICT, resource());
+    }
+    answer_write(resp, index)
+}
+
+fn answer_write(resp: LedgerResponse, index: u64) -> Result<(LedgerResponse, u64), ApiError> {
     match resp {
-        LedgerResponse::Rejected(m) => Err(ApiError(
+        LedgerResponse::Rejected(m) | LedgerResponse::Hidden(m) => Err(ApiError(
             StatusCode::CONFLICT,
             ApiErrorBody {
                 code: "rejected".into(),
@@ -439,9 +517,15 @@ async fn submit_job(
         req.tenant = caller.tenant.clone();
     }
     let spec = views::job_spec(&req).map_err(bad_request)?;
-    match write_or_reject(&app, &caller, Command::SubmitJob { spec })
-        .await?
-        .0
+    match write_as(
+        &app,
+        &caller,
+        "POST /v1/jobs",
+        Command::SubmitJob { spec },
+        String::new,
+    )
+    .await?
+    .0
     {
         LedgerResponse::JobId(id) => Ok(Json(JobSubmitResponse { id })),
         _ => Err(unexpected()),
@@ -476,16 +560,29 @@ async fn list_jobs(
 }
 
 /// The job `id`, if the caller may see it; another tenant's job answers
-/// exactly as a job that does not exist.
-async fn visible_job(app: &Node, caller: &Caller, id: u64) -> Result<JobInfo, ApiError> {
+/// exactly as a job that does not exist, and the attempt (through `route`)
+/// is an audit event.
+async fn visible_job(
+    app: &Arc<Node>,
+    caller: &Caller,
+    id: u64,
+    route: &str,
+) -> Result<JobInfo, ApiError> {
     let hidden = || ApiError::from(WireError::new(ErrorCode::NotFound, format!("no job {id}")));
     match app.ledger().query(ProtoQuery::Job(id)).await {
         Ok(ProtoResponse::Jobs(mut jobs)) if jobs.len() == 1 => {
             let job = jobs.remove(0);
-            let d = app.ledger().read()?;
-            if scope::sees_tenant(&d.ledger, caller, &job.tenant) {
+            let sees = scope::sees_tenant(&app.ledger().read()?.ledger, caller, &job.tenant);
+            if sees {
                 Ok(job)
             } else {
+                audit_hidden(
+                    app,
+                    caller,
+                    route,
+                    StatusCode::NOT_FOUND,
+                    format!("job {id} of tenant '{}'", job.tenant),
+                );
                 Err(hidden())
             }
         }
@@ -500,7 +597,9 @@ async fn show_job(
     Extension(caller): Extension<Caller>,
     Path(id): Path<u64>,
 ) -> Result<Json<JobInfo>, ApiError> {
-    Ok(Json(visible_job(&app, &caller, id).await?))
+    Ok(Json(
+        visible_job(&app, &caller, id, "GET /v1/jobs/{id}").await?,
+    ))
 }
 
 async fn cancel_job(
@@ -508,7 +607,14 @@ async fn cancel_job(
     Extension(caller): Extension<Caller>,
     Path(id): Path<u64>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let (_, index) = write_or_reject(&app, &caller, Command::CancelJob { job: id }).await?;
+    let (_, index) = write_as(
+        &app,
+        &caller,
+        "POST /v1/jobs/{id}/cancel",
+        Command::CancelJob { job: id },
+        || job_resource(&app, id),
+    )
+    .await?;
     Ok(Json(WriteResponse { index }))
 }
 
@@ -530,7 +636,7 @@ async fn job_logs(
 ) -> Result<Response, ApiError> {
     use std::io::{Read, Seek, SeekFrom};
     if caller.tenant.is_some() {
-        visible_job(&app, &caller, id).await?;
+        visible_job(&app, &caller, id, "GET /v1/jobs/{id}/logs").await?;
     }
     let path = crate::executor::log_path(&app.config().jobs_dir(), id, q.rank);
     let mut file = std::fs::File::open(&path).map_err(|_| {
@@ -617,7 +723,7 @@ async fn list_checkpoints(
     Path(id): Path<u64>,
 ) -> Result<Json<Vec<shoal_sdk::CheckpointInfo>>, ApiError> {
     if caller.tenant.is_some() {
-        visible_job(&app, &caller, id).await?;
+        visible_job(&app, &caller, id, "GET /v1/jobs/{id}/checkpoints").await?;
     }
     match app.ledger().query(ProtoQuery::Checkpoints(id)).await? {
         ProtoResponse::Checkpoints(c) => Ok(Json(c)),
@@ -818,13 +924,15 @@ async fn put_object(
             .unwrap_or_else(|| shoal_consensus::workload::DEFAULT_TENANT.to_string()),
         mtime_ms: 0,
     };
-    let (_, index) = write_or_reject(
+    let (_, index) = write_as(
         &app,
         &caller,
+        "POST /v1/objects",
         Command::PutObject {
             object,
             replace: req.replace,
         },
+        String::new,
     )
     .await?;
     Ok(Json(WriteResponse { index }))
@@ -863,8 +971,8 @@ async fn list_objects(
     };
     match others.first() {
         Some(other) if named && mine.is_empty() => Err(forbidden(format!(
-            "permission denied: mesh:{} belongs to tenant '{}', and this token is for tenant '{scope}'",
-            other.path, other.tenant
+            "permission denied: mesh:{} belongs to another tenant, and this token is for tenant '{scope}'",
+            other.path
         ))),
         _ => Ok(Json(mine)),
     }
@@ -880,7 +988,13 @@ async fn remove_object(
     Extension(caller): Extension<Caller>,
     Json(req): Json<RemoveQuery>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let (_, index) =
-        write_or_reject(&app, &caller, Command::RemoveObject { path: req.path }).await?;
+    let (_, index) = write_as(
+        &app,
+        &caller,
+        "POST /v1/objects/rm",
+        Command::RemoveObject { path: req.path },
+        String::new,
+    )
+    .await?;
     Ok(Json(WriteResponse { index }))
 }

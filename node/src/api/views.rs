@@ -7,15 +7,16 @@ use crate::node::wall_ms;
 use crate::rpc::proto::{ErrorCode, Query, Response, WireError};
 use openraft::{BasicNode, RaftMetrics};
 use shoal_consensus::ledger::Ledger;
+use shoal_consensus::limits::{self, Limits};
 use shoal_consensus::sched::TopologyTier;
 use shoal_consensus::store::StateMachineData;
 use shoal_consensus::workload::{
-    Job, JobSpec, JobState, TenantLimits, TenantUpdate, DEFAULT_TENANT,
+    Job, JobSpec, JobState, Tenant, TenantLimits, TenantUpdate, DEFAULT_TENANT,
 };
 use shoal_consensus::NodeId;
 use shoal_sdk::{
-    CheckpointInfo, CheckpointPartInfo, JobInfo, JobSubmitRequest, MemberState, QuotaInfo,
-    TenantInfo, TenantRequest,
+    CheckpointInfo, CheckpointPartInfo, JobInfo, JobSubmitRequest, LedgerLimitsInfo, MemberState,
+    QuotaInfo, TenantInfo, TenantRequest,
 };
 use shoal_sdk::{MemberSummary, NodeInfo, StatusResponse};
 use std::collections::BTreeMap;
@@ -221,6 +222,8 @@ pub fn events(ledger: &Ledger, after: u64) -> Vec<shoal_sdk::EventInfo> {
             gpu: e.spec.gpu,
             job: e.spec.job,
             message: e.spec.message.clone(),
+            resource: e.spec.resource.clone(),
+            repeats: e.repeats,
         })
         .collect()
 }
@@ -236,6 +239,10 @@ pub fn tenant_limits(req: &TenantRequest) -> Result<TenantLimits, String> {
         max_gpus: req.max_gpus,
         gpu_seconds_limit: req.gpu_hours.map(hours_to_seconds).transpose()?,
         weight: req.weight.unwrap_or(1),
+        max_pending_jobs: req.max_pending_jobs,
+        max_objects: req.max_objects,
+        max_manifest_bytes: req.max_manifest_bytes,
+        max_priority: req.max_priority,
     })
 }
 
@@ -245,20 +252,45 @@ pub fn tenant_update(req: &TenantRequest) -> Result<TenantUpdate, String> {
         max_gpus: req.max_gpus.map(Some),
         gpu_seconds_limit: req.gpu_hours.map(hours_to_seconds).transpose()?.map(Some),
         weight: req.weight,
+        max_pending_jobs: req.max_pending_jobs.map(Some),
+        max_objects: req.max_objects.map(Some),
+        max_manifest_bytes: req.max_manifest_bytes.map(Some),
+        max_priority: req.max_priority.map(Some),
     };
     for field in &req.unset {
         match field.as_str() {
             "parent" => update.parent = Some(None),
             "max_gpus" => update.max_gpus = Some(None),
             "gpu_hours" => update.gpu_seconds_limit = Some(None),
+            "max_pending_jobs" => update.max_pending_jobs = Some(None),
+            "max_objects" => update.max_objects = Some(None),
+            "max_manifest_bytes" => update.max_manifest_bytes = Some(None),
+            "max_priority" => update.max_priority = Some(None),
             other => {
                 return Err(format!(
-                    "cannot unset '{other}' (parent, max_gpus or gpu_hours)"
+                    "cannot unset '{other}' (parent, max_gpus, gpu_hours, max_pending_jobs, max_objects, max_manifest_bytes or max_priority)"
                 ))
             }
         }
     }
     Ok(update)
+}
+
+/// A tenant's own ledger use and the limits in force on it.
+pub fn ledger_limits(ledger: &Ledger, tenant: &Tenant) -> LedgerLimitsInfo {
+    let limits = Limits::of(ledger, &tenant.name);
+    let used = limits::usage(ledger, &tenant.name);
+    let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    LedgerLimitsInfo {
+        pending_jobs: count(used.waiting_jobs),
+        max_pending_jobs: count(limits.waiting_jobs),
+        objects: count(used.objects),
+        max_objects: count(limits.objects),
+        manifest_bytes: count(used.manifest_bytes),
+        max_manifest_bytes: count(limits.tenant_manifest_bytes),
+        max_priority: limits.max_priority,
+        overridden: limits::overridden(&tenant.limits),
+    }
 }
 
 fn hours_to_seconds(hours: f64) -> Result<u64, String> {
@@ -282,6 +314,7 @@ pub fn tenants(ledger: &Ledger) -> Vec<TenantInfo> {
             gpu_hours_limit: t.limits.gpu_seconds_limit.map(|s| s as f64 / 3600.0),
             weight: t.limits.weight,
             created_at: rfc3339(t.created_at_ms),
+            ledger_limits: Some(ledger_limits(ledger, t)),
         })
         .collect()
 }
@@ -345,6 +378,7 @@ pub fn quota(ledger: &Ledger, now_ms: u64) -> Vec<QuotaInfo> {
                 fair_usage_gpu_hours: fair_ms as f64 / 3_600_000.0,
                 running_jobs: running,
                 pending_jobs: pending,
+                ledger_limits: Some(ledger_limits(ledger, t)),
             }
         })
         .collect()
@@ -592,5 +626,46 @@ mod tests {
             ..req
         };
         assert!(tenant_update(&bad).is_err());
+    }
+
+    #[test]
+    fn ledger_limits_are_set_reset_and_shown_in_force() {
+        let req = TenantRequest {
+            name: "t".into(),
+            max_pending_jobs: Some(7),
+            max_priority: Some(-1),
+            unset: vec!["max_objects".into(), "max_manifest_bytes".into()],
+            ..Default::default()
+        };
+        let update = tenant_update(&req).expect("valid");
+        assert_eq!(update.max_pending_jobs, Some(Some(7)));
+        assert_eq!(update.max_priority, Some(Some(-1)));
+        assert_eq!(update.max_objects, Some(None));
+        assert_eq!(update.max_manifest_bytes, Some(None));
+        let created = tenant_limits(&TenantRequest {
+            unset: vec![],
+            ..req
+        })
+        .expect("valid");
+        assert_eq!(created.max_pending_jobs, Some(7));
+        assert_eq!(created.max_objects, None);
+
+        let mut ledger = Ledger::new();
+        let tenant = shoal_consensus::workload::Tenant {
+            name: "t".into(),
+            limits: created,
+            created_at_ms: 0,
+            charged_gpu_ms: 0,
+            refunded_gpu_ms: 0,
+            fair_usage_gpu_ms: 0,
+            fair_usage_at_ms: 0,
+        };
+        ledger.workload.tenants.insert("t".into(), tenant.clone());
+        let shown = ledger_limits(&ledger, &tenant);
+        assert_eq!(shown.max_pending_jobs, 7);
+        assert_eq!(shown.max_priority, -1);
+        assert_eq!(shown.max_objects, Limits::DEFAULT.objects as u64);
+        assert_eq!(shown.overridden, vec!["max_pending_jobs", "max_priority"]);
+        assert_eq!(shown.pending_jobs, 0);
     }
 }

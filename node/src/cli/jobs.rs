@@ -224,10 +224,13 @@ pub struct QueueArgs {
 pub enum TenantCmd {
     /// Create a tenant (team, project) with optional limits
     Create(TenantArgs),
-    /// Change a tenant's limits (`none` removes a limit)
+    /// Change a tenant's limits (`none` removes a limit, or restores the
+    /// cluster default of a ledger limit)
     Set(TenantArgs),
-    /// List tenants and their limits
+    /// List tenants, their limits and their use of the ledger
     Ls,
+    /// One tenant's limits and use of the ledger
+    Show { name: String },
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -244,6 +247,41 @@ pub struct TenantArgs {
     /// Fair-share weight among siblings
     #[arg(long)]
     pub weight: Option<u32>,
+    /// Jobs of this tenant a tenant token may keep waiting (pending or
+    /// requeued), or `none` for the cluster default (1000)
+    #[arg(long, value_name = "N")]
+    pub max_pending_jobs: Option<String>,
+    /// `mesh:/` objects a tenant token may give this tenant, or `none` for
+    /// the cluster default (10000)
+    #[arg(long, value_name = "N")]
+    pub max_objects: Option<String>,
+    /// Bytes of `mesh:/` manifests (ledger metadata, not the data) the
+    /// tenant's objects may take together, e.g. 16MiB, or `none` for the
+    /// cluster default (64MiB)
+    #[arg(long, value_name = "SIZE")]
+    pub max_manifest_bytes: Option<String>,
+    /// Highest --priority a tenant token may give this tenant's jobs, or
+    /// `none` for the cluster default (1000); admin tokens are not capped
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    pub max_priority: Option<String>,
+}
+
+/// `none` as a limit to unset (`Ok(None)` after pushing `field` onto
+/// `unset`), else the value parsed by `parse`.
+fn limit_arg<T>(
+    value: Option<&str>,
+    field: &str,
+    unset: &mut Vec<String>,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<Option<T>, String> {
+    match value {
+        None => Ok(None),
+        Some("none") => {
+            unset.push(field.into());
+            Ok(None)
+        }
+        Some(v) => parse(v).map(Some),
+    }
 }
 
 impl TenantArgs {
@@ -277,6 +315,43 @@ impl TenantArgs {
             }
             None => {}
         }
+        let count = |flag: &'static str| {
+            move |v: &str| {
+                v.parse::<u32>()
+                    .map_err(|_| format!("--{flag} must be a count or none, not '{v}'"))
+            }
+        };
+        req.max_pending_jobs = limit_arg(
+            self.max_pending_jobs.as_deref(),
+            "max_pending_jobs",
+            &mut req.unset,
+            count("max-pending-jobs"),
+        )?;
+        req.max_objects = limit_arg(
+            self.max_objects.as_deref(),
+            "max_objects",
+            &mut req.unset,
+            count("max-objects"),
+        )?;
+        req.max_manifest_bytes = limit_arg(
+            self.max_manifest_bytes.as_deref(),
+            "max_manifest_bytes",
+            &mut req.unset,
+            |v| {
+                crate::bench::parse_size(v).map_err(|e| {
+                    format!("--max-manifest-bytes must be a size (e.g. 16MiB) or none: {e}")
+                })
+            },
+        )?;
+        req.max_priority = limit_arg(
+            self.max_priority.as_deref(),
+            "max_priority",
+            &mut req.unset,
+            |v| {
+                v.parse::<i32>()
+                    .map_err(|_| format!("--max-priority must be an integer or none, not '{v}'"))
+            },
+        )?;
         Ok(req)
     }
 }
@@ -593,8 +668,17 @@ pub async fn events(
                     _ => "-".into(),
                 };
                 let job = e.job.map(|j| format!(" job {j}")).unwrap_or_default();
+                let resource = e
+                    .resource
+                    .as_ref()
+                    .map(|r| format!(" [{r}]"))
+                    .unwrap_or_default();
+                let repeats = match e.repeats {
+                    0 => String::new(),
+                    n => format!(" (and {n} more within a minute)"),
+                };
                 println!(
-                    "{}  {:<8} {:<13} {:<12}{job}  {}",
+                    "{}  {:<8} {:<13} {:<12}{job}  {}{resource}{repeats}",
                     e.at, e.severity, e.kind, place, e.message
                 );
             }
@@ -637,17 +721,89 @@ pub async fn tenant(client: &Client, cmd: &TenantCmd, json: bool) -> anyhow::Res
                 Ok(())
             }
         }
+        TenantCmd::Show { name } => {
+            let tenants = client.tenants().await.map_err(api)?;
+            let Some(tenant) = tenants.into_iter().find(|t| &t.name == name) else {
+                anyhow::bail!("no tenant named '{name}'");
+            };
+            if json {
+                print_json(&tenant)
+            } else {
+                print!("{}", format_tenant(&tenant));
+                Ok(())
+            }
+        }
     }
 }
 
+/// `1.5MiB`, `64MiB`, `512B`.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (unit, size) in UNITS {
+        if n >= size {
+            let value = n as f64 / size as f64;
+            return if n.is_multiple_of(size) {
+                format!("{}{unit}", n / size)
+            } else {
+                format!("{value:.1}{unit}")
+            };
+        }
+    }
+    format!("{n}B")
+}
+
+/// Use/limit of the tenant's pending jobs, objects and manifest bytes, and
+/// its priority cap; a limit set for the tenant (not the cluster default)
+/// is marked `*`.
+fn ledger_columns(limits: Option<&shoal_sdk::LedgerLimitsInfo>) -> [String; 4] {
+    let Some(l) = limits else {
+        return ["-".into(), "-".into(), "-".into(), "-".into()];
+    };
+    let mark = |field: &str| {
+        if l.overridden.iter().any(|o| o == field) {
+            "*"
+        } else {
+            ""
+        }
+    };
+    [
+        format!(
+            "{}/{}{}",
+            l.pending_jobs,
+            l.max_pending_jobs,
+            mark("max_pending_jobs")
+        ),
+        format!("{}/{}{}", l.objects, l.max_objects, mark("max_objects")),
+        format!(
+            "{}/{}{}",
+            human_bytes(l.manifest_bytes),
+            human_bytes(l.max_manifest_bytes),
+            mark("max_manifest_bytes")
+        ),
+        format!("{}{}", l.max_priority, mark("max_priority")),
+    ]
+}
+
+const LEDGER_NOTE: &str =
+    "WAITING, OBJECTS, MANIFESTS: the tenant's own use/limit; * set for the tenant, else the cluster default\n";
+
 fn format_tenants(tenants: &[TenantInfo]) -> String {
     let mut out = format!(
-        "{:<16}{:<16}{:>9}{:>12}{:>8}\n",
-        "TENANT", "PARENT", "MAX_GPUS", "GPU_HOURS", "WEIGHT"
+        "{:<16}{:<16}{:>9}{:>12}{:>8}{:>12}{:>13}{:>18}{:>9}\n",
+        "TENANT",
+        "PARENT",
+        "MAX_GPUS",
+        "GPU_HOURS",
+        "WEIGHT",
+        "WAITING",
+        "OBJECTS",
+        "MANIFESTS",
+        "MAX_PRIO"
     );
     for t in tenants {
+        let [waiting, objects, manifests, priority] = ledger_columns(t.ledger_limits.as_ref());
         out.push_str(&format!(
-            "{:<16}{:<16}{:>9}{:>12}{:>8}\n",
+            "{:<16}{:<16}{:>9}{:>12}{:>8}{waiting:>12}{objects:>13}{manifests:>18}{priority:>9}\n",
             t.name,
             t.parent.clone().unwrap_or_else(|| "-".into()),
             t.max_gpus
@@ -657,6 +813,46 @@ fn format_tenants(tenants: &[TenantInfo]) -> String {
                 .map(|h| format!("{h:.1}"))
                 .unwrap_or_else(|| "-".into()),
             t.weight
+        ));
+    }
+    out.push_str(LEDGER_NOTE);
+    out
+}
+
+fn format_tenant(t: &TenantInfo) -> String {
+    let none = || "-".to_string();
+    let mut out = format!(
+        "tenant:       {}\nparent:       {}\nmax GPUs:     {}\nGPU-hours:    {}\nweight:       {}\ncreated:      {}\n",
+        t.name,
+        t.parent.clone().unwrap_or_else(none),
+        t.max_gpus.map(|m| m.to_string()).unwrap_or_else(none),
+        t.gpu_hours_limit
+            .map(|h| format!("{h:.1}"))
+            .unwrap_or_else(none),
+        t.weight,
+        t.created_at,
+    );
+    if let Some(l) = &t.ledger_limits {
+        let source = |field: &str| {
+            if l.overridden.iter().any(|o| o == field) {
+                "set for this tenant"
+            } else {
+                "cluster default"
+            }
+        };
+        out.push_str(&format!(
+            "waiting jobs: {} of {} ({})\nobjects:      {} of {} ({})\nmanifests:    {} of {} ({})\nmax priority: {} ({})\n",
+            l.pending_jobs,
+            l.max_pending_jobs,
+            source("max_pending_jobs"),
+            l.objects,
+            l.max_objects,
+            source("max_objects"),
+            human_bytes(l.manifest_bytes),
+            human_bytes(l.max_manifest_bytes),
+            source("max_manifest_bytes"),
+            l.max_priority,
+            source("max_priority"),
         ));
     }
     out
@@ -679,8 +875,19 @@ pub async fn quota(client: &Client, tenant: Option<&str>, json: bool) -> anyhow:
 
 fn format_quota(rows: &[QuotaInfo]) -> String {
     let mut out = format!(
-        "{:<16}{:>10}{:>18}{:>10}{:>8}{:>9}{:>9}{:>9}\n",
-        "TENANT", "GPUS", "GPU_HOURS", "REFUNDED", "SHARE", "WEIGHT", "RUNNING", "PENDING"
+        "{:<16}{:>10}{:>18}{:>10}{:>8}{:>9}{:>9}{:>9}{:>12}{:>13}{:>18}{:>9}\n",
+        "TENANT",
+        "GPUS",
+        "GPU_HOURS",
+        "REFUNDED",
+        "SHARE",
+        "WEIGHT",
+        "RUNNING",
+        "PENDING",
+        "WAITING",
+        "OBJECTS",
+        "MANIFESTS",
+        "MAX_PRIO"
     );
     for r in rows {
         let gpus = match r.max_gpus {
@@ -691,8 +898,9 @@ fn format_quota(rows: &[QuotaInfo]) -> String {
             Some(l) => format!("{:.2}/{l:.0}", r.gpu_hours_used),
             None => format!("{:.2}", r.gpu_hours_used),
         };
+        let [waiting, objects, manifests, priority] = ledger_columns(r.ledger_limits.as_ref());
         out.push_str(&format!(
-            "{:<16}{:>10}{:>18}{:>10.2}{:>7.0}%{:>9}{:>9}{:>9}\n",
+            "{:<16}{:>10}{:>18}{:>10.2}{:>7.0}%{:>9}{:>9}{:>9}{waiting:>12}{objects:>13}{manifests:>18}{priority:>9}\n",
             r.tenant,
             gpus,
             hours,
@@ -703,6 +911,8 @@ fn format_quota(rows: &[QuotaInfo]) -> String {
             r.pending_jobs
         ));
     }
+    out.push_str("RUNNING, PENDING: the subtree's jobs; ");
+    out.push_str(LEDGER_NOTE);
     out
 }
 
@@ -771,5 +981,58 @@ mod tests {
             ..args
         };
         assert!(bad.request().is_err());
+    }
+
+    #[test]
+    fn ledger_limit_flags_parse_sizes_negative_priorities_and_none() {
+        let args = TenantArgs {
+            name: "t".into(),
+            max_pending_jobs: Some("5".into()),
+            max_objects: Some("none".into()),
+            max_manifest_bytes: Some("16MiB".into()),
+            max_priority: Some("-3".into()),
+            ..Default::default()
+        };
+        let req = args.request().expect("valid");
+        assert_eq!(req.max_pending_jobs, Some(5));
+        assert_eq!(req.max_objects, None);
+        assert_eq!(req.unset, vec!["max_objects".to_string()]);
+        assert_eq!(req.max_manifest_bytes, Some(16 << 20));
+        assert_eq!(req.max_priority, Some(-3));
+        for bad in [
+            TenantArgs {
+                max_pending_jobs: Some("-1".into()),
+                ..Default::default()
+            },
+            TenantArgs {
+                max_manifest_bytes: Some("lots".into()),
+                ..Default::default()
+            },
+            TenantArgs {
+                max_priority: Some("high".into()),
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.request().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ledger_columns_mark_limits_set_for_the_tenant() {
+        let limits = shoal_sdk::LedgerLimitsInfo {
+            pending_jobs: 3,
+            max_pending_jobs: 10,
+            objects: 1,
+            max_objects: 10_000,
+            manifest_bytes: 1536,
+            max_manifest_bytes: 64 << 20,
+            max_priority: 1000,
+            overridden: vec!["max_pending_jobs".into()],
+        };
+        assert_eq!(
+            ledger_columns(Some(&limits)),
+            ["3/10*", "1/10000", "1.5KiB/64MiB", "1000"]
+        );
+        assert_eq!(ledger_columns(None), ["-", "-", "-", "-"]);
     }
 }

@@ -494,6 +494,7 @@ fn report_stall(host: &RankHost, key: &RankKey, silent: Duration) {
             host.local.name,
             silent.as_secs()
         ),
+        resource: None,
     };
     host.events.record(spec);
 }

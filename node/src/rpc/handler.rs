@@ -130,6 +130,7 @@ impl NodeService {
             node: Some(self.ledger.me()),
             gpu: None,
             job: None,
+            resource: None,
             message,
         };
         let ledger = self.ledger.clone();

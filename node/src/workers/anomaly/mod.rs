@@ -51,6 +51,7 @@ pub fn detect(
             gpu: Some(gpu),
             job: holders.get(&gpu).copied(),
             message,
+            resource: None,
         })
     };
     for &gpu in inventory {
@@ -307,6 +308,7 @@ impl AnomalyWatch {
                     s.siblings,
                     s.lasted.as_secs_f64()
                 ),
+                resource: None,
             },
         );
         }
