@@ -7,6 +7,7 @@
 mod common;
 
 mod cluster;
+mod hostile_input;
 mod mesh_scale;
 mod node_trust;
 mod partition;

@@ -250,3 +250,68 @@ async fn a_member_certificate_proves_identity_not_authority() {
     rogue.shutdown().await;
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_nodes_certificate_is_refused_within_seconds() {
+    let _serial = common::one_at_a_time();
+    let c = LocalCluster::start(3, |_, _| {}).await.expect("cluster");
+    c.wait_all_alive(TIMEOUT).await.expect("alive");
+    let leader = c
+        .wait_until("a leader", TIMEOUT, |c| {
+            let ok = c.agreed_leader().is_some();
+            async move { ok }
+        })
+        .await
+        .map(|_| c.agreed_leader().expect("leader"))
+        .expect("leader");
+    let leader_id = leader.id();
+    let removed = c
+        .agents
+        .iter()
+        .find(|a| a.id() != leader_id)
+        .expect("a follower");
+    // The certificate outlives the membership: valid for days, signed by the CA.
+    let stolen = impersonate(&c, removed.id(), removed.name());
+    let status = Request::Query(proto::Query::Status);
+    assert!(
+        matches!(
+            call(&stolen, leader.rpc_addr(), &status).await,
+            Response::Status(_)
+        ),
+        "a member's certificate is accepted before its removal"
+    );
+    let admin = shoal_sdk::Client::new(leader.api_url(), Some(c.admin_token.clone()));
+    admin
+        .remove_node(&removed.id().to_string())
+        .await
+        .expect("removed");
+    let removed_at = std::time::Instant::now();
+    let survivors: Vec<SocketAddr> = c
+        .agents
+        .iter()
+        .filter(|a| a.id() != removed.id())
+        .map(|a| a.rpc_addr())
+        .collect();
+    loop {
+        let mut refused = 0;
+        for addr in &survivors {
+            if refused_as_left(&call(&stolen, *addr, &status).await) {
+                refused += 1;
+            }
+        }
+        if refused == survivors.len() {
+            break;
+        }
+        assert!(
+            removed_at.elapsed() < Duration::from_secs(5),
+            "a removed node's certificate was still accepted after 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stolen.shutdown().await;
+    c.shutdown().await;
+}
+
+fn refused_as_left(r: &Response) -> bool {
+    matches!(r, Response::Error(e) if e.code == ErrorCode::Forbidden && e.message.contains("has left"))
+}

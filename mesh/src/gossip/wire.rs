@@ -297,4 +297,29 @@ mod tests {
         let bytes = ok.encode().expect("encode");
         assert_eq!(CapacityAdvert::decode(&bytes), Ok(ok));
     }
+
+    proptest::proptest! {
+        /// Whatever arrives on a gossip topic decodes or is refused; it
+        /// never panics, and what decodes passes the field checks.
+        #[test]
+        fn hostile_gossip_is_refused_not_fatal(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048)) {
+            if let Ok(a) = CapacityAdvert::decode(&bytes) {
+                proptest::prop_assert!(a.check_fields().is_ok());
+            }
+            let _ = HeartbeatPayload::decode(&bytes);
+        }
+
+        /// A well-formed advert with bytes flipped anywhere.
+        #[test]
+        fn a_corrupted_advert_is_refused_or_sane(flips in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..8)) {
+            let mut bytes = advert().encode().expect("encode");
+            for (at, value) in flips {
+                let len = bytes.len();
+                bytes[at % len] = value;
+            }
+            if let Ok(a) = CapacityAdvert::decode(&bytes) {
+                proptest::prop_assert!(a.check_fields().is_ok());
+            }
+        }
+    }
 }

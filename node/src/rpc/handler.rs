@@ -48,6 +48,15 @@ impl NodeService {
                 return result.unwrap_or_else(Response::Error);
             }
         };
+        // A removed node's certificate is refused as soon as this node has
+        // applied the removal, whatever its expiry says.
+        if self.has_left(member) {
+            let why = format!(
+                "node {member} has left the cluster; its certificate is no longer accepted"
+            );
+            self.audit(format!("refused a request: {why}"));
+            return Response::Error(WireError::new(ErrorCode::Forbidden, why));
+        }
         let result = match req {
             Request::Raft(rpc) => match self.authorize_raft(member, &rpc) {
                 Ok(()) => Ok(Response::Raft(self.serve_raft(rpc).await)),
@@ -85,7 +94,7 @@ impl NodeService {
 
     /// A Raft message speaks for the node in its vote (the candidate, or the
     /// leader that sends entries and snapshots): only that node's own
-    /// certificate may carry it, and never one of a member that has left.
+    /// certificate may carry it (one that has left is refused before this).
     /// A member unknown to this node's ledger is let through: this node may
     /// lag behind the membership (a new leader it has not heard of yet), and
     /// only the cluster CA issues member certificates.
@@ -95,30 +104,26 @@ impl NodeService {
             RaftRpc::Vote(r) => r.vote.leader_id().voted_for(),
             RaftRpc::InstallSnapshot(r) => r.vote.leader_id().voted_for(),
         };
-        let refusal = if claimed != Some(member) {
-            Some(format!(
-                "member {member} sent a Raft message in the name of node {}",
-                claimed.map_or_else(|| "?".to_string(), |c| c.to_string())
-            ))
-        } else {
-            let state = self
-                .ledger
-                .read()?
-                .ledger
+        if claimed == Some(member) {
+            return Ok(());
+        }
+        let why = format!(
+            "member {member} sent a Raft message in the name of node {}",
+            claimed.map_or_else(|| "?".to_string(), |c| c.to_string())
+        );
+        self.audit(format!("refused a Raft message: {why}"));
+        Err(WireError::new(ErrorCode::Forbidden, why))
+    }
+
+    /// Whether this node's ledger says `member` was removed. A member it
+    /// does not know yet is not refused: see [`Self::authorize_raft`].
+    fn has_left(&self, member: NodeId) -> bool {
+        self.ledger.read().is_ok_and(|d| {
+            d.ledger
                 .members
                 .get(&member)
-                .map(|m| m.state);
-            (state == Some(MemberState::Left)).then(|| {
-                format!("node {member} has left the cluster; its Raft messages are refused")
-            })
-        };
-        match refusal {
-            None => Ok(()),
-            Some(why) => {
-                self.audit(format!("refused a Raft message: {why}"));
-                Err(WireError::new(ErrorCode::Forbidden, why))
-            }
-        }
+                .is_some_and(|m| m.state == MemberState::Left)
+        })
     }
 
     /// Records a refusal as an audit event, in the background.

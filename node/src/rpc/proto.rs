@@ -242,4 +242,32 @@ mod tests {
             assert_eq!(format!("{back:?}"), format!("{answer:?}"));
         }
     }
+
+    proptest::proptest! {
+        /// Arbitrary bytes on the RPC port decode to a request or are
+        /// refused; never a panic, never an allocation past the bound.
+        #[test]
+        fn arbitrary_bytes_never_panic_the_decoder(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096)) {
+            let _ = decode::<Request>(&bytes);
+            let _ = decode::<Response>(&bytes);
+        }
+
+        /// Well-framed requests with their bytes corrupted, including
+        /// length prefixes that claim gigabytes.
+        #[test]
+        fn corrupted_requests_are_refused_or_decoded(which in 0usize..4, flips in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..6)) {
+            let requests = [
+                Request::Query(Query::Jobs { tenant: Some("lab".into()), state: None }),
+                Request::Write(Command::PutAttr { key: "k".into(), value: "v".repeat(100) }),
+                Request::WriteAs { token: UserToken("t".repeat(40)), cmd: Command::CancelJob { job: 7 } },
+                Request::Chunk(ChunkRequest::Has { ids: vec![] }),
+            ];
+            let mut bytes = encode(&requests[which]);
+            for (at, value) in flips {
+                let len = bytes.len();
+                bytes[at % len] = value;
+            }
+            let _ = decode::<Request>(&bytes);
+        }
+    }
 }
