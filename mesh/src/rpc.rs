@@ -82,7 +82,8 @@ fn transport_config() -> Arc<TransportConfig> {
 #[derive(Clone)]
 pub struct RpcEndpoint {
     endpoint: Endpoint,
-    client: ClientConfig,
+    /// Replaced when the node's certificate is renewed.
+    client: Arc<std::sync::RwLock<ClientConfig>>,
     connections: Arc<Mutex<HashMap<SocketAddr, Connection>>>,
 }
 
@@ -111,10 +112,7 @@ impl RpcEndpoint {
         let addr = socket
             .local_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let quic_server = QuicServerConfig::try_from(creds.server_config()?)
-            .map_err(|e| TlsError::Invalid(e.to_string()))?;
-        let mut server = ServerConfig::with_crypto(Arc::new(quic_server));
-        server.transport_config(transport_config());
+        let server = member_server_config(creds)?;
         let runtime = quinn::default_runtime().ok_or_else(|| RpcError::Bind {
             addr,
             reason: "no async runtime".into(),
@@ -132,12 +130,24 @@ impl RpcEndpoint {
         let client = member_client_config(creds)?;
         let this = RpcEndpoint {
             endpoint: endpoint.clone(),
-            client,
+            client: Arc::new(std::sync::RwLock::new(client)),
             connections: Arc::new(Mutex::new(HashMap::new())),
         };
         let admission = Arc::new(std::sync::Mutex::new(Admission::new(Limits::default())));
         tokio::spawn(accept_loop(endpoint, handler, admission));
         Ok(this)
+    }
+
+    /// Serves and dials with `creds` from now on (a renewed certificate).
+    /// Connections already open keep the certificate they were made with.
+    pub fn set_credentials(&self, creds: &NodeCredentials) -> Result<(), RpcError> {
+        let server = member_server_config(creds)?;
+        let client = member_client_config(creds)?;
+        self.endpoint.set_server_config(Some(server));
+        if let Ok(mut c) = self.client.write() {
+            *c = client;
+        }
+        Ok(())
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
@@ -153,7 +163,12 @@ impl RpcEndpoint {
             conns.remove(&addr);
         }
         drop(conns);
-        let conn = connect(&self.endpoint, self.client.clone(), addr).await?;
+        let client = self
+            .client
+            .read()
+            .map(|c| c.clone())
+            .map_err(|_| RpcError::Tls(TlsError::Invalid("client config poisoned".into())))?;
+        let conn = connect(&self.endpoint, client, addr).await?;
         self.connections.lock().await.insert(addr, conn.clone());
         Ok(conn)
     }
@@ -192,6 +207,14 @@ impl RpcEndpoint {
         self.connections.lock().await.clear();
         self.endpoint.close(0u32.into(), b"shutdown");
     }
+}
+
+fn member_server_config(creds: &NodeCredentials) -> Result<ServerConfig, RpcError> {
+    let quic_server = QuicServerConfig::try_from(creds.server_config()?)
+        .map_err(|e| TlsError::Invalid(e.to_string()))?;
+    let mut server = ServerConfig::with_crypto(Arc::new(quic_server));
+    server.transport_config(transport_config());
+    Ok(server)
 }
 
 fn member_client_config(creds: &NodeCredentials) -> Result<ClientConfig, RpcError> {
@@ -542,6 +565,38 @@ mod tests {
             "the connection above the per-source cap must be refused"
         );
         drop(held);
+    }
+
+    #[tokio::test]
+    async fn an_expired_member_certificate_is_refused() {
+        let ca = CaBundle::generate("c").expect("ca");
+        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo))
+            .expect("a");
+        let now = time::OffsetDateTime::now_utc();
+        crate::tls::TEST_VALIDITY.with(|v| {
+            v.set(Some((
+                now - time::Duration::hours(2),
+                now - time::Duration::hours(1),
+            )))
+        });
+        let expired = ca.issue("old", 2).expect("expired credentials");
+        crate::tls::TEST_VALIDITY.with(|v| v.set(None));
+        let old = RpcEndpoint::serve(localhost(), &expired, Arc::new(Echo)).expect("old");
+        let addr = a.local_addr().expect("addr");
+        assert!(
+            old.call(addr, b"hi", Duration::from_secs(5)).await.is_err(),
+            "an expired certificate must not get an answer"
+        );
+        let fresh = RpcEndpoint::serve(
+            localhost(),
+            &ca.issue("new", 3).expect("new"),
+            Arc::new(Echo),
+        )
+        .expect("fresh");
+        assert!(fresh
+            .call(addr, b"hi", Duration::from_secs(5))
+            .await
+            .is_ok());
     }
 
     #[tokio::test]

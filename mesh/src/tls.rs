@@ -57,10 +57,35 @@ pub struct NodeCredentials {
     pub ca_pem: String,
 }
 
-fn validity(params: &mut CertificateParams, years: i64) {
+#[cfg(test)]
+thread_local! {
+    /// Tests sign certificates with a validity of their choosing (expired).
+    pub(crate) static TEST_VALIDITY: std::cell::Cell<Option<(OffsetDateTime, OffsetDateTime)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// How long a node certificate is valid unless the cluster says otherwise.
+/// Nodes renew at two thirds of it, over their existing mTLS channel.
+pub const DEFAULT_NODE_CERT_LIFETIME: std::time::Duration =
+    std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Valid from a little before now (clocks differ between nodes; a tenth of
+/// the lifetime, at most an hour) until `lifetime` from now.
+fn validity(params: &mut CertificateParams, lifetime: std::time::Duration) {
     let now = OffsetDateTime::now_utc();
-    params.not_before = now - TimeDuration::hours(1);
-    params.not_after = now + TimeDuration::days(365 * years);
+    let lifetime = TimeDuration::seconds(i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX / 2));
+    let skew: TimeDuration = (lifetime / 10_i32).min(TimeDuration::hours(1));
+    params.not_before = now - skew;
+    params.not_after = now + lifetime;
+}
+
+/// When a certificate (PEM) stops being valid, and the span it was issued
+/// for (`not_after - not_before`), both in seconds since the epoch.
+pub fn cert_validity(cert_pem: &str) -> Option<(i64, i64)> {
+    let der = pem_to_der(cert_pem).ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    let v = cert.validity();
+    Some((v.not_before.timestamp(), v.not_after.timestamp()))
 }
 
 impl CaBundle {
@@ -78,7 +103,10 @@ impl CaBundle {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        validity(&mut params, 20);
+        validity(
+            &mut params,
+            std::time::Duration::from_secs(20 * 365 * 24 * 3600),
+        );
         let cert = params.self_signed(&key)?;
         Ok(CaBundle {
             cert_pem: cert.pem(),
@@ -99,6 +127,17 @@ impl CaBundle {
         node_name: &str,
         node_id: u64,
     ) -> Result<String, TlsError> {
+        self.sign_csr_for(csr_pem, node_name, node_id, DEFAULT_NODE_CERT_LIFETIME)
+    }
+
+    /// [`CaBundle::sign_csr`] with a certificate valid for `lifetime`.
+    pub fn sign_csr_for(
+        &self,
+        csr_pem: &str,
+        node_name: &str,
+        node_id: u64,
+        lifetime: std::time::Duration,
+    ) -> Result<String, TlsError> {
         let ca_key = KeyPair::from_pem(&self.key_pem)?;
         let ca_params = CertificateParams::from_ca_cert_pem(&self.cert_pem)?;
         let ca_cert = ca_params.self_signed(&ca_key)?;
@@ -118,15 +157,30 @@ impl CaBundle {
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
-        validity(&mut csr.params, 5);
+        validity(&mut csr.params, lifetime);
+        #[cfg(test)]
+        if let Some((from, until)) = TEST_VALIDITY.with(|v| v.get()) {
+            csr.params.not_before = from;
+            csr.params.not_after = until;
+        }
         let cert = csr.signed_by(&ca_cert, &ca_key)?;
         Ok(cert.pem())
     }
 
     /// Issues credentials for a node directly (the bootstrap node, tests).
     pub fn issue(&self, node_name: &str, node_id: u64) -> Result<NodeCredentials, TlsError> {
+        self.issue_for(node_name, node_id, DEFAULT_NODE_CERT_LIFETIME)
+    }
+
+    /// [`CaBundle::issue`] valid for `lifetime`.
+    pub fn issue_for(
+        &self,
+        node_name: &str,
+        node_id: u64,
+        lifetime: std::time::Duration,
+    ) -> Result<NodeCredentials, TlsError> {
         let (key_pem, csr_pem) = new_key_and_csr(node_name)?;
-        let cert_pem = self.sign_csr(&csr_pem, node_name, node_id)?;
+        let cert_pem = self.sign_csr_for(&csr_pem, node_name, node_id, lifetime)?;
         Ok(NodeCredentials {
             key_pem,
             cert_pem,

@@ -315,3 +315,71 @@ async fn a_removed_nodes_certificate_is_refused_within_seconds() {
 fn refused_as_left(r: &Response) -> bool {
     matches!(r, Response::Error(e) if e.code == ErrorCode::Forbidden && e.message.contains("has left"))
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_lived_certificates_are_renewed_before_they_expire() {
+    let _serial = common::one_at_a_time();
+    const LIFETIME_S: u64 = 15;
+    let c = LocalCluster::start(3, |_, cfg| cfg.cert_lifetime_s = LIFETIME_S)
+        .await
+        .expect("cluster");
+    c.wait_all_alive(TIMEOUT).await.expect("alive");
+    let first_expiry = |a: &shoal_node::agent::Agent| {
+        let ident = shoal_node::node::identity::load_identity(a.data_dir())
+            .expect("identity")
+            .expect("saved");
+        shoal_mesh::tls::cert_validity(&ident.credentials.cert_pem)
+            .expect("validity")
+            .1
+    };
+    let original: Vec<i64> = c.agents.iter().map(first_expiry).collect();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs() as i64
+    };
+    assert!(
+        original.iter().all(|e| *e <= now() + LIFETIME_S as i64 + 1),
+        "certificates carry the configured lifetime: {original:?}"
+    );
+    // Past the first certificates' expiry, every node has a renewed one...
+    let latest = *original.iter().max().expect("three nodes");
+    c.wait_until(
+        "every certificate renewed and the old ones expired",
+        TIMEOUT,
+        |c| {
+            let renewed = c
+                .agents
+                .iter()
+                .zip(&original)
+                .all(|(a, first)| first_expiry(a) > *first);
+            let ok = renewed && now() > latest + 1;
+            async move { ok }
+        },
+    )
+    .await
+    .expect("renewed");
+    // ...that a new client accepts (it verifies the node's certificate at
+    // the handshake), and the cluster still commits through every node.
+    let fresh = impersonate(&c, c.agents[1].id(), c.agents[1].name());
+    for a in &c.agents {
+        let answer = call(&fresh, a.rpc_addr(), &Request::Query(proto::Query::Status)).await;
+        assert!(
+            matches!(answer, Response::Status(_) | Response::Error(_)),
+            "node {} did not answer over a new connection",
+            a.id()
+        );
+    }
+    for (i, a) in c.agents.iter().enumerate() {
+        let cmd = Command::PutAttr {
+            key: format!("after-renewal/{i}"),
+            value: "1".into(),
+        };
+        let (answer, _) = a.write_as(&c.admin_token, cmd).await.expect("write");
+        assert_eq!(answer, LedgerResponse::Ok);
+    }
+    c.wait_all_alive(TIMEOUT).await.expect("still alive");
+    fresh.shutdown().await;
+    c.shutdown().await;
+}

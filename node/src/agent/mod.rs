@@ -222,7 +222,7 @@ impl Agent {
                 let ca = CaBundle::generate(&cluster_id)
                     .map_err(|e| AgentError::Config(e.to_string()))?;
                 let credentials = ca
-                    .issue(&name, 1)
+                    .issue_for(&name, 1, Duration::from_secs(cfg.cert_lifetime_s))
                     .map_err(|e| AgentError::Config(e.to_string()))?;
                 (
                     Identity {
@@ -317,6 +317,7 @@ impl Agent {
             chunks.clone(),
             peers.clone(),
             gpus.clone(),
+            Duration::from_secs(cfg.cert_lifetime_s),
         ));
         let leader_service: Arc<dyn LeaderService> = service.clone();
         ledger.serve_leader_requests_with(Arc::downgrade(&leader_service));
@@ -344,6 +345,17 @@ impl Agent {
         crate::api::spawn(node.clone(), api_listener);
         let rank_cgroups = cgroups.as_ref().map(|c| c.dir().display().to_string());
         spawn_workers(&node, gossip, gossip_events, cgroups);
+        let cert_lifetime = Duration::from_secs(cfg.cert_lifetime_s);
+        workers::spawn(
+            workers::cert_renewal::CertRenewal {
+                ledger: node.ledger().clone(),
+                rpc: rpc.clone(),
+                data_dir: data_dir.clone(),
+                identity: ident.clone(),
+                period: workers::cert_renewal::CertRenewal::period_for(cert_lifetime),
+            },
+            node.shutdown_signal(),
+        );
 
         let runtime = RuntimeInfo {
             node_id: node.id(),

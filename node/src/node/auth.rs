@@ -127,7 +127,11 @@ pub async fn create_join_token(
 /// housekeeping loop then adds it to Raft as a learner and decides
 /// whether it votes: one place changes Raft membership, so joins never
 /// race with voter changes.
-pub async fn admit(ledger: &LedgerClient, j: JoinRequest) -> Result<JoinResponse, WireError> {
+pub async fn admit(
+    ledger: &LedgerClient,
+    j: JoinRequest,
+    cert_lifetime: Duration,
+) -> Result<JoinResponse, WireError> {
     let (cluster, token_check) = {
         let d = ledger.read()?;
         (
@@ -189,7 +193,7 @@ pub async fn admit(ledger: &LedgerClient, j: JoinRequest) -> Result<JoinResponse
     let retried = same_join(&*ledger.read()?);
     if let Some(id) = retried {
         let cert_pem = ca
-            .sign_csr(&j.csr_pem, &j.spec.name, id)
+            .sign_csr_for(&j.csr_pem, &j.spec.name, id, cert_lifetime)
             .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
         return Ok(JoinResponse {
             node_id: id,
@@ -218,7 +222,7 @@ pub async fn admit(ledger: &LedgerClient, j: JoinRequest) -> Result<JoinResponse
         }
     };
     let cert_pem = ca
-        .sign_csr(&j.csr_pem, &j.spec.name, id)
+        .sign_csr_for(&j.csr_pem, &j.spec.name, id, cert_lifetime)
         .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
     tracing::info!(node = id, name = %j.spec.name, addr = %j.spec.rpc_addr, "admitted a new member");
     Ok(JoinResponse {
@@ -228,4 +232,41 @@ pub async fn admit(ledger: &LedgerClient, j: JoinRequest) -> Result<JoinResponse
         cert_pem,
         ca_pem: cluster.ca_cert_pem,
     })
+}
+
+/// Signs a fresh certificate for `member`'s new key (renewal). Only for a
+/// current member, under the name the ledger knows it by.
+pub fn renew(
+    ledger: &LedgerClient,
+    member: NodeId,
+    csr_pem: &str,
+    cert_lifetime: Duration,
+) -> Result<String, WireError> {
+    let d = ledger.read()?;
+    let cluster = d.ledger.cluster.as_ref().ok_or_else(|| {
+        WireError::new(
+            ErrorCode::Unavailable,
+            "the cluster is not bootstrapped yet",
+        )
+    })?;
+    let name = match d.ledger.members.get(&member) {
+        Some(m) if m.state != shoal_sdk::MemberState::Left => m.spec.name.clone(),
+        _ => {
+            return Err(WireError::new(
+                ErrorCode::Forbidden,
+                format!("node {member} is not a member; its certificate is not renewed"),
+            ))
+        }
+    };
+    let ca = CaBundle {
+        cert_pem: cluster.ca_cert_pem.clone(),
+        key_pem: cluster.ca_key_pem.clone(),
+    };
+    ca.sign_csr_for(csr_pem, &name, member, cert_lifetime)
+        .map_err(|e| {
+            WireError::new(
+                ErrorCode::Invalid,
+                format!("invalid certificate request: {e}"),
+            )
+        })
 }

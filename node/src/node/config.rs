@@ -37,6 +37,9 @@ pub struct Config {
     pub metrics: MetricsTuning,
     /// Lifetime of the join token printed at bootstrap.
     pub join_token_ttl_s: u64,
+    /// Lifetime of the node certificates this node signs when it leads
+    /// (joins and renewals); every node renews its own at two thirds of it.
+    pub cert_lifetime_s: u64,
     /// Test only: extra round-trip time added to RTT samples towards the
     /// named peers (`name -> duration`), to emulate distance on one machine
     /// where the kernel has no netem. Set with `SHOAL_TEST_INJECT_RTT=n2=20,n3=40`.
@@ -273,6 +276,7 @@ impl Default for Config {
             anomaly: AnomalyTuning::default(),
             metrics: MetricsTuning::default(),
             join_token_ttl_s: 24 * 3600,
+            cert_lifetime_s: shoal_mesh::tls::DEFAULT_NODE_CERT_LIFETIME.as_secs(),
             test_inject_rtt: BTreeMap::new(),
             test_faults: None,
         }
@@ -293,6 +297,7 @@ const ENV_KEYS: &[&str] = &[
     "region",
     "log_format",
     "join_token_ttl_s",
+    "cert_lifetime_s",
     "raft.heartbeat_ms",
     "raft.election_timeout_min_ms",
     "raft.election_timeout_max_ms",
@@ -419,6 +424,12 @@ impl Config {
         }
         if self.scheduler.interval_ms == 0 {
             return Err("scheduler.interval_ms must be positive".into());
+        }
+        if !(10..=366 * 24 * 3600).contains(&self.cert_lifetime_s) {
+            return Err(format!(
+                "cert_lifetime_s must be between 10 s and a year, not {}",
+                self.cert_lifetime_s
+            ));
         }
         if !(1..=100).contains(&self.anomaly.straggler_below_pct) {
             return Err(format!(

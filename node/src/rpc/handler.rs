@@ -22,15 +22,24 @@ pub struct NodeService {
     chunks: ChunkNet,
     peers: SharedPeerView,
     gpus: Gpus,
+    /// Lifetime of the certificates this node signs while it leads.
+    cert_lifetime: std::time::Duration,
 }
 
 impl NodeService {
-    pub fn new(ledger: LedgerClient, chunks: ChunkNet, peers: SharedPeerView, gpus: Gpus) -> Self {
+    pub fn new(
+        ledger: LedgerClient,
+        chunks: ChunkNet,
+        peers: SharedPeerView,
+        gpus: Gpus,
+        cert_lifetime: std::time::Duration,
+    ) -> Self {
         NodeService {
             ledger,
             chunks,
             peers,
             gpus,
+            cert_lifetime,
         }
     }
 
@@ -62,6 +71,11 @@ impl NodeService {
                 Ok(()) => Ok(Response::Raft(self.serve_raft(rpc).await)),
                 Err(e) => Err(e),
             },
+            // A certificate for the caller itself, never for the id it wrote.
+            Request::RenewCertificate { csr_pem, .. } => {
+                self.serve_as_leader(Request::RenewCertificate { member, csr_pem })
+                    .await
+            }
             // What a member proposes on its own is applied only as far as it
             // is about that member (decided at commit).
             Request::Write(cmd) => {
@@ -178,6 +192,13 @@ impl NodeService {
                 views::answer(q, &data, &raft, &seen)
             }
             Request::Join(j) => self.admit(j).await,
+            Request::RenewCertificate { member, csr_pem } => {
+                if !self.ledger.is_leader() {
+                    return Err(WireError::new(ErrorCode::NotLeader, "not the leader"));
+                }
+                auth::renew(&self.ledger, member, &csr_pem, self.cert_lifetime)
+                    .map(Response::Certificate)
+            }
             Request::RemoveMember { id, token } => {
                 if let Some(token) = token {
                     let caller = self.user(&token)?;
@@ -208,7 +229,9 @@ impl NodeService {
     }
 
     async fn admit(&self, j: JoinRequest) -> Result<Response, WireError> {
-        auth::admit(&self.ledger, j).await.map(Response::Join)
+        auth::admit(&self.ledger, j, self.cert_lifetime)
+            .await
+            .map(Response::Join)
     }
 
     async fn remove_local(&self, id: NodeId) -> Result<Response, WireError> {

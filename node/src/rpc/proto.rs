@@ -35,6 +35,13 @@ pub enum Request {
     },
     /// Checkpoint chunks, served by the receiving node's own store.
     Chunk(ChunkRequest),
+    /// A member's new certificate for a fresh key (leader only). The member
+    /// is the one whose certificate carried the request: the receiving
+    /// node overwrites `member` with it, whatever the sender wrote.
+    RenewCertificate {
+        member: u64,
+        csr_pem: String,
+    },
 }
 
 /// A user's API token on its way to the leader. Only its holder and the
@@ -120,6 +127,8 @@ pub enum Response {
     /// forwarded to, in chain order.
     ChainStored(Vec<Result<(), shoal_storage::replicate::TransportError>>),
     Error(WireError),
+    /// A renewed node certificate (PEM).
+    Certificate(String),
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
