@@ -85,8 +85,14 @@ pub fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, bincode::Erro
 }
 
 /// Opens (or creates) the node's Raft database.
+/// Opens (or creates) the node's Raft database, readable by its owner only:
+/// it holds every tenant's metadata and, today, the cluster CA.
 pub fn open_db(path: &Path) -> Result<Arc<Database>, redb::DatabaseError> {
-    Ok(Arc::new(Database::create(path)?))
+    let db = Database::create(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e)))?;
+    Ok(Arc::new(db))
 }
 
 /// The log store. Clones share the database, which is how openraft's
@@ -461,6 +467,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 mod tests {
     use super::*;
     use openraft::testing::{StoreBuilder, Suite};
+
+    #[test]
+    fn the_raft_database_is_private_to_the_agent() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("raft.redb");
+        drop(open_db(&path).expect("open"));
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+    }
 
     struct RedbBuilder;
 

@@ -30,6 +30,7 @@
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -173,6 +174,7 @@ impl ChunkStore {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&lock_path)
             .map_err(io_err("opening store lock", &lock_path))?;
         match lock.try_lock() {
@@ -289,6 +291,7 @@ impl ChunkStore {
             let mut file = OpenOptions::new()
                 .write(true)
                 .create_new(true)
+                .mode(0o600)
                 .open(&temp_path)
                 .map_err(io_err("creating temp chunk file", &temp_path))?;
             file.write_all(chunk.bytes())
