@@ -574,3 +574,33 @@ pub fn split_csv_line(line: &str) -> Result<Vec<String>, String> {
     fields.push(field);
     Ok(fields)
 }
+
+#[cfg(test)]
+mod hostile_input {
+    use super::*;
+    use proptest::prelude::*;
+
+    const PHILLY_LIKE: &str = "jobid,submitted_time,num_gpus,duration\n1,0,8,3600\n";
+
+    proptest! {
+        /// Any text in any format parses or is refused with an error; a
+        /// trace file is input from anywhere, never a reason to panic.
+        #[test]
+        fn arbitrary_trace_text_never_panics(text in "(?s).{0,600}", format in 0usize..4) {
+            let format = [TraceFormat::Auto, TraceFormat::Philly, TraceFormat::Alibaba, TraceFormat::Simple][format];
+            let _ = parse_traces(&[("vc1.csv", text.as_str())], format);
+        }
+
+        /// A plausible file with bytes replaced anywhere.
+        #[test]
+        fn corrupted_trace_files_never_panic(flips in proptest::collection::vec((0usize..200, prop::char::range(' ', '~')), 1..10)) {
+            let mut chars: Vec<char> = PHILLY_LIKE.chars().collect();
+            for (at, c) in flips {
+                let len = chars.len();
+                chars[at % len] = c;
+            }
+            let text: String = chars.into_iter().collect();
+            let _ = parse_traces(&[("vc1.csv", text.as_str())], TraceFormat::Auto);
+        }
+    }
+}

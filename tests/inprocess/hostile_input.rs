@@ -1,7 +1,8 @@
 //! Garbage on every listening port while the cluster works: random UDP
 //! datagrams at the RPC (QUIC) and gossip ports, random bytes and silent
 //! sockets at the HTTP API, random request bodies at the RPC port from a
-//! client without a certificate and from one with a member's certificate.
+//! client without a certificate and from one with a member's certificate,
+//! hostile JSON at every write route of the API.
 //! No acknowledged write may be lost and no node may be declared down.
 
 // See `common::one_at_a_time`: its guard is held across awaits on purpose.
@@ -148,6 +149,47 @@ async fn garbage_on_every_port_loses_no_write_and_downs_no_node() {
         }
     }));
 
+    // API: hostile JSON bodies (random bytes, wrong types, huge numbers,
+    // deep nesting) at every write route, with an admin token.
+    noise.push(tokio::spawn({
+        let stop = stop.clone();
+        let base = c.agents[2].api_url();
+        let token = c.admin_token.clone();
+        async move {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("http");
+            let routes = [
+                "/v1/jobs",
+                "/v1/jobs/1/cancel",
+                "/v1/tenants",
+                "/v1/tenants/x",
+                "/v1/objects",
+                "/v1/objects/rm",
+                "/v1/chunks/has",
+                "/v1/tokens",
+                "/v1/api-tokens",
+                "/v1/attrs",
+                "/v1/nodes/n9/drain",
+            ];
+            let mut rng = Xorshift::new(4);
+            while !stop.load(Ordering::Relaxed) {
+                for route in routes {
+                    let body = hostile_json(&mut rng);
+                    let _ = http
+                        .post(format!("{base}{route}"))
+                        .bearer_auth(&token)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }));
+
     // Meanwhile, writes through every node.
     let started = Instant::now();
     let mut acked = Vec::new();
@@ -213,6 +255,49 @@ async fn garbage_on_every_port_loses_no_write_and_downs_no_node() {
         );
     }
     c.shutdown().await;
+}
+
+/// A JSON-ish body: valid documents with hostile values, or broken ones.
+fn hostile_json(rng: &mut Xorshift) -> Vec<u8> {
+    let field = [
+        "name",
+        "tenant",
+        "nodes",
+        "gpus_per_node",
+        "command",
+        "path",
+        "ids",
+        "ttl_s",
+        "key",
+        "value",
+        "weight",
+        "max_gpus",
+    ];
+    let value = |rng: &mut Xorshift| -> String {
+        match rng.next_u64() % 8 {
+            0 => "-1".into(),
+            1 => "18446744073709551616".into(),
+            2 => "null".into(),
+            3 => format!("\"{}\"", "x".repeat(rng.next_u64() as usize % 70_000)),
+            4 => "[".repeat(200) + &"]".repeat(200),
+            5 => "{\"a\":{\"b\":{}}}".into(),
+            6 => "1e400".into(),
+            _ => "\"../../etc/passwd\"".into(),
+        }
+    };
+    match rng.next_u64() % 3 {
+        0 => bytes(rng, 4096),
+        _ => {
+            let n = 1 + rng.next_u64() as usize % 6;
+            let parts: Vec<String> = (0..n)
+                .map(|_| {
+                    let f = field[rng.next_u64() as usize % field.len()];
+                    format!("\"{f}\":{}", value(rng))
+                })
+                .collect();
+            format!("{{{}}}", parts.join(",")).into_bytes()
+        }
+    }
 }
 
 struct Silent;

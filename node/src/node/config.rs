@@ -508,6 +508,32 @@ pub fn parse_label(kv: &str) -> Result<(String, String), String> {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// Any value in any `SHOAL_*` variable is taken or refused with a
+        /// message; loading never panics.
+        #[test]
+        fn hostile_environment_values_never_panic(
+            picks in proptest::collection::vec((0usize..ENV_KEYS.len(), ".{0,40}"), 1..8)
+        ) {
+            let env: BTreeMap<String, String> = picks
+                .into_iter()
+                .map(|(i, v)| (format!("SHOAL_{}", ENV_KEYS[i].replace('.', "__").to_ascii_uppercase()), v))
+                .collect();
+            if let Err(e) = Config::load(None, &env) {
+                proptest::prop_assert!(!e.is_empty());
+            }
+        }
+
+        /// Any text as the config file.
+        #[test]
+        fn hostile_config_files_never_panic(text in ".{0,400}") {
+            let dir = tempfile::tempdir().expect("dir");
+            let path = dir.path().join("node.toml");
+            std::fs::write(&path, &text).expect("write");
+            let _ = Config::load(Some(&path), &BTreeMap::new());
+        }
+    }
+
     #[test]
     fn layers_apply_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
