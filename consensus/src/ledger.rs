@@ -15,11 +15,10 @@ use crate::workload::{CkptPart, JobId, JobSpec, Plan, TenantLimits, TenantUpdate
 pub struct ClusterInfo {
     pub cluster_id: String,
     pub region: String,
-    /// The cluster CA. Its key is in the ledger so that any member can sign a
-    /// joiner's certificate (no master); the ledger is only readable by
-    /// CA-authenticated members, and the API never returns it.
+    /// The cluster CA's certificate. Its private key is not in the ledger:
+    /// only voters hold it, on disk, and hand it to each other over mTLS
+    /// (see the node's `ca_custody`), so a learner's disk never has it.
     pub ca_cert_pem: String,
-    pub ca_key_pem: String,
     pub created_at_ms: u64,
 }
 
@@ -82,7 +81,6 @@ pub enum Command {
         cluster_id: String,
         region: String,
         ca_cert_pem: String,
-        ca_key_pem: String,
         admin_token_hash: String,
         first_member: NodeId,
         spec: MemberSpec,
@@ -320,7 +318,6 @@ impl Ledger {
                 cluster_id,
                 region,
                 ca_cert_pem,
-                ca_key_pem,
                 admin_token_hash,
                 first_member,
                 spec,
@@ -332,7 +329,6 @@ impl Ledger {
                     cluster_id: cluster_id.clone(),
                     region: region.clone(),
                     ca_cert_pem: ca_cert_pem.clone(),
-                    ca_key_pem: ca_key_pem.clone(),
                     created_at_ms: now,
                 });
                 self.api_tokens.insert(
@@ -687,7 +683,6 @@ mod tests {
                     cluster_id: "c".into(),
                     region: "r".into(),
                     ca_cert_pem: "cert".into(),
-                    ca_key_pem: "key".into(),
                     admin_token_hash: "admin".into(),
                     first_member: 1,
                     spec: spec("n1"),

@@ -182,7 +182,6 @@ mod tests {
                 cluster_id: "c".into(),
                 region: "r".into(),
                 ca_cert_pem: String::new(),
-                ca_key_pem: String::new(),
                 admin_token_hash: "a".into(),
                 first_member: 1,
                 spec: member("n1"),

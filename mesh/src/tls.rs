@@ -114,6 +114,21 @@ impl CaBundle {
         })
     }
 
+    /// Whether the key is the one the certificate was made for (a key handed
+    /// over by another node is checked before it is kept).
+    pub fn key_matches(&self) -> bool {
+        let Ok(key) = KeyPair::from_pem(&self.key_pem) else {
+            return false;
+        };
+        let Ok(der) = pem_to_der(&self.cert_pem) else {
+            return false;
+        };
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(&der) else {
+            return false;
+        };
+        cert.public_key().raw == key.public_key_der().as_slice()
+    }
+
     /// The pin a join token carries: BLAKE3 of the CA certificate's DER.
     pub fn fingerprint(&self) -> Result<String, TlsError> {
         Ok(fingerprint_der(&pem_to_der(&self.cert_pem)?))
@@ -468,6 +483,23 @@ mod tests {
         // The CA's own certificate and garbage name no member.
         assert_eq!(member_id_of(&pem_to_der(&ca.cert_pem).expect("der")), None);
         assert_eq!(member_id_of(b"not a certificate"), None);
+    }
+
+    #[test]
+    fn a_ca_key_is_checked_against_its_certificate() {
+        let ca = CaBundle::generate("test").expect("ca");
+        let other = CaBundle::generate("other").expect("ca");
+        assert!(ca.key_matches());
+        let mixed = CaBundle {
+            cert_pem: ca.cert_pem.clone(),
+            key_pem: other.key_pem.clone(),
+        };
+        assert!(!mixed.key_matches());
+        let garbage = CaBundle {
+            cert_pem: ca.cert_pem.clone(),
+            key_pem: "junk".into(),
+        };
+        assert!(!garbage.key_matches());
     }
 
     #[test]

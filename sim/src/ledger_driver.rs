@@ -100,7 +100,6 @@ impl LedgerCluster {
                         cluster_id: "sim".into(),
                         region: "region-0".into(),
                         ca_cert_pem: String::new(),
-                        ca_key_pem: String::new(),
                         admin_token_hash: "sim-admin".into(),
                         first_member: 1,
                         spec,

@@ -68,7 +68,7 @@ async fn garbage_on_every_port_loses_no_write_and_downs_no_node() {
         let cluster = d.ledger.cluster.as_ref().expect("bootstrapped");
         CaBundle {
             cert_pem: cluster.ca_cert_pem.clone(),
-            key_pem: cluster.ca_key_pem.clone(),
+            key_pem: crate::node_trust::ca_key_of(&c),
         }
     };
     let pin = ca.fingerprint().expect("pin");

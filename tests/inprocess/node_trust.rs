@@ -29,6 +29,14 @@ impl RpcHandler for Silent {
     }
 }
 
+/// The CA key, from a voter's disk (it is not in the ledger).
+pub fn ca_key_of(c: &LocalCluster) -> String {
+    c.agents
+        .iter()
+        .find_map(|a| shoal_node::node::ca_key::load(a.data_dir()))
+        .expect("a voter holds the CA key")
+}
+
 /// An RPC client with member `id`'s certificate, as that node would hold it.
 fn impersonate(c: &LocalCluster, id: u64, name: &str) -> RpcEndpoint {
     let ca = {
@@ -37,7 +45,7 @@ fn impersonate(c: &LocalCluster, id: u64, name: &str) -> RpcEndpoint {
         let cluster = d.ledger.cluster.as_ref().expect("bootstrapped");
         CaBundle {
             cert_pem: cluster.ca_cert_pem.clone(),
-            key_pem: cluster.ca_key_pem.clone(),
+            key_pem: ca_key_of(c),
         }
     };
     let creds = ca.issue(name, id).expect("credentials");
@@ -382,4 +390,74 @@ async fn short_lived_certificates_are_renewed_before_they_expire() {
     c.wait_all_alive(TIMEOUT).await.expect("still alive");
     fresh.shutdown().await;
     c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn voters_hold_the_ca_key_and_a_learners_disk_never_does() {
+    let _serial = common::one_at_a_time();
+    // Four nodes: three voters and a learner.
+    let c = LocalCluster::start(4, |_, _| {}).await.expect("cluster");
+    c.wait_all_alive(TIMEOUT).await.expect("alive");
+    let holds =
+        |a: &shoal_node::agent::Agent| shoal_node::node::ca_key::load(a.data_dir()).is_some();
+    c.wait_until(
+        "three voters, each holding the CA key, and no one else",
+        TIMEOUT,
+        |c| {
+            let ok = c.agreed_leader().is_some_and(|l| {
+                let voters = l.voters();
+                voters.len() == 3
+                    && c.agents
+                        .iter()
+                        .all(|a| holds(a) == voters.contains(&a.id()))
+            });
+            async move { ok }
+        },
+    )
+    .await
+    .expect("custody converged");
+    let key = ca_key_of(&c);
+    // A line from the middle of the key's PEM: found in no learner's file.
+    let needle = key
+        .lines()
+        .find(|l| l.len() > 40 && !l.starts_with("-----"))
+        .expect("a base64 line")
+        .to_string();
+    let leader = c.agreed_leader().expect("leader");
+    let voters = leader.voters();
+    let learner = c
+        .agents
+        .iter()
+        .find(|a| !voters.contains(&a.id()))
+        .expect("a learner");
+    for entry in walk(learner.data_dir()) {
+        let bytes = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(&needle),
+            "the learner's {} contains the CA key",
+            entry.display()
+        );
+    }
+    // The ledger a learner replicates has no key in it at all.
+    let d = learner.ledger();
+    let d = d.read().expect("ledger");
+    let encoded = format!("{:?}", d.ledger.cluster);
+    assert!(!encoded.contains(&needle));
+    drop(d);
+    c.shutdown().await;
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
 }

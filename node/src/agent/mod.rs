@@ -317,7 +317,10 @@ impl Agent {
             chunks.clone(),
             peers.clone(),
             gpus.clone(),
-            Duration::from_secs(cfg.cert_lifetime_s),
+            crate::node::auth::Signing {
+                data_dir: data_dir.clone(),
+                lifetime: Duration::from_secs(cfg.cert_lifetime_s),
+            },
         ));
         let leader_service: Arc<dyn LeaderService> = service.clone();
         ledger.serve_leader_requests_with(Arc::downgrade(&leader_service));
@@ -345,6 +348,13 @@ impl Agent {
         crate::api::spawn(node.clone(), api_listener);
         let rank_cgroups = cgroups.as_ref().map(|c| c.dir().display().to_string());
         spawn_workers(&node, gossip, gossip_events, cgroups);
+        workers::spawn(
+            workers::ca_custody::CaCustody {
+                ledger: node.ledger().clone(),
+                data_dir: data_dir.clone(),
+            },
+            node.shutdown_signal(),
+        );
         let cert_lifetime = Duration::from_secs(cfg.cert_lifetime_s);
         workers::spawn(
             workers::cert_renewal::CertRenewal {
@@ -479,12 +489,14 @@ async fn bootstrap_cluster(
         .current_leader(local.id, "bootstrap")
         .await
         .map_err(|e| AgentError::Raft(format!("this node did not become leader: {e}")))?;
+    // The first voter holds the CA key; it never enters the ledger.
+    crate::node::ca_key::store(node.data_dir(), &ca.key_pem)
+        .map_err(|e| io("cannot write the CA key", e))?;
     let (admin_token, admin_hash) = identity::new_api_token();
     let cmd = Command::Bootstrap {
         cluster_id,
         region: node.config().region.clone(),
         ca_cert_pem: ca.cert_pem.clone(),
-        ca_key_pem: ca.key_pem.clone(),
         admin_token_hash: admin_hash,
         first_member: local.id,
         spec: local.spec.clone(),

@@ -130,7 +130,7 @@ pub async fn create_join_token(
 pub async fn admit(
     ledger: &LedgerClient,
     j: JoinRequest,
-    cert_lifetime: Duration,
+    signing: &Signing,
 ) -> Result<JoinResponse, WireError> {
     let (cluster, token_check) = {
         let d = ledger.read()?;
@@ -146,13 +146,12 @@ pub async fn admit(
             "the cluster is not bootstrapped yet",
         )
     })?;
-    let ca = CaBundle {
+    let pin = CaBundle {
         cert_pem: cluster.ca_cert_pem.clone(),
-        key_pem: cluster.ca_key_pem.clone(),
-    };
-    let pin = ca
-        .fingerprint()
-        .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
+        key_pem: String::new(),
+    }
+    .fingerprint()
+    .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
     if pin != j.ca_pin {
         return Err(WireError::new(
             ErrorCode::Forbidden,
@@ -160,6 +159,8 @@ pub async fn admit(
         ));
     }
     token_check.map_err(|m| WireError::new(ErrorCode::Forbidden, m))?;
+    let ca = super::ca_key::signing_ca(&signing.data_dir, &cluster.ca_cert_pem)?;
+    let cert_lifetime = signing.lifetime;
     shoal_consensus::ledger::validate_name(&j.spec.name)
         .map_err(|m| WireError::new(ErrorCode::Invalid, m))?;
     j.spec.rpc_addr.parse::<SocketAddr>().map_err(|_| {
@@ -234,13 +235,21 @@ pub async fn admit(
     })
 }
 
+/// What the leader signs node certificates with: the CA key in its data dir
+/// and the configured lifetime.
+#[derive(Clone, Debug)]
+pub struct Signing {
+    pub data_dir: std::path::PathBuf,
+    pub lifetime: Duration,
+}
+
 /// Signs a fresh certificate for `member`'s new key (renewal). Only for a
 /// current member, under the name the ledger knows it by.
 pub fn renew(
     ledger: &LedgerClient,
     member: NodeId,
     csr_pem: &str,
-    cert_lifetime: Duration,
+    signing: &Signing,
 ) -> Result<String, WireError> {
     let d = ledger.read()?;
     let cluster = d.ledger.cluster.as_ref().ok_or_else(|| {
@@ -258,11 +267,8 @@ pub fn renew(
             ))
         }
     };
-    let ca = CaBundle {
-        cert_pem: cluster.ca_cert_pem.clone(),
-        key_pem: cluster.ca_key_pem.clone(),
-    };
-    ca.sign_csr_for(csr_pem, &name, member, cert_lifetime)
+    let ca = super::ca_key::signing_ca(&signing.data_dir, &cluster.ca_cert_pem)?;
+    ca.sign_csr_for(csr_pem, &name, member, signing.lifetime)
         .map_err(|e| {
             WireError::new(
                 ErrorCode::Invalid,

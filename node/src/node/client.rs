@@ -151,6 +151,42 @@ impl LedgerClient {
             .collect()
     }
 
+    /// Sends `req` to member `id` itself (not routed to the leader), at the
+    /// RPC address the Raft membership has for it.
+    pub async fn call_member(&self, id: NodeId, req: &Request) -> Result<Response, WireError> {
+        let addr = self
+            .shared
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone())
+            .ok_or_else(|| {
+                WireError::new(
+                    ErrorCode::Invalid,
+                    format!("node {id} is not in the membership"),
+                )
+            })?;
+        let addr: SocketAddr = addr.parse().map_err(|_| {
+            WireError::new(
+                ErrorCode::Invalid,
+                format!("node {id} has an invalid address '{addr}'"),
+            )
+        })?;
+        let reply = self
+            .shared
+            .rpc
+            .call(addr, &proto::encode(req), self.shared.request_timeout)
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Unavailable, format!("node {id}: {e}")))?;
+        match proto::decode::<Response>(&reply)? {
+            Response::Error(e) => Err(e),
+            ok => Ok(ok),
+        }
+    }
+
     /// Sends `req` to the leader (or serves it here when this node leads),
     /// retrying while there is no leader or the leader is unreachable, up to
     /// the request timeout.

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod batcher;
+pub mod ca_key;
 pub mod client;
 pub mod clock;
 pub mod config;

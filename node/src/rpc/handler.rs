@@ -22,8 +22,8 @@ pub struct NodeService {
     chunks: ChunkNet,
     peers: SharedPeerView,
     gpus: Gpus,
-    /// Lifetime of the certificates this node signs while it leads.
-    cert_lifetime: std::time::Duration,
+    /// How this node signs certificates while it leads.
+    signing: auth::Signing,
 }
 
 impl NodeService {
@@ -32,14 +32,14 @@ impl NodeService {
         chunks: ChunkNet,
         peers: SharedPeerView,
         gpus: Gpus,
-        cert_lifetime: std::time::Duration,
+        signing: auth::Signing,
     ) -> Self {
         NodeService {
             ledger,
             chunks,
             peers,
             gpus,
-            cert_lifetime,
+            signing,
         }
     }
 
@@ -71,6 +71,10 @@ impl NodeService {
                 Ok(()) => Ok(Response::Raft(self.serve_raft(rpc).await)),
                 Err(e) => Err(e),
             },
+            Request::HoldsCaKey => Ok(Response::Holds(
+                crate::node::ca_key::load(&self.signing.data_dir).is_some(),
+            )),
+            Request::FetchCaKey => self.hand_over_ca_key(member),
             // A certificate for the caller itself, never for the id it wrote.
             Request::RenewCertificate { csr_pem, .. } => {
                 self.serve_as_leader(Request::RenewCertificate { member, csr_pem })
@@ -140,6 +144,20 @@ impl NodeService {
         })
     }
 
+    /// The CA key, to a current voter only (a learner never gets it).
+    fn hand_over_ca_key(&self, member: NodeId) -> Result<Response, WireError> {
+        if !self.ledger.voters().contains(&member) {
+            let why = format!("node {member} asked for the CA key but is not a voter");
+            self.audit(format!("refused a request: {why}"));
+            return Err(WireError::new(ErrorCode::Forbidden, why));
+        }
+        let key = crate::node::ca_key::load(&self.signing.data_dir).map(UserToken);
+        if key.is_some() {
+            tracing::info!(node = member, "handed the CA key to a voter");
+        }
+        Ok(Response::CaKey(key))
+    }
+
     /// Records a refusal as an audit event, in the background.
     fn audit(&self, message: String) {
         tracing::warn!("{message}");
@@ -196,7 +214,7 @@ impl NodeService {
                 if !self.ledger.is_leader() {
                     return Err(WireError::new(ErrorCode::NotLeader, "not the leader"));
                 }
-                auth::renew(&self.ledger, member, &csr_pem, self.cert_lifetime)
+                auth::renew(&self.ledger, member, &csr_pem, &self.signing)
                     .map(Response::Certificate)
             }
             Request::RemoveMember { id, token } => {
@@ -211,6 +229,10 @@ impl NodeService {
                 }
                 self.remove_local(id).await
             }
+            Request::HoldsCaKey | Request::FetchCaKey => Err(WireError::new(
+                ErrorCode::Invalid,
+                "CA key requests are served by the node asked, not routed",
+            )),
             Request::Raft(_) | Request::Chunk(_) => Err(WireError::new(
                 ErrorCode::Invalid,
                 "Raft and chunk RPCs are not routed",
@@ -229,7 +251,7 @@ impl NodeService {
     }
 
     async fn admit(&self, j: JoinRequest) -> Result<Response, WireError> {
-        auth::admit(&self.ledger, j, self.cert_lifetime)
+        auth::admit(&self.ledger, j, &self.signing)
             .await
             .map(Response::Join)
     }

@@ -42,6 +42,11 @@ pub enum Request {
         member: u64,
         csr_pem: String,
     },
+    /// The cluster CA key, for a voter that lacks it (served by a holder,
+    /// only to a current voter).
+    FetchCaKey,
+    /// Whether the receiving node holds the CA key.
+    HoldsCaKey,
 }
 
 /// A user's API token on its way to the leader. Only its holder and the
@@ -129,6 +134,9 @@ pub enum Response {
     Error(WireError),
     /// A renewed node certificate (PEM).
     Certificate(String),
+    /// The CA key (PEM), `None` when the node does not hold it.
+    CaKey(Option<UserToken>),
+    Holds(bool),
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]

@@ -3,6 +3,7 @@
 //! missed ticks delayed rather than bunched, stop on the node's shutdown).
 
 pub mod anomaly;
+pub mod ca_custody;
 pub mod cert_renewal;
 pub mod durability;
 pub mod gossip;
