@@ -43,8 +43,8 @@ const KEY_SNAP_DATA: &str = "data";
 /// Version byte in front of every snapshot so that an old binary refuses a
 /// newer snapshot with a clear error instead of misreading it.
 /// Version 2 added tenants and jobs to the ledger; version 3 gave API
-/// tokens a tenant.
-const SNAPSHOT_VERSION: u8 = 3;
+/// tokens a tenant; version 4 gave tokens ids, uses, expiry and revocation.
+const SNAPSHOT_VERSION: u8 = 4;
 /// Decoding bound for snapshots and log entries.
 const MAX_DECODE: u64 = 1 << 30;
 

@@ -35,7 +35,8 @@ pub struct Config {
     pub storage: StorageTuning,
     pub anomaly: AnomalyTuning,
     pub metrics: MetricsTuning,
-    /// Lifetime of the join token printed at bootstrap.
+    /// Lifetime of a join token: the one printed at bootstrap, and
+    /// `shoal token create` without `--ttl`.
     pub join_token_ttl_s: u64,
     /// Test only: extra round-trip time added to RTT samples towards the
     /// named peers (`name -> duration`), to emulate distance on one machine
@@ -256,7 +257,7 @@ impl Default for Config {
             storage: StorageTuning::default(),
             anomaly: AnomalyTuning::default(),
             metrics: MetricsTuning::default(),
-            join_token_ttl_s: 24 * 3600,
+            join_token_ttl_s: 3600,
             test_inject_rtt: BTreeMap::new(),
             test_faults: None,
         }
