@@ -56,7 +56,8 @@ echo "== shoal $("$shoal" --version | awk '{print $2}'), 3 agents =="
 "$shoal" agent --bootstrap --name s1 --data-dir "$root/s1" --api-addr 127.0.0.1:27070 --rpc-addr 127.0.0.1:27071 --gossip-addr 127.0.0.1:0 > "$root/s1.out" 2> "$root/s1.log" &
 pids+=($!)
 for _ in $(seq 1 100); do grep -q -- --join-token "$root/s1.out" 2>/dev/null && break; sleep 0.1; done
-token=$(grep -o 'sj1[^ ]*' "$root/s1.out")
+# The printed token is single use: one token for both joiners.
+token=$("$shoal" --api http://127.0.0.1:27070 --data-dir "$root/s1" token create --uses 2)
 for i in 2 3; do
   "$shoal" agent --join 127.0.0.1:27071 --join-token "$token" --name s$i --data-dir "$root/s$i" \
     --api-addr 127.0.0.1:2${i}070 --rpc-addr 127.0.0.1:2${i}071 --gossip-addr 127.0.0.1:0 > /dev/null 2> "$root/s$i.log" &

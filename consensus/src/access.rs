@@ -109,6 +109,10 @@ fn describe(cmd: &Command) -> &'static str {
         Command::AddMember { .. } | Command::UpdateMember { .. } => "changing members",
         Command::SetMemberState { .. } => "changing a node's state",
         Command::CreateJoinToken { .. } | Command::CreateApiToken { .. } => "creating tokens",
+        Command::RevokeJoinToken { .. }
+        | Command::RevokeApiToken { .. }
+        | Command::RotateApiToken { .. }
+        | Command::TouchApiToken { .. } => "managing tokens",
         Command::PutAttr { .. } => "setting cluster attributes",
         Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "managing tenants",
         Command::SetDrain { .. } => "draining nodes",

@@ -52,20 +52,7 @@ pub struct Member {
     pub state_since_ms: u64,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct JoinToken {
-    pub expires_at_ms: u64,
-    pub created_at_ms: u64,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ApiToken {
-    pub name: String,
-    pub created_at_ms: u64,
-    /// `None`: an admin token. `Some(t)`: acts only for tenant `t` and the
-    /// tenants below it (see [`crate::access`]).
-    pub tenant: Option<String>,
-}
+pub use crate::tokens::{ApiToken, JoinToken};
 
 /// A command with the leader's timestamp.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -99,14 +86,38 @@ pub enum Command {
         id: NodeId,
         state: MemberState,
     },
+    /// A join token (the hash of its secret) good for `uses` joins until
+    /// `expires_at_ms` ([`crate::tokens`]).
     CreateJoinToken {
         hash: String,
         expires_at_ms: u64,
+        uses: u32,
+    },
+    /// `shoal token revoke ID`: joins with it are refused from now on.
+    RevokeJoinToken {
+        id: String,
     },
     CreateApiToken {
         hash: String,
         name: String,
         tenant: Option<String>,
+        /// `None`: until revoked.
+        expires_at_ms: Option<u64>,
+    },
+    /// `shoal token api revoke ID`: by public id or name.
+    RevokeApiToken {
+        id: String,
+    },
+    /// Gives the API token `name` a new secret (`hash`); the old secret
+    /// stops working with this entry (`shoal token api rotate-admin`).
+    RotateApiToken {
+        name: String,
+        hash: String,
+    },
+    /// A member saw the API token `id` used; sent at most once a minute per
+    /// token by each member, never per request.
+    TouchApiToken {
+        id: String,
     },
     /// A small cluster attribute (operator annotations; the ledger benchmark's unit of write).
     PutAttr {
@@ -333,11 +344,7 @@ impl Ledger {
                 });
                 self.api_tokens.insert(
                     admin_token_hash.clone(),
-                    ApiToken {
-                        name: "admin".into(),
-                        created_at_ms: now,
-                        tenant: None,
-                    },
+                    ApiToken::new(admin_token_hash, "admin".into(), None, None, now),
                 );
                 self.insert_member(*first_member, spec.clone(), now);
                 self.next_node_id = self.next_node_id.max(first_member + 1);
@@ -348,12 +355,8 @@ impl Ledger {
                 if self.cluster.is_none() {
                     return LedgerResponse::Rejected("the cluster is not bootstrapped yet".into());
                 }
-                match self.join_tokens.get(token_hash) {
-                    None => return LedgerResponse::Rejected("unknown join token".into()),
-                    Some(t) if t.expires_at_ms <= now => {
-                        return LedgerResponse::Rejected("the join token has expired".into())
-                    }
-                    Some(_) => {}
+                if let Err(reason) = self.join_token_valid(token_hash, now) {
+                    return LedgerResponse::Rejected(reason);
                 }
                 if let Err(e) = validate_name(&spec.name) {
                     return LedgerResponse::Rejected(e);
@@ -371,6 +374,7 @@ impl Ledger {
                 let id = self.next_node_id;
                 self.next_node_id += 1;
                 self.insert_member(id, spec.clone(), now);
+                self.consume_join_token(token_hash, id);
                 LedgerResponse::NodeId(id)
             }
             Command::UpdateMember { id, spec } => match self.members.get_mut(id) {
@@ -419,45 +423,20 @@ impl Ledger {
             Command::CreateJoinToken {
                 hash,
                 expires_at_ms,
-            } => {
-                // Expired tokens are dropped here, deterministically, so the
-                // table cannot grow without bound.
-                self.join_tokens.retain(|_, t| t.expires_at_ms > now);
-                self.join_tokens.insert(
-                    hash.clone(),
-                    JoinToken {
-                        expires_at_ms: *expires_at_ms,
-                        created_at_ms: now,
-                    },
-                );
-                LedgerResponse::Ok
+                uses,
+            } => answer(self.create_join_token(hash, *expires_at_ms, *uses, now)),
+            Command::RevokeJoinToken { id } => answer(self.revoke_join_token(id)),
+            Command::CreateApiToken {
+                hash,
+                name,
+                tenant,
+                expires_at_ms,
+            } => answer(self.create_api_token(hash, name, tenant, *expires_at_ms, now)),
+            Command::RevokeApiToken { id } => answer(self.revoke_api_token(id, now)),
+            Command::RotateApiToken { name, hash } => {
+                answer(self.rotate_api_token(name, hash, now))
             }
-            Command::CreateApiToken { hash, name, tenant } => {
-                if name.is_empty() || name.len() > MAX_NAME {
-                    return LedgerResponse::Rejected(format!(
-                        "token names are 1-{MAX_NAME} characters"
-                    ));
-                }
-                if let Some(t) = tenant {
-                    if !self.workload.tenants.contains_key(t) {
-                        return LedgerResponse::Rejected(format!("no tenant named '{t}'"));
-                    }
-                }
-                if self.api_tokens.values().any(|t| &t.name == name) {
-                    return LedgerResponse::Rejected(format!(
-                        "an API token named '{name}' already exists"
-                    ));
-                }
-                self.api_tokens.insert(
-                    hash.clone(),
-                    ApiToken {
-                        name: name.clone(),
-                        created_at_ms: now,
-                        tenant: tenant.clone(),
-                    },
-                );
-                LedgerResponse::Ok
-            }
+            Command::TouchApiToken { id } => answer(self.touch_api_token(id, now)),
             Command::AsTenant { tenant, cmd } => {
                 if matches!(
                     **cmd,
@@ -612,16 +591,6 @@ impl Ledger {
         );
     }
 
-    /// Whether a join token (by hash) is valid at `now_ms`. Used by the node to
-    /// refuse early with a clear message; `apply` checks again.
-    pub fn join_token_valid(&self, hash: &str, now_ms: u64) -> Result<(), String> {
-        match self.join_tokens.get(hash) {
-            None => Err("unknown join token".into()),
-            Some(t) if t.expires_at_ms <= now_ms => Err("the join token has expired".into()),
-            Some(_) => Ok(()),
-        }
-    }
-
     /// Members that have not left, in id order.
     pub fn active_members(&self) -> impl Iterator<Item = &Member> {
         self.members
@@ -715,6 +684,7 @@ mod tests {
                 cmd: Command::CreateJoinToken {
                     hash: "t".into(),
                     expires_at_ms: 5000,
+                    uses: 5,
                 },
             },
         );
@@ -746,7 +716,7 @@ mod tests {
                     cmd: add("n3")
                 }
             ),
-            LedgerResponse::Rejected("the join token has expired".into())
+            LedgerResponse::Rejected("the join token t has expired".into())
         );
     }
 
@@ -817,12 +787,18 @@ mod tests {
                 ])
             )
                 .prop_map(|(id, state)| Command::SetMemberState { id, state }),
-            (prop::sample::select(vec!["t1", "t2"]), 0u64..20_000).prop_map(|(h, e)| {
-                Command::CreateJoinToken {
+            (
+                prop::sample::select(vec!["t1", "t2"]),
+                0u64..20_000,
+                0u32..3
+            )
+                .prop_map(|(h, e, uses)| Command::CreateJoinToken {
                     hash: h.into(),
                     expires_at_ms: e,
-                }
-            }),
+                    uses,
+                }),
+            prop::sample::select(vec!["t1", "t2"])
+                .prop_map(|id| Command::RevokeJoinToken { id: id.into() }),
             ("[a-z]{0,3}", "[a-z]{0,3}").prop_map(|(key, value)| Command::PutAttr { key, value }),
         ];
         let cmd = prop_oneof![
@@ -837,7 +813,8 @@ mod tests {
 
         /// Determinism (invariant 7): two replicas applying the same log end in
         /// the same state with the same answers; and names stay unique among
-        /// active members; node ids are never reused.
+        /// active members; node ids are never reused; join tokens admit at
+        /// most their uses.
         #[test]
         fn replicas_applying_the_same_log_agree(cmds in prop::collection::vec(arb_cmd(), 0..60)) {
             let mut a = bootstrapped();
@@ -861,6 +838,10 @@ mod tests {
                 names.sort();
                 names.dedup();
                 prop_assert_eq!(names.len(), n);
+                // A join token never admits more nodes than it has uses.
+                for t in a.join_tokens.values() {
+                    prop_assert_eq!(t.admitted.len() as u32 + t.uses_left, t.max_uses);
+                }
             }
             prop_assert_eq!(a, b);
         }

@@ -12,6 +12,7 @@ pub mod network;
 pub mod node_access;
 pub mod sched;
 pub mod store;
+pub mod tokens;
 pub mod types;
 pub mod voters;
 pub mod workload;

@@ -88,6 +88,9 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
                 refuse("record events about other nodes")
             }
         }
+        // When a token was last used: any member serves API requests, and
+        // the report can only move that time forward.
+        Command::TouchApiToken { .. } => Ok(()),
         other => refuse(&format!(
             "{} on its own: user actions carry the user's token",
             describe(other)
@@ -125,6 +128,9 @@ fn describe(cmd: &Command) -> &'static str {
         Command::AddMember { .. } => "admit members",
         Command::SetMemberState { .. } => "change a node's state",
         Command::CreateJoinToken { .. } | Command::CreateApiToken { .. } => "create tokens",
+        Command::RevokeJoinToken { .. }
+        | Command::RevokeApiToken { .. }
+        | Command::RotateApiToken { .. } => "revoke or rotate tokens",
         Command::PutAttr { .. } => "set cluster attributes",
         Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "manage tenants",
         Command::SubmitJob { .. } | Command::CancelJob { .. } => "submit or cancel jobs",
@@ -189,6 +195,7 @@ mod tests {
             r.apply(Command::CreateJoinToken {
                 hash: "t".into(),
                 expires_at_ms: u64::MAX,
+                uses: 2,
             });
             for name in ["n2", "n3"] {
                 r.apply(Command::AddMember {
@@ -326,10 +333,17 @@ mod tests {
                 hash: "h".into(),
                 name: "mine".into(),
                 tenant: None,
+                expires_at_ms: None,
             },
             Command::CreateJoinToken {
                 hash: "j".into(),
                 expires_at_ms: u64::MAX,
+                uses: 1,
+            },
+            Command::RevokeApiToken { id: "admin".into() },
+            Command::RotateApiToken {
+                name: "admin".into(),
+                hash: "h2".into(),
             },
             Command::SetMemberState {
                 id: 1,

@@ -44,8 +44,9 @@ const KEY_SNAP_DATA: &str = "data";
 /// newer snapshot with a clear error instead of misreading it.
 /// Version 2 added tenants and jobs to the ledger; version 3 gave API
 /// tokens a tenant; version 4 gave job specs memory and CPUs per rank,
-/// members their isolation, tenants ledger limits and events a resource and
-/// a repeat count, and took the CA private key out of the cluster record.
+/// members their isolation, tenants ledger limits, events a resource and a
+/// repeat count, tokens ids, uses, expiry and revocation, and took the CA
+/// private key out of the cluster record.
 const SNAPSHOT_VERSION: u8 = 4;
 /// Decoding bound for snapshots and log entries.
 const MAX_DECODE: u64 = 1 << 30;

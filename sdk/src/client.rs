@@ -114,11 +114,31 @@ impl Client {
         self.get("/v1/peers").await
     }
 
+    /// A single-use join token valid for `ttl_s` (the server's default when
+    /// `None`).
     pub async fn create_token(
         &self,
         ttl_s: Option<u64>,
     ) -> Result<TokenCreateResponse, ClientError> {
-        self.post("/v1/tokens", &TokenCreateRequest { ttl_s }).await
+        self.create_join_token(&TokenCreateRequest { ttl_s, uses: None })
+            .await
+    }
+
+    pub async fn create_join_token(
+        &self,
+        req: &TokenCreateRequest,
+    ) -> Result<TokenCreateResponse, ClientError> {
+        self.post("/v1/tokens", req).await
+    }
+
+    /// Join tokens, without their secrets (admin only).
+    pub async fn join_tokens(&self) -> Result<Vec<JoinTokenInfo>, ClientError> {
+        self.get("/v1/tokens").await
+    }
+
+    pub async fn revoke_join_token(&self, id: &str) -> Result<WriteResponse, ClientError> {
+        self.post("/v1/tokens/revoke", &TokenRevokeRequest { id: id.into() })
+            .await
     }
 
     pub async fn create_api_token(
@@ -126,6 +146,26 @@ impl Client {
         req: &ApiTokenCreateRequest,
     ) -> Result<ApiTokenCreateResponse, ClientError> {
         self.post("/v1/api-tokens", req).await
+    }
+
+    /// API tokens, without their secrets (admin only).
+    pub async fn api_tokens(&self) -> Result<Vec<ApiTokenInfo>, ClientError> {
+        self.get("/v1/api-tokens").await
+    }
+
+    /// Revokes the API token with this id or name.
+    pub async fn revoke_api_token(&self, id: &str) -> Result<WriteResponse, ClientError> {
+        self.post(
+            "/v1/api-tokens/revoke",
+            &TokenRevokeRequest { id: id.into() },
+        )
+        .await
+    }
+
+    /// Gives the bootstrap admin token (named `admin`) a new secret.
+    pub async fn rotate_admin_token(&self) -> Result<AdminTokenRotateResponse, ClientError> {
+        self.post("/v1/api-tokens/rotate-admin", &serde_json::json!({}))
+            .await
     }
 
     pub async fn put_attr(&self, key: &str, value: &str) -> Result<WriteResponse, ClientError> {

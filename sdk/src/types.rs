@@ -124,17 +124,46 @@ pub struct PeerView {
     pub load: Option<f32>,
 }
 
-/// `POST /v1/tokens` body.
+/// `POST /v1/tokens` body (admin only): a new join token.
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
 pub struct TokenCreateRequest {
-    /// Lifetime in seconds; the server applies its default when absent.
+    /// Lifetime in seconds; the server applies its default
+    /// (`join_token_ttl_s`, 1 h) when absent.
     pub ttl_s: Option<u64>,
+    /// Joins it admits; 1 when absent.
+    #[serde(default)]
+    pub uses: Option<u32>,
 }
 
+/// The new join token: the secret is in `token` and nowhere else, ever.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct TokenCreateResponse {
     pub token: String,
     pub expires_at_ms: u64,
+    /// Public id, for `shoal token ls` and `shoal token revoke`.
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub uses: u32,
+}
+
+/// One row of `shoal token ls --json` (`GET /v1/tokens`, admin only).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct JoinTokenInfo {
+    pub id: String,
+    pub uses_left: u32,
+    pub max_uses: u32,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    /// `active`, `spent`, `expired` or `revoked`.
+    pub state: String,
+}
+
+/// `POST /v1/tokens/revoke` and `POST /v1/api-tokens/revoke` body.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct TokenRevokeRequest {
+    /// A join token's id; an API token's id or name.
+    pub id: String,
 }
 
 /// `POST /v1/api-tokens` body (admin only): a new API token for scripts and
@@ -145,6 +174,9 @@ pub struct ApiTokenCreateRequest {
     pub name: Option<String>,
     /// `None`: an admin token.
     pub tenant: Option<String>,
+    /// Lifetime in seconds; `None`: until revoked.
+    #[serde(default)]
+    pub ttl_s: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -152,6 +184,37 @@ pub struct ApiTokenCreateResponse {
     pub token: String,
     pub name: String,
     pub tenant: Option<String>,
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub expires_at_ms: Option<u64>,
+}
+
+/// One row of `shoal token api ls --json` (`GET /v1/api-tokens`, admin only).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ApiTokenInfo {
+    pub id: String,
+    pub name: String,
+    pub tenant: Option<String>,
+    pub created_at_ms: u64,
+    pub expires_at_ms: Option<u64>,
+    /// The latest use any member reported (at most a minute behind) or
+    /// the answering node saw itself; `None`: not used since it was made.
+    pub last_used_ms: Option<u64>,
+    /// `active` or `expired`.
+    pub state: String,
+}
+
+/// `POST /v1/api-tokens/rotate-admin`: the bootstrap admin token's new
+/// secret. The old one is refused from now on.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct AdminTokenRotateResponse {
+    pub token: String,
+    pub name: String,
+    pub id: String,
+    /// The answering node's `<data-dir>/admin.token`, rewritten (0600) with
+    /// the new token; `None` when that node has no such file.
+    pub admin_token_file: Option<String>,
 }
 
 /// `POST /v1/attrs` body: a small cluster attribute (used by operators for

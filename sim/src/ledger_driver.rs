@@ -17,14 +17,18 @@ use std::collections::BTreeMap;
 
 use shoal_consensus::ledger::{Command, Ledger, LedgerRequest, LedgerResponse, MemberSpec};
 use shoal_consensus::sched::{NodeView, Policy, SchedPlan, TopologyProximity};
+use shoal_consensus::tokens::MAX_JOIN_USES;
 use shoal_consensus::workload::{
     JobId, JobSpec, JobState, Plan, PlannedPlacement, SchedSnapshot, TenantLimits,
 };
 use shoal_consensus::NodeId;
 use shoal_sdk::{GpuInfo, MemberState};
 
-/// Join token of the simulated cluster; never expires.
-const JOIN_TOKEN: &str = "sim-join";
+/// Join tokens of the simulated cluster: one per [`MAX_JOIN_USES`] joins,
+/// never expiring.
+fn join_token(position: usize) -> String {
+    format!("sim-join-{}", (position - 1) / MAX_JOIN_USES as usize)
+}
 
 /// A job on the engine's nodes: (engine job index, [(engine node index,
 /// GPU indices)] in rank order).
@@ -106,12 +110,13 @@ impl LedgerCluster {
                     },
                 )
             } else {
-                if position == 1 {
+                if (position - 1) % MAX_JOIN_USES as usize == 0 {
                     cluster.expect_ok(
                         0,
                         Command::CreateJoinToken {
-                            hash: JOIN_TOKEN.into(),
+                            hash: join_token(position),
                             expires_at_ms: u64::MAX,
+                            uses: MAX_JOIN_USES,
                         },
                     )?;
                 }
@@ -119,7 +124,7 @@ impl LedgerCluster {
                     0,
                     Command::AddMember {
                         spec,
-                        token_hash: JOIN_TOKEN.into(),
+                        token_hash: join_token(position),
                     },
                 )
             };

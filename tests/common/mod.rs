@@ -89,10 +89,18 @@ pub async fn start_cluster(
 }
 
 /// Bootstraps a cluster on the first of `nodes` and joins the others
-/// through it; returns the admin token. Nothing is waited for beyond each
-/// node's start: see [`wait_converged`].
+/// through it; returns the admin token. The token the bootstrap prints is
+/// single use, so more than one joiner share one made with `shoal token
+/// create --uses N`. Nothing is waited for beyond each node's start: see
+/// [`wait_converged`].
 pub fn form_cluster(nodes: &mut [NodeProc]) -> String {
-    let join = nodes[0].bootstrap();
+    let printed = nodes[0].bootstrap();
+    let joiners = nodes.len() - 1;
+    let join = if joiners > 1 {
+        nodes[0].create_join_token(joiners as u32)
+    } else {
+        printed
+    };
     let via = nodes[0].rpc_addr();
     for node in nodes.iter_mut().skip(1) {
         node.join(&via, &join);
@@ -286,6 +294,28 @@ impl NodeProc {
             self.name,
             self.data_dir.with_extension("log").display()
         );
+    }
+
+    /// `shoal token create --uses N` against this node's API with its
+    /// admin token (from the data dir); the API is up once
+    /// [`NodeProc::bootstrap`] has returned.
+    pub fn create_join_token(&self, uses: u32) -> String {
+        let out = Command::new(shoal_bin())
+            .env_remove("SHOAL_API")
+            .env_remove("SHOAL_TOKEN")
+            .arg("--api")
+            .arg(self.api_url())
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(["token", "create", "--uses", &uses.to_string()])
+            .output()
+            .expect("run shoal token create");
+        assert!(
+            out.status.success(),
+            "shoal token create --uses {uses} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
     pub fn join(&mut self, via: &str, token: &str) {

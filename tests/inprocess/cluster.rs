@@ -211,23 +211,119 @@ async fn wrong_expired_or_foreign_join_tokens_are_refused_clearly() {
         .to_string();
     assert!(err.contains("cannot join"), "{err}");
 
-    // Expired.
-    let t = c.client(0).create_token(Some(1)).await.expect("token");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let err = try_join(4, t.token)
+    // Expired: once the node itself lists it as expired.
+    let admin = c.client(0);
+    let expired = admin.create_token(Some(1)).await.expect("token");
+    common::wait_for("the token to expire", Duration::from_secs(10), || {
+        let admin = admin.clone();
+        let id = expired.id.clone();
+        async move {
+            let tokens = admin.join_tokens().await.ok()?;
+            tokens
+                .iter()
+                .any(|t| t.id == id && t.state == "expired")
+                .then_some(())
+        }
+    })
+    .await;
+    let err = try_join(4, expired.token.clone())
         .await
         .err()
         .expect("expired refused")
         .to_string();
-    assert!(err.contains("expired"), "{err}");
+    assert!(
+        err.contains(&format!("the join token {} has expired", expired.id)),
+        "{err}"
+    );
 
     // Nothing was admitted.
-    assert_eq!(c.client(0).nodes().await.expect("nodes").len(), 1);
+    assert_eq!(admin.nodes().await.expect("nodes").len(), 1);
 
-    // A fresh token works.
-    let t = c.client(0).create_token(None).await.expect("token");
-    let joined = try_join(5, t.token).await.expect("valid token joins");
-    assert_eq!(c.client(0).nodes().await.expect("nodes").len(), 2);
+    // A fresh token works, once: it is single use by default.
+    let single = admin.create_token(None).await.expect("token");
+    assert_eq!(single.uses, 1);
+    let joined = try_join(5, single.token.clone())
+        .await
+        .expect("valid token joins");
+    assert_eq!(admin.nodes().await.expect("nodes").len(), 2);
+    let err = try_join(6, single.token.clone())
+        .await
+        .err()
+        .expect("a spent token is refused")
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "the join token {} has been used up (1 of 1 uses)",
+            single.id
+        )),
+        "{err}"
+    );
+
+    // Revoked.
+    let revoked = admin.create_token(None).await.expect("token");
+    admin.revoke_join_token(&revoked.id).await.expect("revoke");
+    let err = try_join(7, revoked.token.clone())
+        .await
+        .err()
+        .expect("a revoked token is refused")
+        .to_string();
+    assert!(
+        err.contains(&format!("the join token {} was revoked", revoked.id)),
+        "{err}"
+    );
+    assert_eq!(admin.nodes().await.expect("nodes").len(), 2);
+
+    // The listing shows where each stands, and never a secret.
+    let listed = admin.join_tokens().await.expect("ls");
+    let state_of = |id: &str| {
+        listed
+            .iter()
+            .find(|t| t.id == id)
+            .map(|t| (t.state.clone(), t.uses_left, t.max_uses))
+    };
+    assert_eq!(state_of(&single.id), Some(("spent".into(), 0, 1)));
+    assert_eq!(state_of(&revoked.id), Some(("revoked".into(), 1, 1)));
+    assert_eq!(state_of(&expired.id).map(|s| s.0), Some("expired".into()));
+
+    // Every refusal the leader judged is an audit event naming the token's
+    // id, never its secret.
+    let secret = |t: &str| t.split('.').nth(1).expect("secret").to_string();
+    let secrets = [
+        secret(&expired.token),
+        secret(&single.token),
+        secret(&revoked.token),
+    ];
+    let audit = common::wait_for(
+        "the refused joins' audit events",
+        Duration::from_secs(10),
+        || {
+            let admin = admin.clone();
+            let wanted = [
+                "unknown join token".to_string(),
+                format!("the join token {} has expired", expired.id),
+                format!("the join token {} has been used up", single.id),
+                format!("the join token {} was revoked", revoked.id),
+            ];
+            async move {
+                let audit: Vec<String> = admin
+                    .events(0)
+                    .await
+                    .ok()?
+                    .into_iter()
+                    .filter(|e| e.kind == "audit" && e.message.contains("refused the join"))
+                    .map(|e| e.message)
+                    .collect();
+                wanted
+                    .iter()
+                    .all(|w| audit.iter().any(|m| m.contains(w.as_str())))
+                    .then_some(audit)
+            }
+        },
+    )
+    .await;
+    for m in &audit {
+        assert!(secrets.iter().all(|s| !m.contains(s.as_str())), "{m}");
+    }
     joined.shutdown().await;
     c.shutdown().await;
 }

@@ -123,6 +123,7 @@ async fn a_member_certificate_proves_identity_not_authority() {
             hash: "0".repeat(64),
             name: "rogue".into(),
             tenant: None,
+            expires_at_ms: None,
         },
         Command::SetDrain {
             id: other.id(),

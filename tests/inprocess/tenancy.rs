@@ -31,6 +31,7 @@ async fn token_for(admin: &Client, tenant: &str) -> String {
         .create_api_token(&ApiTokenCreateRequest {
             name: Some(format!("{tenant}-token")),
             tenant: Some(tenant.into()),
+            ..ApiTokenCreateRequest::default()
         })
         .await
         .expect("token")
@@ -155,6 +156,8 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         ("/v1/quota".into(), [200, 200, 200, 200]),
         ("/v1/events".into(), [200, 200, 200, 200]),
         ("/v1/attrs".into(), [200, 403, 403, 403]),
+        ("/v1/tokens".into(), [200, 403, 403, 403]),
+        ("/v1/api-tokens".into(), [200, 403, 403, 403]),
         ("/v1/objects?path=/".into(), [200, 200, 200, 200]),
         (format!("/v1/chunks/{chunk}"), [200, 200, 404, 404]),
     ];

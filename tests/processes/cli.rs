@@ -213,6 +213,253 @@ async fn status_nodes_and_token_follow_the_interface() {
     assert!(stderr.contains("already holds node"), "{stderr}");
 }
 
+/// `shoal token create|ls|revoke` and `shoal token api [ls|revoke|rotate-admin]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_and_api_tokens_are_listed_revoked_and_rotated() {
+    let _serial = common::one_at_a_time();
+    let root = tempfile::tempdir().expect("tmp");
+    let mut n1 = NodeProc::new(root.path(), "n1", &[]);
+    let printed = n1.bootstrap();
+    let admin = n1.admin_token();
+    let api = n1.api_url();
+    let data_dir = n1.data_dir.to_str().expect("utf8").to_string();
+    wait_for("the API", Duration::from_secs(30), || async {
+        n1.client(&admin).status().await.ok()
+    })
+    .await;
+    let shoal = |token: &str, args: &[&str]| {
+        let mut all = vec!["--api", api.as_str(), "--token", token];
+        all.extend_from_slice(args);
+        run(&all, &[])
+    };
+    let json = |out: &str| -> serde_json::Value {
+        serde_json::from_str(out).unwrap_or_else(|e| panic!("one JSON document ({e}): {out}"))
+    };
+
+    // A join token for two nodes: its id, never its secret, in the listing.
+    let (code, stdout, stderr) = shoal(&admin, &["token", "create", "--uses", "2", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let created = json(&stdout);
+    let (id, secret) = (
+        created["id"].as_str().expect("id").to_string(),
+        created["token"].as_str().expect("token").to_string(),
+    );
+    assert_eq!(created["uses"], 2);
+    let (code, stdout, stderr) = shoal(&admin, &["token", "ls", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let listed = json(&stdout);
+    let rows = listed.as_array().expect("an array");
+    // The bootstrap's own token is there too, single use.
+    assert_eq!(rows.len(), 2, "{stdout}");
+    let row = rows
+        .iter()
+        .find(|r| r["id"] == id.as_str())
+        .expect("listed");
+    for key in [
+        "id",
+        "uses_left",
+        "max_uses",
+        "created_at_ms",
+        "expires_at_ms",
+        "state",
+    ] {
+        assert!(
+            row.get(key).is_some(),
+            "token ls --json lacks {key}: {stdout}"
+        );
+    }
+    assert_eq!(
+        (row["uses_left"].as_u64(), row["max_uses"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(row["state"], "active");
+    let hour = |r: &serde_json::Value| {
+        r["expires_at_ms"].as_u64().expect("ms") - r["created_at_ms"].as_u64().expect("ms")
+    };
+    assert!(
+        (3_590_000..=3_610_000).contains(&hour(row)),
+        "default TTL is 1h: {row}"
+    );
+    let boot_row = rows
+        .iter()
+        .find(|r| r["id"] != id.as_str())
+        .expect("bootstrap token");
+    assert_eq!(boot_row["max_uses"], 1);
+    for s in [&secret, &printed] {
+        let part = s.split('.').nth(1).expect("secret part");
+        assert!(!stdout.contains(part), "token ls shows a secret: {stdout}");
+    }
+    let (code, stdout, _) = shoal(&admin, &["token", "ls"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains(&id) && stdout.contains("2/2"), "{stdout}");
+
+    // Revoked: listed as such; an unknown id is one error line.
+    let (code, _, stderr) = shoal(&admin, &["token", "revoke", &id]);
+    assert_eq!(code, 0, "{stderr}");
+    let (_, stdout, _) = shoal(&admin, &["token", "ls", "--json"]);
+    let row = json(&stdout)
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|r| r["id"] == id.as_str())
+        .cloned()
+        .expect("still listed");
+    assert_eq!(row["state"], "revoked");
+    let (code, _, stderr) = shoal(&admin, &["token", "revoke", "nosuchtoken"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr);
+    assert!(
+        stderr.contains("no join token with id 'nosuchtoken'"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = shoal(&admin, &["token", "create", "--uses", "0"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr);
+
+    // API tokens: one with a lifetime, used once, listed with its last use.
+    let (code, stdout, stderr) = shoal(
+        &admin,
+        &["token", "api", "--name", "ci", "--ttl", "2h", "--json"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let ci = json(&stdout);
+    let ci_token = ci["token"].as_str().expect("token").to_string();
+    assert!(ci["expires_at_ms"].as_u64().is_some(), "{stdout}");
+    let (code, _, stderr) = shoal(&ci_token, &["status"]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stdout, stderr) = shoal(&admin, &["token", "api", "ls", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let rows = json(&stdout);
+    let row = rows
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|r| r["name"] == "ci")
+        .cloned()
+        .expect("ci listed");
+    for key in [
+        "id",
+        "name",
+        "tenant",
+        "created_at_ms",
+        "expires_at_ms",
+        "last_used_ms",
+        "state",
+    ] {
+        assert!(
+            row.get(key).is_some(),
+            "token api ls --json lacks {key}: {stdout}"
+        );
+    }
+    assert!(row["last_used_ms"].as_u64().is_some(), "{row}");
+    assert!(row["expires_at_ms"].as_u64().is_some(), "{row}");
+    assert!(
+        !stdout.contains(&ci_token[4..]),
+        "token api ls shows a secret"
+    );
+    let (code, stdout, _) = shoal(&admin, &["token", "api", "ls"]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("ci") && stdout.contains("admin"),
+        "{stdout}"
+    );
+
+    // Expired: 401, saying so, once the node lists it as expired.
+    let (code, stdout, stderr) = shoal(&admin, &["token", "api", "--name", "brief", "--ttl", "1s"]);
+    assert_eq!(code, 0, "{stderr}");
+    let brief = stdout.trim().to_string();
+    wait_for(
+        "the short-lived API token to expire",
+        Duration::from_secs(10),
+        || {
+            let c = n1.client(&admin);
+            async move {
+                let rows = c.api_tokens().await.ok()?;
+                rows.iter()
+                    .any(|t| t.name == "brief" && t.state == "expired")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let (code, _, stderr) = shoal(&brief, &["status"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr);
+    assert!(
+        stderr.contains("the API token 'brief' has expired"),
+        "{stderr}"
+    );
+
+    // Revoked by name: 401 from now on.
+    let (code, _, stderr) = shoal(&admin, &["token", "api", "revoke", "ci"]);
+    assert_eq!(code, 0, "{stderr}");
+    let status = n1
+        .client(&ci_token)
+        .status()
+        .await
+        .expect_err("a revoked token is refused");
+    assert!(
+        matches!(status, shoal_sdk::ClientError::Api { status: 401, .. }),
+        "{status:?}"
+    );
+    // The last admin token cannot be revoked, only rotated.
+    let (code, _, stderr) = shoal(&admin, &["token", "api", "revoke", "admin"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr);
+    assert!(stderr.contains("last admin token"), "{stderr}");
+
+    // Rotation: the new secret alone on stdout, admin.token rewritten
+    // (0600), the old secret refused, the new one (from the file) accepted.
+    let (code, stdout, stderr) = run(
+        &[
+            "--api",
+            &api,
+            "--data-dir",
+            &data_dir,
+            "token",
+            "api",
+            "rotate-admin",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let rotated = stdout.trim().to_string();
+    assert!(
+        rotated.starts_with("sa1.") && stdout.lines().count() == 1,
+        "{stdout}"
+    );
+    assert_ne!(rotated, admin);
+    assert_eq!(n1.admin_token(), rotated);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(n1.data_dir.join("admin.token"))
+            .expect("admin.token")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let old = n1
+        .client(&admin)
+        .status()
+        .await
+        .expect_err("old admin refused");
+    assert!(
+        matches!(old, shoal_sdk::ClientError::Api { status: 401, .. }),
+        "{old:?}"
+    );
+    let (code, _, stderr) = run(
+        &["--api", &api, "--data-dir", &data_dir, "token", "ls"],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    // The node never logged a secret.
+    let log = n1.log();
+    for s in [&secret, &printed, &ci_token, &brief, &admin, &rotated] {
+        let part = s.split('.').nth(1).expect("secret part");
+        assert!(!log.contains(part), "the agent logged a secret");
+    }
+}
+
 #[test]
 fn sim_json_is_byte_identical_for_the_same_trace_and_seed() {
     let dir = tempfile::tempdir().expect("tmp");

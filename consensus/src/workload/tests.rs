@@ -61,6 +61,7 @@ impl Replica {
         replica.apply(Command::CreateJoinToken {
             hash: "t".into(),
             expires_at_ms: u64::MAX,
+            uses: crate::tokens::MAX_JOIN_USES,
         });
         for (name, rack, count) in &nodes[1..] {
             replica.apply(Command::AddMember {

@@ -75,10 +75,19 @@ pub struct Agent {
     pub bootstrap: Option<BootstrapInfo>,
 }
 
-#[derive(Clone, Debug)]
+/// The secrets a bootstrap prints once: the admin token (also in
+/// `<data-dir>/admin.token`) and a single-use join token.
+#[derive(Clone)]
 pub struct BootstrapInfo {
     pub admin_token: String,
     pub join_token: String,
+}
+
+/// Never prints the secrets.
+impl std::fmt::Debug for BootstrapInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BootstrapInfo(<secrets>)")
+    }
 }
 
 fn io(what: &str, e: impl std::fmt::Display) -> AgentError {
@@ -514,11 +523,13 @@ async fn bootstrap_cluster(
     .map_err(|e| io("cannot write the admin token", e))?;
     let admin = auth::caller(ledger, &admin_token)
         .ok_or_else(|| AgentError::Raft("the bootstrap admin token was not applied".into()))?;
+    // Single use, like every join token unless asked otherwise: it is
+    // printed, so it should not outlive the one join it is printed for.
     let ttl = Duration::from_secs(node.config().join_token_ttl_s);
-    let join_token = auth::create_join_token(ledger, &admin, ttl)
+    let join_token = auth::create_join_token(ledger, &admin, ttl, 1)
         .await
         .map_err(|e| AgentError::Raft(e.to_string()))?
-        .0;
+        .token;
     Ok(BootstrapInfo {
         admin_token,
         join_token,

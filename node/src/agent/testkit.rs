@@ -7,6 +7,7 @@
 //! messages on its links, and heal it again, without root.
 
 use crate::agent::{Agent, AgentError, StartMode};
+use crate::node::auth;
 use crate::node::config::Config;
 use crate::rpc::faults::FaultRouter;
 use shoal_consensus::NodeId;
@@ -14,9 +15,15 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+/// Joins [`LocalCluster::join_token`] admits.
+pub const LOCAL_CLUSTER_JOIN_USES: u32 = 64;
+
 pub struct LocalCluster {
     pub agents: Vec<Agent>,
     pub admin_token: String,
+    /// A join token for [`LOCAL_CLUSTER_JOIN_USES`] joins, which the
+    /// cluster's own joins and a test's later ones share (the bootstrap's
+    /// printed token is single use).
     pub join_token: String,
     faults: Option<FaultRouter>,
     dir: tempfile::TempDir,
@@ -81,20 +88,32 @@ impl LocalCluster {
             .bootstrap
             .clone()
             .ok_or_else(|| AgentError::Raft("bootstrap returned no tokens".into()))?;
+        let ledger = first.node().ledger().clone();
+        let admin = auth::caller(&ledger, &boot.admin_token)
+            .ok_or_else(|| AgentError::Raft("the admin token is unknown".into()))?;
+        let join_token = auth::create_join_token(
+            &ledger,
+            &admin,
+            Duration::from_secs(24 * 3600),
+            LOCAL_CLUSTER_JOIN_USES,
+        )
+        .await
+        .map_err(|e| AgentError::Raft(format!("cannot create a join token: {e}")))?
+        .token;
         let mut agents = vec![first];
         for i in 1..n {
             let mut cfg = node_config(dir.path(), i);
             tweak(i, &mut cfg);
             let mode = StartMode::Join {
                 addr: agents[0].rpc_addr(),
-                token: boot.join_token.clone(),
+                token: join_token.clone(),
             };
             agents.push(Agent::start(cfg, mode).await?);
         }
         Ok(LocalCluster {
             agents,
             admin_token: boot.admin_token,
-            join_token: boot.join_token,
+            join_token,
             faults,
             dir,
         })

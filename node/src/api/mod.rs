@@ -12,6 +12,7 @@
 pub mod scope;
 pub mod scrape;
 pub mod serve;
+pub mod tokens;
 pub mod views;
 
 use crate::node::auth::{self, Caller};
@@ -40,7 +41,11 @@ const MAX_TOKEN_TTL_S: u64 = 30 * 24 * 3600;
 pub struct ApiError(StatusCode, ApiErrorBody);
 
 /// Reads about the cluster itself, for admin tokens only.
-const ADMIN_READS: &[(&str, &str)] = &[("GET", "/v1/attrs")];
+const ADMIN_READS: &[(&str, &str)] = &[
+    ("GET", "/v1/attrs"),
+    ("GET", "/v1/tokens"),
+    ("GET", "/v1/api-tokens"),
+];
 
 /// The writes (method, route) a tenant-scoped token may make; every other
 /// write needs an admin token. Listed, not derived, so that a new route is
@@ -111,8 +116,14 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes/{node}/remove", post(remove_node))
         .route("/nodes/{node}/drain", post(drain_node))
         .route("/nodes/{node}/undrain", post(undrain_node))
-        .route("/tokens", post(create_token))
-        .route("/api-tokens", post(create_api_token))
+        .route("/tokens", post(create_token).get(tokens::list_join_tokens))
+        .route("/tokens/revoke", post(tokens::revoke_join_token))
+        .route(
+            "/api-tokens",
+            post(create_api_token).get(tokens::list_api_tokens),
+        )
+        .route("/api-tokens/revoke", post(tokens::revoke_api_token))
+        .route("/api-tokens/rotate-admin", post(tokens::rotate_admin_token))
         .route("/attrs", post(put_attr).get(get_attrs))
         .route("/jobs", post(submit_job).get(list_jobs))
         .route("/jobs/{id}", get(show_job))
@@ -165,10 +176,11 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
         .map(str::trim);
     let caller = match token {
         Some(t) => auth::caller_eventually(app.ledger(), t).await,
-        None => None,
+        None => Err(auth::TokenError::Unknown),
     };
     match caller {
-        Some(caller) => {
+        Ok(caller) => {
+            tokens::note_use(&app, &caller);
             if let Some(tenant) = &caller.tenant {
                 let method = req.method().as_str();
                 let route = req
@@ -203,13 +215,14 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
             audit(&app, &caller, &method, &route, resp.status());
             resp
         }
-        None => ApiError(
+        Err(refusal) => ApiError(
             StatusCode::UNAUTHORIZED,
             ApiErrorBody {
                 code: "unauthorized".into(),
-                message:
-                    "a valid API token is required (--token, SHOAL_TOKEN or <data-dir>/admin.token)"
-                        .into(),
+                message: match refusal {
+                    auth::TokenError::Unknown => "a valid API token is required (--token, SHOAL_TOKEN or <data-dir>/admin.token)".into(),
+                    auth::TokenError::Refused(why) => format!("{why}: ask an admin for a new one (shoal token api)"),
+                },
             },
         )
         .into_response(),
@@ -368,11 +381,19 @@ async fn create_token(
             MAX_TOKEN_TTL_S / 86400
         )));
     }
-    let (token, expires_at_ms) =
-        auth::create_join_token(app.ledger(), &caller, Duration::from_secs(ttl)).await?;
+    let uses = req.uses.unwrap_or(1);
+    if uses == 0 || uses > shoal_consensus::tokens::MAX_JOIN_USES {
+        return Err(bad_request(format!(
+            "--uses must be between 1 and {}",
+            shoal_consensus::tokens::MAX_JOIN_USES
+        )));
+    }
+    let t = auth::create_join_token(app.ledger(), &caller, Duration::from_secs(ttl), uses).await?;
     Ok(Json(TokenCreateResponse {
-        token,
-        expires_at_ms,
+        token: t.token,
+        expires_at_ms: t.expires_at_ms,
+        id: t.id,
+        uses,
     }))
 }
 
@@ -388,8 +409,10 @@ async fn create_api_token(
             rand::random::<u32>()
         )
     });
-    let (token, resp) =
-        auth::create_api_token(app.ledger(), &caller, name.clone(), req.tenant.clone()).await?;
+    let ttl = tokens::api_token_ttl(req.ttl_s)?;
+    let (token, id, expires_at_ms, resp) =
+        auth::create_api_token(app.ledger(), &caller, name.clone(), req.tenant.clone(), ttl)
+            .await?;
     match resp {
         LedgerResponse::Rejected(m) => Err(bad_request(m)),
         LedgerResponse::Denied(m) => Err(forbidden(m)),
@@ -397,6 +420,8 @@ async fn create_api_token(
             token,
             name,
             tenant: req.tenant,
+            id,
+            expires_at_ms,
         })),
     }
 }

@@ -8,6 +8,7 @@ pub mod dev;
 pub mod duration;
 pub mod jobs;
 pub mod slurm;
+pub mod tokens;
 
 use crate::agent::{Agent, StartMode};
 use crate::cli::jobs::{ExitWith, JobArgs, QueueArgs, TenantCmd};
@@ -55,7 +56,7 @@ enum Cmd {
         #[arg(long)]
         sim_gpus: Option<String>,
     },
-    /// Join tokens
+    /// Join and API tokens
     Token {
         #[command(subcommand)]
         cmd: TokenCmd,
@@ -160,23 +161,51 @@ enum Cmd {
 
 #[derive(Subcommand, Debug)]
 enum TokenCmd {
-    /// Print a new join token, alone on stdout
+    /// Print a new join token, alone on stdout (shown this once)
     Create {
-        /// Lifetime, e.g. 24h, 30m, 1-00:00:00
+        /// Lifetime, e.g. 24h, 30m, 1-00:00:00 [default: 1h]
         #[arg(long)]
         ttl: Option<String>,
-    },
-    /// Print a new API token for users and scripts, alone on stdout (admin only)
-    Api {
-        /// Scope the token to this tenant and those below it: it may only
-        /// submit and cancel their jobs and read, write and remove their
-        /// mesh:/ objects
+        /// Nodes it may admit [default: 1]
         #[arg(long)]
-        tenant: Option<String>,
-        /// Unique name of the token [default: TENANT-RANDOM]
-        #[arg(long)]
-        name: Option<String>,
+        uses: Option<u32>,
     },
+    /// Join tokens: id, uses left, expiry, state (never the secret)
+    Ls,
+    /// Refuse every further join with this join token
+    Revoke { id: String },
+    /// Print a new API token for users and scripts, alone on stdout (admin
+    /// only); `ls`, `revoke`, `rotate-admin` manage them
+    Api(ApiTokenArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+struct ApiTokenArgs {
+    #[command(subcommand)]
+    cmd: Option<ApiTokenCmd>,
+    /// Scope the token to this tenant and those below it: it may only
+    /// submit and cancel their jobs and read, write and remove their
+    /// mesh:/ objects
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Unique name of the token [default: TENANT-RANDOM]
+    #[arg(long)]
+    name: Option<String>,
+    /// Lifetime, e.g. 30d, 12h [default: until revoked]
+    #[arg(long)]
+    ttl: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum ApiTokenCmd {
+    /// API tokens: id, name, tenant, created, expires, last used (never the secret)
+    Ls,
+    /// Revoke an API token by id or name: it is refused (401) from now on
+    Revoke { id: String },
+    /// Give the bootstrap admin token a new secret, printed alone on stdout;
+    /// the answering node rewrites its <data-dir>/admin.token
+    RotateAdmin,
 }
 
 #[derive(Subcommand, Debug)]
@@ -378,42 +407,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             init_logging("text");
             crate::cli::dev::run(*api_addr, sim_gpus.clone()).await
         }
-        Cmd::Token {
-            cmd: TokenCmd::Api { tenant, name },
-        } => {
-            let t = client(&cli)
-                .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
-                    name: name.clone(),
-                    tenant: tenant.clone(),
-                })
-                .await
-                .map_err(api_err)?;
-            if cli.json {
-                print_json(&t)
-            } else {
-                println!("{}", t.token);
-                Ok(())
-            }
-        }
-        Cmd::Token {
-            cmd: TokenCmd::Create { ttl },
-        } => {
-            let ttl_s = match ttl {
-                Some(t) => Some(
-                    crate::cli::duration::parse_duration(t)
-                        .map_err(anyhow::Error::msg)?
-                        .as_secs(),
-                ),
-                None => None,
-            };
-            let t = client(&cli).create_token(ttl_s).await.map_err(api_err)?;
-            if cli.json {
-                print_json(&t)
-            } else {
-                println!("{}", t.token);
-                Ok(())
-            }
-        }
+        Cmd::Token { cmd } => crate::cli::tokens::run(&client(&cli), cmd, cli.json).await,
         Cmd::Status => {
             let s = client(&cli).status().await.map_err(api_err)?;
             if cli.json {
@@ -646,7 +640,10 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
                 .join(crate::node::identity::ADMIN_TOKEN_FILE)
                 .display()
         );
-        println!("Join more nodes with:");
+        println!(
+            "Join one more node with (single use, valid for {}; `shoal token create --uses N` makes more):",
+            crate::cli::tokens::format_ttl(agent.node().config().join_token_ttl_s)
+        );
         println!(
             "  shoal agent --join {} --join-token {}",
             agent.rpc_addr(),

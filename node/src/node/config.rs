@@ -35,7 +35,8 @@ pub struct Config {
     pub storage: StorageTuning,
     pub anomaly: AnomalyTuning,
     pub metrics: MetricsTuning,
-    /// Lifetime of the join token printed at bootstrap.
+    /// Lifetime of a join token: the one printed at bootstrap, and
+    /// `shoal token create` without `--ttl`.
     pub join_token_ttl_s: u64,
     /// Lifetime of the node certificates this node signs when it leads
     /// (joins and renewals); every node renews its own at two thirds of it.
@@ -275,7 +276,7 @@ impl Default for Config {
             storage: StorageTuning::default(),
             anomaly: AnomalyTuning::default(),
             metrics: MetricsTuning::default(),
-            join_token_ttl_s: 24 * 3600,
+            join_token_ttl_s: 3600,
             cert_lifetime_s: shoal_mesh::tls::DEFAULT_NODE_CERT_LIFETIME.as_secs(),
             test_inject_rtt: BTreeMap::new(),
             test_faults: None,

@@ -55,6 +55,7 @@ pub struct Node {
     gpus: Gpus,
     metrics: Arc<Metrics>,
     contacts: ContactTracker,
+    token_use: auth::TokenUse,
     started: Instant,
     shutdown: watch::Sender<bool>,
 }
@@ -85,6 +86,7 @@ impl Node {
             gpus: parts.gpus,
             metrics: parts.metrics,
             contacts: parts.contacts,
+            token_use: auth::TokenUse::default(),
             started: Instant::now(),
             shutdown,
         }
@@ -132,6 +134,11 @@ impl Node {
 
     pub fn contacts(&self) -> &ContactTracker {
         &self.contacts
+    }
+
+    /// When this node saw each API token used (`shoal token api ls`).
+    pub fn token_use(&self) -> &auth::TokenUse {
+        &self.token_use
     }
 
     pub fn started(&self) -> Instant {

@@ -242,11 +242,12 @@ impl NodeService {
 
     /// The holder of a user's token, as the leader's (current) ledger knows it.
     fn user(&self, token: &UserToken) -> Result<auth::Caller, WireError> {
-        auth::caller(&self.ledger, &token.0).ok_or_else(|| {
-            WireError::new(
-                ErrorCode::Unauthenticated,
-                "the API token is not known to the leader",
-            )
+        auth::resolve(&self.ledger, &token.0).map_err(|e| {
+            let message = match e {
+                auth::TokenError::Unknown => "the API token is not known to the leader".into(),
+                auth::TokenError::Refused(m) => m,
+            };
+            WireError::new(ErrorCode::Unauthenticated, message)
         })
     }
 

@@ -139,12 +139,23 @@ pub enum Response {
     Holds(bool),
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone)]
+#[derive(Serialize, Deserialize, Clone)]
 pub struct JoinRequest {
     pub secret: String,
     pub ca_pin: String,
     pub spec: MemberSpec,
     pub csr_pem: String,
+}
+
+/// Never prints the join secret.
+impl std::fmt::Debug for JoinRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinRequest")
+            .field("secret", &"<secret>")
+            .field("ca_pin", &self.ca_pin)
+            .field("spec", &self.spec)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
