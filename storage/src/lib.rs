@@ -28,6 +28,7 @@ pub mod memory_transport;
 pub mod placement;
 pub mod replicate;
 pub mod store;
+pub mod walk;
 
 pub use chunk::{
     decode_chunk, encode_chunk, encode_chunk_with, ChunkId, CodecConfig, EncodedChunk,

@@ -37,6 +37,7 @@ use crate::chunk::{
 use crate::chunker::{validate_chunk_size, Chunker};
 use crate::error::{io_err, Result, StorageError};
 use crate::store::{sync_dir, ChunkStore, PutOutcome};
+use crate::walk::{Dir, Kind};
 
 /// Manifest format version written by this build.
 pub const MANIFEST_VERSION: u32 = 1;
@@ -344,56 +345,73 @@ pub fn build_manifest_with(
     let mut stats = BuildStats::default();
     let mut files = Vec::new();
     let mut dirs = Vec::new();
-    // Pending directories, as relative path (empty = root). Processing children in
-    // sorted order from a stack (pushed in reverse) gives a sorted depth-first walk.
-    let mut pending: Vec<String> = vec![String::new()];
-    while let Some(relative_dir) = pending.pop() {
+    // Pending directories, as relative path (empty = root) and the directory
+    // held open: every entry is examined and opened through its parent's
+    // descriptor (crate::walk), so a tree that changes during the walk
+    // cannot lead it outside. Processing children in sorted order from a
+    // stack (pushed in reverse) gives a sorted depth-first walk.
+    let opened_root = Dir::open_root(root).map_err(io_err("opening source directory", root))?;
+    let mut pending: Vec<(String, Dir)> = vec![(String::new(), opened_root)];
+    while let Some((relative_dir, handle)) = pending.pop() {
         let absolute_dir = if relative_dir.is_empty() {
             root.to_path_buf()
         } else {
             root.join(&relative_dir)
         };
         let mut children = Vec::new();
-        for entry in
-            fs::read_dir(&absolute_dir).map_err(io_err("listing directory", &absolute_dir))?
+        for name in handle
+            .names()
+            .map_err(io_err("listing directory", &absolute_dir))?
         {
-            let entry = entry.map_err(io_err("listing directory", &absolute_dir))?;
-            let name = entry
-                .file_name()
-                .into_string()
-                .map_err(|_| StorageError::NonUtf8Path { path: entry.path() })?;
-            children.push((name, entry.path()));
+            let absolute = absolute_dir.join(&name);
+            let name = name.into_string().map_err(|_| StorageError::NonUtf8Path {
+                path: absolute.clone(),
+            })?;
+            children.push((name, absolute));
         }
         children.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut subdirs = Vec::new();
         for (name, absolute) in children {
             let relative = if relative_dir.is_empty() {
-                name
+                name.clone()
             } else {
                 format!("{relative_dir}/{name}")
             };
             validate_relative_path(&relative)?;
-            let metadata = fs::symlink_metadata(&absolute)
+            let (kind, seen) = handle
+                .kind(name.as_ref())
                 .map_err(io_err("inspecting directory entry", &absolute))?;
-            let file_type = metadata.file_type();
-            if file_type.is_dir() {
-                dirs.push(DirEntry {
-                    path: relative.clone(),
-                    mode: permission_bits(&metadata, 0o755),
-                });
-                stats.dirs += 1;
-                subdirs.push(relative);
-            } else if file_type.is_file() {
-                let mode = permission_bits(&metadata, 0o644);
-                let entry = capture_file(&absolute, relative, mode, store, options, &mut stats)?;
-                stats.files += 1;
-                files.push(entry);
-            } else if options.symlinks == SymlinkPolicy::Skip {
-                stats.skipped.push(absolute);
-            } else if file_type.is_symlink() {
-                return Err(StorageError::SymlinkRefused { path: absolute });
-            } else {
-                return Err(StorageError::SpecialFileRefused { path: absolute });
+            match kind {
+                Kind::Dir => {
+                    let sub = handle
+                        .open_dir(name.as_ref(), &seen)
+                        .map_err(io_err("opening directory", &absolute))?;
+                    let metadata = sub
+                        .metadata()
+                        .map_err(io_err("inspecting directory entry", &absolute))?;
+                    dirs.push(DirEntry {
+                        path: relative.clone(),
+                        mode: permission_bits(&metadata, 0o755),
+                    });
+                    stats.dirs += 1;
+                    subdirs.push((relative, sub));
+                }
+                Kind::File => {
+                    let file = handle
+                        .open_file(name.as_ref(), &seen)
+                        .map_err(io_err("opening source file", &absolute))?;
+                    let metadata = file
+                        .metadata()
+                        .map_err(io_err("inspecting directory entry", &absolute))?;
+                    let mode = permission_bits(&metadata, 0o644);
+                    let entry =
+                        capture_file(file, &absolute, relative, mode, store, options, &mut stats)?;
+                    stats.files += 1;
+                    files.push(entry);
+                }
+                _ if options.symlinks == SymlinkPolicy::Skip => stats.skipped.push(absolute),
+                Kind::Symlink => return Err(StorageError::SymlinkRefused { path: absolute }),
+                Kind::Special => return Err(StorageError::SpecialFileRefused { path: absolute }),
             }
         }
         pending.extend(subdirs.into_iter().rev());
@@ -412,6 +430,7 @@ pub fn build_manifest_with(
 }
 
 fn capture_file(
+    file: File,
     absolute: &Path,
     relative: String,
     mode: u32,
@@ -419,7 +438,6 @@ fn capture_file(
     options: &BuildOptions,
     stats: &mut BuildStats,
 ) -> Result<FileEntry> {
-    let file = File::open(absolute).map_err(io_err("opening source file", absolute))?;
     let mut chunker = Chunker::with_chunk_size(file, options.chunk_size)?;
     let mut chunks = Vec::new();
     let mut size = 0u64;
