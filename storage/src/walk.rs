@@ -128,6 +128,8 @@ fn owned(fd: libc::c_int) -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+// `st_dev` and `st_ino` are not u64 on every target.
+#[allow(clippy::unnecessary_cast)]
 fn same_inode(opened: &File, seen: &libc::stat) -> io::Result<()> {
     let now = opened.metadata()?;
     if now.dev() != seen.st_dev as u64 || now.ino() != seen.st_ino as u64 {
