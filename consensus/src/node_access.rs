@@ -29,7 +29,20 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
     }
     let refuse = |what: &str| Err(format!("node {node} may not {what}"));
     match cmd {
-        Command::UpdateMember { id, .. } if *id == node => Ok(()),
+        Command::UpdateMember { id, spec } if *id == node => {
+            // Failure domains decide who votes (and so who holds the CA key):
+            // a node cannot move itself into a zone of its choosing.
+            let current = ledger.members.get(&node).map(|m| &m.spec.labels);
+            match FAILURE_DOMAINS
+                .iter()
+                .find(|k| current.and_then(|l| l.get(**k)) != spec.labels.get(**k))
+            {
+                Some(label) => refuse(&format!(
+                    "change its own '{label}' label (remove the node and join it again to move it)"
+                )),
+                None => Ok(()),
+            }
+        }
         Command::UpdateMember { id, .. } => refuse(&format!("change member {id}")),
         Command::RankExited {
             job, epoch, rank, ..
@@ -46,10 +59,7 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
             )),
         },
         Command::SetCheckpointHolders {
-            job,
-            step,
-            rank,
-            holders,
+            job, step, rank, ..
         } => {
             let current = ledger
                 .workload
@@ -59,16 +69,16 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
                 .and_then(|c| c.parts.get(rank))
                 .map(|p| p.holders.as_slice())
                 .unwrap_or_default();
-            holder_change(node, current, holders)
+            holder_change(node, current)
                 .or_else(|why| refuse(&format!("set the holders of job {job} step {step}: {why}")))
         }
-        Command::SetObjectHolders { path, holders } => {
+        Command::SetObjectHolders { path, .. } => {
             let current = crate::namespace::normalize(path)
                 .ok()
                 .and_then(|p| ledger.namespace.objects.get(&p))
                 .map(|o| o.holders.as_slice())
                 .unwrap_or_default();
-            holder_change(node, current, holders)
+            holder_change(node, current)
                 .or_else(|why| refuse(&format!("set the holders of mesh:{path}: {why}")))
         }
         Command::RecordEvent(spec) => {
@@ -98,6 +108,9 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
     }
 }
 
+/// Labels that place a node in a failure domain.
+const FAILURE_DOMAINS: [&str; 3] = ["region", "zone", "rack"];
+
 fn allocation(ledger: &Ledger, job: u64, epoch: u64) -> Option<&Allocation> {
     ledger
         .workload
@@ -112,13 +125,13 @@ fn rank_node(alloc: &Allocation, rank: u32) -> Option<NodeId> {
 }
 
 /// A node that re-replicated data may name the new holder set only if it
-/// holds a copy before or after: a member with no part in the data cannot
-/// rewrite where it lives.
-fn holder_change(node: NodeId, current: &[NodeId], new: &[NodeId]) -> Result<(), String> {
-    if current.contains(&node) || new.contains(&node) {
+/// holds a copy now (the repairer is always a current holder): a member
+/// with no part in the data cannot rewrite where it lives.
+fn holder_change(node: NodeId, current: &[NodeId]) -> Result<(), String> {
+    if current.contains(&node) {
         Ok(())
     } else {
-        Err("it holds no copy, before or after".into())
+        Err("it holds no copy".into())
     }
 }
 
@@ -325,6 +338,23 @@ mod tests {
     }
 
     #[test]
+    fn a_node_cannot_move_itself_to_another_failure_domain() {
+        let (mut r, _) = Replica::with_a_running_job();
+        let mut spec = r.ledger.members[&2].spec.clone();
+        spec.labels.insert("zone".into(), "elsewhere".into());
+        let moved = r.as_node(2, Command::UpdateMember { id: 2, spec });
+        assert!(denied(&moved), "{moved:?}");
+        assert!(!r.ledger.members[&2].spec.labels.contains_key("zone"));
+        let mut spec = r.ledger.members[&2].spec.clone();
+        spec.labels.insert("team".into(), "vision".into());
+        assert_eq!(
+            r.as_node(2, Command::UpdateMember { id: 2, spec }),
+            LedgerResponse::Ok,
+            "other labels are the node's own"
+        );
+    }
+
+    #[test]
     fn a_node_cannot_mint_user_or_admin_actions() {
         let (mut r, job) = Replica::with_a_running_job();
         let tokens = r.ledger.api_tokens.len();
@@ -429,8 +459,8 @@ mod tests {
 
     #[test]
     fn only_a_holder_rewrites_where_a_copy_lives() {
-        assert!(super::holder_change(2, &[1, 2, 3], &[1, 3, 4]).is_ok());
-        assert!(super::holder_change(4, &[1, 2, 3], &[1, 3, 4]).is_ok());
-        assert!(super::holder_change(5, &[1, 2, 3], &[1]).is_err());
+        assert!(super::holder_change(2, &[1, 2, 3]).is_ok());
+        assert!(super::holder_change(4, &[1, 2, 3]).is_err());
+        assert!(super::holder_change(5, &[]).is_err());
     }
 }

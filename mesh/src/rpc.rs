@@ -55,7 +55,28 @@ pub trait RpcHandler: Send + Sync + 'static {
     fn handle(&self, peer: PeerInfo, body: Vec<u8>) -> RpcFuture;
 }
 
+/// What a client that has not shown a certificate may open at first: a few
+/// streams and a small window. [`serve_connection`] raises both for members.
+const FIRST_STREAMS: u32 = 4;
+const FIRST_WINDOW: u32 = 4 << 20;
+/// A member's streams and window, once its certificate is checked.
+const MEMBER_STREAMS: u32 = 256;
+const MEMBER_WINDOW: u32 = 4 * MAX_FRAME as u32;
+
+/// The transport of connections this endpoint accepts: small until the
+/// peer has proved it is a member.
+fn server_transport_config() -> Arc<TransportConfig> {
+    let mut t = base_transport();
+    t.max_concurrent_bidi_streams(FIRST_STREAMS.into());
+    t.receive_window(FIRST_WINDOW.into());
+    Arc::new(t)
+}
+
 fn transport_config() -> Arc<TransportConfig> {
+    Arc::new(base_transport())
+}
+
+fn base_transport() -> TransportConfig {
     let mut t = TransportConfig::default();
     // Keep-alives well inside the idle timeout so a quiet but healthy
     // connection never expires, while a dead peer is noticed in seconds.
@@ -63,10 +84,10 @@ fn transport_config() -> Arc<TransportConfig> {
     if let Ok(idle) = Duration::from_secs(5).try_into() {
         t.max_idle_timeout(Some(idle));
     }
-    t.max_concurrent_bidi_streams(256u32.into());
+    t.max_concurrent_bidi_streams(MEMBER_STREAMS.into());
     // Bound what one connection can make this node buffer: a few frames in
     // flight, not every stream's window at once.
-    t.receive_window((4 * MAX_FRAME as u32).into());
+    t.receive_window(MEMBER_WINDOW.into());
     // Let MTU discovery climb past Ethernet's 1500 bytes where the path
     // allows it (loopback, jumbo-frame fabrics): bulk chunk transfers are
     // bound by packets per second, not bytes. Probes that get no answer
@@ -74,7 +95,7 @@ fn transport_config() -> Arc<TransportConfig> {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(65_000);
     t.mtu_discovery_config(Some(mtu));
-    Arc::new(t)
+    t
 }
 
 /// A node's RPC endpoint: serves peers and calls them, reusing one connection
@@ -213,7 +234,7 @@ fn member_server_config(creds: &NodeCredentials) -> Result<ServerConfig, RpcErro
     let quic_server = QuicServerConfig::try_from(creds.server_config()?)
         .map_err(|e| TlsError::Invalid(e.to_string()))?;
     let mut server = ServerConfig::with_crypto(Arc::new(quic_server));
-    server.transport_config(transport_config());
+    server.transport_config(server_transport_config());
     Ok(server)
 }
 
@@ -353,6 +374,8 @@ async fn serve_connection(
         }
         return;
     }
+    conn.set_max_concurrent_bi_streams(MEMBER_STREAMS.into());
+    conn.set_receive_window(MEMBER_WINDOW.into());
     let read = StreamLimits {
         frame: MAX_FRAME,
         timeout: limits.member_read_timeout,

@@ -25,6 +25,7 @@ use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bincode::Options;
@@ -351,8 +352,26 @@ pub fn build_manifest_with(
     // cannot lead it outside. Processing children in sorted order from a
     // stack (pushed in reverse) gives a sorted depth-first walk.
     let opened_root = Dir::open_root(root).map_err(io_err("opening source directory", root))?;
-    let mut pending: Vec<(String, Dir)> = vec![(String::new(), opened_root)];
-    while let Some((relative_dir, handle)) = pending.pop() {
+    // A directory is opened only when it is walked, through its parent's
+    // descriptor, so open descriptors are bounded by the depth of the tree,
+    // not by how many siblings wait.
+    let mut pending: Vec<Pending> = vec![Pending::Root(opened_root)];
+    while let Some(next) = pending.pop() {
+        let (relative_dir, handle) = match next {
+            Pending::Root(dir) => (String::new(), Rc::new(dir)),
+            Pending::Sub {
+                relative,
+                parent,
+                name,
+                seen,
+            } => {
+                let absolute = root.join(&relative);
+                let dir = parent
+                    .open_dir(name.as_ref(), &seen)
+                    .map_err(io_err("opening directory", &absolute))?;
+                (relative, Rc::new(dir))
+            }
+        };
         let absolute_dir = if relative_dir.is_empty() {
             root.to_path_buf()
         } else {
@@ -383,27 +402,23 @@ pub fn build_manifest_with(
                 .map_err(io_err("inspecting directory entry", &absolute))?;
             match kind {
                 Kind::Dir => {
-                    let sub = handle
-                        .open_dir(name.as_ref(), &seen)
-                        .map_err(io_err("opening directory", &absolute))?;
-                    let metadata = sub
-                        .metadata()
-                        .map_err(io_err("inspecting directory entry", &absolute))?;
                     dirs.push(DirEntry {
                         path: relative.clone(),
-                        mode: permission_bits(&metadata, 0o755),
+                        mode: seen.st_mode & 0o777,
                     });
                     stats.dirs += 1;
-                    subdirs.push((relative, sub));
+                    subdirs.push(Pending::Sub {
+                        relative,
+                        parent: handle.clone(),
+                        name,
+                        seen,
+                    });
                 }
                 Kind::File => {
                     let file = handle
                         .open_file(name.as_ref(), &seen)
                         .map_err(io_err("opening source file", &absolute))?;
-                    let metadata = file
-                        .metadata()
-                        .map_err(io_err("inspecting directory entry", &absolute))?;
-                    let mode = permission_bits(&metadata, 0o644);
+                    let mode = seen.st_mode & 0o777;
                     let entry =
                         capture_file(file, &absolute, relative, mode, store, options, &mut stats)?;
                     stats.files += 1;
@@ -427,6 +442,18 @@ pub fn build_manifest_with(
     };
     manifest.validate()?;
     Ok((manifest, stats))
+}
+
+/// A directory waiting to be walked: the root, or an entry of a directory
+/// already open (opened when its turn comes).
+enum Pending {
+    Root(Dir),
+    Sub {
+        relative: String,
+        parent: Rc<Dir>,
+        name: String,
+        seen: libc::stat,
+    },
 }
 
 fn capture_file(
@@ -485,21 +512,6 @@ fn capture_file(
         size,
         chunks,
     })
-}
-
-#[cfg(unix)]
-fn permission_bits(metadata: &fs::Metadata, _default: u32) -> u32 {
-    use std::os::unix::fs::PermissionsExt;
-    metadata.permissions().mode() & 0o777
-}
-
-#[cfg(not(unix))]
-fn permission_bits(metadata: &fs::Metadata, default: u32) -> u32 {
-    if metadata.permissions().readonly() {
-        default & 0o555
-    } else {
-        default
-    }
 }
 
 #[cfg(unix)]

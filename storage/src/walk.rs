@@ -8,7 +8,7 @@
 //! inode that was examined.
 
 use std::ffi::CString;
-use std::fs::{File, Metadata};
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -30,15 +30,17 @@ pub struct Dir {
 }
 
 impl Dir {
-    /// The tree's root, which the caller chose (it may be reached through
-    /// links; nothing below it is).
+    /// The tree's root. The path up to it is the caller's choice; the root
+    /// itself is not followed if it is a link (a job may replace its step
+    /// directory by one), so a caller taking a user's path resolves it
+    /// first (`fs::canonicalize`).
     pub fn open_root(path: &Path) -> io::Result<Dir> {
         let c = cstring(path.as_os_str().as_bytes())?;
         // SAFETY: a valid NUL-terminated path; the returned fd is owned below.
         let fd = unsafe {
             libc::open(
                 c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             )
         };
         owned(fd).map(|fd| Dir { fd })
@@ -95,11 +97,6 @@ impl Dir {
         let file = self.open_at(name, libc::O_NONBLOCK)?;
         same_inode(&file, seen)?;
         Ok(file)
-    }
-
-    /// This directory's own metadata.
-    pub fn metadata(&self) -> io::Result<Metadata> {
-        self.fd.metadata()
     }
 
     fn open_at(&self, name: &std::ffi::OsStr, extra: libc::c_int) -> io::Result<File> {
@@ -161,6 +158,14 @@ mod tests {
         let (kind, st) = sub.kind("f".as_ref()).expect("kind");
         assert_eq!(kind, Kind::File);
         sub.open_file("f".as_ref(), &st).expect("open");
+    }
+
+    #[test]
+    fn a_root_that_is_a_link_is_not_followed() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::os::unix::fs::symlink("/etc", dir.path().join("999")).expect("link");
+        assert!(Dir::open_root(&dir.path().join("999")).is_err());
+        assert!(Dir::open_root(dir.path()).is_ok());
     }
 
     #[test]

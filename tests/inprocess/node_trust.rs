@@ -440,11 +440,39 @@ async fn voters_hold_the_ca_key_and_a_learners_disk_never_does() {
         );
     }
     // The ledger a learner replicates has no key in it at all.
-    let d = learner.ledger();
-    let d = d.read().expect("ledger");
-    let encoded = format!("{:?}", d.ledger.cluster);
-    assert!(!encoded.contains(&needle));
-    drop(d);
+    {
+        let d = learner.ledger();
+        let d = d.read().expect("ledger");
+        let encoded = format!("{:?}", d.ledger.cluster);
+        assert!(!encoded.contains(&needle));
+    }
+    // With the learner's own certificate: the key is not handed over, and
+    // it may not campaign (nor lead) to get it another way.
+    let rogue = impersonate(&c, learner.id(), learner.name());
+    let answer = call(&rogue, leader.rpc_addr(), &Request::FetchCaKey).await;
+    assert!(
+        refused(&answer),
+        "a learner got an answer to FetchCaKey: {answer:?}"
+    );
+    let term = leader.node().ledger().raft_metrics().borrow().current_term;
+    let campaign = openraft::raft::VoteRequest {
+        vote: openraft::Vote::new(term + 1, learner.id()),
+        last_log_id: None,
+    };
+    for voter in c.agents.iter().filter(|a| voters.contains(&a.id())) {
+        let answer = call(
+            &rogue,
+            voter.rpc_addr(),
+            &Request::Raft(RaftRpc::Vote(campaign.clone())),
+        )
+        .await;
+        assert!(
+            matches!(&answer, Response::Error(e) if e.code == ErrorCode::Forbidden && e.message.contains("learner")),
+            "a learner's vote request was served by node {}: {answer:?}",
+            voter.id()
+        );
+    }
+    rogue.shutdown().await;
     c.shutdown().await;
 }
 

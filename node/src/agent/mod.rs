@@ -220,7 +220,10 @@ impl Agent {
         };
 
         let (ident, new_cluster) = match (mode, existing) {
-            (StartMode::Restart, Some(id)) => (id, None),
+            (StartMode::Restart, Some(id)) => (
+                reissue_if_expired(&data_dir, id, Duration::from_secs(cfg.cert_lifetime_s))?,
+                None,
+            ),
             (StartMode::Restart, None) | (_, Some(_)) => {
                 return Err(AgentError::Config(
                     "start mode and data dir disagree".into(),
@@ -475,6 +478,49 @@ impl Agent {
         let _ = self.node.ledger().raft().shutdown().await;
         self.rpc.shutdown().await;
     }
+}
+
+/// A node that was down past its certificate's expiry cannot renew over
+/// mTLS (its peers refuse the expired certificate, and a whole cluster off
+/// for that long has no valid certificate left). A holder of the CA key —
+/// a voter — signs itself a fresh one, for the same id and name; any other
+/// node must be removed and join again.
+fn reissue_if_expired(
+    data_dir: &std::path::Path,
+    ident: Identity,
+    lifetime: Duration,
+) -> Result<Identity, AgentError> {
+    let now = crate::node::clock::wall_ms() / 1000;
+    let expired = shoal_mesh::tls::cert_validity(&ident.credentials.cert_pem)
+        .is_none_or(|(_, not_after)| not_after <= now as i64 + 60);
+    if !expired {
+        return Ok(ident);
+    }
+    let Some(key_pem) = crate::node::ca_key::load(data_dir) else {
+        tracing::error!(
+            "this node's certificate has expired and it holds no CA key: remove it (shoal node remove) and join it again"
+        );
+        return Ok(ident);
+    };
+    let ca = CaBundle {
+        cert_pem: ident.credentials.ca_pem.clone(),
+        key_pem,
+    };
+    if !ca.key_matches() {
+        return Err(AgentError::Config(
+            "the CA key in the data dir does not match the cluster CA".into(),
+        ));
+    }
+    let credentials = ca
+        .issue_for(&ident.name, ident.node_id, lifetime)
+        .map_err(|e| AgentError::Config(e.to_string()))?;
+    let renewed = Identity {
+        credentials,
+        ..ident
+    };
+    identity::save_identity(data_dir, &renewed).map_err(AgentError::Io)?;
+    tracing::warn!("this node's certificate had expired; re-issued it with the CA key it holds");
+    Ok(renewed)
 }
 
 /// Makes this node the first member of a new cluster: initialises Raft,

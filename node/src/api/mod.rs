@@ -153,6 +153,11 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             count_requests,
         ))
+        // A client that stops sending its body mid-way does not hold a
+        // handler (and a connection slot) for ever.
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            serve::BODY_READ_TIMEOUT,
+        ))
         .with_state(state)
 }
 

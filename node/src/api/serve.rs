@@ -1,6 +1,7 @@
 //! The API's accept loop: HTTP/1.1 with a cap on open connections and a
-//! deadline for a request's headers, so a client that opens sockets and
-//! sends nothing (or a byte a minute) cannot take the API down for others.
+//! deadline for a request's headers (and, in the router, for its body), so a
+//! client that opens sockets and sends nothing (or a byte a minute) cannot
+//! take the API down for others.
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -9,6 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+
+/// How long a request body may take between two of its parts.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Limits of the API server.
 #[derive(Clone, Debug)]

@@ -240,7 +240,10 @@ async fn upload(
             ..StoreConfig::default()
         },
     )?;
-    let source = from.to_path_buf();
+    // The walk never follows a link, its root included: resolve the user's
+    // path (which may be, or pass through, a link) first.
+    let source = std::fs::canonicalize(from)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", from.display()))?;
     let (manifest, store) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let manifest = if source.is_dir() {
             build_manifest(&source, &store)?.0

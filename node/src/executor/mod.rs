@@ -1075,7 +1075,16 @@ pub fn latest_done_step(ckpt_dir: &Path) -> Option<u64> {
         .filter_map(Result::ok)
         .filter_map(|entry| {
             let step = entry.file_name().to_str()?.parse::<u64>().ok()?;
-            entry.path().join(".done").exists().then_some(step)
+            // The job owns this directory: a step that is a link, or whose
+            // marker is one, is not a checkpoint (the capture would refuse
+            // it anyway; this keeps it from being tried every tick).
+            let real = |p: &Path| {
+                std::fs::symlink_metadata(p)
+                    .ok()
+                    .filter(|m| !m.file_type().is_symlink())
+            };
+            real(&entry.path())?.is_dir().then_some(())?;
+            real(&entry.path().join(".done")).map(|_| step)
         })
         .max()
 }

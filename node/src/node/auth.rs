@@ -14,6 +14,10 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// How long after its admission a join may be retried (its answer lost)
+/// and answered again with the same id.
+const JOIN_RETRY_WINDOW_MS: u64 = 120_000;
+
 /// How long a follower waits for an unknown API token to appear in its
 /// ledger before refusing it (see [`caller_eventually`]).
 const TOKEN_CATCH_UP: Duration = Duration::from_secs(2);
@@ -340,6 +344,9 @@ pub async fn admit(
                 m.spec.name == j.spec.name
                     && !j.spec.gossip_peer_id.is_empty()
                     && m.spec.gossip_peer_id == j.spec.gossip_peer_id
+                    // A retry comes soon after the join it repeats; later, a
+                    // spent token and public facts must not buy a certificate.
+                    && m.joined_at_ms.saturating_add(JOIN_RETRY_WINDOW_MS) >= wall_ms()
             })
             .map(|m| m.id)
             .filter(|id| d.ledger.join_token_admitted(&token_hash, *id))

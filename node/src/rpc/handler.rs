@@ -57,6 +57,11 @@ impl NodeService {
                 return result.unwrap_or_else(Response::Error);
             }
         };
+        // A node leaving (or removed) still asks whether another holds the CA
+        // key, so that it can delete its own copy: a yes or no, nothing more.
+        if matches!(req, Request::HoldsCaKey) {
+            return Response::Holds(self.holds_ca_key());
+        }
         // A removed node's certificate is refused as soon as this node has
         // applied the removal, whatever its expiry says.
         if self.has_left(member) {
@@ -71,9 +76,6 @@ impl NodeService {
                 Ok(()) => Ok(Response::Raft(self.serve_raft(rpc).await)),
                 Err(e) => Err(e),
             },
-            Request::HoldsCaKey => Ok(Response::Holds(
-                crate::node::ca_key::load(&self.signing.data_dir).is_some(),
-            )),
             Request::FetchCaKey => self.hand_over_ca_key(member),
             // A certificate for the caller itself, never for the id it wrote.
             Request::RenewCertificate { csr_pem, .. } => {
@@ -112,7 +114,8 @@ impl NodeService {
 
     /// A Raft message speaks for the node in its vote (the candidate, or the
     /// leader that sends entries and snapshots): only that node's own
-    /// certificate may carry it (one that has left is refused before this).
+    /// certificate may carry it, never a learner's (one that has left is
+    /// refused before this).
     /// A member unknown to this node's ledger is let through: this node may
     /// lag behind the membership (a new leader it has not heard of yet), and
     /// only the cluster CA issues member certificates.
@@ -122,15 +125,34 @@ impl NodeService {
             RaftRpc::Vote(r) => r.vote.leader_id().voted_for(),
             RaftRpc::InstallSnapshot(r) => r.vote.leader_id().voted_for(),
         };
-        if claimed == Some(member) {
+        let why = if claimed != Some(member) {
+            format!(
+                "member {member} sent a Raft message in the name of node {}",
+                claimed.map_or_else(|| "?".to_string(), |c| c.to_string())
+            )
+        } else if self.is_learner(member) {
+            // Only voters campaign and lead. A learner that claims to would
+            // bypass every check on what members may propose.
+            format!("member {member} is a learner here and may not campaign or lead")
+        } else {
             return Ok(());
-        }
-        let why = format!(
-            "member {member} sent a Raft message in the name of node {}",
-            claimed.map_or_else(|| "?".to_string(), |c| c.to_string())
-        );
+        };
         self.audit(format!("refused a Raft message: {why}"));
         Err(WireError::new(ErrorCode::Forbidden, why))
+    }
+
+    /// Whether this node's membership has `member` as a learner. A learner
+    /// promoted in an entry this node has not received yet is refused until
+    /// it does: it then starts an election itself, and catches up from
+    /// whichever voter it knows wins.
+    fn is_learner(&self, member: NodeId) -> bool {
+        self.ledger
+            .raft_metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .learner_ids()
+            .any(|id| id == member)
     }
 
     /// Whether this node's ledger says `member` was removed. A member it
@@ -141,6 +163,22 @@ impl NodeService {
                 .members
                 .get(&member)
                 .is_some_and(|m| m.state == MemberState::Left)
+        })
+    }
+
+    /// Whether this node holds a CA key that matches the ledger's CA.
+    fn holds_ca_key(&self) -> bool {
+        let Some(key_pem) = crate::node::ca_key::load(&self.signing.data_dir) else {
+            return false;
+        };
+        self.ledger.read().is_ok_and(|d| {
+            d.ledger.cluster.as_ref().is_some_and(|c| {
+                shoal_mesh::CaBundle {
+                    cert_pem: c.ca_cert_pem.clone(),
+                    key_pem: key_pem.clone(),
+                }
+                .key_matches()
+            })
         })
     }
 

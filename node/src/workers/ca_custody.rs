@@ -42,7 +42,7 @@ impl CaCustody {
         d.ledger.cluster.as_ref().map(|c| c.ca_cert_pem.clone())
     }
 
-    fn others(&self) -> Vec<NodeId> {
+    fn other_voters(&self) -> Vec<NodeId> {
         let me = self.ledger.me();
         self.ledger
             .voters()
@@ -51,11 +51,29 @@ impl CaCustody {
             .collect()
     }
 
+    /// Voters first, then everyone else: a node demoted before it could
+    /// shed its copy may be the last holder after a quick voter change.
+    fn holders_to_ask(&self) -> Vec<NodeId> {
+        let me = self.ledger.me();
+        let mut ids = self.other_voters();
+        let learners: Vec<NodeId> = self
+            .ledger
+            .raft_metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .learner_ids()
+            .filter(|id| *id != me)
+            .collect();
+        ids.extend(learners);
+        ids
+    }
+
     async fn fetch(&self) {
         let Some(cert_pem) = self.ca_cert() else {
             return;
         };
-        for voter in self.others() {
+        for voter in self.holders_to_ask() {
             let Ok(Response::CaKey(Some(key))) =
                 self.ledger.call_member(voter, &Request::FetchCaKey).await
             else {
@@ -83,7 +101,7 @@ impl CaCustody {
     }
 
     async fn shed(&self) {
-        for voter in self.others() {
+        for voter in self.other_voters() {
             if let Ok(Response::Holds(true)) =
                 self.ledger.call_member(voter, &Request::HoldsCaKey).await
             {
