@@ -11,7 +11,7 @@
 use crate::common;
 
 use shoal_consensus::{Command, LedgerResponse};
-use shoal_mesh::{CaBundle, RpcEndpoint};
+use shoal_mesh::RpcEndpoint;
 use shoal_node::agent::testkit::LocalCluster;
 use shoal_node::bench::data::Xorshift;
 use shoal_sdk::MemberState;
@@ -62,15 +62,7 @@ async fn garbage_on_every_port_loses_no_write_and_downs_no_node() {
         .map(|m| m.spec.api_addr.parse().expect("api addr"))
         .collect();
     let rpc_targets: Vec<SocketAddr> = c.agents.iter().map(|a| a.rpc_addr()).collect();
-    let ca = {
-        let d = c.agents[0].ledger();
-        let d = d.read().expect("ledger");
-        let cluster = d.ledger.cluster.as_ref().expect("bootstrapped");
-        CaBundle {
-            cert_pem: cluster.ca_cert_pem.clone(),
-            key_pem: crate::node_trust::ca_key_of(&c),
-        }
-    };
+    let ca = crate::node_trust::cluster_ca(&c);
     let pin = ca.fingerprint().expect("pin");
     let member = RpcEndpoint::serve(
         SocketAddr::from(([127, 0, 0, 1], 0)),

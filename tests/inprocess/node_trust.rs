@@ -37,17 +37,31 @@ pub fn ca_key_of(c: &LocalCluster) -> String {
         .expect("a voter holds the CA key")
 }
 
+/// The leader every node agrees on, once there is one.
+async fn agreed_leader(c: &LocalCluster) -> &shoal_node::agent::Agent {
+    c.wait_until("a leader", TIMEOUT, |c| {
+        let ok = c.agreed_leader().is_some();
+        async move { ok }
+    })
+    .await
+    .expect("a leader");
+    c.agreed_leader().expect("leader")
+}
+
+/// The cluster CA with its key, as a voter holds it.
+pub fn cluster_ca(c: &LocalCluster) -> CaBundle {
+    let d = c.agents[0].ledger();
+    let d = d.read().expect("ledger");
+    let cluster = d.ledger.cluster.as_ref().expect("bootstrapped");
+    CaBundle {
+        cert_pem: cluster.ca_cert_pem.clone(),
+        key_pem: ca_key_of(c),
+    }
+}
+
 /// An RPC client with member `id`'s certificate, as that node would hold it.
 fn impersonate(c: &LocalCluster, id: u64, name: &str) -> RpcEndpoint {
-    let ca = {
-        let d = c.agents[0].ledger();
-        let d = d.read().expect("ledger");
-        let cluster = d.ledger.cluster.as_ref().expect("bootstrapped");
-        CaBundle {
-            cert_pem: cluster.ca_cert_pem.clone(),
-            key_pem: ca_key_of(c),
-        }
-    };
+    let ca = cluster_ca(c);
     let creds = ca.issue(name, id).expect("credentials");
     RpcEndpoint::serve(
         SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -80,14 +94,7 @@ async fn a_member_certificate_proves_identity_not_authority() {
     let _serial = common::one_at_a_time();
     let c = LocalCluster::start(3, |_, _| {}).await.expect("cluster");
     c.wait_all_alive(TIMEOUT).await.expect("alive");
-    let leader = c
-        .wait_until("a leader", TIMEOUT, |c| {
-            let ok = c.agreed_leader().is_some();
-            async move { ok }
-        })
-        .await
-        .map(|_| c.agreed_leader().expect("leader"))
-        .expect("leader");
+    let leader = agreed_leader(&c).await;
     let leader_id = leader.id();
     let follower = c
         .agents
@@ -265,14 +272,7 @@ async fn a_removed_nodes_certificate_is_refused_within_seconds() {
     let _serial = common::one_at_a_time();
     let c = LocalCluster::start(3, |_, _| {}).await.expect("cluster");
     c.wait_all_alive(TIMEOUT).await.expect("alive");
-    let leader = c
-        .wait_until("a leader", TIMEOUT, |c| {
-            let ok = c.agreed_leader().is_some();
-            async move { ok }
-        })
-        .await
-        .map(|_| c.agreed_leader().expect("leader"))
-        .expect("leader");
+    let leader = agreed_leader(&c).await;
     let leader_id = leader.id();
     let removed = c
         .agents
