@@ -187,6 +187,27 @@ async fn a_member_certificate_proves_identity_not_authority() {
         "a forged AppendEntries was not refused: {answer:?}"
     );
 
+    // A renewal asked in the leader's name is signed for the asker alone.
+    let (_, csr_pem) = shoal_mesh::tls::new_key_and_csr("anything").expect("csr");
+    let answer = call(
+        &rogue,
+        leader.rpc_addr(),
+        &Request::RenewCertificate {
+            member: leader_id,
+            csr_pem,
+        },
+    )
+    .await;
+    let Response::Certificate(cert_pem) = answer else {
+        panic!("a member's renewal was not answered: {answer:?}");
+    };
+    let der = shoal_mesh::tls::pem_to_der(&cert_pem).expect("a certificate");
+    assert_eq!(
+        shoal_mesh::tls::member_id_of(&der),
+        Some(follower.id()),
+        "a renewal must name the member that asked, not the one it wrote"
+    );
+
     // Nothing changed, and the refusals are in the audit log.
     let expected = [
         format!(
