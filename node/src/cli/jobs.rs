@@ -1,6 +1,7 @@
 //! Job and tenant commands: submit, alloc, queue, show, cancel, logs,
 //! tenant, quota (INTERFACE.md "Jobs" and "Tenants and quotas").
 
+use super::print_json;
 use crate::cli::duration::parse_duration;
 use clap::{Args, Subcommand};
 use shoal_sdk::{Client, JobInfo, JobSubmitRequest, QuotaInfo, TenantInfo, TenantRequest};
@@ -358,11 +359,6 @@ impl TenantArgs {
 
 fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
     anyhow::anyhow!(e.to_string())
-}
-
-fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
-    Ok(())
 }
 
 pub async fn submit(

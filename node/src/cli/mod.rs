@@ -396,6 +396,19 @@ fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `v` as JSON with `--json`, else the human text (printed as is).
+fn emit<T: serde::Serialize>(
+    json: bool,
+    v: &T,
+    text: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    if json {
+        return print_json(v);
+    }
+    print!("{}", text());
+    Ok(())
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Cmd::Agent(args) => run_agent(&cli, args).await,

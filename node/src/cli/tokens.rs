@@ -1,7 +1,7 @@
 //! `shoal token create|ls|revoke` and `shoal token api [ls|revoke|rotate-admin]`.
 //! A new secret is printed once, alone on stdout; listings never show one.
 
-use super::{ApiTokenArgs, ApiTokenCmd, TokenCmd};
+use super::{emit, print_json, ApiTokenArgs, ApiTokenCmd, TokenCmd};
 use crate::api::views::rfc3339;
 use crate::cli::duration::parse_duration;
 use shoal_sdk::{
@@ -10,11 +10,6 @@ use shoal_sdk::{
 
 fn api(e: ClientError) -> anyhow::Error {
     anyhow::anyhow!(e.to_string())
-}
-
-fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
-    Ok(())
 }
 
 fn ttl_s(ttl: &Option<String>) -> anyhow::Result<Option<u64>> {
@@ -52,30 +47,15 @@ pub(super) async fn run(client: &Client, cmd: &TokenCmd, json: bool) -> anyhow::
                 })
                 .await
                 .map_err(api)?;
-            if json {
-                print_json(&t)
-            } else {
-                println!("{}", t.token);
-                Ok(())
-            }
+            emit(json, &t, || format!("{}\n", t.token))
         }
         TokenCmd::Ls => {
             let rows = client.join_tokens().await.map_err(api)?;
-            if json {
-                print_json(&rows)
-            } else {
-                print!("{}", format_join_tokens(&rows));
-                Ok(())
-            }
+            emit(json, &rows, || format_join_tokens(&rows))
         }
         TokenCmd::Revoke { id } => {
             let r = client.revoke_join_token(id).await.map_err(api)?;
-            if json {
-                print_json(&r)
-            } else {
-                println!("join token {id} revoked");
-                Ok(())
-            }
+            emit(json, &r, || format!("join token {id} revoked\n"))
         }
         TokenCmd::Api(args) => api_tokens(client, args, json).await,
     }
@@ -92,30 +72,15 @@ async fn api_tokens(client: &Client, args: &ApiTokenArgs, json: bool) -> anyhow:
                 })
                 .await
                 .map_err(api)?;
-            if json {
-                print_json(&t)
-            } else {
-                println!("{}", t.token);
-                Ok(())
-            }
+            emit(json, &t, || format!("{}\n", t.token))
         }
         Some(ApiTokenCmd::Ls) => {
             let rows = client.api_tokens().await.map_err(api)?;
-            if json {
-                print_json(&rows)
-            } else {
-                print!("{}", format_api_tokens(&rows));
-                Ok(())
-            }
+            emit(json, &rows, || format_api_tokens(&rows))
         }
         Some(ApiTokenCmd::Revoke { id }) => {
             let r = client.revoke_api_token(id).await.map_err(api)?;
-            if json {
-                print_json(&r)
-            } else {
-                println!("API token {id} revoked");
-                Ok(())
-            }
+            emit(json, &r, || format!("API token {id} revoked\n"))
         }
         Some(ApiTokenCmd::RotateAdmin) => {
             let r = client.rotate_admin_token().await.map_err(api)?;
