@@ -22,6 +22,14 @@ pub struct ClusterInfo {
     pub created_at_ms: u64,
 }
 
+impl MemberSpec {
+    /// The URL of the member's API.
+    pub fn api_url(&self) -> String {
+        let scheme = if self.api_tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.api_addr)
+    }
+}
+
 /// What a node tells the cluster about itself. `Default` is a base for
 /// struct-update literals in tests.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -29,6 +37,9 @@ pub struct MemberSpec {
     pub name: String,
     pub rpc_addr: String,
     pub api_addr: String,
+    /// Whether the API at `api_addr` is HTTPS (with the node's cluster
+    /// certificate); plain HTTP is served on loopback addresses only.
+    pub api_tls: bool,
     pub labels: BTreeMap<String, String>,
     pub gpus: Vec<GpuInfo>,
     /// libp2p identity and QUIC multiaddr of the node's gossip endpoint;

@@ -46,8 +46,9 @@ const KEY_SNAP_DATA: &str = "data";
 /// tokens a tenant; version 4 gave job specs memory and CPUs per rank,
 /// members their isolation, tenants ledger limits, events a resource and a
 /// repeat count, tokens ids, uses, expiry and revocation, and took the CA
-/// private key out of the cluster record.
-const SNAPSHOT_VERSION: u8 = 4;
+/// private key out of the cluster record; version 5 says whether a
+/// member's API is HTTPS.
+const SNAPSHOT_VERSION: u8 = 5;
 /// Decoding bound for snapshots and log entries.
 const MAX_DECODE: u64 = 1 << 30;
 

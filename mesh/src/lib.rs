@@ -6,6 +6,7 @@
 //! heartbeat failure detector (`failure_detector`).
 
 pub mod admission;
+pub mod api_tls;
 pub mod failure_detector;
 pub mod gossip;
 pub mod rpc;

@@ -288,7 +288,7 @@ pub fn pem_to_der(pem: &str) -> Result<Vec<u8>, TlsError> {
         .ok_or_else(|| TlsError::Pem("no CERTIFICATE block".into()))
 }
 
-fn certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub(crate) fn certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let v: Vec<_> = pem_blocks(pem, "CERTIFICATE")
         .into_iter()
         .map(CertificateDer::from)
@@ -299,7 +299,7 @@ fn certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(v)
 }
 
-fn private_key(pem: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+pub(crate) fn private_key(pem: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
     let der = pem_blocks(pem, "PRIVATE KEY")
         .into_iter()
         .next()

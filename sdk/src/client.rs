@@ -8,12 +8,14 @@ use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot reach the Shoal API at {url}: {source}")]
+    #[error("cannot reach the Shoal API at {url}: {}", causes(.source))]
     Connect {
         url: String,
         #[source]
         source: reqwest::Error,
     },
+    #[error("refusing to send a token in clear text to {url}: a node off this machine is reached over https")]
+    ClearText { url: String },
     #[error("{message}")]
     Api {
         status: u16,
@@ -22,6 +24,45 @@ pub enum ClientError {
     },
     #[error("unexpected answer from {url}: {message}")]
     Decode { url: String, message: String },
+}
+
+/// An error and its causes on one line: reqwest's own message hides why a
+/// connection failed (refused, a certificate the cluster CA did not sign).
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
+/// Whether a token may go to `url`: over https anywhere, over plain http
+/// only to this machine's loopback.
+fn may_carry_token(url: &str) -> bool {
+    let Ok(parsed) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    let host = parsed
+        .host_str()
+        .unwrap_or_default()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    match parsed.scheme() {
+        "https" => true,
+        "http" => {
+            host.eq_ignore_ascii_case("localhost")
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        _ => false,
+    }
 }
 
 /// Talks to one node's HTTP API with a bearer token.
@@ -34,12 +75,36 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: impl Into<String>, token: Option<String>) -> Self {
-        let base = base.into().trim_end_matches('/').to_string();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .build()
             .unwrap_or_default();
+        Self::with_http(base, token, http)
+    }
+
+    /// A client over `http`, e.g. one whose TLS trusts only the cluster CA.
+    pub fn with_http(base: impl Into<String>, token: Option<String>, http: reqwest::Client) -> Self {
+        let base = base.into().trim_end_matches('/').to_string();
         Client { base, token, http }
+    }
+
+    /// The same credentials and TLS trust, talking to another node.
+    pub fn at(&self, base: impl Into<String>) -> Self {
+        Self::with_http(base, self.token.clone(), self.http.clone())
+    }
+
+    fn authorize(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<reqwest::RequestBuilder, ClientError> {
+        match &self.token {
+            Some(_) if !may_carry_token(url) => Err(ClientError::ClearText {
+                url: url.to_string(),
+            }),
+            Some(t) => Ok(req.bearer_auth(t)),
+            None => Ok(req),
+        }
     }
 
     pub fn base_url(&self) -> &str {
@@ -55,10 +120,7 @@ impl Client {
         req: reqwest::RequestBuilder,
         url: &str,
     ) -> Result<T, ClientError> {
-        let req = match &self.token {
-            Some(t) => req.bearer_auth(t),
-            None => req,
-        };
+        let req = self.authorize(req, url)?;
         let resp = req.send().await.map_err(|source| ClientError::Connect {
             url: url.to_string(),
             source,
@@ -330,13 +392,11 @@ impl Client {
 
     async fn get_raw(
         &self,
-        mut req: reqwest::RequestBuilder,
+        req: reqwest::RequestBuilder,
         url: &str,
     ) -> Result<Vec<u8>, ClientError> {
         let url = url.to_string();
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
+        let req = self.authorize(req, &url)?;
         let resp = req.send().await.map_err(|source| ClientError::Connect {
             url: url.clone(),
             source,
@@ -357,5 +417,43 @@ impl Client {
             });
         }
         Ok(bytes.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_goes_in_clear_text_only_to_loopback() {
+        for ok in [
+            "https://10.0.0.1:7070/v1/status",
+            "https://node-a:7070/",
+            "http://127.0.0.1:7070/v1/status",
+            "http://127.0.0.5:1/",
+            "http://[::1]:7070/",
+            "http://localhost:7070/",
+        ] {
+            assert!(may_carry_token(ok), "{ok}");
+        }
+        for refused in [
+            "http://10.0.0.1:7070/v1/status",
+            "http://0.0.0.0:7070/",
+            "http://node-a:7070/",
+            "http://localhost.evil.example/",
+            "ftp://127.0.0.1/",
+            "not a url",
+        ] {
+            assert!(!may_carry_token(refused), "{refused}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_refuses_before_it_connects() {
+        let c = Client::new("http://192.0.2.1:7070", Some("secret".into()));
+        match c.status().await {
+            Err(ClientError::ClearText { url }) => assert!(url.contains("192.0.2.1")),
+            other => panic!("expected a clear-text refusal, got {other:?}"),
+        }
     }
 }

@@ -81,6 +81,10 @@ pub struct NodeInfo {
     /// RPC address (quinn) peers use.
     pub addr: String,
     pub api_addr: String,
+    /// `https://<api_addr>` (or `http://` on a loopback address): where
+    /// clients reach the node's API.
+    #[serde(default)]
+    pub api_url: String,
     pub labels: BTreeMap<String, String>,
     pub gpus: Vec<GpuInfo>,
     pub gpus_free: u32,

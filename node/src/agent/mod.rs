@@ -10,6 +10,7 @@ use crate::executor::cgroup::{self, Isolation, RankCgroups};
 use crate::executor::{Executor, RankHost};
 use crate::node::client::LeaderService;
 use crate::node::config::{CgroupMode, Config};
+use crate::node::credentials::CredentialsInForce;
 use crate::node::gpu::Gpus;
 use crate::node::identity::{self, Identity, RuntimeInfo};
 use crate::node::metrics::Metrics;
@@ -38,6 +39,7 @@ use shoal_mesh::{CaBundle, RpcEndpoint};
 use shoal_sdk::StatusResponse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -211,6 +213,7 @@ impl Agent {
             name: name.clone(),
             rpc_addr: rpc_addr.to_string(),
             api_addr: api_addr.to_string(),
+            api_tls: cfg.api_uses_tls(),
             labels: cfg.labels.clone(),
             gpus,
             gossip_peer_id: gossip_key.public().to_peer_id().to_string(),
@@ -357,9 +360,25 @@ impl Agent {
             identity::save_identity(&data_dir, &ident).map_err(AgentError::Io)?;
         }
 
-        crate::api::spawn(node.clone(), api_listener);
+        let api_certificate = shoal_mesh::api_tls::ApiCertificate::new(&ident.credentials)
+            .map_err(|e| AgentError::Config(format!("the API certificate: {e}")))?;
+        let api_tls = if cfg.api_uses_tls() {
+            let server = api_certificate
+                .server_config()
+                .map_err(|e| AgentError::Config(format!("the API's TLS settings: {e}")))?;
+            Some(Arc::new(server))
+        } else {
+            None
+        };
+        crate::api::spawn(node.clone(), api_listener, api_tls);
+        let in_force = CredentialsInForce::new(rpc.clone(), api_certificate);
         let rank_cgroups = cgroups.as_ref().map(|c| c.dir().display().to_string());
-        spawn_workers(&node, gossip, gossip_events, cgroups);
+        let rank_ca_file = if cfg.api_uses_tls() && cfg.executor.enabled {
+            Some(write_rank_ca_file(&cfg.jobs_dir(), &ident.credentials.ca_pem)?)
+        } else {
+            None
+        };
+        spawn_workers(&node, gossip, gossip_events, cgroups, rank_ca_file);
         workers::spawn(
             workers::ca_custody::CaCustody {
                 ledger: node.ledger().clone(),
@@ -371,7 +390,7 @@ impl Agent {
         workers::spawn(
             workers::cert_renewal::CertRenewal {
                 ledger: node.ledger().clone(),
-                rpc: rpc.clone(),
+                in_force,
                 data_dir: data_dir.clone(),
                 identity: ident.clone(),
                 period: workers::cert_renewal::CertRenewal::period_for(cert_lifetime),
@@ -382,7 +401,7 @@ impl Agent {
         let runtime = RuntimeInfo {
             node_id: node.id(),
             name: node.name().to_string(),
-            api_url: format!("http://{}", node.local().api_addr),
+            api_url: node.local().spec.api_url(),
             rpc_addr: node.local().rpc_addr.to_string(),
             pid: std::process::id(),
             rank_cgroups,
@@ -408,7 +427,7 @@ impl Agent {
     }
 
     pub fn api_url(&self) -> String {
-        format!("http://{}", self.node.local().api_addr)
+        self.node.local().spec.api_url()
     }
 
     pub fn rpc_addr(&self) -> SocketAddr {
@@ -624,11 +643,24 @@ async fn rank_cgroups(
 }
 
 /// Starts the node's background loops, each with the handles it uses.
+/// The cluster CA, readable by every rank (`SHOAL_CA_FILE`), so that a job
+/// can check the node's HTTPS API like the CLI does. Public, but written
+/// by the agent alone: the jobs dir is root's and only lets users pass.
+fn write_rank_ca_file(jobs_dir: &std::path::Path, ca_pem: &str) -> Result<PathBuf, AgentError> {
+    let path = jobs_dir.join("cluster-ca.pem");
+    std::fs::create_dir_all(jobs_dir)
+        .map_err(|e| io(&format!("cannot create the jobs dir {}", jobs_dir.display()), e))?;
+    identity::write_private(&path, ca_pem.as_bytes(), 0o644)
+        .map_err(|e| io(&format!("cannot write {}", path.display()), e))?;
+    Ok(path)
+}
+
 fn spawn_workers(
     node: &Arc<Node>,
     gossip: shoal_mesh::gossip::GossipHandle,
     gossip_events: tokio::sync::mpsc::Receiver<shoal_mesh::gossip::GossipEvent>,
     cgroups: Option<Arc<RankCgroups>>,
+    rank_ca_file: Option<PathBuf>,
 ) {
     let cfg = node.config();
     let local = node.local().clone();
@@ -683,6 +715,7 @@ fn spawn_workers(
                 allow_root: cfg.executor.allow_root,
             },
             cgroups,
+            ca_file: rank_ca_file,
         });
         workers::spawn(executor.fence_guard(), node.shutdown_signal());
         workers::spawn(executor, node.shutdown_signal());

@@ -161,12 +161,18 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-pub fn spawn(app: Arc<Node>, listener: tokio::net::TcpListener) {
+/// Serves the API on `listener`, over HTTPS with `tls`.
+pub fn spawn(
+    app: Arc<Node>,
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+) {
     let shutdown = app.shutdown_signal();
     let app = router(app);
     tokio::spawn(serve::serve(
         listener,
         app,
+        tls,
         serve::ServeLimits::default(),
         shutdown,
     ));

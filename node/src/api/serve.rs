@@ -1,7 +1,8 @@
 //! The API's accept loop: HTTP/1.1 with a cap on open connections and a
 //! deadline for a request's headers (and, in the router, for its body), so a
 //! client that opens sockets and sends nothing (or a byte a minute) cannot
-//! take the API down for others.
+//! take the API down for others. With TLS, the handshake counts against the
+//! same deadline as the headers.
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+use tokio_rustls::TlsAcceptor;
 
 /// How long a request body may take between two of its parts.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,14 +34,17 @@ impl Default for ServeLimits {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` changes; then stops accepting
-/// and lets open connections finish their current request.
+/// Serves `app` on `listener` (over TLS with `tls`) until `shutdown`
+/// changes; then stops accepting and lets open connections finish their
+/// current request.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     limits: ServeLimits,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let tls = tls.map(TlsAcceptor::from);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let permit = tokio::select! {
@@ -64,28 +69,54 @@ pub async fn serve(
         };
         let service = TowerToHyperService::new(app.clone());
         let timeout = limits.header_read_timeout;
-        let mut stop = shutdown.clone();
+        let stop = shutdown.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(timeout)
-                .keep_alive(true);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!(%remote, error = %e, "an API connection ended with an error");
+            match tls {
+                None => serve_connection(stream, service, timeout, stop, remote).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, service, timeout, stop, remote).await
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%remote, error = %e, "an API TLS handshake failed")
+                        }
+                        Err(_) => tracing::debug!(%remote, "an API TLS handshake timed out"),
                     }
-                }
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
                 }
             }
         });
+    }
+}
+
+async fn serve_connection<S>(
+    stream: S,
+    service: TowerToHyperService<Router>,
+    header_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+    remote: std::net::SocketAddr,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .keep_alive(true);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(%remote, error = %e, "an API connection ended with an error");
+            }
+        }
+        _ = stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
     }
 }
 
@@ -100,7 +131,7 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let (tx, rx) = watch::channel(false);
         let app = Router::new().route("/", get(|| async { "ok" }));
-        tokio::spawn(serve(listener, app, limits, rx));
+        tokio::spawn(serve(listener, app, None, limits, rx));
         (addr, tx)
     }
 

@@ -502,6 +502,7 @@ pub fn answer(
                         state: m.state,
                         addr: m.spec.rpc_addr.clone(),
                         api_addr: m.spec.api_addr.clone(),
+                        api_url: m.spec.api_url(),
                         labels: m.spec.labels.clone(),
                         gpus,
                         gpus_free,

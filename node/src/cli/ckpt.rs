@@ -115,8 +115,7 @@ impl HttpFetch {
         let holders = nodes
             .iter()
             .map(|n| {
-                let url = format!("http://{}", n.api_addr);
-                (n.id, Client::new(url, client.token().map(str::to_string)))
+                (n.id, client.at(n.api_url.clone()))
             })
             .collect();
         HttpFetch { handle, holders }

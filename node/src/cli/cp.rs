@@ -228,7 +228,7 @@ async fn upload(
     }
     let api_of: BTreeMap<u64, String> = nodes
         .iter()
-        .map(|n| (n.id, format!("http://{}", n.api_addr)))
+        .map(|n| (n.id, n.api_url.clone()))
         .collect();
     let name_of: BTreeMap<u64, String> = nodes.iter().map(|n| (n.id, n.name.clone())).collect();
 
@@ -258,10 +258,7 @@ async fn upload(
     let store = std::sync::Arc::new(store);
     let bars = progress_bars(json);
     let push = |target: u64| {
-        let node = Client::new(
-            api_of.get(&target).cloned().unwrap_or_default(),
-            client.token().map(str::to_string),
-        );
+        let node = client.at(api_of.get(&target).cloned().unwrap_or_default());
         let name = name_of.get(&target).cloned().unwrap_or_default();
         let bar = bars.add(bytes_bar(&format!("→ {name}")));
         tokio::spawn(push_chunks(

@@ -605,10 +605,7 @@ pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::
             if let Some(node) = job.nodes.get(rank as usize) {
                 let nodes = client.nodes().await.map_err(api)?;
                 if let Some(info) = nodes.iter().find(|n| &n.name == node) {
-                    source = Some(Client::new(
-                        format!("http://{}", info.api_addr),
-                        client.token().map(str::to_string),
-                    ));
+                    source = Some(client.at(info.api_url.clone()));
                 }
             } else if !follow {
                 anyhow::bail!("job {id} has not run a rank {rank} yet ({})", job.state);

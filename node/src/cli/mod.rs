@@ -512,15 +512,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let c = client(&cli);
             let status = c.status().await.map_err(api_err)?;
             let nodes = c.nodes().await.map_err(api_err)?;
-            let targets: Vec<String> = nodes
+            // One target group per scheme: Prometheus scrapes a node's
+            // HTTPS API with the cluster CA as its `tls_config.ca_file`.
+            let mut by_scheme: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+            for n in nodes
                 .iter()
                 .filter(|n| n.state == shoal_sdk::MemberState::Alive)
-                .map(|n| n.api_addr.clone())
+            {
+                let scheme = if n.api_url.starts_with("https://") {
+                    "https"
+                } else {
+                    "http"
+                };
+                by_scheme
+                    .entry(scheme)
+                    .or_default()
+                    .push(n.api_addr.clone());
+            }
+            if by_scheme.is_empty() {
+                by_scheme.insert("http", Vec::new());
+            }
+            let doc: Vec<serde_json::Value> = by_scheme
+                .into_iter()
+                .map(|(scheme, targets)| {
+                    serde_json::json!({
+                        "targets": targets,
+                        "labels": {
+                            "shoal_cluster": status.cluster_id,
+                            "__metrics_path__": "/metrics",
+                            "__scheme__": scheme,
+                        },
+                    })
+                })
                 .collect();
-            let doc = serde_json::json!([{
-                "targets": targets,
-                "labels": {"shoal_cluster": status.cluster_id, "__metrics_path__": "/metrics"},
-            }]);
             let text = serde_json::to_string_pretty(&doc)?;
             match out {
                 None => {

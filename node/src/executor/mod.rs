@@ -160,6 +160,8 @@ pub struct RankHost {
     pub users: account::RankUsers,
     /// This agent's rank cgroups; None: no cgroups (isolation `none`).
     pub cgroups: Option<Arc<cgroup::RankCgroups>>,
+    /// The cluster CA for ranks (`SHOAL_CA_FILE`) when the API is HTTPS.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The executor loop: this node's running ranks and the exits it still has
@@ -1056,12 +1058,12 @@ fn gang_env(
         ),
         ("CUDA_VISIBLE_DEVICES".into(), gpus.join(",")),
         ("SHOAL_CKPT_DIR".into(), ckpt_dir.display().to_string()),
-        (
-            "SHOAL_API".into(),
-            format!("http://{}", host.local.api_addr),
-        ),
+        ("SHOAL_API".into(), host.local.spec.api_url()),
         ("SHOAL_NODE".into(), host.local.name.clone()),
     ];
+    if let Some(ca) = &host.ca_file {
+        env.push(("SHOAL_CA_FILE".into(), ca.display().to_string()));
+    }
     if let Some(ckpt) = &a.restore {
         env.push(("SHOAL_RESTORE_STEP".into(), ckpt.step.to_string()));
     }

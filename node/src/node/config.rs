@@ -16,6 +16,10 @@ pub struct Config {
     /// Where the node keeps its identity, Raft log and chunks.
     pub data_dir: Option<PathBuf>,
     pub api_addr: SocketAddr,
+    /// HTTPS for the API with this node's cluster certificate: `auto` (on
+    /// unless the API listens on loopback only), `on`, or `off` (loopback
+    /// addresses only: a token never crosses the network in clear).
+    pub api_tls: ApiTls,
     pub rpc_addr: SocketAddr,
     pub gossip_addr: SocketAddr,
     /// Address peers should use to reach this node.
@@ -204,6 +208,27 @@ pub struct ExecutorTuning {
     pub cgroups: CgroupMode,
 }
 
+/// `api_tls`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ApiTls {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl Config {
+    /// Whether the API is served over TLS.
+    pub fn api_uses_tls(&self) -> bool {
+        match self.api_tls {
+            ApiTls::On => true,
+            ApiTls::Off => false,
+            ApiTls::Auto => !self.api_addr.ip().is_loopback(),
+        }
+    }
+}
+
 /// `executor.cgroups`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -262,6 +287,7 @@ impl Default for Config {
             name: None,
             data_dir: None,
             api_addr: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            api_tls: ApiTls::Auto,
             rpc_addr: SocketAddr::from(([0, 0, 0, 0], 7071)),
             gossip_addr: SocketAddr::from(([0, 0, 0, 0], 7072)),
             advertise: None,
@@ -291,6 +317,7 @@ const ENV_KEYS: &[&str] = &[
     "name",
     "data_dir",
     "api_addr",
+    "api_tls",
     "rpc_addr",
     "gossip_addr",
     "advertise",
@@ -418,6 +445,12 @@ impl Config {
             return Err(format!(
                 "log_format must be 'text' or 'json', not '{}'",
                 self.log_format
+            ));
+        }
+        if self.api_tls == ApiTls::Off && !self.api_addr.ip().is_loopback() {
+            return Err(format!(
+                "api_tls = \"off\" is allowed only on a loopback api_addr, not {}: bearer tokens would cross the network in clear",
+                self.api_addr
             ));
         }
         if let Some(n) = &self.name {
@@ -583,6 +616,25 @@ mod tests {
             err,
             "invalid configuration: scheduler.policy must be fifo, hdrf or hdrf-preempt, not 'lifo'"
         );
+    }
+
+    #[test]
+    fn the_api_is_https_off_loopback_and_never_clear_text_across_the_network() {
+        let load = |vars: &[(&str, &str)]| {
+            let vars = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Config::load(None, &vars)
+        };
+        assert!(!load(&[]).expect("defaults").api_uses_tls());
+        let wide = load(&[("SHOAL_API_ADDR", "0.0.0.0:7070")]).expect("valid");
+        assert!(wide.api_uses_tls());
+        let forced = load(&[("SHOAL_API_TLS", "on")]).expect("valid");
+        assert!(forced.api_uses_tls());
+        let err = load(&[("SHOAL_API_ADDR", "10.0.0.1:7070"), ("SHOAL_API_TLS", "off")])
+            .expect_err("clear text off loopback");
+        assert!(err.contains("api_tls"), "{err}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod ca_key;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod credentials;
 pub mod gpu;
 pub mod identity;
 pub mod metrics;

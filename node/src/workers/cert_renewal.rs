@@ -1,6 +1,7 @@
 //! Keeps this node's certificate fresh: at two thirds of its lifetime the
 //! node makes a new key, has the leader sign it over the existing mTLS
-//! channel, stores it (0600) and serves and dials with it from then on.
+//! channel, stores it (0600) and serves (RPC and API) and dials with it
+//! from then on.
 //! A node whose certificate expires anyway (it was cut off for a third of
 //! the lifetime) is refused by its peers and must rejoin.
 
@@ -8,14 +9,15 @@ use super::Worker;
 use crate::node::identity::{self, Identity};
 use crate::node::LedgerClient;
 use crate::rpc::proto::{Request, Response};
-use shoal_mesh::{NodeCredentials, RpcEndpoint};
+use crate::node::credentials::CredentialsInForce;
+use shoal_mesh::NodeCredentials;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub struct CertRenewal {
     pub ledger: LedgerClient,
-    pub rpc: RpcEndpoint,
+    pub in_force: CredentialsInForce,
     pub data_dir: PathBuf,
     pub identity: Identity,
     pub period: Duration,
@@ -56,9 +58,7 @@ impl CertRenewal {
             ..self.identity.clone()
         };
         identity::save_identity(&self.data_dir, &renewed)?;
-        self.rpc
-            .set_credentials(&credentials)
-            .map_err(|e| e.to_string())?;
+        self.in_force.install(&credentials)?;
         self.identity = renewed;
         Ok(())
     }
