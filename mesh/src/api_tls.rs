@@ -79,6 +79,8 @@ pub enum ApiTrust {
     /// The CA in the server's chain, whatever it is: `shoal login`'s first
     /// contact, which records the CA it saw for every later call.
     FirstUse,
+    /// Nothing yet: every https node is refused, saying how to trust one.
+    Missing,
 }
 
 /// Checks a node's API certificate: validly signed by a trusted cluster CA
@@ -123,6 +125,9 @@ impl ApiServerVerifier {
                 .iter()
                 .map(|c| c.clone().into_owned())
                 .collect()),
+            ApiTrust::Missing => Err(general(
+                "no cluster CA is trusted yet (`shoal login URL` records one; SHOAL_CA_FILE names one)",
+            )),
         }
     }
 }

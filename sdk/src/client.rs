@@ -83,7 +83,11 @@ impl Client {
     }
 
     /// A client over `http`, e.g. one whose TLS trusts only the cluster CA.
-    pub fn with_http(base: impl Into<String>, token: Option<String>, http: reqwest::Client) -> Self {
+    pub fn with_http(
+        base: impl Into<String>,
+        token: Option<String>,
+        http: reqwest::Client,
+    ) -> Self {
         let base = base.into().trim_end_matches('/').to_string();
         Client { base, token, http }
     }
@@ -162,6 +166,13 @@ impl Client {
     ) -> Result<T, ClientError> {
         let url = format!("{}{}", self.base, path);
         self.send(self.http.post(&url).json(body), &url).await
+    }
+
+    /// The raw body of `GET path`.
+    pub async fn get_text(&self, path: &str) -> Result<String, ClientError> {
+        let url = format!("{}{}", self.base, path);
+        let bytes = self.get_raw(self.http.get(&url), &url).await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     pub async fn status(&self) -> Result<StatusResponse, ClientError> {

@@ -63,6 +63,10 @@ pub struct StatusResponse {
     pub members: Vec<MemberSummary>,
     /// The node that answered.
     pub node_id: u64,
+    /// BLAKE3 fingerprint of the cluster CA's certificate (as in join
+    /// tokens): what `shoal login --ca-fingerprint` pins.
+    #[serde(default)]
+    pub ca_fingerprint: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -95,6 +95,10 @@ pub async fn start_cluster(
 /// [`wait_converged`].
 pub fn form_cluster(nodes: &mut [NodeProc]) -> String {
     let printed = nodes[0].bootstrap();
+    let ca = nodes[0].ca_pem();
+    for node in nodes.iter_mut() {
+        node.cluster_ca = Some(ca.clone());
+    }
     let joiners = nodes.len() - 1;
     let join = if joiners > 1 {
         nodes[0].create_join_token(joiners as u32)
@@ -172,6 +176,9 @@ pub struct NodeProc {
     pub host: String,
     /// Run inside this network namespace (`ip netns exec`).
     pub netns: Option<String>,
+    /// The cluster CA (PEM) once known: a joiner's own identity names it
+    /// only after its join, and clients are made before that.
+    pub cluster_ca: Option<String>,
     child: Option<Child>,
 }
 
@@ -189,6 +196,7 @@ impl NodeProc {
             sim_gpus: Some("4xH100-80GB".into()),
             host: "127.0.0.1".into(),
             netns: None,
+            cluster_ca: None,
             child: None,
         }
     }
@@ -202,8 +210,41 @@ impl NodeProc {
         format!("{}:{}", self.host, self.rpc_port)
     }
 
+    /// Whether the agent serves its API over HTTPS: off loopback, or when
+    /// the test asks for it (`SHOAL_API_TLS=on`).
+    pub fn api_tls(&self) -> bool {
+        let asked = self
+            .extra_env
+            .iter()
+            .any(|(k, v)| k == "SHOAL_API_TLS" && v == "on");
+        asked || !self.host.starts_with("127.")
+    }
+
     pub fn api_url(&self) -> String {
-        format!("http://{}:{}", self.host, self.api_port)
+        let scheme = if self.api_tls() { "https" } else { "http" };
+        format!("{scheme}://{}:{}", self.host, self.api_port)
+    }
+
+    /// The cluster CA (PEM): as told by [`form_cluster`], else as the
+    /// node's identity names it.
+    pub fn ca_pem(&self) -> String {
+        if let Some(pem) = &self.cluster_ca {
+            return pem.clone();
+        }
+        let text = std::fs::read_to_string(self.data_dir.join("identity.json"))
+            .expect("the node's identity");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("identity JSON");
+        v["credentials"]["ca_pem"]
+            .as_str()
+            .expect("a CA in the identity")
+            .to_string()
+    }
+
+    /// The cluster CA in a file, for a CLI run with `SHOAL_CA_FILE`.
+    pub fn ca_file(&self) -> PathBuf {
+        let path = self.data_dir.with_extension("ca.pem");
+        std::fs::write(&path, self.ca_pem()).expect("write the CA file");
+        path
     }
 
     fn command(&self) -> Command {
@@ -378,8 +419,12 @@ impl NodeProc {
             .to_string()
     }
 
+    /// A client of this node's API; over HTTPS it trusts the cluster CA
+    /// alone, as the CLI does.
     pub fn client(&self, token: &str) -> Client {
-        Client::new(self.api_url(), Some(token.to_string()))
+        let ca = self.api_tls().then(|| self.ca_pem());
+        shoal_node::cli::login::client_trusting(self.api_url(), Some(token.to_string()), ca)
+            .expect("an API client")
     }
 }
 

@@ -284,6 +284,7 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
         .arg(shoal_bin())
         .args(["submit", "-N", "1", "--gpus-per-node", "1", "--", "true"])
         .env("SHOAL_API", nodes[cut - 1].api_url())
+        .env("SHOAL_CA_FILE", nodes[cut - 1].ca_file())
         .env("SHOAL_TOKEN", &token)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

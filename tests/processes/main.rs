@@ -10,6 +10,7 @@ mod ckpt_durability;
 mod cli;
 mod cluster;
 mod cp;
+mod https_api;
 mod isolation;
 mod jobs;
 mod metrics;

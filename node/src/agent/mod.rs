@@ -374,7 +374,10 @@ impl Agent {
         let in_force = CredentialsInForce::new(rpc.clone(), api_certificate);
         let rank_cgroups = cgroups.as_ref().map(|c| c.dir().display().to_string());
         let rank_ca_file = if cfg.api_uses_tls() && cfg.executor.enabled {
-            Some(write_rank_ca_file(&cfg.jobs_dir(), &ident.credentials.ca_pem)?)
+            Some(write_rank_ca_file(
+                &cfg.jobs_dir(),
+                &ident.credentials.ca_pem,
+            )?)
         } else {
             None
         };
@@ -648,8 +651,12 @@ async fn rank_cgroups(
 /// by the agent alone: the jobs dir is root's and only lets users pass.
 fn write_rank_ca_file(jobs_dir: &std::path::Path, ca_pem: &str) -> Result<PathBuf, AgentError> {
     let path = jobs_dir.join("cluster-ca.pem");
-    std::fs::create_dir_all(jobs_dir)
-        .map_err(|e| io(&format!("cannot create the jobs dir {}", jobs_dir.display()), e))?;
+    std::fs::create_dir_all(jobs_dir).map_err(|e| {
+        io(
+            &format!("cannot create the jobs dir {}", jobs_dir.display()),
+            e,
+        )
+    })?;
     identity::write_private(&path, ca_pem.as_bytes(), 0o644)
         .map_err(|e| io(&format!("cannot write {}", path.display()), e))?;
     Ok(path)

@@ -163,6 +163,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_client_that_never_finishes_its_tls_handshake_is_cut_off() {
+        let ca = shoal_mesh::CaBundle::generate("t").expect("ca");
+        let cert = shoal_mesh::api_tls::ApiCertificate::new(&ca.issue("n1", 1).expect("issue"))
+            .expect("cert");
+        let tls = Arc::new(cert.server_config().expect("tls"));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (_stop, rx) = watch::channel(false);
+        let app = Router::new().route("/", get(|| async { "ok" }));
+        let limits = ServeLimits {
+            max_connections: 1,
+            header_read_timeout: Duration::from_millis(300),
+        };
+        tokio::spawn(serve(listener, app, Some(tls), limits, rx));
+        // It holds the only slot and says nothing; the deadline frees it.
+        let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "the server kept a silent TLS client past its deadline");
+        // Plain HTTP on a TLS port is no request either.
+        let answer = get_root(addr).await.unwrap_or_default();
+        assert!(!answer.contains("ok"), "{answer}");
+    }
+
+    #[tokio::test]
     async fn connections_above_the_cap_wait_for_a_free_slot() {
         let (addr, _stop) = server(ServeLimits {
             max_connections: 2,

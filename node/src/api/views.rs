@@ -418,11 +418,16 @@ pub fn answer(
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
     match q {
         Query::Status => {
-            let (cluster_id, region) = d
+            let (cluster_id, region, ca_fingerprint) = d
                 .ledger
                 .cluster
                 .as_ref()
-                .map(|c| (c.cluster_id.clone(), c.region.clone()))
+                .map(|c| {
+                    let fingerprint = shoal_mesh::tls::pem_to_der(&c.ca_cert_pem)
+                        .map(|der| shoal_mesh::tls::fingerprint_der(&der))
+                        .unwrap_or_default();
+                    (c.cluster_id.clone(), c.region.clone(), fingerprint)
+                })
                 .unwrap_or_default();
             Ok(Response::Status(StatusResponse {
                 cluster_id,
@@ -442,6 +447,7 @@ pub fn answer(
                     })
                     .collect(),
                 node_id: seen.me,
+                ca_fingerprint,
             }))
         }
         Query::Attrs { prefix } => Ok(Response::Attrs(

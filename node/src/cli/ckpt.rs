@@ -114,9 +114,7 @@ impl HttpFetch {
     ) -> Self {
         let holders = nodes
             .iter()
-            .map(|n| {
-                (n.id, client.at(n.api_url.clone()))
-            })
+            .map(|n| (n.id, client.at(n.api_url.clone())))
             .collect();
         HttpFetch { handle, holders }
     }

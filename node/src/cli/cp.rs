@@ -226,10 +226,7 @@ async fn upload(
     if ranked.is_empty() {
         anyhow::bail!("no live node can hold mesh:{to}");
     }
-    let api_of: BTreeMap<u64, String> = nodes
-        .iter()
-        .map(|n| (n.id, n.api_url.clone()))
-        .collect();
+    let api_of: BTreeMap<u64, String> = nodes.iter().map(|n| (n.id, n.api_url.clone())).collect();
     let name_of: BTreeMap<u64, String> = nodes.iter().map(|n| (n.id, n.name.clone())).collect();
 
     let scratch = tempfile::Builder::new().prefix("shoal-cp-").tempdir()?;

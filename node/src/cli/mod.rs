@@ -7,6 +7,7 @@ pub mod demo;
 pub mod dev;
 pub mod duration;
 pub mod jobs;
+pub mod login;
 pub mod slurm;
 pub mod tokens;
 
@@ -27,7 +28,7 @@ use std::path::PathBuf;
     args_override_self = true
 )]
 pub struct Cli {
-    /// API of the node to talk to [env: SHOAL_API] [default: http://127.0.0.1:7070]
+    /// API of the node to talk to [env: SHOAL_API] [default: the `shoal login` URL, else http://127.0.0.1:7070]
     #[arg(long, global = true)]
     api: Option<String>,
     /// API token [env: SHOAL_TOKEN] [default: <data-dir>/admin.token]
@@ -60,6 +61,14 @@ enum Cmd {
     Token {
         #[command(subcommand)]
         cmd: TokenCmd,
+    },
+    /// Record a cluster's API URL, token and CA for this user's later commands
+    Login {
+        /// The API of any node, e.g. https://10.0.0.5:7070
+        url: String,
+        /// Accept only a cluster CA with this fingerprint (`shoal status` on a node shows it)
+        #[arg(long)]
+        ca_fingerprint: Option<String>,
     },
     /// Cluster status: leader, term, voters, members
     Status,
@@ -373,22 +382,13 @@ fn data_dir(cli: &Cli) -> PathBuf {
         .unwrap_or_else(default_data_dir)
 }
 
-fn client(cli: &Cli) -> Client {
-    let api = cli
-        .api
-        .clone()
-        .or_else(|| std::env::var("SHOAL_API").ok())
-        .unwrap_or_else(|| "http://127.0.0.1:7070".into());
-    let token = cli
-        .token
-        .clone()
-        .or_else(|| std::env::var("SHOAL_TOKEN").ok())
-        .or_else(|| {
-            std::fs::read_to_string(data_dir(cli).join(crate::node::identity::ADMIN_TOKEN_FILE))
-                .ok()
-                .map(|t| t.trim().to_string())
-        });
-    Client::new(api, token)
+fn client(cli: &Cli) -> anyhow::Result<Client> {
+    let dir = data_dir(cli);
+    login::connect(&login::Requested {
+        api: cli.api.as_deref(),
+        token: cli.token.as_deref(),
+        data_dir: &dir,
+    })
 }
 
 fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
@@ -420,9 +420,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             init_logging("text");
             crate::cli::dev::run(*api_addr, sim_gpus.clone()).await
         }
-        Cmd::Token { cmd } => crate::cli::tokens::run(&client(&cli), cmd, cli.json).await,
+        Cmd::Token { cmd } => crate::cli::tokens::run(&client(&cli)?, cmd, cli.json).await,
+        Cmd::Login {
+            url,
+            ca_fingerprint,
+        } => {
+            let token = cli
+                .token
+                .clone()
+                .or_else(|| std::env::var("SHOAL_TOKEN").ok().filter(|t| !t.is_empty()));
+            login::login(url, token, ca_fingerprint.as_deref(), cli.json).await
+        }
         Cmd::Status => {
-            let s = client(&cli).status().await.map_err(api_err)?;
+            let s = client(&cli)?.status().await.map_err(api_err)?;
             if cli.json {
                 print_json(&s)
             } else {
@@ -431,7 +441,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Nodes => {
-            let n = client(&cli).nodes().await.map_err(api_err)?;
+            let n = client(&cli)?.nodes().await.map_err(api_err)?;
             if cli.json {
                 print_json(&n)
             } else {
@@ -440,7 +450,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Mesh => {
-            let peers = client(&cli).peers().await.map_err(api_err)?;
+            let peers = client(&cli)?.peers().await.map_err(api_err)?;
             if cli.json {
                 print_json(&peers)
             } else {
@@ -470,7 +480,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Node {
             cmd: NodeCmd::Remove { node },
         } => {
-            let r = client(&cli).remove_node(node).await.map_err(api_err)?;
+            let r = client(&cli)?.remove_node(node).await.map_err(api_err)?;
             if cli.json {
                 print_json(&r)
             } else {
@@ -480,7 +490,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Drain { node } | Cmd::Undrain { node } => {
             let drain = matches!(cli.command, Cmd::Drain { .. });
-            let r = client(&cli)
+            let r = client(&cli)?
                 .drain_node(node, drain)
                 .await
                 .map_err(api_err)?;
@@ -495,12 +505,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Events { follow, kind } => {
-            crate::cli::jobs::events(&client(&cli), *follow, kind.as_deref(), cli.json).await
+            crate::cli::jobs::events(&client(&cli)?, *follow, kind.as_deref(), cli.json).await
         }
         Cmd::Debug {
             cmd: DebugCmd::GpuFault { gpu, fault },
         } => {
-            let r = client(&cli).gpu_fault(*gpu, fault).await.map_err(api_err)?;
+            let r = client(&cli)?
+                .gpu_fault(*gpu, fault)
+                .await
+                .map_err(api_err)?;
             if cli.json {
                 print_json(&r)
             } else {
@@ -509,7 +522,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::PrometheusSd { out } => {
-            let c = client(&cli);
+            let c = client(&cli)?;
             let status = c.status().await.map_err(api_err)?;
             let nodes = c.nodes().await.map_err(api_err)?;
             // One target group per scheme: Prometheus scrapes a node's
@@ -560,23 +573,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Submit { job, banner } => {
-            crate::cli::jobs::submit(&client(&cli), job, cli.json, *banner).await
+            crate::cli::jobs::submit(&client(&cli)?, job, cli.json, *banner).await
         }
-        Cmd::Alloc(job) => crate::cli::jobs::alloc(&client(&cli), job).await,
-        Cmd::Queue(args) => crate::cli::jobs::queue(&client(&cli), args, cli.json).await,
-        Cmd::Show { job } => crate::cli::jobs::show(&client(&cli), *job, cli.json).await,
-        Cmd::Cancel { jobs } => crate::cli::jobs::cancel(&client(&cli), jobs, cli.json).await,
+        Cmd::Alloc(job) => crate::cli::jobs::alloc(&client(&cli)?, job).await,
+        Cmd::Queue(args) => crate::cli::jobs::queue(&client(&cli)?, args, cli.json).await,
+        Cmd::Show { job } => crate::cli::jobs::show(&client(&cli)?, *job, cli.json).await,
+        Cmd::Cancel { jobs } => crate::cli::jobs::cancel(&client(&cli)?, jobs, cli.json).await,
         Cmd::Logs { job, rank, follow } => {
-            crate::cli::jobs::logs(&client(&cli), *job, *rank, *follow).await
+            crate::cli::jobs::logs(&client(&cli)?, *job, *rank, *follow).await
         }
-        Cmd::Tenant { cmd } => crate::cli::jobs::tenant(&client(&cli), cmd, cli.json).await,
-        Cmd::Cp(args) => crate::cli::cp::cp(&client(&cli), args, cli.json).await,
-        Cmd::Ls { path } => crate::cli::cp::ls(&client(&cli), path, cli.json).await,
-        Cmd::Stat { path } => crate::cli::cp::stat(&client(&cli), path, cli.json).await,
-        Cmd::Rm { path } => crate::cli::cp::rm(&client(&cli), path).await,
-        Cmd::Ckpt { cmd } => crate::cli::ckpt::run(&client(&cli), cmd, cli.json).await,
+        Cmd::Tenant { cmd } => crate::cli::jobs::tenant(&client(&cli)?, cmd, cli.json).await,
+        Cmd::Cp(args) => crate::cli::cp::cp(&client(&cli)?, args, cli.json).await,
+        Cmd::Ls { path } => crate::cli::cp::ls(&client(&cli)?, path, cli.json).await,
+        Cmd::Stat { path } => crate::cli::cp::stat(&client(&cli)?, path, cli.json).await,
+        Cmd::Rm { path } => crate::cli::cp::rm(&client(&cli)?, path).await,
+        Cmd::Ckpt { cmd } => crate::cli::ckpt::run(&client(&cli)?, cmd, cli.json).await,
         Cmd::Quota { tenant } => {
-            crate::cli::jobs::quota(&client(&cli), tenant.as_deref(), cli.json).await
+            crate::cli::jobs::quota(&client(&cli)?, tenant.as_deref(), cli.json).await
         }
         Cmd::Sim(args) => run_sim(args, cli.json),
         Cmd::Bench { cmd } => {
@@ -733,6 +746,9 @@ fn format_status(s: &StatusResponse) -> String {
         "cluster  {}  (region {})\n",
         s.cluster_id, s.region
     ));
+    if !s.ca_fingerprint.is_empty() {
+        out.push_str(&format!("ca       {}\n", s.ca_fingerprint));
+    }
     match s.leader {
         Some(l) => out.push_str(&format!(
             "leader   {} ({})  term {}  commit {}\n",

@@ -632,8 +632,11 @@ mod tests {
         assert!(wide.api_uses_tls());
         let forced = load(&[("SHOAL_API_TLS", "on")]).expect("valid");
         assert!(forced.api_uses_tls());
-        let err = load(&[("SHOAL_API_ADDR", "10.0.0.1:7070"), ("SHOAL_API_TLS", "off")])
-            .expect_err("clear text off loopback");
+        let err = load(&[
+            ("SHOAL_API_ADDR", "10.0.0.1:7070"),
+            ("SHOAL_API_TLS", "off"),
+        ])
+        .expect_err("clear text off loopback");
         assert!(err.contains("api_tls"), "{err}");
     }
 

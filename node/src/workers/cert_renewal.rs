@@ -6,10 +6,10 @@
 //! the lifetime) is refused by its peers and must rejoin.
 
 use super::Worker;
+use crate::node::credentials::CredentialsInForce;
 use crate::node::identity::{self, Identity};
 use crate::node::LedgerClient;
 use crate::rpc::proto::{Request, Response};
-use crate::node::credentials::CredentialsInForce;
 use shoal_mesh::NodeCredentials;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
