@@ -121,17 +121,22 @@ fn advertise_ip(cfg: &Config, join: Option<SocketAddr>) -> IpAddr {
     if !cfg.rpc_addr.ip().is_unspecified() {
         return cfg.rpc_addr.ip();
     }
-    if let Some(target) = join {
-        // connect() on UDP only selects a route; nothing is sent.
-        if let Ok(sock) = std::net::UdpSocket::bind(("0.0.0.0", 0)) {
-            if sock.connect(target).is_ok() {
-                if let Ok(local) = sock.local_addr() {
-                    return local.ip();
-                }
-            }
-        }
-    }
-    IpAddr::V4(Ipv4Addr::LOCALHOST)
+    // The interface that routes to the cluster (the join address), else the
+    // one of the default route: what other machines can reach.
+    let towards = join.unwrap_or(SocketAddr::from(DEFAULT_ROUTE_PROBE));
+    route_source(towards).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+/// A documentation address (TEST-NET-2): only its route is looked up.
+const DEFAULT_ROUTE_PROBE: ([u8; 4], u16) = ([198, 51, 100, 1], 9);
+
+/// The local address the kernel would send from towards `target`;
+/// connect() on UDP only selects a route, nothing is sent.
+fn route_source(target: SocketAddr) -> Option<IpAddr> {
+    let sock = std::net::UdpSocket::bind(("0.0.0.0", 0)).ok()?;
+    sock.connect(target).ok()?;
+    let ip = sock.local_addr().ok()?.ip();
+    (!ip.is_unspecified()).then_some(ip)
 }
 
 impl Agent {

@@ -80,7 +80,7 @@ pub struct Requested<'a> {
 }
 
 /// The client for a command: the API URL (`--api`, `SHOAL_API`, the
-/// settings, then loopback), the token (`--token`, `SHOAL_TOKEN`, the
+/// settings, the agent running on the data dir, then loopback), the token (`--token`, `SHOAL_TOKEN`, the
 /// settings' token when talking to the settings' API, then the data dir's
 /// `admin.token`) and the CA every https node must chain to
 /// (`SHOAL_CA_FILE`, the settings, then the data dir's identity).
@@ -92,6 +92,7 @@ pub fn connect(req: &Requested) -> anyhow::Result<Client> {
         .map(str::to_string)
         .or_else(|| env("SHOAL_API"))
         .or_else(|| settings.api.clone())
+        .or_else(|| local_agent_api(req.data_dir))
         .unwrap_or_else(|| "http://127.0.0.1:7070".into());
     let logged_in_here = settings.api.as_deref().map(same_api) == Some(same_api(&api));
     let token = req
@@ -120,6 +121,14 @@ pub fn client_trusting(
 ) -> anyhow::Result<Client> {
     let trust = ca_pem.map(ApiTrust::Cas).unwrap_or(ApiTrust::Missing);
     Ok(Client::with_http(url, token, http_client(trust)?))
+}
+
+/// The API URL the agent on `data_dir` published (`agent.json`): an
+/// operator on a node needs no flags.
+fn local_agent_api(data_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(data_dir.join(identity::RUNTIME_FILE)).ok()?;
+    let info: identity::RuntimeInfo = serde_json::from_str(&text).ok()?;
+    Some(info.api_url)
 }
 
 fn same_api(url: &str) -> String {

@@ -28,7 +28,7 @@ use std::path::PathBuf;
     args_override_self = true
 )]
 pub struct Cli {
-    /// API of the node to talk to [env: SHOAL_API] [default: the `shoal login` URL, else http://127.0.0.1:7070]
+    /// API of the node to talk to [env: SHOAL_API] [default: the `shoal login` URL, else the local agent's, else http://127.0.0.1:7070]
     #[arg(long, global = true)]
     api: Option<String>,
     /// API token [env: SHOAL_TOKEN] [default: <data-dir>/admin.token]
@@ -279,7 +279,7 @@ struct AgentArgs {
     config: Option<PathBuf>,
     #[arg(long)]
     name: Option<String>,
-    /// HTTP API address [default: 127.0.0.1:7070]
+    /// API address, HTTPS unless loopback [default: 0.0.0.0:7070]
     #[arg(long)]
     api_addr: Option<SocketAddr>,
     /// quinn/UDP address for Raft and data [default: 0.0.0.0:7071]
@@ -685,6 +685,16 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
         );
         println!(
             "Admin token written to {}",
+            agent
+                .data_dir()
+                .join(crate::node::identity::ADMIN_TOKEN_FILE)
+                .display()
+        );
+        println!(
+            "API {} (cluster CA {}); from another machine: shoal login {} --token $(cat {})",
+            agent.api_url(),
+            boot.join_token.rsplit('.').next().unwrap_or_default(),
+            agent.api_url(),
             agent
                 .data_dir()
                 .join(crate::node::identity::ADMIN_TOKEN_FILE)

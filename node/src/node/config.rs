@@ -286,7 +286,7 @@ impl Default for Config {
         Config {
             name: None,
             data_dir: None,
-            api_addr: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            api_addr: SocketAddr::from(([0, 0, 0, 0], 7070)),
             api_tls: ApiTls::Auto,
             rpc_addr: SocketAddr::from(([0, 0, 0, 0], 7071)),
             gossip_addr: SocketAddr::from(([0, 0, 0, 0], 7072)),
@@ -627,9 +627,9 @@ mod tests {
                 .collect();
             Config::load(None, &vars)
         };
-        assert!(!load(&[]).expect("defaults").api_uses_tls());
-        let wide = load(&[("SHOAL_API_ADDR", "0.0.0.0:7070")]).expect("valid");
-        assert!(wide.api_uses_tls());
+        assert!(load(&[]).expect("defaults").api_uses_tls());
+        let local = load(&[("SHOAL_API_ADDR", "127.0.0.1:7070")]).expect("valid");
+        assert!(!local.api_uses_tls());
         let forced = load(&[("SHOAL_API_TLS", "on")]).expect("valid");
         assert!(forced.api_uses_tls());
         let err = load(&[
