@@ -176,6 +176,9 @@ pub struct NodeProc {
     pub host: String,
     /// Run inside this network namespace (`ip netns exec`).
     pub netns: Option<String>,
+    /// Bind every address to 0.0.0.0 and let the agent find the address it
+    /// publishes, as an install with the defaults does.
+    pub bind_any: bool,
     /// The cluster CA (PEM) once known: a joiner's own identity names it
     /// only after its join, and clients are made before that.
     pub cluster_ca: Option<String>,
@@ -196,6 +199,7 @@ impl NodeProc {
             sim_gpus: Some("4xH100-80GB".into()),
             host: "127.0.0.1".into(),
             netns: None,
+            bind_any: false,
             cluster_ca: None,
             child: None,
         }
@@ -256,17 +260,22 @@ impl NodeProc {
             }
             None => Command::new(shoal_bin()),
         };
+        let bind = if self.bind_any {
+            "0.0.0.0"
+        } else {
+            self.host.as_str()
+        };
         c.arg("agent")
             .arg("--name")
             .arg(&self.name)
             .arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--api-addr")
-            .arg(format!("{}:{}", self.host, self.api_port))
+            .arg(format!("{bind}:{}", self.api_port))
             .arg("--rpc-addr")
-            .arg(self.rpc_addr())
+            .arg(format!("{bind}:{}", self.rpc_port))
             .arg("--gossip-addr")
-            .arg(format!("{}:0", self.host));
+            .arg(format!("{bind}:0"));
         if let Some(spec) = &self.sim_gpus {
             c.arg("--sim-gpus").arg(spec);
         }

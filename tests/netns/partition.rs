@@ -11,7 +11,11 @@
 //!
 //! Needs root, `ip` (iproute2) and python3; fails with the missing one named otherwise.
 
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
 use crate::common;
+use crate::net::{missing_prerequisite, Net};
 
 use common::{shoal_bin, wait_for, NodeProc};
 use shoal_sdk::{Client, JobInfo, JobSubmitRequest};
@@ -21,118 +25,6 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-const SUBNET: &str = "10.213.7";
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Namespaces `<prefix>-1..n` on a bridge in `<prefix>-hub`, plus a veth
-/// from the test's own namespace so it can reach every node's API.
-struct Net {
-    prefix: String,
-    n: usize,
-}
-
-impl Net {
-    fn new(n: usize) -> Result<Net, String> {
-        let prefix = format!("shoal{}", std::process::id() % 100_000);
-        let net = Net { prefix, n };
-        let hub = net.hub();
-        ip(&["netns", "add", &hub])?;
-        ip(&["-n", &hub, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &hub, "link", "set", "br0", "up"])?;
-        for i in 1..=n {
-            let ns = net.ns(i);
-            let (inside, outside) = (format!("{}v{i}", net.prefix), format!("{}h{i}", net.prefix));
-            ip(&["netns", "add", &ns])?;
-            ip(&[
-                "link", "add", &inside, "type", "veth", "peer", "name", &outside,
-            ])?;
-            ip(&["link", "set", &inside, "netns", &ns])?;
-            ip(&["link", "set", &outside, "netns", &hub])?;
-            ip(&["-n", &hub, "link", "set", &outside, "master", "br0", "up"])?;
-            ip(&[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{SUBNET}.{i}/24"),
-                "dev",
-                &inside,
-            ])?;
-            ip(&["-n", &ns, "link", "set", &inside, "up"])?;
-            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-        }
-        let (mine, theirs) = (format!("{}vt", net.prefix), format!("{}ht", net.prefix));
-        ip(&[
-            "link", "add", &mine, "type", "veth", "peer", "name", &theirs,
-        ])?;
-        ip(&["link", "set", &theirs, "netns", &hub])?;
-        ip(&["-n", &hub, "link", "set", &theirs, "master", "br0", "up"])?;
-        ip(&["addr", "add", &format!("{SUBNET}.254/24"), "dev", &mine])?;
-        ip(&["link", "set", &mine, "up"])?;
-        Ok(net)
-    }
-
-    fn hub(&self) -> String {
-        format!("{}-hub", self.prefix)
-    }
-
-    fn ns(&self, i: usize) -> String {
-        format!("{}-{i}", self.prefix)
-    }
-
-    /// Cuts (or restores) node `i`'s only link, both directions.
-    fn set_link(&self, i: usize, up: bool) {
-        let port = format!("{}h{i}", self.prefix);
-        ip(&[
-            "-n",
-            &self.hub(),
-            "link",
-            "set",
-            &port,
-            if up { "up" } else { "down" },
-        ])
-        .expect("toggle link");
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        let _ = ip(&["link", "del", &format!("{}vt", self.prefix)]);
-        for i in 1..=self.n {
-            let _ = ip(&["netns", "del", &self.ns(i)]);
-        }
-        let _ = ip(&["netns", "del", &self.hub()]);
-    }
-}
-
-fn missing_prerequisite() -> Option<String> {
-    // SAFETY: a plain getter without arguments.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("network namespaces need root".into());
-    }
-    if Command::new("ip").arg("-V").output().is_err() {
-        return Some("the `ip` tool (iproute2) is not installed".into());
-    }
-    if Command::new("python3").arg("--version").output().is_err() {
-        return Some("python3 is not installed (the example job is a Python script)".into());
-    }
-    None
-}
 
 fn now_s() -> f64 {
     SystemTime::now()
@@ -170,6 +62,7 @@ async fn job_views(clients: &[Client], id: u64) -> Vec<Option<JobInfo>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
+    let _serial = common::one_at_a_time();
     if let Some(reason) = missing_prerequisite() {
         panic!("this test cannot run here: {reason}");
     }
@@ -187,7 +80,7 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
     let mut nodes: Vec<NodeProc> = (1..=3)
         .map(|i| {
             let mut node = NodeProc::new(root.as_path(), &format!("n{i}"), &[]);
-            node.host = format!("{SUBNET}.{i}");
+            node.host = net.addr(i);
             node.netns = Some(net.ns(i));
             node.extra_env
                 .push(("SHOAL_EXECUTOR__STOP_GRACE_S".into(), "5".into()));

@@ -4,6 +4,9 @@
 //! certificate the cluster CA did not sign never sees a request, let alone
 //! a token.
 
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
 use crate::common::{one_at_a_time, sh_job, shoal_bin, start_cluster, wait_for};
 use shoal_mesh::api_tls::ApiCertificate;
 use shoal_mesh::CaBundle;

@@ -2,7 +2,8 @@
 //! mesh RPC, the Raft ledger, the chunk store and the HTTP API together into
 //! a [`Node`], and spawns its loops.
 
-pub mod join;
+mod advertise;
+mod join;
 pub mod testkit;
 
 use crate::executor::account::RankUsers;
@@ -28,6 +29,7 @@ use crate::workers::gossip::GossipParts;
 use crate::workers::member_record::MemberRecord;
 use crate::workers::reconcile::Housekeeping;
 use crate::workers::scheduler::Scheduler;
+use advertise::advertise_ip;
 use join::join_cluster;
 use openraft::{BasicNode, SnapshotPolicy};
 use shoal_consensus::ledger::ApplyChecks;
@@ -38,7 +40,7 @@ use shoal_consensus::{Command, LedgerResponse, MemberSpec, NodeId};
 use shoal_mesh::{CaBundle, RpcEndpoint};
 use shoal_sdk::StatusResponse;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,33 +112,6 @@ fn manifest_decodes(bytes: &[u8]) -> Result<(), String> {
     shoal_storage::manifest::Manifest::from_bytes(bytes)
         .map(|_| ())
         .map_err(|e| e.to_string())
-}
-
-/// The address peers should use: explicit, else the bound one, else the
-/// interface that routes towards the join address, else loopback.
-fn advertise_ip(cfg: &Config, join: Option<SocketAddr>) -> IpAddr {
-    if let Some(ip) = cfg.advertise {
-        return ip;
-    }
-    if !cfg.rpc_addr.ip().is_unspecified() {
-        return cfg.rpc_addr.ip();
-    }
-    // The interface that routes to the cluster (the join address), else the
-    // one of the default route: what other machines can reach.
-    let towards = join.unwrap_or(SocketAddr::from(DEFAULT_ROUTE_PROBE));
-    route_source(towards).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
-}
-
-/// A documentation address (TEST-NET-2): only its route is looked up.
-const DEFAULT_ROUTE_PROBE: ([u8; 4], u16) = ([198, 51, 100, 1], 9);
-
-/// The local address the kernel would send from towards `target`;
-/// connect() on UDP only selects a route, nothing is sent.
-fn route_source(target: SocketAddr) -> Option<IpAddr> {
-    let sock = std::net::UdpSocket::bind(("0.0.0.0", 0)).ok()?;
-    sock.connect(target).ok()?;
-    let ip = sock.local_addr().ok()?.ip();
-    (!ip.is_unspecified()).then_some(ip)
 }
 
 impl Agent {

@@ -180,8 +180,12 @@ mod tests {
         // It holds the only slot and says nothing; the deadline frees it.
         let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let mut buf = Vec::new();
-        let read = tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut buf)).await;
-        assert!(read.is_ok(), "the server kept a silent TLS client past its deadline");
+        let read =
+            tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut buf)).await;
+        assert!(
+            read.is_ok(),
+            "the server kept a silent TLS client past its deadline"
+        );
         // Plain HTTP on a TLS port is no request either.
         let answer = get_root(addr).await.unwrap_or_default();
         assert!(!answer.contains("ok"), "{answer}");

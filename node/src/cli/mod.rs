@@ -620,13 +620,18 @@ pub fn init_logging(format: &str) {
             "warn,openraft=error,shoal_node=info,shoal_consensus=info,shoal_mesh=info",
         )
     });
+    use std::io::IsTerminal;
+    // Colour only for a person at a terminal; journald (which sets
+    // JOURNAL_STREAM) stamps each line itself.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if format == "json" {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let under_journald = std::env::var_os("JOURNAL_STREAM").is_some();
+    let _ = match (format == "json", under_journald) {
+        (true, _) => builder.json().try_init(),
+        (false, true) => builder.without_time().try_init(),
+        (false, false) => builder.try_init(),
     };
 }
 
