@@ -11,6 +11,7 @@ mod cli;
 mod cluster;
 mod cp;
 mod https_api;
+mod install;
 mod isolation;
 mod jobs;
 mod metrics;

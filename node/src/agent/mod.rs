@@ -4,6 +4,7 @@
 
 mod advertise;
 mod join;
+pub mod notify;
 pub mod testkit;
 
 use crate::executor::account::RankUsers;

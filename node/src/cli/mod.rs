@@ -6,6 +6,7 @@ pub mod cp;
 pub mod demo;
 pub mod dev;
 pub mod duration;
+pub mod install;
 pub mod jobs;
 pub mod login;
 pub mod slurm;
@@ -62,6 +63,10 @@ enum Cmd {
         #[command(subcommand)]
         cmd: TokenCmd,
     },
+    /// Install this binary as a node under systemd: job user, data dir, /etc/shoal/node.toml, unit
+    Install(crate::cli::install::InstallArgs),
+    /// Stop and remove what `install` put in place; the data stays unless --purge
+    Uninstall(crate::cli::install::UninstallArgs),
     /// Record a cluster's API URL, token and CA for this user's later commands
     Login {
         /// The API of any node, e.g. https://10.0.0.5:7070
@@ -421,6 +426,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::cli::dev::run(*api_addr, sim_gpus.clone()).await
         }
         Cmd::Token { cmd } => crate::cli::tokens::run(&client(&cli)?, cmd, cli.json).await,
+        Cmd::Install(args) => crate::cli::install::install(args, cli.json),
+        Cmd::Uninstall(args) => crate::cli::install::uninstall(args, cli.json),
         Cmd::Login {
             url,
             ca_fingerprint,
@@ -635,6 +642,51 @@ pub fn init_logging(format: &str) {
     };
 }
 
+/// READY=1 for systemd once the ledger is reachable (a leader is known),
+/// or after a minute without one, so that a whole cluster booting at once
+/// (each node waiting for the others) is not killed as a failed start;
+/// STATUS says which.
+async fn tell_systemd_when_ready(node: std::sync::Arc<crate::node::Node>) {
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(leader) = node.ledger().current_leader() {
+            let name = node
+                .ledger()
+                .name_of(leader)
+                .unwrap_or_else(|| leader.to_string());
+            break format!("serving; leader {name}");
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            break "serving; no leader yet (waiting for a quorum of voters)".to_string();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    crate::agent::notify::notify(&format!("READY=1\nSTATUS={status}"));
+}
+
+/// Without `--bootstrap`/`--join`: a restart from the data dir, or, while
+/// it holds no identity, what `[first_start]` says.
+fn first_start_mode(cfg: &Config) -> anyhow::Result<StartMode> {
+    let has_identity = crate::node::identity::load_identity(&cfg.data_dir())
+        .map_err(anyhow::Error::msg)?
+        .is_some();
+    let first = &cfg.first_start;
+    Ok(match (&first.join, &first.join_token_file) {
+        _ if has_identity => StartMode::Restart,
+        (Some(addr), Some(file)) => {
+            let token = std::fs::read_to_string(file).map_err(|e| {
+                anyhow::anyhow!("first_start.join_token_file {}: {e}", file.display())
+            })?;
+            StartMode::Join {
+                addr: *addr,
+                token: token.trim().to_string(),
+            }
+        }
+        _ if first.bootstrap => StartMode::Bootstrap,
+        _ => StartMode::Restart,
+    })
+}
+
 async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
     let env = env_map();
     let file = args
@@ -679,7 +731,7 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
             token: token.clone(),
         },
         (_, _, true) => StartMode::Bootstrap,
-        _ => StartMode::Restart,
+        _ => first_start_mode(&cfg)?,
     };
     let agent = Agent::start(cfg, mode).await?;
     if let Some(boot) = &agent.bootstrap {
@@ -715,7 +767,9 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
             boot.join_token
         );
     }
+    tokio::spawn(tell_systemd_when_ready(agent.node().clone()));
     wait_for_signal().await;
+    crate::agent::notify::notify("STOPPING=1");
     if args.leave {
         match agent.leave().await {
             Ok(()) => tracing::info!("left the cluster"),

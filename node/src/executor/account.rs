@@ -95,7 +95,17 @@ pub fn check(account: &Account, agent_uid: u32, allow_root: bool) -> Result<(), 
 }
 
 fn create_job_user() -> Result<(), String> {
-    let status = std::process::Command::new("useradd")
+    create_job_user_in(std::path::Path::new("/"))
+}
+
+/// Creates the default job user in the system rooted at `root` (`/`, or
+/// an image being prepared: `useradd --root`); an existing one is kept.
+pub fn create_job_user_in(root: &std::path::Path) -> Result<(), String> {
+    let mut useradd = std::process::Command::new("useradd");
+    if root != std::path::Path::new("/") {
+        useradd.arg("--root").arg(root);
+    }
+    let status = useradd
         .args([
             "--system",
             "--user-group",

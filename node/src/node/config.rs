@@ -39,6 +39,10 @@ pub struct Config {
     pub storage: StorageTuning,
     pub anomaly: AnomalyTuning,
     pub metrics: MetricsTuning,
+    /// How a node whose data dir holds no identity yet starts without
+    /// `--bootstrap`/`--join` (what `shoal install` writes); ignored from
+    /// then on.
+    pub first_start: FirstStart,
     /// Lifetime of a join token: the one printed at bootstrap, and
     /// `shoal token create` without `--ttl`.
     pub join_token_ttl_s: u64,
@@ -208,6 +212,17 @@ pub struct ExecutorTuning {
     pub cgroups: CgroupMode,
 }
 
+/// `[first_start]`: bootstrap a cluster, or join one with a token kept in
+/// a file (0600, spent by its first use).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FirstStart {
+    pub bootstrap: bool,
+    /// RPC address of a member to join.
+    pub join: Option<SocketAddr>,
+    pub join_token_file: Option<PathBuf>,
+}
+
 /// `api_tls`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -302,6 +317,7 @@ impl Default for Config {
             storage: StorageTuning::default(),
             anomaly: AnomalyTuning::default(),
             metrics: MetricsTuning::default(),
+            first_start: FirstStart::default(),
             join_token_ttl_s: 3600,
             cert_lifetime_s: shoal_mesh::tls::DEFAULT_NODE_CERT_LIFETIME.as_secs(),
             test_inject_rtt: BTreeMap::new(),
@@ -351,6 +367,9 @@ const ENV_KEYS: &[&str] = &[
     "anomaly.stall_after_s",
     "anomaly.webhook_url",
     "metrics.tenant_labels",
+    "first_start.bootstrap",
+    "first_start.join",
+    "first_start.join_token_file",
 ];
 
 /// The default data dir: `/var/lib/shoal` for root, else `$XDG_DATA_HOME/shoal`.
@@ -452,6 +471,13 @@ impl Config {
                 "api_tls = \"off\" is allowed only on a loopback api_addr, not {}: bearer tokens would cross the network in clear",
                 self.api_addr
             ));
+        }
+        let first = &self.first_start;
+        if first.bootstrap && first.join.is_some() {
+            return Err("first_start: bootstrap and join exclude each other".into());
+        }
+        if first.join.is_some() != first.join_token_file.is_some() {
+            return Err("first_start: join and join_token_file go together".into());
         }
         if let Some(n) = &self.name {
             shoal_consensus::ledger::validate_name(n)?;

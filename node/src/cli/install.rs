@@ -1,0 +1,308 @@
+//! `shoal install` and `shoal uninstall`: one command takes a machine from
+//! nothing to a node under systemd (the binary, the unprivileged job user,
+//! the data dir, /etc/shoal/node.toml with how the node first starts, the
+//! hardened unit), and one takes it back, keeping the data unless `--purge`.
+//! `--root DIR` does the same inside an image or a test's directory and
+//! starts nothing.
+
+use crate::node::config::Config;
+use crate::node::identity::{self, write_private};
+use clap::Args;
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The unit `shoal install` writes (also `configs/shoal.service`).
+pub const UNIT: &str = include_str!("../../../configs/shoal.service");
+const BIN: &str = "usr/local/bin/shoal";
+const CONFIG: &str = "etc/shoal/node.toml";
+const JOIN_TOKEN: &str = "etc/shoal/join.token";
+const UNIT_PATH: &str = "etc/systemd/system/shoal.service";
+const DEFAULT_DATA_DIR: &str = "/var/lib/shoal";
+
+#[derive(Args, Debug)]
+pub struct InstallArgs {
+    /// Node settings to install as /etc/shoal/node.toml [default: the built-in defaults]
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The node creates a new cluster at its first start
+    #[arg(long, conflicts_with_all = ["join", "join_token"])]
+    bootstrap: bool,
+    /// RPC address (IP:PORT) of a member to join at the first start
+    #[arg(long, requires = "join_token")]
+    join: Option<SocketAddr>,
+    /// Join token from `shoal token create` (kept 0600 until its use)
+    #[arg(long, requires = "join")]
+    join_token: Option<String>,
+    /// Install into this directory instead of / (an image, a test); starts nothing
+    #[arg(long, default_value = "/")]
+    root: PathBuf,
+    /// Write everything, but neither enable nor start the service
+    #[arg(long)]
+    no_start: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct UninstallArgs {
+    /// Also delete the data dir and the jobs dir (the node's identity, its
+    /// ledger copy and checkpoint replicas) and the job user
+    #[arg(long)]
+    purge: bool,
+    #[arg(long, default_value = "/")]
+    root: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Installed {
+    binary: String,
+    config: String,
+    unit: String,
+    data_dir: String,
+    job_user: String,
+    started: bool,
+    next: Vec<String>,
+}
+
+fn under(root: &Path, path: &str) -> PathBuf {
+    root.join(path.trim_start_matches('/'))
+}
+
+fn live(root: &Path) -> bool {
+    root == Path::new("/")
+}
+
+fn require_root() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        anyhow::bail!("install and uninstall change the system: run them as root");
+    }
+    Ok(())
+}
+
+/// Whether systemd runs this machine (so `systemctl` can start units).
+fn systemd_runs() -> bool {
+    Path::new("/run/systemd/system").is_dir()
+}
+
+fn systemctl(args: &[&str]) -> anyhow::Result<()> {
+    let status = Command::new("systemctl")
+        .args(args)
+        .status()
+        .map_err(|e| anyhow::anyhow!("cannot run systemctl: {e}"))?;
+    if !status.success() {
+        anyhow::bail!("systemctl {} failed: {status}", args.join(" "));
+    }
+    Ok(())
+}
+
+/// The settings to install: the given file (checked like the agent checks
+/// it) or the defaults, with `[first_start]` saying how the node begins.
+fn node_toml(args: &InstallArgs) -> anyhow::Result<(String, PathBuf)> {
+    let mut table: toml::Table = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            text.parse().map_err(|e: toml::de::Error| {
+                anyhow::anyhow!("{}: {}", path.display(), e.message())
+            })?
+        }
+        None => toml::Table::new(),
+    };
+    let data_dir = table
+        .get("data_dir")
+        .and_then(|v| v.as_str())
+        .unwrap_or(DEFAULT_DATA_DIR)
+        .to_string();
+    table.insert("data_dir".into(), toml::Value::String(data_dir.clone()));
+    let mut first = toml::Table::new();
+    if args.bootstrap {
+        first.insert("bootstrap".into(), toml::Value::Boolean(true));
+    }
+    if let Some(addr) = args.join {
+        first.insert("join".into(), toml::Value::String(addr.to_string()));
+        first.insert(
+            "join_token_file".into(),
+            toml::Value::String(format!("/{JOIN_TOKEN}")),
+        );
+    }
+    if !first.is_empty() {
+        table.insert("first_start".into(), toml::Value::Table(first));
+    }
+    let text = format!(
+        "# Written by `shoal install`. Every key, with its default: configs/node.example.toml.\n{}",
+        toml::to_string(&table)?
+    );
+    // The agent will refuse what does not load; say so now, not at boot.
+    let cfg: Config =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("the node settings: {}", e.message()))?;
+    cfg.validate()
+        .map_err(|e| anyhow::anyhow!("the node settings: {e}"))?;
+    Ok((text, PathBuf::from(data_dir)))
+}
+
+fn copy_binary(to: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let me =
+        std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this binary: {e}"))?;
+    let tmp = to.with_extension("new");
+    std::fs::copy(&me, &tmp)
+        .map_err(|e| anyhow::anyhow!("cannot copy {} to {}: {e}", me.display(), tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    // A rename replaces a running binary without touching the old inode.
+    std::fs::rename(&tmp, to)
+        .map_err(|e| anyhow::anyhow!("cannot install {}: {e}", to.display()))?;
+    Ok(())
+}
+
+fn create_dir(path: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(path)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))
+}
+
+pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
+    require_root()?;
+    let root = &args.root;
+    let (text, data_dir) = node_toml(args)?;
+    let data_dir_in_root = under(root, &data_dir.display().to_string());
+    let has_identity = identity::load_identity(&data_dir_in_root)
+        .map_err(anyhow::Error::msg)?
+        .is_some();
+    if !args.bootstrap && args.join.is_none() && !has_identity {
+        anyhow::bail!(
+            "say how this node starts: --bootstrap (a new cluster) or --join HOST:PORT --join-token T"
+        );
+    }
+    if has_identity && (args.bootstrap || args.join.is_some()) {
+        anyhow::bail!(
+            "{} already holds a node identity: reinstall without --bootstrap/--join to upgrade it, or `shoal uninstall --purge` first",
+            data_dir_in_root.display()
+        );
+    }
+    // Everything is checked; now write, the binary first.
+    for dir in ["usr/local/bin", "etc/shoal", "etc/systemd/system"] {
+        create_dir(&under(root, dir))?;
+    }
+    copy_binary(&under(root, BIN))?;
+    if let Some(parent) = data_dir_in_root.parent() {
+        create_dir(parent)?;
+    }
+    identity::ensure_data_dir(&data_dir_in_root)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", data_dir_in_root.display()))?;
+    if let Some(token) = &args.join_token {
+        write_private(&under(root, JOIN_TOKEN), token.trim().as_bytes(), 0o600)?;
+    }
+    write_private(&under(root, CONFIG), text.as_bytes(), 0o644)?;
+    write_private(&under(root, UNIT_PATH), UNIT.as_bytes(), 0o644)?;
+    let job_user = if live(root) || under(root, "etc/passwd").exists() {
+        crate::executor::account::create_job_user_in(root).map_err(anyhow::Error::msg)?;
+        crate::executor::account::DEFAULT_JOB_USER.to_string()
+    } else {
+        String::new()
+    };
+    let mut next = Vec::new();
+    let started = if live(root) && !args.no_start && systemd_runs() {
+        systemctl(&["daemon-reload"])?;
+        systemctl(&["enable", "--now", "shoal.service"])?;
+        true
+    } else {
+        if live(root) {
+            next.push("systemctl daemon-reload && systemctl enable --now shoal".to_string());
+        }
+        false
+    };
+    if started && args.bootstrap {
+        next.push(format!(
+            "shoal login https://<this host>:7070 --token $(cat {}/admin.token)",
+            data_dir.display()
+        ));
+    }
+    let out = Installed {
+        binary: under(root, BIN).display().to_string(),
+        config: under(root, CONFIG).display().to_string(),
+        unit: under(root, UNIT_PATH).display().to_string(),
+        data_dir: data_dir_in_root.display().to_string(),
+        job_user,
+        started,
+        next,
+    };
+    super::emit(json, &out, || {
+        let mut t = format!(
+            "installed {}\nsettings  {}\nunit      {}\ndata dir  {} (0700)\n",
+            out.binary, out.config, out.unit, out.data_dir
+        );
+        if !out.job_user.is_empty() {
+            t.push_str(&format!("job user  {}\n", out.job_user));
+        }
+        t.push_str(if out.started {
+            "shoal.service is enabled and running (journalctl -u shoal)\n"
+        } else {
+            "not started\n"
+        });
+        for n in &out.next {
+            t.push_str(&format!("next: {n}\n"));
+        }
+        t
+    })
+}
+
+pub fn uninstall(args: &UninstallArgs, json: bool) -> anyhow::Result<()> {
+    require_root()?;
+    let root = &args.root;
+    // The installed settings say where the data is.
+    let mut cfg = std::fs::read_to_string(under(root, CONFIG))
+        .ok()
+        .and_then(|t| toml::from_str::<Config>(&t).ok())
+        .unwrap_or_default();
+    if cfg.data_dir.is_none() {
+        cfg.data_dir = Some(PathBuf::from(DEFAULT_DATA_DIR));
+    }
+    let (data_dir, jobs_dir) = (cfg.data_dir(), cfg.jobs_dir());
+    if live(root) && systemd_runs() && under(root, UNIT_PATH).exists() {
+        // Stopping stops the ranks with the unit (their grace, then SIGKILL).
+        systemctl(&["disable", "--now", "shoal.service"])?;
+    }
+    let mut removed = Vec::new();
+    for path in [UNIT_PATH, BIN, JOIN_TOKEN, CONFIG] {
+        let p = under(root, path);
+        match std::fs::remove_file(&p) {
+            Ok(()) => removed.push(p.display().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => anyhow::bail!("cannot remove {}: {e}", p.display()),
+        }
+    }
+    let _ = std::fs::remove_dir(under(root, "etc/shoal"));
+    if live(root) && systemd_runs() {
+        let _ = systemctl(&["daemon-reload"]);
+    }
+    let mut kept = Vec::new();
+    for dir in [&data_dir, &jobs_dir] {
+        let p = under(root, &dir.display().to_string());
+        if !p.exists() {
+            continue;
+        }
+        if args.purge {
+            std::fs::remove_dir_all(&p)
+                .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", p.display()))?;
+            removed.push(p.display().to_string());
+        } else {
+            kept.push(p.display().to_string());
+        }
+    }
+    if args.purge && live(root) {
+        let _ = Command::new("userdel")
+            .arg(crate::executor::account::DEFAULT_JOB_USER)
+            .status();
+    }
+    let out = serde_json::json!({ "removed": removed, "kept": kept });
+    super::emit(json, &out, || {
+        let mut t = String::new();
+        for r in &removed {
+            t.push_str(&format!("removed {r}\n"));
+        }
+        for k in &kept {
+            t.push_str(&format!("kept    {k} (--purge deletes it)\n"));
+        }
+        t
+    })
+}
