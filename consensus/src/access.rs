@@ -115,7 +115,7 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::TouchApiToken { .. } => "managing tokens",
         Command::PutAttr { .. } => "setting cluster attributes",
         Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "managing tenants",
-        Command::SetDrain { .. } => "draining nodes",
+        Command::SetDrain { .. } | Command::SetGpuFault { .. } => "draining nodes and GPUs",
         Command::AsTenant { .. } | Command::Batch(_) => "nesting commands",
         _ => "this operation",
     }

@@ -30,6 +30,13 @@ impl MemberSpec {
     }
 }
 
+/// [`Command::SetGpuFault`]'s fault; the ledger stamps the time.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct GpuFaultReport {
+    pub reason: String,
+    pub detected: bool,
+}
+
 /// What a node tells the cluster about itself. `Default` is a base for
 /// struct-update literals in tests.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -188,6 +195,14 @@ pub enum Command {
     SetDrain {
         id: NodeId,
         drain: bool,
+    },
+    /// A node reports a faulty GPU of its own (`detected`), or an operator
+    /// drains one (`shoal gpu drain`) or returns it to service (`None`,
+    /// `shoal gpu undrain`).
+    SetGpuFault {
+        node: NodeId,
+        gpu: u32,
+        fault: Option<GpuFaultReport>,
     },
     /// A holder re-replicated a committed part after holders were lost.
     SetCheckpointHolders {
@@ -575,6 +590,29 @@ impl Ledger {
                     return LedgerResponse::Rejected(format!("no member with id {id}"));
                 }
                 self.workload.set_drain(*id, *drain, now);
+                LedgerResponse::Ok
+            }
+            Command::SetGpuFault { node, gpu, fault } => {
+                let Some(member) = self.members.get(node) else {
+                    return LedgerResponse::Rejected(format!("no member with id {node}"));
+                };
+                if !member.spec.gpus.iter().any(|g| g.index == *gpu) {
+                    return LedgerResponse::Rejected(format!(
+                        "{} has no GPU {gpu}",
+                        member.spec.name
+                    ));
+                }
+                if fault.as_ref().is_some_and(|f| f.reason.len() > 256) {
+                    return LedgerResponse::Rejected(
+                        "a GPU fault's reason is at most 256 bytes".into(),
+                    );
+                }
+                let fault = fault.as_ref().map(|f| crate::workload::GpuFault {
+                    reason: f.reason.clone(),
+                    detected: f.detected,
+                    since_ms: now,
+                });
+                self.workload.set_gpu_fault(*node, *gpu, fault, now);
                 LedgerResponse::Ok
             }
             Command::SetCheckpointHolders {

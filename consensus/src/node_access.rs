@@ -101,6 +101,19 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
         // When a token was last used: any member serves API requests, and
         // the report can only move that time forward.
         Command::TouchApiToken { .. } => Ok(()),
+        // A node reports its own faulty GPUs; returning one to service, or
+        // draining one by hand, is an operator's call.
+        Command::SetGpuFault {
+            node: owner,
+            fault: Some(report),
+            ..
+        } if *owner == node && report.detected => Ok(()),
+        Command::SetGpuFault { node: owner, .. } if *owner == node => {
+            refuse("drain or return its own GPUs to service: an operator does (shoal gpu undrain)")
+        }
+        Command::SetGpuFault { node: owner, .. } => {
+            refuse(&format!("report on the GPUs of node {owner}"))
+        }
         other => refuse(&format!(
             "{} on its own: user actions carry the user's token",
             describe(other)
@@ -150,6 +163,7 @@ fn describe(cmd: &Command) -> &'static str {
         Command::Schedule(_) | Command::ReleaseJob { .. } => "schedule",
         Command::PutObject { .. } | Command::RemoveObject { .. } => "write mesh:/ objects",
         Command::SetDrain { .. } => "drain nodes",
+        Command::SetGpuFault { .. } => "drain GPUs",
         Command::AsTenant { .. } | Command::AsNode { .. } | Command::Batch(_) => "nest commands",
         _ => "do this",
     }
@@ -180,6 +194,8 @@ mod tests {
                 numa_node: None,
                 nvlink_peers: vec![],
                 mig_enabled: false,
+                health: String::new(),
+                health_reason: None,
             }],
             ..MemberSpec::default()
         }
@@ -314,6 +330,37 @@ mod tests {
                 .any(|m| m.contains(&format!("node {bystander}")) && m.contains("rank 0")),
             "{audit:?}"
         );
+    }
+
+    #[test]
+    fn a_node_reports_its_own_faulty_gpus_and_clears_none() {
+        use crate::ledger::GpuFaultReport;
+        let (mut r, job) = Replica::with_a_running_job();
+        let (_, runner, bystander) = r.placement(job);
+        let report = |node, detected| Command::SetGpuFault {
+            node,
+            gpu: 0,
+            fault: Some(GpuFaultReport {
+                reason: "XID 79".into(),
+                detected,
+            }),
+        };
+        let forged = r.as_node(bystander, report(runner, true));
+        assert!(denied(&forged), "{forged:?}");
+        let by_hand = r.as_node(runner, report(runner, false));
+        assert!(denied(&by_hand), "a node drained its own GPU: {by_hand:?}");
+        assert_eq!(r.as_node(runner, report(runner, true)), LedgerResponse::Ok);
+        assert!(r.ledger.workload.gpu_fault(runner, 0).is_some());
+        let cleared = r.as_node(
+            runner,
+            Command::SetGpuFault {
+                node: runner,
+                gpu: 0,
+                fault: None,
+            },
+        );
+        assert!(denied(&cleared), "a node returned its own GPU: {cleared:?}");
+        assert!(r.ledger.workload.gpu_fault(runner, 0).is_some());
     }
 
     #[test]

@@ -262,6 +262,22 @@ impl Client {
     }
 
     /// Drains a node (`drain = true`) or returns it to service.
+    /// `shoal gpu drain|undrain NODE:IDX`.
+    pub async fn drain_gpu(
+        &self,
+        node: &str,
+        gpu: u32,
+        drain: bool,
+        reason: Option<&str>,
+    ) -> Result<WriteResponse, ClientError> {
+        let action = if drain { "drain" } else { "undrain" };
+        self.post(
+            &format!("/v1/nodes/{node}/gpus/{gpu}/{action}"),
+            &serde_json::json!({ "reason": reason }),
+        )
+        .await
+    }
+
     pub async fn drain_node(&self, node: &str, drain: bool) -> Result<WriteResponse, ClientError> {
         let action = if drain { "drain" } else { "undrain" };
         self.post(

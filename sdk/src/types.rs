@@ -48,6 +48,16 @@ pub struct GpuInfo {
     pub nvlink_peers: Vec<u32>,
     #[serde(default)]
     pub mig_enabled: bool,
+    /// `ok`, or `unhealthy` (found faulty by its node) or `drained` (by an
+    /// operator): such a GPU takes no work. Filled in by `shoal nodes`.
+    #[serde(default = "ok")]
+    pub health: String,
+    #[serde(default)]
+    pub health_reason: Option<String>,
+}
+
+fn ok() -> String {
+    "ok".into()
 }
 
 /// `shoal status --json`.

@@ -469,6 +469,8 @@ fn member_spec(node: &NodeView) -> MemberSpec {
                 numa_node: gpu.numa_node,
                 nvlink_peers: gpu.nvlink_peers.clone(),
                 mig_enabled: false,
+                health: String::new(),
+                health_reason: None,
             })
             .collect(),
         gossip_peer_id: String::new(),

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use shoal_sdk::MemberState;
 
 use super::{
-    Allocation, Checkpoint, CkptPart, Job, JobId, JobSpec, JobState, Plan, PlannedPlacement, Stop,
+    Allocation, Checkpoint, CkptPart, GpuFault, Job, JobId, JobSpec, JobState, Plan, PlannedPlacement, Stop,
     StopCause, Tenant, TenantLimits, TenantUpdate, Workload, CKPT_RETAIN, DEFAULT_TENANT,
     FAIR_SHARE_HALF_LIFE_MS, MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES,
     REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
@@ -354,6 +354,12 @@ impl Workload {
                     .iter()
                     .find(|g| g.index == *gpu)
                     .ok_or_else(|| format!("{} has no GPU {gpu}", member.spec.name))?;
+                if let Some(fault) = self.gpu_fault(*node, *gpu) {
+                    return Err(format!(
+                        "GPU {gpu} of {} takes no work: {}",
+                        member.spec.name, fault.reason
+                    ));
+                }
                 if let Some(model) = &spec.gpu_model {
                     if &info.model != model {
                         return Err(format!(
@@ -459,6 +465,9 @@ impl Workload {
             StopCause::RankFailed => job.reason = "a rank failed: stopping the others".into(),
             StopCause::Drained => {
                 job.reason = "a node of the gang is draining: checkpointing and stopping".into()
+            }
+            StopCause::GpuFailed => {
+                job.reason = "a GPU of the gang failed or was drained: stopping".into()
             }
         }
     }
@@ -695,6 +704,10 @@ impl Workload {
                 job.state = JobState::Requeued;
                 job.reason = "requeued: a node of the gang was drained".into();
             }
+            Some(StopCause::GpuFailed) => {
+                job.state = JobState::Requeued;
+                job.reason = "requeued: a GPU of the gang failed or was drained".into();
+            }
             Some(StopCause::RankFailed) if job.restarts < job.spec.max_restarts => {
                 // Gang semantics: one member failed, all were stopped, and
                 // the gang starts again together under a new epoch.
@@ -817,6 +830,46 @@ impl Workload {
             .collect();
         for id in hit {
             self.request_stop(id, StopCause::Drained, now_ms);
+        }
+    }
+
+    /// Marks `gpu` of `node` as taking no work (its holder stops and runs
+    /// elsewhere), or returns it to service.
+    pub(crate) fn set_gpu_fault(
+        &mut self,
+        node: NodeId,
+        gpu: u32,
+        fault: Option<GpuFault>,
+        now_ms: u64,
+    ) {
+        let Some(fault) = fault else {
+            if let Some(gpus) = self.gpu_faults.get_mut(&node) {
+                gpus.remove(&gpu);
+                if gpus.is_empty() {
+                    self.gpu_faults.remove(&node);
+                }
+            }
+            return;
+        };
+        // The first reason stays: a detected fault is not hidden by a later
+        // drain, nor a drain's reason by a repeated report.
+        self.gpu_faults
+            .entry(node)
+            .or_default()
+            .entry(gpu)
+            .or_insert(fault);
+        let hit: Vec<JobId> = self
+            .holding()
+            .filter(|(_, alloc)| {
+                alloc
+                    .nodes
+                    .iter()
+                    .any(|(n, gpus)| *n == node && gpus.contains(&gpu))
+            })
+            .map(|(job, _)| job.id)
+            .collect();
+        for id in hit {
+            self.request_stop(id, StopCause::GpuFailed, now_ms);
         }
     }
 

@@ -250,6 +250,19 @@ pub enum StopCause {
     RankFailed,
     /// A node of the gang is being drained: checkpoint, stop, run elsewhere.
     Drained,
+    /// A GPU of the gang failed or was drained: run elsewhere.
+    GpuFailed,
+}
+
+/// Why a GPU takes no work: found faulty by its own node (an uncorrectable
+/// ECC error, a fatal XID, gone from NVML, failed row remapping), or
+/// drained by an operator. Only an operator returns it to service.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct GpuFault {
+    pub reason: String,
+    /// Found by the node rather than set by an operator.
+    pub detected: bool,
+    pub since_ms: u64,
 }
 
 /// Where and under which epoch a job runs.
@@ -406,9 +419,16 @@ pub struct Workload {
     pub checkpoints: BTreeMap<JobId, Vec<Checkpoint>>,
     /// Nodes that accept no new work (`shoal drain`).
     pub drained: std::collections::BTreeSet<NodeId>,
+    /// GPUs that take no work, by node and GPU index.
+    pub gpu_faults: BTreeMap<NodeId, BTreeMap<u32, GpuFault>>,
 }
 
 impl Workload {
+    /// Why `gpu` of `node` takes no work, if it does not.
+    pub fn gpu_fault(&self, node: NodeId, gpu: u32) -> Option<&GpuFault> {
+        self.gpu_faults.get(&node).and_then(|g| g.get(&gpu))
+    }
+
     /// Jobs holding GPUs, in id order.
     pub fn holding(&self) -> impl Iterator<Item = (&Job, &Allocation)> {
         self.jobs

@@ -18,6 +18,8 @@ fn gpus(count: u32, model: &str) -> Vec<GpuInfo> {
             numa_node: Some(index / 4),
             nvlink_peers: vec![],
             mig_enabled: false,
+            health: String::new(),
+            health_reason: None,
         })
         .collect()
 }
@@ -739,6 +741,64 @@ fn draining_a_node_moves_its_gangs_and_keeps_new_work_away() {
     assert_eq!(
         r.job(other).alloc.as_ref().expect("placed").nodes[0].0,
         node
+    );
+}
+
+#[test]
+fn a_faulty_gpu_moves_its_gang_and_takes_no_work_until_returned() {
+    use crate::ledger::GpuFaultReport;
+    let mut r = Replica::new(&[("n1", "r1", 2)]);
+    let id = r.submit(job(DEFAULT_TENANT, 1, 1));
+    r.pass(Policy::Hdrf);
+    let (node, gpus) = r.job(id).alloc.as_ref().expect("running").nodes[0].clone();
+    let bad = gpus[0];
+    let fault = |reason: &str| {
+        Some(GpuFaultReport {
+            reason: reason.into(),
+            detected: true,
+        })
+    };
+    let missing = r.apply(Command::SetGpuFault {
+        node,
+        gpu: 9,
+        fault: fault("XID 79"),
+    });
+    assert!(matches!(missing, LedgerResponse::Rejected(_)), "{missing:?}");
+    r.apply(Command::SetGpuFault {
+        node,
+        gpu: bad,
+        fault: fault("XID 79: fell off the bus"),
+    });
+    assert!(r.job(id).reason.contains("GPU"), "{}", r.job(id).reason);
+    // A repeated report keeps the first reason.
+    r.apply(Command::SetGpuFault {
+        node,
+        gpu: bad,
+        fault: fault("again"),
+    });
+    assert_eq!(
+        r.ledger.workload.gpu_fault(node, bad).map(|f| f.reason.as_str()),
+        Some("XID 79: fell off the bus")
+    );
+    r.exit_all(id, 137);
+    assert_eq!(r.job(id).state, JobState::Requeued);
+    assert_eq!(r.job(id).restarts, 0, "a broken GPU is not the job's failure");
+    r.pass(Policy::Hdrf);
+    let moved = r.job(id).alloc.clone().expect("re-placed");
+    assert!(!moved.nodes[0].1.contains(&bad), "placed on the faulty GPU again");
+    // The node's other GPU is taken: nothing is left for a second job.
+    let other = r.submit(job(DEFAULT_TENANT, 1, 1));
+    r.pass(Policy::Hdrf);
+    assert!(r.job(other).alloc.is_none(), "work landed on a faulty GPU");
+    r.apply(Command::SetGpuFault {
+        node,
+        gpu: bad,
+        fault: None,
+    });
+    r.pass(Policy::Hdrf);
+    assert_eq!(
+        r.job(other).alloc.as_ref().expect("placed").nodes[0].1,
+        vec![bad]
     );
 }
 

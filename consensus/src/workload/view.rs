@@ -56,10 +56,12 @@ impl SchedSnapshot {
                 healthy: member.state == MemberState::Alive
                     && !workload.drained.contains(&member.id),
                 labels: member.spec.labels.clone(),
+                // A faulty or drained GPU is not there for the planner.
                 gpus: member
                     .spec
                     .gpus
                     .iter()
+                    .filter(|gpu| workload.gpu_fault(member.id, gpu.index).is_none())
                     .map(|gpu| GpuView {
                         index: gpu.index,
                         model: gpu.model.clone(),

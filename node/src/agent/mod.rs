@@ -733,5 +733,13 @@ fn spawn_workers(
         ),
         node.shutdown_signal(),
     );
+    workers::spawn(
+        workers::gpu_health::GpuHealth {
+            local: local.clone(),
+            ledger: ledger.clone(),
+            gpus: node.gpus().clone(),
+        },
+        node.shutdown_signal(),
+    );
     workers::spawn(MemberRecord { local, ledger }, node.shutdown_signal());
 }

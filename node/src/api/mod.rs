@@ -116,6 +116,8 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes/{node}/remove", post(remove_node))
         .route("/nodes/{node}/drain", post(drain_node))
         .route("/nodes/{node}/undrain", post(undrain_node))
+        .route("/nodes/{node}/gpus/{gpu}/drain", post(drain_gpu))
+        .route("/nodes/{node}/gpus/{gpu}/undrain", post(undrain_gpu))
         .route("/tokens", post(create_token).get(tokens::list_join_tokens))
         .route("/tokens/revoke", post(tokens::revoke_join_token))
         .route(
@@ -822,6 +824,59 @@ async fn set_drain(
     };
     let (_, index) = write_or_reject(app, caller, Command::SetDrain { id, drain }).await?;
     Ok(Json(WriteResponse { index }))
+}
+
+/// `shoal gpu drain NODE:IDX`: the GPU takes no work (its job moves) until
+/// `shoal gpu undrain`, which also returns a GPU its node found faulty.
+async fn set_gpu_drain(
+    app: &Arc<Node>,
+    caller: &Caller,
+    node: &str,
+    gpu: u32,
+    reason: Option<String>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let id = {
+        let d = app.ledger().read()?;
+        d.ledger
+            .member_by_name_or_id(node)
+            .map(|m| m.id)
+            .ok_or_else(|| bad_request(format!("no node named or numbered '{node}'")))?
+    };
+    let fault = reason.map(|reason| shoal_consensus::ledger::GpuFaultReport {
+        reason,
+        detected: false,
+    });
+    let cmd = Command::SetGpuFault {
+        node: id,
+        gpu,
+        fault,
+    };
+    let (_, index) = write_or_reject(app, caller, cmd).await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+#[derive(serde::Deserialize, Default)]
+struct GpuDrainBody {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn drain_gpu(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((node, gpu)): Path<(String, u32)>,
+    Json(body): Json<GpuDrainBody>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let reason = body.reason.unwrap_or_else(|| "drained by an operator".into());
+    set_gpu_drain(&app, &caller, &node, gpu, Some(reason)).await
+}
+
+async fn undrain_gpu(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((node, gpu)): Path<(String, u32)>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    set_gpu_drain(&app, &caller, &node, gpu, None).await
 }
 
 async fn drain_node(

@@ -495,13 +495,26 @@ pub fn answer(
                         .spec
                         .gpus
                         .iter()
-                        .map(|g| shoal_sdk::GpuInfo {
-                            allocated_to: owners.get(&(m.id, g.index)).copied(),
-                            ..g.clone()
+                        .map(|g| {
+                            let fault = d.ledger.workload.gpu_fault(m.id, g.index);
+                            let health = match fault {
+                                None => "ok",
+                                Some(f) if f.detected => "unhealthy",
+                                Some(_) => "drained",
+                            };
+                            shoal_sdk::GpuInfo {
+                                allocated_to: owners.get(&(m.id, g.index)).copied(),
+                                health: health.into(),
+                                health_reason: fault.map(|f| f.reason.clone()),
+                                ..g.clone()
+                            }
                         })
                         .collect();
                     let gpus_total = gpus.len() as u32;
-                    let gpus_free = gpus.iter().filter(|g| g.allocated_to.is_none()).count() as u32;
+                    let gpus_free = gpus
+                        .iter()
+                        .filter(|g| g.allocated_to.is_none() && g.health == "ok")
+                        .count() as u32;
                     NodeInfo {
                         id: m.id,
                         name: m.spec.name.clone(),

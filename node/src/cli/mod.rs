@@ -46,6 +46,32 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+enum GpuCmd {
+    /// NODE:IDX takes no work; the job on it checkpoints, stops and runs elsewhere
+    Drain {
+        target: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// NODE:IDX takes work again
+    Undrain { target: String },
+}
+
+/// `NODE:IDX` → (node, GPU index).
+fn parse_gpu_target(target: &str) -> anyhow::Result<(&str, u32)> {
+    let (node, idx) = target
+        .rsplit_once(':')
+        .ok_or_else(|| anyhow::anyhow!("'{target}' is not NODE:IDX (e.g. n1:3)"))?;
+    let idx = idx
+        .parse()
+        .map_err(|_| anyhow::anyhow!("'{idx}' in '{target}' is not a GPU index"))?;
+    if node.is_empty() {
+        anyhow::bail!("'{target}' names no node");
+    }
+    Ok((node, idx))
+}
+
+#[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run a node
     Agent(Box<AgentArgs>),
@@ -85,6 +111,11 @@ enum Cmd {
     Drain { node: String },
     /// Return a drained node to service
     Undrain { node: String },
+    /// Keep one GPU out of placement, or return it (also one its node found faulty)
+    Gpu {
+        #[command(subcommand)]
+        cmd: GpuCmd,
+    },
     /// The cluster's event log: GPU faults, node loss
     Events {
         /// Keep printing new events
@@ -495,6 +526,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
         }
+        Cmd::Gpu { cmd } => {
+            let (target, drain, reason) = match cmd {
+                GpuCmd::Drain { target, reason } => (target, true, reason.as_deref()),
+                GpuCmd::Undrain { target } => (target, false, None),
+            };
+            let (node, gpu) = parse_gpu_target(target)?;
+            let r = client(&cli)?
+                .drain_gpu(node, gpu, drain, reason)
+                .await
+                .map_err(api_err)?;
+            emit(cli.json, &r, || {
+                format!(
+                    "GPU {gpu} of {node} {}\n",
+                    if drain { "drained" } else { "back in service" }
+                )
+            })
+        }
         Cmd::Drain { node } | Cmd::Undrain { node } => {
             let drain = matches!(cli.command, Cmd::Drain { .. });
             let r = client(&cli)?
@@ -903,6 +951,18 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
                 labels
             }
         ));
+    }
+    // GPUs that take no work, one line each, so nobody wonders why.
+    for n in nodes {
+        for g in n.gpus.iter().filter(|g| g.health != "ok" && !g.health.is_empty()) {
+            out.push_str(&format!(
+                "  GPU {}:{} {}: {}\n",
+                n.name,
+                g.index,
+                g.health,
+                g.health_reason.as_deref().unwrap_or("-")
+            ));
+        }
     }
     out
 }

@@ -338,6 +338,8 @@ mod tests {
             numa_node: None,
             nvlink_peers: Vec::new(),
             mig_enabled: false,
+            health: String::new(),
+            health_reason: None,
         }
     }
 

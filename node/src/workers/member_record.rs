@@ -18,6 +18,8 @@ fn as_published(spec: &MemberSpec) -> MemberSpec {
     let mut spec = spec.clone();
     for g in &mut spec.gpus {
         g.allocated_to = None;
+        g.health = String::new();
+        g.health_reason = None;
     }
     spec
 }

@@ -7,6 +7,7 @@ pub mod ca_custody;
 pub mod cert_renewal;
 pub mod durability;
 pub mod gossip;
+pub mod gpu_health;
 pub mod member_record;
 pub mod reconcile;
 pub mod scheduler;

@@ -41,6 +41,8 @@ impl NvmlGpus {
                 numa_node: dev.numa_node_id().ok(),
                 nvlink_peers: Vec::new(),
                 mig_enabled: dev.mig_mode().map(|m| m.current == 1).unwrap_or(false),
+                health: String::new(),
+                health_reason: None,
             });
         }
         // NVLink peers: map each active link's remote PCI bus id back to a

@@ -21,6 +21,8 @@ pub enum SimFault {
     Hot,
     /// Utilization far below its siblings (a straggler rank).
     Slow,
+    /// Gone from the driver: no more readings.
+    Lost,
     /// Back to normal.
     Clear,
 }
@@ -33,10 +35,11 @@ impl SimFault {
             "hot" => Ok(SimFault::Hot),
             "slow" => Ok(SimFault::Slow),
             "clear" => Ok(SimFault::Clear),
+            "lost" => Ok(SimFault::Lost),
             other => match other.strip_prefix("xid:").map(str::parse) {
                 Some(Ok(code)) => Ok(SimFault::Xid(code)),
                 _ => Err(format!(
-                    "unknown fault '{other}': use ecc-dbe, xid:CODE, hot, slow or clear"
+                    "unknown fault '{other}': use ecc-dbe, xid:CODE, hot, slow, lost or clear"
                 )),
             },
         }
@@ -66,6 +69,7 @@ struct GpuState {
     last_xid: u64,
     hot: bool,
     slow: bool,
+    lost: bool,
 }
 
 pub struct SimGpus {
@@ -151,9 +155,11 @@ impl GpuSource for SimGpus {
                 SimFault::Xid(code) => s.last_xid = code,
                 SimFault::Hot => s.hot = true,
                 SimFault::Slow => s.slow = true,
+                SimFault::Lost => s.lost = true,
                 SimFault::Clear => {
                     s.hot = false;
                     s.slow = false;
+                    s.lost = false;
                     s.last_xid = 0;
                 }
             }
@@ -163,6 +169,9 @@ impl GpuSource for SimGpus {
             let Some(s) = self.state.get_mut(&g.index) else {
                 continue;
             };
+            if s.lost {
+                continue;
+            }
             let busy = self.busy.contains(&g.index);
             let target = match (busy, s.slow) {
                 (_, true) => 15.0,

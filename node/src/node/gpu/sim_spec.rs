@@ -41,6 +41,8 @@ pub fn parse_sim_gpus(spec: &str, node_name: &str) -> Result<Vec<GpuInfo>, Strin
                 numa_node: None,
                 nvlink_peers: Vec::new(),
                 mig_enabled: false,
+                health: String::new(),
+                health_reason: None,
             });
         }
     }
