@@ -116,6 +116,9 @@ fn describe(cmd: &Command) -> &'static str {
         Command::PutAttr { .. } => "setting cluster attributes",
         Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "managing tenants",
         Command::SetDrain { .. } => "draining nodes",
+        Command::StartCaRotation { .. } | Command::AdvanceCaRotation { .. } => {
+            "rotating the cluster CA"
+        }
         Command::AsTenant { .. } | Command::Batch(_) => "nesting commands",
         _ => "this operation",
     }

@@ -149,7 +149,15 @@ impl ServerCertVerifier for ApiServerVerifier {
                 WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
                     .build()
                     .map_err(|e| rustls::Error::General(e.to_string()))?;
-            match inner.verify_server_cert(end_entity, &[], &cluster_name, ocsp_response, now) {
+            // Through the chain the node sent: during a CA rotation it
+            // carries the new CA signed by the old one.
+            match inner.verify_server_cert(
+                end_entity,
+                intermediates,
+                &cluster_name,
+                ocsp_response,
+                now,
+            ) {
                 Ok(ok) => {
                     if let Ok(mut g) = self.seen_ca.lock() {
                         *g = Some(ca);
@@ -319,6 +327,27 @@ mod tests {
             ca.fingerprint().expect("fp")
         );
         assert_eq!(der_to_pem(seen.as_ref()).trim(), ca.cert_pem.trim());
+    }
+
+    #[test]
+    fn a_client_trusting_the_old_ca_accepts_a_node_of_the_new_one_during_a_rotation() {
+        let old = CaBundle::generate("c").expect("ca");
+        let new = CaBundle::generate_next("c", 1).expect("ca");
+        let cross = old.cross_sign(&new).expect("cross");
+        let during = NodeCredentials {
+            ca_pem: format!("{}{}{}", old.cert_pem, new.cert_pem, cross),
+            ..new.issue("n1", 1).expect("issue")
+        };
+        let served = ApiCertificate::new(&during).expect("cert");
+        let (cfg, _) = client(ApiTrust::Cas(old.cert_pem.clone()));
+        handshake(cfg, served.server_config().expect("server")).expect("during the rotation");
+        let after = NodeCredentials {
+            ca_pem: new.cert_pem.clone(),
+            ..during
+        };
+        let served = ApiCertificate::new(&after).expect("cert");
+        let (cfg, _) = client(ApiTrust::Cas(old.cert_pem.clone()));
+        assert!(handshake(cfg, served.server_config().expect("server")).is_err());
     }
 
     #[test]

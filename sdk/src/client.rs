@@ -83,7 +83,11 @@ impl Client {
     }
 
     /// A client over `http`, e.g. one whose TLS trusts only the cluster CA.
-    pub fn with_http(base: impl Into<String>, token: Option<String>, http: reqwest::Client) -> Self {
+    pub fn with_http(
+        base: impl Into<String>,
+        token: Option<String>,
+        http: reqwest::Client,
+    ) -> Self {
         let base = base.into().trim_end_matches('/').to_string();
         Client { base, token, http }
     }
@@ -166,6 +170,17 @@ impl Client {
 
     pub async fn status(&self) -> Result<StatusResponse, ClientError> {
         self.get("/v1/status").await
+    }
+
+    /// The cluster CA and any rotation in progress (admin only).
+    pub async fn ca_status(&self) -> Result<CaStatus, ClientError> {
+        self.get("/v1/ca").await
+    }
+
+    /// Starts a rotation to a new cluster CA (admin only); refused while
+    /// one is in progress.
+    pub async fn rotate_ca(&self) -> Result<CaRotateResponse, ClientError> {
+        self.post("/v1/ca/rotate", &serde_json::json!({})).await
     }
 
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>, ClientError> {

@@ -442,6 +442,18 @@ pub fn answer(
                     })
                     .collect(),
                 node_id: seen.me,
+                ca_fingerprint: d
+                    .ledger
+                    .cluster
+                    .as_ref()
+                    .and_then(|c| shoal_mesh::tls::fingerprint_pem(&c.ca_cert_pem))
+                    .unwrap_or_default(),
+                ca_rotation: d
+                    .ledger
+                    .ca
+                    .rotation
+                    .as_ref()
+                    .map(|r| r.phase.as_str().to_string()),
             }))
         }
         Query::Attrs { prefix } => Ok(Response::Attrs(

@@ -1,6 +1,7 @@
 //! The command-line interface: `shoal agent` runs a node; every other
 //! command is a client of some node's HTTP API (INTERFACE.md).
 
+pub mod ca;
 pub mod ckpt;
 pub mod cp;
 pub mod demo;
@@ -60,6 +61,11 @@ enum Cmd {
     Token {
         #[command(subcommand)]
         cmd: TokenCmd,
+    },
+    /// The cluster CA: `ca rotate` replaces it without downtime, `ca status` follows it
+    Ca {
+        #[command(subcommand)]
+        cmd: crate::cli::ca::CaCmd,
     },
     /// Cluster status: leader, term, voters, members
     Status,
@@ -421,6 +427,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::cli::dev::run(*api_addr, sim_gpus.clone()).await
         }
         Cmd::Token { cmd } => crate::cli::tokens::run(&client(&cli), cmd, cli.json).await,
+        Cmd::Ca { cmd } => crate::cli::ca::run(&client(&cli), cmd, cli.json).await,
         Cmd::Status => {
             let s = client(&cli).status().await.map_err(api_err)?;
             if cli.json {
@@ -742,6 +749,13 @@ fn format_status(s: &StatusResponse) -> String {
             s.commit_index
         )),
         None => out.push_str("leader   none\n"),
+    }
+    if !s.ca_fingerprint.is_empty() {
+        out.push_str(&format!("ca       {}", s.ca_fingerprint));
+        match &s.ca_rotation {
+            Some(phase) => out.push_str(&format!("  (rotation: {phase}; shoal ca status)\n")),
+            None => out.push('\n'),
+        }
     }
     out.push_str(&format!(
         "voters   {}\n",
