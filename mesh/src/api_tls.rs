@@ -149,15 +149,14 @@ impl ServerCertVerifier for ApiServerVerifier {
                 WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
                     .build()
                     .map_err(|e| rustls::Error::General(e.to_string()))?;
-            // Through the chain the node sent: during a CA rotation it
-            // carries the new CA signed by the old one.
-            match inner.verify_server_cert(
-                end_entity,
-                intermediates,
-                &cluster_name,
-                ocsp_response,
-                now,
-            ) {
+            // A trusted CA accepts a node through the chain it sent: during
+            // a CA rotation that carries the new CA signed by the old one.
+            // First use records the CA that signed the node itself.
+            let chain = match self.trust {
+                ApiTrust::FirstUse => &[],
+                ApiTrust::Cas(_) | ApiTrust::Pinned(_) => intermediates,
+            };
+            match inner.verify_server_cert(end_entity, chain, &cluster_name, ocsp_response, now) {
                 Ok(ok) => {
                     if let Ok(mut g) = self.seen_ca.lock() {
                         *g = Some(ca);
@@ -341,6 +340,15 @@ mod tests {
         let served = ApiCertificate::new(&during).expect("cert");
         let (cfg, _) = client(ApiTrust::Cas(old.cert_pem.clone()));
         handshake(cfg, served.server_config().expect("server")).expect("during the rotation");
+        // A first contact during the rotation records the CA that signed
+        // the node, the one that stays.
+        let (cfg, verifier) = client(ApiTrust::FirstUse);
+        handshake(cfg, served.server_config().expect("server")).expect("first use");
+        let seen = verifier.seen_ca().expect("seen");
+        assert_eq!(
+            fingerprint_der(seen.as_ref()),
+            new.fingerprint().expect("fp")
+        );
         let after = NodeCredentials {
             ca_pem: new.cert_pem.clone(),
             ..during

@@ -124,6 +124,21 @@ fn running(pid: u32) -> bool {
     })
 }
 
+/// The certificate of the CA with fingerprint `fp`, once `a`'s ledger
+/// trusts it (it may lag behind the leader that started the rotation).
+async fn new_ca_of(a: &Agent, fp: &str) -> String {
+    common::wait_for("the new CA in the node's ledger", TIMEOUT, || {
+        let pem = a.ledger().read().ok().and_then(|d| {
+            d.ledger
+                .trusted_ca_pems()
+                .into_iter()
+                .find(|p| fingerprint_pem(p).as_deref() == Some(fp))
+        });
+        async move { pem }
+    })
+    .await
+}
+
 fn events_of(a: &Agent, kind: &str) -> usize {
     a.ledger().read().map_or(0, |d| {
         d.ledger
@@ -242,15 +257,7 @@ async fn a_ca_rotation_reissues_every_certificate_and_retires_the_old_ca_without
     );
 
     // Every node ends up with a certificate of the new CA and trusts it alone.
-    let new_ca_pem = c.agents[0]
-        .ledger()
-        .read()
-        .expect("ledger")
-        .ledger
-        .trusted_ca_pems()
-        .into_iter()
-        .find(|p| fingerprint_pem(p).as_deref() == Some(new_fp.as_str()))
-        .expect("the new CA is trusted");
+    let new_ca_pem = new_ca_of(&c.agents[0], &new_fp).await;
     let took = c
         .wait_until("every node rotated to the new CA", TIMEOUT, |c| {
             let ok = c.agents.iter().all(|a| rotated_to(a, &new_ca_pem, &new_fp));
@@ -442,16 +449,7 @@ async fn a_rotation_survives_the_loss_of_its_leader_and_waits_for_members_that_a
     learner.shutdown().await;
     let rotated = admin.rotate_ca().await.expect("rotate");
     let new_fp = rotated.new_fingerprint.clone();
-    let new_ca_pem = {
-        let d = survivors[0].ledger();
-        let d = d.read().expect("ledger");
-        d.ledger
-            .ca
-            .rotation
-            .as_ref()
-            .map(|r| r.new_cert_pem.clone())
-            .expect("a rotation")
-    };
+    let new_ca_pem = new_ca_of(survivors[0], &new_fp).await;
     c.wait_until(
         "every running voter holding the new key and trusting both CAs",
         TIMEOUT,
@@ -475,12 +473,25 @@ async fn a_rotation_survives_the_loss_of_its_leader_and_waits_for_members_that_a
     )
     .await
     .expect("custody and trust");
+    c.wait_until(
+        "the rotation waiting for the learner alone",
+        TIMEOUT,
+        |_| {
+            let admin = admin.clone();
+            async move {
+                admin.ca_status().await.is_ok_and(|s| {
+                    s.waiting_for.len() == 1
+                        && s.waiting_for[0].contains(&format!("node {learner_id} "))
+                })
+            }
+        },
+    )
+    .await
+    .expect("waiting for the learner");
     let ca = admin.ca_status().await.expect("ca status");
-    assert_eq!(ca.phase, "trusting");
-    assert!(
-        ca.waiting_for.len() == 1 && ca.waiting_for[0].contains(&format!("node {learner_id} ")),
-        "{:?}",
-        ca.waiting_for
+    assert_eq!(
+        ca.phase, "trusting",
+        "the new CA signs before every member trusts it"
     );
 
     // The leader is lost; another voter leads and carries the rotation on
@@ -515,24 +526,22 @@ async fn a_rotation_survives_the_loss_of_its_leader_and_waits_for_members_that_a
     .expect("renewed");
     // The lost leader still has a certificate of the old CA: the old CA
     // stays trusted, whatever time passes, until it is removed.
-    let ca = c
-        .wait_until(
-            "the rotation waiting for the lost leader alone",
-            TIMEOUT,
-            |_| {
-                let admin = admin.clone();
-                async move {
-                    admin.ca_status().await.is_ok_and(|s| {
-                        s.waiting_for.len() == 1
-                            && s.waiting_for[0].contains(&format!("node {leader_id} "))
-                            && s.waiting_for[0].contains("no certificate from the new CA")
-                    })
-                }
-            },
-        )
-        .await
-        .map(|_| ());
-    ca.expect("waiting for the lost leader");
+    c.wait_until(
+        "the rotation waiting for the lost leader alone",
+        TIMEOUT,
+        |_| {
+            let admin = admin.clone();
+            async move {
+                admin.ca_status().await.is_ok_and(|s| {
+                    s.waiting_for.len() == 1
+                        && s.waiting_for[0].contains(&format!("node {leader_id} "))
+                        && s.waiting_for[0].contains("no certificate from the new CA")
+                })
+            }
+        },
+    )
+    .await
+    .expect("waiting for the lost leader");
     assert!(!issued_by(&old_leader_cert, &new_ca_pem));
     let s = admin.ca_status().await.expect("ca status");
     assert_eq!(s.phase, "reissuing", "the old CA was retired too early");
