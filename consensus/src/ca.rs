@@ -358,10 +358,8 @@ impl Ledger {
             Some(_) => {}
         }
         if trusted.len() > MAX_TRUSTED
-            || trusted
-                .iter()
-                .chain(std::iter::once(&cert_ca.to_string()))
-                .any(|f| f.len() > MAX_FINGERPRINT)
+            || cert_ca.len() > MAX_FINGERPRINT
+            || trusted.iter().any(|f| f.len() > MAX_FINGERPRINT)
         {
             return LedgerResponse::Rejected(format!(
                 "a credentials report names at most {MAX_TRUSTED} CAs by fingerprints of at most {MAX_FINGERPRINT} characters"
