@@ -116,6 +116,9 @@ fn describe(cmd: &Command) -> &'static str {
         Command::PutAttr { .. } => "setting cluster attributes",
         Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "managing tenants",
         Command::SetDrain { .. } | Command::SetGpuFault { .. } => "draining nodes and GPUs",
+        Command::StartCaRotation { .. } | Command::AdvanceCaRotation { .. } => {
+            "rotating the cluster CA"
+        }
         Command::AsTenant { .. } | Command::Batch(_) => "nesting commands",
         _ => "this operation",
     }

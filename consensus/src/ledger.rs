@@ -15,9 +15,12 @@ use crate::workload::{CkptPart, JobId, JobSpec, Plan, TenantLimits, TenantUpdate
 pub struct ClusterInfo {
     pub cluster_id: String,
     pub region: String,
-    /// The cluster CA's certificate. Its private key is not in the ledger:
-    /// only voters hold it, on disk, and hand it to each other over mTLS
-    /// (see the node's `ca_custody`), so a learner's disk never has it.
+    /// The certificate of the cluster CA that signs: joiners' and renewed
+    /// certificates, and what new join tokens pin. During a rotation
+    /// ([`crate::ca`]) the cluster trusts another CA too. Private keys are
+    /// not in the ledger: only voters hold them, on disk, and hand them to
+    /// each other over mTLS (see the node's `ca_custody`), so a learner's
+    /// disk never has one.
     pub ca_cert_pem: String,
     pub created_at_ms: u64,
 }
@@ -233,6 +236,29 @@ pub enum Command {
         node: NodeId,
         cmd: Box<Command>,
     },
+    /// `shoal ca rotate` (admin): the leader made a new CA and keeps its
+    /// key; both CAs are trusted, the old one still signs ([`crate::ca`]).
+    StartCaRotation {
+        /// The CA that signs now (the entry is refused if it changed).
+        old_cert_pem: String,
+        old_fingerprint: String,
+        new_cert_pem: String,
+        new_fingerprint: String,
+        /// The new CA's certificate signed by the old CA.
+        cross_cert_pem: String,
+    },
+    /// The leader moves a rotation on from phase `from` once every member
+    /// that has not left is ready (checked at commit).
+    AdvanceCaRotation {
+        from: crate::ca::CaPhase,
+    },
+    /// A member says which CAs it trusts and which one signed its own
+    /// certificate (fingerprints); only about itself.
+    ReportCredentials {
+        node: NodeId,
+        trusted: Vec<String>,
+        cert_ca: String,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -289,6 +315,8 @@ pub struct Ledger {
     pub workload: Workload,
     pub events: crate::events::EventLog,
     pub namespace: crate::namespace::Namespace,
+    /// CA rotations and what each member trusts ([`crate::ca`]).
+    pub ca: crate::ca::CaState,
     /// The largest leader timestamp applied; time never runs backwards in
     /// the ledger even if a new leader's clock is behind.
     pub clock_ms: u64,
@@ -624,6 +652,13 @@ impl Ledger {
                 self.workload
                     .set_checkpoint_holders(*job, *step, *rank, holders),
             ),
+            Command::StartCaRotation { .. } => self.start_ca_rotation(cmd, now),
+            Command::AdvanceCaRotation { from } => self.advance_ca_rotation(*from, now),
+            Command::ReportCredentials {
+                node,
+                trusted,
+                cert_ca,
+            } => self.report_credentials(*node, trusted, cert_ca, now),
         }
     }
 

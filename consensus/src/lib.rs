@@ -4,6 +4,7 @@
 //! the node crate implements (this crate never touches sockets).
 
 pub mod access;
+pub mod ca;
 pub mod events;
 pub mod ledger;
 pub mod limits;

@@ -98,6 +98,12 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
                 refuse("record events about other nodes")
             }
         }
+        // What it trusts and which CA signed its certificate: its own only,
+        // since a CA rotation moves on when every member has said so.
+        Command::ReportCredentials { node: about, .. } if *about == node => Ok(()),
+        Command::ReportCredentials { node: about, .. } => {
+            refuse(&format!("report the credentials of node {about}"))
+        }
         // When a token was last used: any member serves API requests, and
         // the report can only move that time forward.
         Command::TouchApiToken { .. } => Ok(()),
@@ -164,6 +170,9 @@ fn describe(cmd: &Command) -> &'static str {
         Command::PutObject { .. } | Command::RemoveObject { .. } => "write mesh:/ objects",
         Command::SetDrain { .. } => "drain nodes",
         Command::SetGpuFault { .. } => "drain GPUs",
+        Command::StartCaRotation { .. } | Command::AdvanceCaRotation { .. } => {
+            "rotate the cluster CA"
+        }
         Command::AsTenant { .. } | Command::AsNode { .. } | Command::Batch(_) => "nest commands",
         _ => "do this",
     }
@@ -502,6 +511,25 @@ mod tests {
             r.as_node(runner, event(bystander, "job_straggler", Some(job))),
             LedgerResponse::Ok
         );
+    }
+
+    #[test]
+    fn a_node_reports_only_its_own_credentials() {
+        let (mut r, _) = Replica::with_a_running_job();
+        let report = |node: u64| Command::ReportCredentials {
+            node,
+            trusted: vec!["old".into(), "new".into()],
+            cert_ca: "new".into(),
+        };
+        let forged = r.as_node(2, report(3));
+        assert!(denied(&forged), "{forged:?}");
+        assert!(!r.ledger.ca.reports.contains_key(&3));
+        assert!(r
+            .audit_messages()
+            .iter()
+            .any(|m| m.contains("node 2 may not report the credentials of node 3")));
+        assert_eq!(r.as_node(3, report(3)), LedgerResponse::Ok);
+        assert_eq!(r.ledger.ca.reports[&3].cert_ca, "new");
     }
 
     #[test]

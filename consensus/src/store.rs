@@ -47,8 +47,9 @@ const KEY_SNAP_DATA: &str = "data";
 /// members their isolation, tenants ledger limits, events a resource and a
 /// repeat count, tokens ids, uses, expiry and revocation, and took the CA
 /// private key out of the cluster record; version 5 says whether a
-/// member's API is HTTPS.
-const SNAPSHOT_VERSION: u8 = 5;
+/// member's API is HTTPS; version 6 added the CA state (a rotation in
+/// progress, retired CAs, what each member trusts).
+const SNAPSHOT_VERSION: u8 = 6;
 /// Decoding bound for snapshots and log entries.
 const MAX_DECODE: u64 = 1 << 30;
 

@@ -154,7 +154,14 @@ impl ServerCertVerifier for ApiServerVerifier {
                 WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
                     .build()
                     .map_err(|e| rustls::Error::General(e.to_string()))?;
-            match inner.verify_server_cert(end_entity, &[], &cluster_name, ocsp_response, now) {
+            // A trusted CA accepts a node through the chain it sent: during
+            // a CA rotation that carries the new CA signed by the old one.
+            // First use records the CA that signed the node itself.
+            let chain = match self.trust {
+                ApiTrust::FirstUse | ApiTrust::Missing => &[],
+                ApiTrust::Cas(_) | ApiTrust::Pinned(_) => intermediates,
+            };
+            match inner.verify_server_cert(end_entity, chain, &cluster_name, ocsp_response, now) {
                 Ok(ok) => {
                     if let Ok(mut g) = self.seen_ca.lock() {
                         *g = Some(ca);
@@ -324,6 +331,36 @@ mod tests {
             ca.fingerprint().expect("fp")
         );
         assert_eq!(der_to_pem(seen.as_ref()).trim(), ca.cert_pem.trim());
+    }
+
+    #[test]
+    fn a_client_trusting_the_old_ca_accepts_a_node_of_the_new_one_during_a_rotation() {
+        let old = CaBundle::generate("c").expect("ca");
+        let new = CaBundle::generate_next("c", 1).expect("ca");
+        let cross = old.cross_sign(&new).expect("cross");
+        let during = NodeCredentials {
+            ca_pem: format!("{}{}{}", old.cert_pem, new.cert_pem, cross),
+            ..new.issue("n1", 1).expect("issue")
+        };
+        let served = ApiCertificate::new(&during).expect("cert");
+        let (cfg, _) = client(ApiTrust::Cas(old.cert_pem.clone()));
+        handshake(cfg, served.server_config().expect("server")).expect("during the rotation");
+        // A first contact during the rotation records the CA that signed
+        // the node, the one that stays.
+        let (cfg, verifier) = client(ApiTrust::FirstUse);
+        handshake(cfg, served.server_config().expect("server")).expect("first use");
+        let seen = verifier.seen_ca().expect("seen");
+        assert_eq!(
+            fingerprint_der(seen.as_ref()),
+            new.fingerprint().expect("fp")
+        );
+        let after = NodeCredentials {
+            ca_pem: new.cert_pem.clone(),
+            ..during
+        };
+        let served = ApiCertificate::new(&after).expect("cert");
+        let (cfg, _) = client(ApiTrust::Cas(old.cert_pem.clone()));
+        assert!(handshake(cfg, served.server_config().expect("server")).is_err());
     }
 
     #[test]

@@ -159,15 +159,20 @@ impl RpcEndpoint {
         Ok(this)
     }
 
-    /// Serves and dials with `creds` from now on (a renewed certificate).
-    /// Connections already open keep the certificate they were made with.
-    pub fn set_credentials(&self, creds: &NodeCredentials) -> Result<(), RpcError> {
+    /// Serves and dials with `creds` from now on (a renewed certificate, a
+    /// new set of trusted CAs). Connections this endpoint dialled are not
+    /// reused: the next call dials again and presents the new certificate
+    /// (calls in flight finish on the connection they started on, which
+    /// closes when they are done). Connections peers dialled keep the
+    /// certificates they were made with until those peers do the same.
+    pub async fn set_credentials(&self, creds: &NodeCredentials) -> Result<(), RpcError> {
         let server = member_server_config(creds)?;
         let client = member_client_config(creds)?;
         self.endpoint.set_server_config(Some(server));
         if let Ok(mut c) = self.client.write() {
             *c = client;
         }
+        self.connections.lock().await.clear();
         Ok(())
     }
 

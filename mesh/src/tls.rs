@@ -114,6 +114,26 @@ impl CaBundle {
         })
     }
 
+    /// The CA of generation `generation` of cluster `cluster_id` (the
+    /// one a rotation introduces): its name says which, so that two CAs of
+    /// one cluster never share a subject and a chain names its issuer
+    /// unambiguously.
+    pub fn generate_next(cluster_id: &str, generation: u32) -> Result<Self, TlsError> {
+        Self::generate(&format!("{cluster_id} #{generation}"))
+    }
+
+    /// `other`'s CA certificate signed by this CA (a cross-certificate,
+    /// with `other`'s subject, key and validity): a party that trusts only
+    /// this CA accepts certificates `other` signed when a chain carries it.
+    pub fn cross_sign(&self, other: &CaBundle) -> Result<String, TlsError> {
+        let issuer_key = KeyPair::from_pem(&self.key_pem)?;
+        let issuer =
+            CertificateParams::from_ca_cert_pem(&self.cert_pem)?.self_signed(&issuer_key)?;
+        let subject_key = KeyPair::from_pem(&other.key_pem)?;
+        let params = CertificateParams::from_ca_cert_pem(&other.cert_pem)?;
+        Ok(params.signed_by(&subject_key, &issuer, &issuer_key)?.pem())
+    }
+
     /// Whether the key is the one the certificate was made for (a key handed
     /// over by another node is checked before it is kept).
     pub fn key_matches(&self) -> bool {
@@ -226,6 +246,70 @@ pub fn member_id_of(cert_der: &[u8]) -> Option<u64> {
 
 pub fn fingerprint_der(der: &[u8]) -> String {
     blake3::hash(der).to_hex().to_string()
+}
+
+/// The fingerprint of a PEM's first certificate.
+pub fn fingerprint_pem(pem: &str) -> Option<String> {
+    pem_to_der(pem).ok().map(|der| fingerprint_der(&der))
+}
+
+/// Each certificate of a PEM bundle, as PEM of its own.
+pub fn split_certs(bundle: &str) -> Vec<String> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = Vec::new();
+    let mut rest = bundle;
+    while let Some(start) = rest.find(BEGIN) {
+        let Some(stop) = rest[start..].find(END) else {
+            break;
+        };
+        let end = start + stop + END.len();
+        out.push(format!("{}\n", &rest[start..end]));
+        rest = &rest[end..];
+    }
+    out
+}
+
+/// Whether the CA certificate `ca_pem` signed `cert_pem`: the CA's key
+/// verifies it as a node certificate. Its dates are not what is asked
+/// (it is checked as of the middle of its validity).
+pub fn issued_by(cert_pem: &str, ca_pem: &str) -> bool {
+    let (Ok(leaf), Ok(ca)) = (pem_to_der(cert_pem), pem_to_der(ca_pem)) else {
+        return false;
+    };
+    let Some((not_before, not_after)) = cert_validity(cert_pem) else {
+        return false;
+    };
+    let mut roots = RootCertStore::empty();
+    if roots.add(CertificateDer::from(ca)).is_err() {
+        return false;
+    }
+    let Ok(verifier) = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        crypto_provider(),
+    )
+    .build() else {
+        return false;
+    };
+    let Ok(name) = ServerName::try_from(CLUSTER_SERVER_NAME) else {
+        return false;
+    };
+    let midpoint = not_before.saturating_add(not_after.saturating_sub(not_before) / 2);
+    let at = UnixTime::since_unix_epoch(std::time::Duration::from_secs(
+        u64::try_from(midpoint).unwrap_or_default(),
+    ));
+    verifier
+        .verify_server_cert(&CertificateDer::from(leaf), &[], &name, &[], at)
+        .is_ok()
+}
+
+/// Which of the CA certificates in `ca_bundle` signed `cert_pem`: its
+/// fingerprint, the first that verifies it.
+pub fn issuer_fingerprint(cert_pem: &str, ca_bundle: &str) -> Option<String> {
+    split_certs(ca_bundle)
+        .iter()
+        .find(|ca| issued_by(cert_pem, ca))
+        .and_then(|ca| fingerprint_pem(ca))
 }
 
 fn pem_blocks(pem: &str, label: &str) -> Vec<Vec<u8>> {
@@ -375,8 +459,8 @@ pub fn joiner_client_config(
     Ok((cfg, verifier))
 }
 
-/// Accepts a server only if its chain includes the pinned CA and its leaf is
-/// validly signed by that CA.
+/// Accepts a server only if its chain includes the pinned CA and its leaf
+/// chains to that CA (signed by it, or through a certificate it signed).
 #[derive(Debug)]
 pub struct PinnedCaVerifier {
     pin: String,
@@ -416,7 +500,10 @@ impl ServerCertVerifier for PinnedCaVerifier {
         )
         .build()
         .map_err(|e| rustls::Error::General(e.to_string()))?;
-        inner.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)?;
+        // Through the chain the server sent: during a CA rotation a node
+        // with a certificate of the new CA also presents the new CA signed
+        // by the old one, which a token pinning the old CA accepts.
+        inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
         if let Ok(mut g) = self.matched_ca.lock() {
             *g = Some(ca.clone().into_owned());
         }
@@ -506,6 +593,150 @@ mod tests {
     fn garbage_csr_is_an_error_not_a_panic() {
         let ca = CaBundle::generate("test").expect("ca");
         assert!(ca.sign_csr("not a csr", "x", 1).is_err());
+    }
+
+    /// Runs a TLS handshake in memory; Ok when both sides accept.
+    fn handshake(client: rustls::ClientConfig, server: rustls::ServerConfig) -> Result<(), String> {
+        let name = ServerName::try_from(CLUSTER_SERVER_NAME).map_err(|e| e.to_string())?;
+        let mut c = rustls::ClientConnection::new(Arc::new(client), name.to_owned())
+            .map_err(|e| e.to_string())?;
+        let mut s = rustls::ServerConnection::new(Arc::new(server)).map_err(|e| e.to_string())?;
+        for _ in 0..10 {
+            let mut buf = Vec::new();
+            c.write_tls(&mut buf).map_err(|e| e.to_string())?;
+            s.read_tls(&mut buf.as_slice()).map_err(|e| e.to_string())?;
+            s.process_new_packets()
+                .map_err(|e| format!("server: {e}"))?;
+            let mut buf = Vec::new();
+            s.write_tls(&mut buf).map_err(|e| e.to_string())?;
+            c.read_tls(&mut buf.as_slice()).map_err(|e| e.to_string())?;
+            c.process_new_packets()
+                .map_err(|e| format!("client: {e}"))?;
+            if !c.is_handshaking() && !s.is_handshaking() {
+                return Ok(());
+            }
+        }
+        Err("the handshake did not finish".into())
+    }
+
+    /// An old CA, its successor, and the successor signed by the old one.
+    fn rotation() -> (CaBundle, CaBundle, String) {
+        let old = CaBundle::generate("c").expect("ca");
+        let new = CaBundle::generate_next("c", 1).expect("ca");
+        let cross = old.cross_sign(&new).expect("cross-sign");
+        (old, new, cross)
+    }
+
+    fn with_trust(creds: NodeCredentials, cas: &[&str]) -> NodeCredentials {
+        NodeCredentials {
+            ca_pem: cas.concat(),
+            ..creds
+        }
+    }
+
+    #[test]
+    fn peers_accept_either_ca_during_a_rotation_and_only_the_new_one_after() {
+        let (old, new, cross) = rotation();
+        let both = [old.cert_pem.as_str(), new.cert_pem.as_str(), cross.as_str()];
+        let old_node = with_trust(old.issue("n1", 1).expect("issue"), &both);
+        let new_node = with_trust(new.issue("n2", 2).expect("issue"), &both);
+        // Trusting both, each side accepts the other's certificate.
+        handshake(
+            old_node.client_config().expect("client"),
+            new_node.server_config().expect("server"),
+        )
+        .expect("an old certificate is accepted during the rotation");
+        handshake(
+            new_node.client_config().expect("client"),
+            old_node.server_config().expect("server"),
+        )
+        .expect("a new certificate is accepted during the rotation");
+        // After the retirement: the new CA alone.
+        let retired = with_trust(new.issue("n3", 3).expect("issue"), &[&new.cert_pem]);
+        assert!(
+            handshake(
+                old_node.client_config().expect("client"),
+                retired.server_config().expect("server"),
+            )
+            .is_err(),
+            "a client with a certificate of the retired CA was accepted"
+        );
+        assert!(
+            handshake(
+                retired.client_config().expect("client"),
+                old_node.server_config().expect("server"),
+            )
+            .is_err(),
+            "a server with a certificate of the retired CA was accepted"
+        );
+        handshake(
+            new_node.client_config().expect("client"),
+            retired.server_config().expect("server"),
+        )
+        .expect("the new CA's certificates still work");
+    }
+
+    #[test]
+    fn a_join_token_pinning_the_old_ca_verifies_a_node_of_the_new_one_through_the_cross_certificate(
+    ) {
+        let (old, new, cross) = rotation();
+        let old_pin = old.fingerprint().expect("fp");
+        let served = |cas: &[&str]| {
+            with_trust(new.issue("n1", 1).expect("issue"), cas)
+                .server_config()
+                .expect("server")
+        };
+        let joiner = || joiner_client_config(&old_pin).expect("joiner").0;
+        handshake(joiner(), served(&[&old.cert_pem, &new.cert_pem, &cross]))
+            .expect("the old pin verifies a new certificate through the cross-certificate");
+        assert!(
+            handshake(joiner(), served(&[&old.cert_pem, &new.cert_pem])).is_err(),
+            "without the cross-certificate the old CA vouches for nothing the new one signed"
+        );
+        assert!(
+            handshake(joiner(), served(&[&new.cert_pem])).is_err(),
+            "after the retirement an old pin is refused"
+        );
+        let new_pin = new.fingerprint().expect("fp");
+        handshake(
+            joiner_client_config(&new_pin).expect("joiner").0,
+            served(&[&new.cert_pem]),
+        )
+        .expect("a token pinning the new CA");
+    }
+
+    #[test]
+    fn the_issuer_of_a_certificate_is_found_in_a_bundle() {
+        let (old, new, cross) = rotation();
+        let bundle = format!("{}{}{}", old.cert_pem, new.cert_pem, cross);
+        assert_eq!(split_certs(&bundle).len(), 3);
+        assert_eq!(
+            fingerprint_pem(&split_certs(&bundle)[1]),
+            Some(new.fingerprint().expect("fp"))
+        );
+        let by_old = old.issue("n1", 1).expect("issue").cert_pem;
+        let by_new = new.issue("n1", 1).expect("issue").cert_pem;
+        assert_eq!(
+            issuer_fingerprint(&by_old, &bundle),
+            Some(old.fingerprint().expect("fp"))
+        );
+        assert_eq!(
+            issuer_fingerprint(&by_new, &bundle),
+            Some(new.fingerprint().expect("fp"))
+        );
+        assert!(issued_by(&by_new, &new.cert_pem));
+        assert!(!issued_by(&by_new, &old.cert_pem));
+        assert_eq!(issuer_fingerprint(&by_old, &new.cert_pem), None);
+        assert_eq!(issuer_fingerprint("garbage", &bundle), None);
+        // The two CAs of one cluster have different subjects.
+        assert_ne!(
+            CertificateParams::from_ca_cert_pem(&old.cert_pem)
+                .expect("params")
+                .distinguished_name,
+            CertificateParams::from_ca_cert_pem(&new.cert_pem)
+                .expect("params")
+                .distinguished_name
+        );
     }
 
     #[test]

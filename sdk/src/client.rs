@@ -179,6 +179,17 @@ impl Client {
         self.get("/v1/status").await
     }
 
+    /// The cluster CA and any rotation in progress (admin only).
+    pub async fn ca_status(&self) -> Result<CaStatus, ClientError> {
+        self.get("/v1/ca").await
+    }
+
+    /// Starts a rotation to a new cluster CA (admin only); refused while
+    /// one is in progress.
+    pub async fn rotate_ca(&self) -> Result<CaRotateResponse, ClientError> {
+        self.post("/v1/ca/rotate", &serde_json::json!({})).await
+    }
+
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>, ClientError> {
         self.get("/v1/nodes").await
     }

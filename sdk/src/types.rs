@@ -73,10 +73,70 @@ pub struct StatusResponse {
     pub members: Vec<MemberSummary>,
     /// The node that answered.
     pub node_id: u64,
-    /// BLAKE3 fingerprint of the cluster CA's certificate (as in join
-    /// tokens): what `shoal login --ca-fingerprint` pins.
+    /// Fingerprint (BLAKE3 of the DER, as join tokens pin it) of the
+    /// cluster CA that signs certificates now.
     #[serde(default)]
     pub ca_fingerprint: String,
+    /// The phase of a CA rotation in progress (`trusting`, `reissuing`).
+    #[serde(default)]
+    pub ca_rotation: Option<String>,
+}
+
+/// `shoal ca status --json` (`GET /v1/ca`): the cluster CA, any rotation
+/// in progress, and what each member trusts and holds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CaStatus {
+    /// `stable` (one CA), or the phase of the rotation in progress:
+    /// `trusting` (both CAs trusted, the old one signs) or `reissuing`
+    /// (both trusted, the new one signs, nodes renew).
+    pub phase: String,
+    /// The CA that signs certificates now and that new join tokens pin.
+    pub signing_fingerprint: String,
+    /// The CAs every node trusts: one, or both during a rotation.
+    pub trusted: Vec<String>,
+    #[serde(default)]
+    pub old_fingerprint: Option<String>,
+    #[serde(default)]
+    pub new_fingerprint: Option<String>,
+    #[serde(default)]
+    pub started_at_ms: Option<u64>,
+    #[serde(default)]
+    pub phase_since_ms: Option<u64>,
+    /// Rotations started since the cluster was created.
+    pub rotations: u32,
+    pub members: Vec<MemberCa>,
+    /// Why the rotation has not moved on yet, one line per member.
+    #[serde(default)]
+    pub waiting_for: Vec<String>,
+    /// The trusted CA certificates (PEM), for clients that check the
+    /// nodes' HTTPS API against the cluster CA.
+    pub trusted_pem: String,
+}
+
+/// One member in [`CaStatus`], as it last reported.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct MemberCa {
+    pub id: u64,
+    pub name: String,
+    pub state: MemberState,
+    /// Fingerprint of the CA that signed its certificate; `None` before it
+    /// reported.
+    #[serde(default)]
+    pub cert_ca: Option<String>,
+    /// Fingerprints of the CAs it accepts peers from.
+    #[serde(default)]
+    pub trusts: Vec<String>,
+    #[serde(default)]
+    pub reported_at_ms: Option<u64>,
+}
+
+/// `shoal ca rotate --json`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CaRotateResponse {
+    /// Log index of the entry that started the rotation.
+    pub index: u64,
+    pub old_fingerprint: String,
+    pub new_fingerprint: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod ca_rotation;
 mod cluster;
 mod hostile_input;
 mod mesh_scale;

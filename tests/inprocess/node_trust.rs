@@ -470,7 +470,13 @@ async fn voters_hold_the_ca_key_and_a_learners_disk_never_does() {
     // With the learner's own certificate: the key is not handed over, and
     // it may not campaign (nor lead) to get it another way.
     let rogue = impersonate(&c, learner.id(), learner.name());
-    let answer = call(&rogue, leader.rpc_addr(), &Request::FetchCaKey).await;
+    let fingerprint = cluster_ca(&c).fingerprint().expect("fingerprint");
+    let answer = call(
+        &rogue,
+        leader.rpc_addr(),
+        &Request::FetchCaKey { fingerprint },
+    )
+    .await;
     assert!(
         refused(&answer),
         "a learner got an answer to FetchCaKey: {answer:?}"

@@ -213,6 +213,75 @@ async fn status_nodes_and_token_follow_the_interface() {
     assert!(stderr.contains("already holds node"), "{stderr}");
 }
 
+/// `shoal ca rotate|status`: JSON shapes, a second rotation refused as one
+/// error line, and `shoal status` naming the CA that signs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_rotate_and_status_follow_the_interface() {
+    let _serial = common::one_at_a_time();
+    let root = tempfile::tempdir().expect("tmp");
+    let mut n1 = NodeProc::new(root.path(), "n1", &[]);
+    n1.bootstrap();
+    let token = n1.admin_token();
+    let api = n1.api_url();
+    wait_for("the API", Duration::from_secs(30), || async {
+        n1.client(&token).status().await.ok()
+    })
+    .await;
+    let shoal = |args: &[&str]| {
+        let mut argv = vec!["--api", api.as_str(), "--token", token.as_str()];
+        argv.extend_from_slice(args);
+        run(&argv, &[])
+    };
+    let json = |args: &[&str]| {
+        let (code, stdout, stderr) = shoal(args);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        serde_json::from_str::<serde_json::Value>(&stdout).expect("one JSON document")
+    };
+    let before = json(&["ca", "status", "--json"]);
+    assert_eq!(before["phase"], "stable");
+    let old = before["signing_fingerprint"]
+        .as_str()
+        .expect("fingerprint")
+        .to_string();
+    assert_eq!(json(&["status", "--json"])["ca_fingerprint"], old.as_str());
+
+    let rotated = json(&["ca", "rotate", "--json"]);
+    assert_eq!(rotated["old_fingerprint"], old.as_str());
+    let new = rotated["new_fingerprint"]
+        .as_str()
+        .expect("fingerprint")
+        .to_string();
+    assert_ne!(new, old);
+    let (code, stdout, stderr) = shoal(&["ca", "rotate"]);
+    assert_eq!(code, 1, "a second rotation was not refused: {stdout}");
+    assert_one_error_line(&stderr);
+    assert!(stderr.contains("already in progress"), "{stderr}");
+
+    let done = wait_for("the rotation done", Duration::from_secs(60), || {
+        let s = json(&["ca", "status", "--json"]);
+        let done = s["phase"] == "stable" && s["signing_fingerprint"] == new.as_str();
+        async move { done.then_some(s) }
+    })
+    .await;
+    for key in ["trusted", "members", "rotations", "trusted_pem"] {
+        assert!(
+            done.get(key).is_some(),
+            "ca status --json lacks {key}: {done}"
+        );
+    }
+    assert_eq!(done["rotations"], 1);
+    assert_eq!(done["members"][0]["cert_ca"], new.as_str());
+    let (code, stdout, _) = shoal(&["ca", "status"]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("phase    stable") && stdout.contains(&new),
+        "{stdout}"
+    );
+    let (code, stdout, _) = shoal(&["status"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains(&format!("ca       {new}")), "{stdout}");
+}
+
 /// `shoal token create|ls|revoke` and `shoal token api [ls|revoke|rotate-admin]`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_and_api_tokens_are_listed_revoked_and_rotated() {

@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use shoal_sdk::MemberState;
 
 use super::{
-    Allocation, Checkpoint, CkptPart, GpuFault, Job, JobId, JobSpec, JobState, Plan, PlannedPlacement, Stop,
-    StopCause, Tenant, TenantLimits, TenantUpdate, Workload, CKPT_RETAIN, DEFAULT_TENANT,
-    FAIR_SHARE_HALF_LIFE_MS, MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES,
-    REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
+    Allocation, Checkpoint, CkptPart, GpuFault, Job, JobId, JobSpec, JobState, Plan,
+    PlannedPlacement, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, Workload, CKPT_RETAIN,
+    DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES,
+    MAX_MANIFEST_BYTES, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
 };
 use crate::ledger::{validate_name, Member};
 use crate::types::NodeId;

@@ -763,7 +763,10 @@ fn a_faulty_gpu_moves_its_gang_and_takes_no_work_until_returned() {
         gpu: 9,
         fault: fault("XID 79"),
     });
-    assert!(matches!(missing, LedgerResponse::Rejected(_)), "{missing:?}");
+    assert!(
+        matches!(missing, LedgerResponse::Rejected(_)),
+        "{missing:?}"
+    );
     r.apply(Command::SetGpuFault {
         node,
         gpu: bad,
@@ -777,15 +780,25 @@ fn a_faulty_gpu_moves_its_gang_and_takes_no_work_until_returned() {
         fault: fault("again"),
     });
     assert_eq!(
-        r.ledger.workload.gpu_fault(node, bad).map(|f| f.reason.as_str()),
+        r.ledger
+            .workload
+            .gpu_fault(node, bad)
+            .map(|f| f.reason.as_str()),
         Some("XID 79: fell off the bus")
     );
     r.exit_all(id, 137);
     assert_eq!(r.job(id).state, JobState::Requeued);
-    assert_eq!(r.job(id).restarts, 0, "a broken GPU is not the job's failure");
+    assert_eq!(
+        r.job(id).restarts,
+        0,
+        "a broken GPU is not the job's failure"
+    );
     r.pass(Policy::Hdrf);
     let moved = r.job(id).alloc.clone().expect("re-placed");
-    assert!(!moved.nodes[0].1.contains(&bad), "placed on the faulty GPU again");
+    assert!(
+        !moved.nodes[0].1.contains(&bad),
+        "placed on the faulty GPU again"
+    );
     // The node's other GPU is taken: nothing is left for a second job.
     let other = r.submit(job(DEFAULT_TENANT, 1, 1));
     r.pass(Policy::Hdrf);

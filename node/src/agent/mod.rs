@@ -362,7 +362,7 @@ impl Agent {
         } else {
             None
         };
-        spawn_workers(&node, gossip, gossip_events, cgroups, rank_ca_file);
+        spawn_workers(&node, gossip, gossip_events, cgroups, rank_ca_file.clone());
         workers::spawn(
             workers::ca_custody::CaCustody {
                 ledger: node.ledger().clone(),
@@ -370,15 +370,18 @@ impl Agent {
             },
             node.shutdown_signal(),
         );
-        let cert_lifetime = Duration::from_secs(cfg.cert_lifetime_s);
         workers::spawn(
-            workers::cert_renewal::CertRenewal {
-                ledger: node.ledger().clone(),
+            workers::ca_rotation::CaRotationDriver::new(node.ledger().clone(), data_dir.clone()),
+            node.shutdown_signal(),
+        );
+        workers::spawn(
+            workers::cert_renewal::CertRenewal::new(
+                node.ledger().clone(),
                 in_force,
-                data_dir: data_dir.clone(),
-                identity: ident.clone(),
-                period: workers::cert_renewal::CertRenewal::period_for(cert_lifetime),
-            },
+                data_dir.clone(),
+                ident.clone(),
+                rank_ca_file.clone(),
+            ),
             node.shutdown_signal(),
         );
 
@@ -499,26 +502,38 @@ fn reissue_if_expired(
     if !expired {
         return Ok(ident);
     }
-    let Some(key_pem) = crate::node::ca_key::load(data_dir) else {
+    // The CA that signed the expired certificate if this node holds its
+    // key (its peers trusted it last), else any CA it trusts and holds the
+    // key of (mid-rotation).
+    let trusted = shoal_mesh::tls::split_certs(&ident.credentials.ca_pem);
+    let signer = trusted
+        .iter()
+        .position(|c| shoal_mesh::tls::issued_by(&ident.credentials.cert_pem, c));
+    let ca = signer.into_iter().chain(0..trusted.len()).find_map(|i| {
+        crate::node::ca_key::key_for(data_dir, &trusted[i]).map(|key_pem| CaBundle {
+            cert_pem: trusted[i].clone(),
+            key_pem,
+        })
+    });
+    let Some(ca) = ca else {
+        if crate::node::ca_key::load(data_dir).is_some() {
+            return Err(AgentError::Config(
+                "the CA key in the data dir does not match the cluster CA".into(),
+            ));
+        }
         tracing::error!(
             "this node's certificate has expired and it holds no CA key: remove it (shoal node remove) and join it again"
         );
         return Ok(ident);
     };
-    let ca = CaBundle {
-        cert_pem: ident.credentials.ca_pem.clone(),
-        key_pem,
-    };
-    if !ca.key_matches() {
-        return Err(AgentError::Config(
-            "the CA key in the data dir does not match the cluster CA".into(),
-        ));
-    }
     let credentials = ca
         .issue_for(&ident.name, ident.node_id, lifetime)
         .map_err(|e| AgentError::Config(e.to_string()))?;
     let renewed = Identity {
-        credentials,
+        credentials: shoal_mesh::NodeCredentials {
+            ca_pem: ident.credentials.ca_pem.clone(),
+            ..credentials
+        },
         ..ident
     };
     identity::save_identity(data_dir, &renewed).map_err(AgentError::Io)?;

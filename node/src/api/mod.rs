@@ -9,6 +9,7 @@
 //! This node only relays: it cannot make a user's write say more than the
 //! user's token allows.
 
+pub mod ca;
 pub mod scope;
 pub mod scrape;
 pub mod serve;
@@ -45,6 +46,7 @@ const ADMIN_READS: &[(&str, &str)] = &[
     ("GET", "/v1/attrs"),
     ("GET", "/v1/tokens"),
     ("GET", "/v1/api-tokens"),
+    ("GET", "/v1/ca"),
 ];
 
 /// The writes (method, route) a tenant-scoped token may make; every other
@@ -127,6 +129,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api-tokens/revoke", post(tokens::revoke_api_token))
         .route("/api-tokens/rotate-admin", post(tokens::rotate_admin_token))
         .route("/attrs", post(put_attr).get(get_attrs))
+        .route("/ca", get(ca::status))
+        .route("/ca/rotate", post(ca::rotate))
         .route("/jobs", post(submit_job).get(list_jobs))
         .route("/jobs/{id}", get(show_job))
         .route("/jobs/{id}/cancel", post(cancel_job))
@@ -867,7 +871,9 @@ async fn drain_gpu(
     Path((node, gpu)): Path<(String, u32)>,
     Json(body): Json<GpuDrainBody>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let reason = body.reason.unwrap_or_else(|| "drained by an operator".into());
+    let reason = body
+        .reason
+        .unwrap_or_else(|| "drained by an operator".into());
     set_gpu_drain(&app, &caller, &node, gpu, Some(reason)).await
 }
 

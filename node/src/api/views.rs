@@ -418,16 +418,11 @@ pub fn answer(
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
     match q {
         Query::Status => {
-            let (cluster_id, region, ca_fingerprint) = d
+            let (cluster_id, region) = d
                 .ledger
                 .cluster
                 .as_ref()
-                .map(|c| {
-                    let fingerprint = shoal_mesh::tls::pem_to_der(&c.ca_cert_pem)
-                        .map(|der| shoal_mesh::tls::fingerprint_der(&der))
-                        .unwrap_or_default();
-                    (c.cluster_id.clone(), c.region.clone(), fingerprint)
-                })
+                .map(|c| (c.cluster_id.clone(), c.region.clone()))
                 .unwrap_or_default();
             Ok(Response::Status(StatusResponse {
                 cluster_id,
@@ -447,7 +442,18 @@ pub fn answer(
                     })
                     .collect(),
                 node_id: seen.me,
-                ca_fingerprint,
+                ca_fingerprint: d
+                    .ledger
+                    .cluster
+                    .as_ref()
+                    .and_then(|c| shoal_mesh::tls::fingerprint_pem(&c.ca_cert_pem))
+                    .unwrap_or_default(),
+                ca_rotation: d
+                    .ledger
+                    .ca
+                    .rotation
+                    .as_ref()
+                    .map(|r| r.phase.as_str().to_string()),
             }))
         }
         Query::Attrs { prefix } => Ok(Response::Attrs(

@@ -1,6 +1,7 @@
 //! The command-line interface: `shoal agent` runs a node; every other
 //! command is a client of some node's HTTP API (INTERFACE.md).
 
+pub mod ca;
 pub mod ckpt;
 pub mod cp;
 pub mod demo;
@@ -100,6 +101,11 @@ enum Cmd {
         /// Accept only a cluster CA with this fingerprint (`shoal status` on a node shows it)
         #[arg(long)]
         ca_fingerprint: Option<String>,
+    },
+    /// The cluster CA: `ca rotate` replaces it without downtime, `ca status` follows it
+    Ca {
+        #[command(subcommand)]
+        cmd: crate::cli::ca::CaCmd,
     },
     /// Cluster status: leader, term, voters, members
     Status,
@@ -469,6 +475,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .or_else(|| std::env::var("SHOAL_TOKEN").ok().filter(|t| !t.is_empty()));
             login::login(url, token, ca_fingerprint.as_deref(), cli.json).await
         }
+        Cmd::Ca { cmd } => crate::cli::ca::run(&client(&cli)?, cmd, cli.json).await,
         Cmd::Status => {
             let s = client(&cli)?.status().await.map_err(api_err)?;
             if cli.json {
@@ -876,6 +883,13 @@ fn format_status(s: &StatusResponse) -> String {
         )),
         None => out.push_str("leader   none\n"),
     }
+    if !s.ca_fingerprint.is_empty() {
+        out.push_str(&format!("ca       {}", s.ca_fingerprint));
+        match &s.ca_rotation {
+            Some(phase) => out.push_str(&format!("  (rotation: {phase}; shoal ca status)\n")),
+            None => out.push('\n'),
+        }
+    }
     out.push_str(&format!(
         "voters   {}\n",
         s.voters
@@ -954,7 +968,11 @@ fn format_nodes(nodes: &[NodeInfo]) -> String {
     }
     // GPUs that take no work, one line each, so nobody wonders why.
     for n in nodes {
-        for g in n.gpus.iter().filter(|g| g.health != "ok" && !g.health.is_empty()) {
+        for g in n
+            .gpus
+            .iter()
+            .filter(|g| g.health != "ok" && !g.health.is_empty())
+        {
             out.push_str(&format!(
                 "  GPU {}:{} {}: {}\n",
                 n.name,

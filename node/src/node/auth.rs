@@ -319,19 +319,25 @@ pub async fn admit(
             "the cluster is not bootstrapped yet",
         )
     })?;
-    let pin = CaBundle {
-        cert_pem: cluster.ca_cert_pem.clone(),
-        key_pem: String::new(),
-    }
-    .fingerprint()
-    .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
-    if pin != j.ca_pin {
+    // A token pins the CA that signed when it was made: during a CA
+    // rotation either trusted CA; the answer names the pinned one first,
+    // which is what the joiner checks, and the others after it.
+    let trusted = ledger.read()?.ledger.trusted_ca_pems();
+    let Some(pinned) = trusted.iter().position(|c| {
+        shoal_mesh::tls::fingerprint_pem(c).is_some_and(|f| f.eq_ignore_ascii_case(&j.ca_pin))
+    }) else {
         return Err(refuse_join(
             ledger,
             &j,
             "the join token was issued by another cluster (CA pin mismatch)".into(),
         ));
-    }
+    };
+    let ca_pem = {
+        let d = ledger.read()?;
+        let mut pems = vec![trusted[pinned].clone()];
+        pems.extend(split_bundle(&d.ledger.ca_bundle_pem(), &trusted[pinned]));
+        shoal_consensus::ca::join_pems(&pems)
+    };
     // A join whose answer was lost (a leader change, a timeout) is retried
     // by the joiner or by the forwarding node; the gossip peer id comes
     // from the joiner's own fresh key, so the same name with the same peer
@@ -390,7 +396,7 @@ pub async fn admit(
             cluster_id: cluster.cluster_id,
             region: cluster.region,
             cert_pem,
-            ca_pem: cluster.ca_cert_pem,
+            ca_pem,
         });
     }
     let cmd = Command::AddMember {
@@ -432,8 +438,16 @@ pub async fn admit(
         cluster_id: cluster.cluster_id,
         region: cluster.region,
         cert_pem,
-        ca_pem: cluster.ca_cert_pem,
+        ca_pem,
     })
+}
+
+/// The certificates of a PEM bundle other than `but`.
+fn split_bundle(bundle: &str, but: &str) -> Vec<String> {
+    shoal_mesh::tls::split_certs(bundle)
+        .into_iter()
+        .filter(|c| c.trim() != but.trim())
+        .collect()
 }
 /// What the leader signs node certificates with: the CA key in its data dir
 /// and the configured lifetime.

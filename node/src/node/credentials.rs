@@ -18,9 +18,10 @@ impl CredentialsInForce {
     }
 
     /// Serves and dials with `creds` from the next connection on.
-    pub fn install(&self, creds: &NodeCredentials) -> Result<(), String> {
+    pub async fn install(&self, creds: &NodeCredentials) -> Result<(), String> {
         self.rpc
             .set_credentials(creds)
+            .await
             .map_err(|e| format!("the RPC endpoint refused the credentials: {e}"))?;
         self.api
             .set(creds)

@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod batcher;
 pub mod ca_key;
+pub mod ca_rotation;
 pub mod client;
 pub mod clock;
 pub mod config;

@@ -76,7 +76,7 @@ impl NodeService {
                 Ok(()) => Ok(Response::Raft(self.serve_raft(rpc).await)),
                 Err(e) => Err(e),
             },
-            Request::FetchCaKey => self.hand_over_ca_key(member),
+            Request::FetchCaKey { fingerprint } => self.hand_over_ca_key(member, &fingerprint),
             // A certificate for the caller itself, never for the id it wrote.
             Request::RenewCertificate { csr_pem, .. } => {
                 self.serve_as_leader(Request::RenewCertificate { member, csr_pem })
@@ -166,32 +166,37 @@ impl NodeService {
         })
     }
 
-    /// Whether this node holds a CA key that matches the ledger's CA.
+    /// Whether this node holds the key of every CA its ledger trusts.
     fn holds_ca_key(&self) -> bool {
-        let Some(key_pem) = crate::node::ca_key::load(&self.signing.data_dir) else {
-            return false;
+        let trusted = match self.ledger.read() {
+            Ok(d) => d.ledger.trusted_ca_pems(),
+            Err(_) => return false,
         };
-        self.ledger.read().is_ok_and(|d| {
-            d.ledger.cluster.as_ref().is_some_and(|c| {
-                shoal_mesh::CaBundle {
-                    cert_pem: c.ca_cert_pem.clone(),
-                    key_pem: key_pem.clone(),
-                }
-                .key_matches()
-            })
-        })
+        !trusted.is_empty()
+            && trusted
+                .iter()
+                .all(|cert| crate::node::ca_key::key_for(&self.signing.data_dir, cert).is_some())
     }
 
-    /// The CA key, to a current voter only (a learner never gets it).
-    fn hand_over_ca_key(&self, member: NodeId) -> Result<Response, WireError> {
+    /// The key of the trusted CA with certificate `fingerprint`, to a
+    /// current voter only (a learner never gets one).
+    fn hand_over_ca_key(&self, member: NodeId, fingerprint: &str) -> Result<Response, WireError> {
         if !self.ledger.voters().contains(&member) {
             let why = format!("node {member} asked for the CA key but is not a voter");
             self.audit(format!("refused a request: {why}"));
             return Err(WireError::new(ErrorCode::Forbidden, why));
         }
-        let key = crate::node::ca_key::load(&self.signing.data_dir).map(UserToken);
+        let cert = self.ledger.read().ok().and_then(|d| {
+            d.ledger.trusted_ca_pems().into_iter().find(|c| {
+                shoal_mesh::tls::fingerprint_pem(c)
+                    .is_some_and(|f| f.eq_ignore_ascii_case(fingerprint))
+            })
+        });
+        let key = cert
+            .and_then(|c| crate::node::ca_key::key_for(&self.signing.data_dir, &c))
+            .map(UserToken);
         if key.is_some() {
-            tracing::info!(node = member, "handed the CA key to a voter");
+            tracing::info!(node = member, ca = %shoal_consensus::ca::short(fingerprint), "handed a CA key to a voter");
         }
         Ok(Response::CaKey(key))
     }
@@ -267,7 +272,17 @@ impl NodeService {
                 }
                 self.remove_local(id).await
             }
-            Request::HoldsCaKey | Request::FetchCaKey => Err(WireError::new(
+            Request::RotateCa { token } => {
+                let caller = self.user(&token)?;
+                let r =
+                    crate::node::ca_rotation::start(&self.ledger, &caller, &self.signing).await?;
+                Ok(Response::CaRotated {
+                    index: r.index,
+                    old_fingerprint: r.old_fingerprint,
+                    new_fingerprint: r.new_fingerprint,
+                })
+            }
+            Request::HoldsCaKey | Request::FetchCaKey { .. } => Err(WireError::new(
                 ErrorCode::Invalid,
                 "CA key requests are served by the node asked, not routed",
             )),

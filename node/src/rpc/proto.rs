@@ -42,11 +42,20 @@ pub enum Request {
         member: u64,
         csr_pem: String,
     },
-    /// The cluster CA key, for a voter that lacks it (served by a holder,
-    /// only to a current voter).
-    FetchCaKey,
-    /// Whether the receiving node holds the CA key.
+    /// The key of the trusted CA with this certificate fingerprint, for a
+    /// voter that lacks it (served by a holder, only to a current voter;
+    /// during a CA rotation the cluster trusts two CAs).
+    FetchCaKey {
+        fingerprint: String,
+    },
+    /// Whether the receiving node holds the key of every CA the cluster
+    /// trusts.
     HoldsCaKey,
+    /// `shoal ca rotate` with an admin's token (leader only): a new CA, and
+    /// the rotation to it starts.
+    RotateCa {
+        token: UserToken,
+    },
 }
 
 /// A user's API token on its way to the leader. Only its holder and the
@@ -137,6 +146,12 @@ pub enum Response {
     /// The CA key (PEM), `None` when the node does not hold it.
     CaKey(Option<UserToken>),
     Holds(bool),
+    /// A CA rotation started at log `index`.
+    CaRotated {
+        index: u64,
+        old_fingerprint: String,
+        new_fingerprint: String,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone)]

@@ -1,9 +1,11 @@
-//! Keeps the CA key where it belongs: every voter holds it (so whichever
-//! voter leads can admit joiners and renew certificates), no learner does.
-//! A voter without it fetches it from another voter over mTLS and checks it
-//! against the ledger's CA certificate; a node that is no longer a voter
-//! deletes it once another voter is known to hold it, so the key is never
-//! lost with the last copy.
+//! Keeps the CA keys where they belong: every voter holds the key of every
+//! CA the cluster trusts (so whichever voter leads can admit joiners, renew
+//! certificates and carry a CA rotation through), no learner does, and
+//! nobody keeps a retired CA's key. A voter without a key fetches it from
+//! another voter over mTLS, naming the CA by fingerprint, and checks it
+//! against the ledger's certificate; a node that is no longer a voter
+//! deletes its keys once another voter is known to hold them all, so a key
+//! is never lost with its last copy.
 
 use super::Worker;
 use crate::node::{ca_key, LedgerClient};
@@ -19,7 +21,7 @@ pub struct CaCustody {
     pub data_dir: PathBuf,
 }
 
-/// What a node should do about the CA key.
+/// What a node should do about the CA keys.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Duty {
     Nothing,
@@ -27,19 +29,55 @@ pub enum Duty {
     Shed,
 }
 
-/// Pure: a voter must hold the key, anyone else must not.
-pub fn duty(voter: bool, holds: bool) -> Duty {
-    match (voter, holds) {
-        (true, false) => Duty::Fetch,
-        (false, true) => Duty::Shed,
+/// Pure: a voter must hold the key of every trusted CA, anyone else none.
+/// A node that stopped voting during a rotation keeps its keys until the
+/// rotation is over: another voter's answer that it holds "every" key is
+/// judged by that voter's ledger, which may not have the rotation yet.
+pub fn duty(voter: bool, missing_any: bool, holds_any: bool, rotating: bool) -> Duty {
+    match (voter, missing_any, holds_any) {
+        (true, true, _) => Duty::Fetch,
+        (false, _, true) if !rotating => Duty::Shed,
         _ => Duty::Nothing,
     }
 }
 
+/// What the ledger says about CA keys.
+struct Wanted {
+    /// Certificates of the CAs the cluster trusts.
+    trusted: Vec<String>,
+    /// Certificates of retired CAs (not trusted any more).
+    retired: Vec<String>,
+    rotating: bool,
+}
+
+fn matches(cert_pem: &str, key_pem: &str) -> bool {
+    CaBundle {
+        cert_pem: cert_pem.to_string(),
+        key_pem: key_pem.to_string(),
+    }
+    .key_matches()
+}
+
 impl CaCustody {
-    fn ca_cert(&self) -> Option<String> {
+    fn wanted(&self) -> Option<Wanted> {
         let d = self.ledger.read().ok()?;
-        d.ledger.cluster.as_ref().map(|c| c.ca_cert_pem.clone())
+        let trusted = d.ledger.trusted_ca_pems();
+        if trusted.is_empty() {
+            return None;
+        }
+        let retired = d
+            .ledger
+            .ca
+            .retired
+            .iter()
+            .filter(|c| !trusted.contains(c))
+            .cloned()
+            .collect();
+        Some(Wanted {
+            trusted,
+            retired,
+            rotating: d.ledger.ca.rotation.is_some(),
+        })
     }
 
     fn other_voters(&self) -> Vec<NodeId> {
@@ -69,33 +107,33 @@ impl CaCustody {
         ids
     }
 
-    async fn fetch(&self) {
-        let Some(cert_pem) = self.ca_cert() else {
+    /// Fetches the key of the CA whose certificate is `cert_pem`.
+    async fn fetch(&self, cert_pem: &str) {
+        let Some(fingerprint) = shoal_mesh::tls::fingerprint_pem(cert_pem) else {
             return;
         };
-        for voter in self.holders_to_ask() {
-            let Ok(Response::CaKey(Some(key))) =
-                self.ledger.call_member(voter, &Request::FetchCaKey).await
-            else {
+        let short = shoal_consensus::ca::short(&fingerprint).to_string();
+        let req = Request::FetchCaKey {
+            fingerprint: fingerprint.clone(),
+        };
+        for holder in self.holders_to_ask() {
+            let Ok(Response::CaKey(Some(key))) = self.ledger.call_member(holder, &req).await else {
                 continue;
             };
-            let ca = CaBundle {
-                cert_pem: cert_pem.clone(),
-                key_pem: key.0,
-            };
-            if !ca.key_matches() {
+            if !matches(cert_pem, &key.0) {
                 tracing::warn!(
-                    from = voter,
-                    "a voter handed over a key that is not the cluster CA's"
+                    from = holder,
+                    ca = %short,
+                    "a voter handed over a key that is not the CA's"
                 );
                 continue;
             }
-            match ca_key::store(&self.data_dir, &ca.key_pem) {
+            match ca_key::add(&self.data_dir, &key.0) {
                 Ok(()) => {
-                    tracing::info!(from = voter, "this voter now holds the CA key");
+                    tracing::info!(from = holder, ca = %short, "this voter now holds the key of the CA");
                     return;
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot store the CA key"),
+                Err(e) => tracing::warn!(error = %e, "cannot store a CA key"),
             }
         }
     }
@@ -116,6 +154,18 @@ impl CaCustody {
             }
         }
     }
+
+    /// Deletes the keys of retired CAs, on every node.
+    fn drop_retired(&self, retired: &[String]) {
+        if retired.is_empty() {
+            return;
+        }
+        match ca_key::retain(&self.data_dir, |k| !retired.iter().any(|c| matches(c, k))) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(keys = n, "deleted the key of a retired cluster CA"),
+            Err(e) => tracing::warn!(error = %e, "cannot delete the key of a retired CA"),
+        }
+    }
 }
 
 impl Worker for CaCustody {
@@ -124,10 +174,23 @@ impl Worker for CaCustody {
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {
+        let Some(wanted) = self.wanted() else {
+            return ControlFlow::Continue(());
+        };
+        self.drop_retired(&wanted.retired);
         let voter = self.ledger.voters().contains(&self.ledger.me());
-        let holds = ca_key::load(&self.data_dir).is_some();
-        match duty(voter, holds) {
-            Duty::Fetch => self.fetch().await,
+        let missing: Vec<&String> = wanted
+            .trusted
+            .iter()
+            .filter(|c| ca_key::key_for(&self.data_dir, c).is_none())
+            .collect();
+        let holds_any = !ca_key::keys(&self.data_dir).is_empty();
+        match duty(voter, !missing.is_empty(), holds_any, wanted.rotating) {
+            Duty::Fetch => {
+                for cert in missing {
+                    self.fetch(cert).await;
+                }
+            }
             Duty::Shed => self.shed().await,
             Duty::Nothing => {}
         }
@@ -140,10 +203,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn voters_hold_the_key_and_nobody_else() {
-        assert_eq!(duty(true, false), Duty::Fetch);
-        assert_eq!(duty(true, true), Duty::Nothing);
-        assert_eq!(duty(false, true), Duty::Shed);
-        assert_eq!(duty(false, false), Duty::Nothing);
+    fn voters_hold_every_key_and_nobody_else() {
+        assert_eq!(duty(true, true, false, false), Duty::Fetch);
+        assert_eq!(
+            duty(true, true, true, true),
+            Duty::Fetch,
+            "a rotation's new key"
+        );
+        assert_eq!(duty(true, false, true, false), Duty::Nothing);
+        assert_eq!(duty(false, false, true, false), Duty::Shed);
+        assert_eq!(duty(false, true, false, false), Duty::Nothing);
+        assert_eq!(
+            duty(false, false, true, true),
+            Duty::Nothing,
+            "a former voter keeps its keys until the rotation is over"
+        );
     }
 }

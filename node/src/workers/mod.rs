@@ -4,6 +4,7 @@
 
 pub mod anomaly;
 pub mod ca_custody;
+pub mod ca_rotation;
 pub mod cert_renewal;
 pub mod durability;
 pub mod gossip;
