@@ -13,3 +13,4 @@ mod cp;
 mod isolation;
 mod jobs;
 mod metrics;
+mod recovery;

@@ -3,6 +3,7 @@
 //! a [`Node`], and spawns its loops.
 
 pub mod join;
+pub mod recovery;
 pub mod testkit;
 
 use crate::executor::account::RankUsers;
