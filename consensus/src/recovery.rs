@@ -193,6 +193,12 @@ pub fn write_as_only_state(
     tx.commit().map_err(write_err)
 }
 
+/// Node ids a recovery skips: the lost part of the cluster may have
+/// admitted members after the last entry the recovered ledger holds, and
+/// with the CA kept their certificates stay valid; a node that joins the
+/// recovered cluster must never get the id one of them has.
+pub const ID_GAP_AFTER_RECOVERY: NodeId = 1000;
+
 /// Who the one member of the recovered cluster is.
 #[derive(Clone, Debug)]
 pub enum Survivor {
@@ -220,7 +226,8 @@ pub struct Reseated {
 
 /// Makes the ledger that of a cluster whose only member is `survivor`, at
 /// `rpc_addr`: every other member leaves (through the same command a
-/// removal commits), unused join tokens are revoked, the survivor is alive,
+/// removal commits), node ids skip [`ID_GAP_AFTER_RECOVERY`], unused join
+/// tokens are revoked, the survivor is alive,
 /// an event records the recovery and `why`, and the Raft membership is the
 /// survivor alone as voter. The ledger's admin and API tokens, tenants,
 /// jobs, objects and checkpoint catalog stay. Deterministic for `now_ms`.
@@ -274,6 +281,7 @@ pub fn reseat(
             other => return Err(format!("could not remove node {id} ({name}): {other:?}")),
         }
     }
+    ledger.next_node_id = ledger.next_node_id.saturating_add(ID_GAP_AFTER_RECOVERY);
     let open_tokens: Vec<String> = ledger
         .join_tokens
         .values()

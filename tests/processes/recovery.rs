@@ -42,6 +42,41 @@ fn json_of(out: &Output, what: &str) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {:?}", out.stdout))
 }
 
+/// `shoal ARGS` with a terminal as its stdin, on which `answer` is typed.
+fn shoal_at_a_terminal(args: &[&str], answer: &str) -> Output {
+    use std::ffi::CStr;
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain pty calls on descriptors this function owns; the name
+    // ptsname returns is copied before any other pty call.
+    let (master, slave) = unsafe {
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(master >= 0, "posix_openpt failed");
+        assert_eq!(libc::grantpt(master), 0, "grantpt");
+        assert_eq!(libc::unlockpt(master), 0, "unlockpt");
+        let name = CStr::from_ptr(libc::ptsname(master)).to_owned();
+        let slave = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY);
+        assert!(slave >= 0, "open the pty's terminal");
+        (
+            std::fs::File::from_raw_fd(master),
+            std::fs::File::from_raw_fd(slave),
+        )
+    };
+    let mut master = master;
+    master
+        .write_all(format!("{answer}\n").as_bytes())
+        .expect("type the answer");
+    let out = Command::new(shoal_bin())
+        .args(args)
+        .env_remove("SHOAL_DATA_DIR")
+        .env_remove("SHOAL_CONFIG")
+        .stdin(Stdio::from(slave))
+        .output()
+        .expect("run shoal");
+    drop(master);
+    out
+}
+
 /// Exit 1 and one `error:` line on stderr that says `why`.
 fn refused(out: &Output, why: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
@@ -286,11 +321,11 @@ async fn a_snapshot_saved_from_a_follower_restores_into_a_new_cluster_with_the_s
         "is not empty",
     );
 
-    // Restored into a fresh dir, the agent starts a one-voter cluster.
+    // Restored into a fresh dir, the agent starts a one-voter cluster. The
+    // restore is told neither its addresses nor its ports: the defaults are
+    // recorded, and the agent corrects them when it starts elsewhere.
     let mut restored = NodeProc::new(root.path(), "r1", &[]);
     assert_eq!(restored.data_dir, target);
-    let rpc = restored.rpc_addr();
-    let api = format!("127.0.0.1:{}", restored.api_port);
     let report = json_of(
         &shoal(
             &[
@@ -302,10 +337,6 @@ async fn a_snapshot_saved_from_a_follower_restores_into_a_new_cluster_with_the_s
                 t,
                 "--name",
                 "r1",
-                "--rpc-addr",
-                &rpc,
-                "--api-addr",
-                &api,
             ],
             "http://127.0.0.1:9",
             "x",
@@ -315,6 +346,7 @@ async fn a_snapshot_saved_from_a_follower_restores_into_a_new_cluster_with_the_s
     assert_eq!(report["cluster_id"], status.cluster_id.as_str());
     assert_eq!(report["removed"], serde_json::json!(["n1", "n2"]));
     assert_eq!(report["ca"], "new");
+    assert_eq!(report["rpc_addr"], "127.0.0.1:7071");
     let id = report["node_id"].as_u64().expect("node id");
     assert!(id > 2, "a new node id, not an old member's: {id}");
     restored.restart();
@@ -337,7 +369,15 @@ async fn a_snapshot_saved_from_a_follower_restores_into_a_new_cluster_with_the_s
     let seen = tenant.jobs(None, None).await.expect("tenant jobs");
     assert_eq!(seen.iter().map(|j| j.id).collect::<Vec<_>>(), vec![running]);
 
-    // And the restored cluster grows again.
+    let addr = restored.rpc_addr();
+    wait_for("the node's record to follow the agent", TIMEOUT, || async {
+        let nodes = c.nodes().await.ok()?;
+        (nodes.len() == 1 && nodes[0].addr == addr).then_some(())
+    })
+    .await;
+
+    // And the restored cluster grows again: the joiner reaches the leader
+    // at the address the agent runs on, not the one the restore guessed.
     let _n3 = join_new_node(root.path(), "n3", &restored, &token).await;
 }
 
@@ -423,6 +463,7 @@ async fn force_new_cluster_on_the_last_voter_keeps_every_committed_write() {
         .await
         .expect("acknowledged write");
     let before = contents(&sc).await;
+    let before_status = sc.status().await.expect("status");
 
     // Two voters, the leader among them, are lost for good.
     for (i, n) in nodes.iter_mut().enumerate() {
@@ -446,7 +487,39 @@ async fn force_new_cluster_on_the_last_voter_keeps_every_committed_write() {
         .all(|e| !e.file_name().to_string_lossy().contains("pre-recover"));
     assert!(untouched, "a refused recovery changes nothing");
 
-    let report = json_of(&recover(&["--yes", "--json"]), "recover");
+    // At a terminal it says what it will do and asks; only the cluster id
+    // or "yes" goes on.
+    let args = ["recover", "--force-new-cluster", "--data-dir", d, "--json"];
+    let declined = shoal_at_a_terminal(&args, "no");
+    let err = String::from_utf8_lossy(&declined.stderr);
+    assert_eq!(declined.status.code(), Some(1), "{err}");
+    // The error follows the prompt (the answer's echo went to the terminal).
+    assert!(
+        err.trim_end()
+            .ends_with("error: not confirmed; nothing was changed"),
+        "{err}"
+    );
+    let cluster_id = before_status.cluster_id.clone();
+    assert!(
+        err.contains(&format!("Type the cluster id ({cluster_id})")),
+        "{err}"
+    );
+    for name in nodes
+        .iter()
+        .map(|n| &n.name)
+        .filter(|n| **n != nodes[survivor].name)
+    {
+        assert!(
+            err.contains(name.as_str()),
+            "the warning names {name}: {err}"
+        );
+    }
+    let untouched = std::fs::read_dir(&sdir)
+        .expect("ls")
+        .flatten()
+        .all(|e| !e.file_name().to_string_lossy().contains("pre-recover"));
+    assert!(untouched, "a declined recovery changes nothing");
+    let report = json_of(&shoal_at_a_terminal(&args, &cluster_id), "recover");
     assert_eq!(report["node_id"].as_u64(), Some(sid));
     let mut lost: Vec<String> = nodes
         .iter()

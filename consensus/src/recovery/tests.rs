@@ -208,6 +208,7 @@ fn reseat_leaves_one_member_requeues_its_lost_gangs_and_keeps_the_rest() {
     assert_eq!(done.requeued, vec![gang.0]);
     assert_eq!(done.join_tokens_revoked.len(), 1);
     let l = &data.ledger;
+    assert_eq!(l.next_node_id, 4 + ID_GAP_AFTER_RECOVERY);
     assert_eq!(l.members[&1].state, MemberState::Left);
     assert_eq!(l.members[&2].state, MemberState::Left);
     assert_eq!(l.members[&3].state, MemberState::Alive);
@@ -237,7 +238,7 @@ fn reseat_leaves_one_member_requeues_its_lost_gangs_and_keeps_the_rest() {
 }
 
 #[test]
-fn a_new_survivor_gets_the_next_id_and_may_take_a_removed_name() {
+fn a_new_survivor_gets_an_id_past_the_gap_and_may_take_a_removed_name() {
     let log = Log::new();
     let mut data = StateMachineData {
         last_applied: log.entries.last().map(|e| e.log_id),
@@ -253,15 +254,17 @@ fn a_new_survivor_gets_the_next_id_and_may_take_a_removed_name() {
         &ApplyChecks::default(),
     )
     .expect("reseat");
-    assert_eq!(done.node_id, 4);
+    // Past the ids the lost part of the cluster may have handed out.
+    let id = 4 + ID_GAP_AFTER_RECOVERY;
+    assert_eq!(done.node_id, id);
     assert_eq!(done.removed.len(), 3);
     let l = &data.ledger;
     assert_eq!(
         l.active_members().map(|m| m.id).collect::<Vec<_>>(),
-        vec![4]
+        vec![id]
     );
-    assert_eq!(l.members[&4].spec.name, "n1");
-    assert_eq!(l.next_node_id, 5);
+    assert_eq!(l.members[&id].spec.name, "n1");
+    assert_eq!(l.next_node_id, id + 1);
     assert_eq!(
         l.join_tokens.len(),
         1,

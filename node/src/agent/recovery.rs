@@ -225,6 +225,8 @@ pub fn restore(o: &RestoreOptions) -> Result<RecoveryReport, String> {
     let vote = Vote::new(header.term, reseated.node_id);
 
     let staging = staging_dir(&o.data_dir)?;
+    // What an interrupted restore of this pid left.
+    let _ = std::fs::remove_dir_all(&staging);
     let built = (|| -> Result<(), String> {
         identity::ensure_data_dir(&staging)
             .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;

@@ -316,7 +316,7 @@ fn warning(plan: &recovery::RecoverPlan, data_dir: &Path) -> String {
         ));
     }
     out.push_str(&format!(
-        "Writes the lost voters acknowledged that never reached this node are lost; the {} entries this node holds past the last commit it knew of are kept.\n",
+        "Writes the lost voters acknowledged that never reached this node are lost; entries this node holds past the last commit it knew of are kept: {}.\n",
         plan.state.past_commit
     ));
     out
