@@ -11,6 +11,7 @@ pub mod limits;
 pub mod namespace;
 pub mod network;
 pub mod node_access;
+pub mod recovery;
 pub mod sched;
 pub mod store;
 pub mod tokens;

@@ -30,15 +30,15 @@ use std::ops::RangeBounds;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-const LOGS: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
-const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
+pub(crate) const LOGS: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
+pub(crate) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 
-const KEY_VOTE: &str = "vote";
-const KEY_COMMITTED: &str = "committed";
-const KEY_PURGED: &str = "last_purged";
-const KEY_SNAP_META: &str = "meta";
-const KEY_SNAP_DATA: &str = "data";
+pub(crate) const KEY_VOTE: &str = "vote";
+pub(crate) const KEY_COMMITTED: &str = "committed";
+pub(crate) const KEY_PURGED: &str = "last_purged";
+pub(crate) const KEY_SNAP_META: &str = "meta";
+pub(crate) const KEY_SNAP_DATA: &str = "data";
 
 /// Version byte in front of every snapshot so that an old binary refuses a
 /// newer snapshot with a clear error instead of misreading it.
@@ -49,9 +49,9 @@ const KEY_SNAP_DATA: &str = "data";
 /// private key out of the cluster record; version 5 says whether a
 /// member's API is HTTPS; version 6 added the CA state (a rotation in
 /// progress, retired CAs, what each member trusts).
-const SNAPSHOT_VERSION: u8 = 6;
+pub const SNAPSHOT_VERSION: u8 = 6;
 /// Decoding bound for snapshots and log entries.
-const MAX_DECODE: u64 = 1 << 30;
+pub const MAX_DECODE: u64 = 1 << 30;
 
 fn io_err(
     subject: ErrorSubject<NodeId>,
@@ -61,11 +61,11 @@ fn io_err(
     StorageIOError::new(subject, verb, openraft::AnyError::error(e.to_string())).into()
 }
 
-fn read_err(e: impl std::fmt::Display) -> StorageError {
+pub(crate) fn read_err(e: impl std::fmt::Display) -> StorageError {
     io_err(ErrorSubject::Store, ErrorVerb::Read, e)
 }
 
-fn write_err(e: impl std::fmt::Display) -> StorageError {
+pub(crate) fn write_err(e: impl std::fmt::Display) -> StorageError {
     io_err(ErrorSubject::Store, ErrorVerb::Write, e)
 }
 
@@ -274,14 +274,19 @@ pub struct StateMachineStore {
     checks: ApplyChecks,
 }
 
-fn encode_snapshot(data: &StateMachineData) -> Result<Vec<u8>, StorageError> {
+/// The snapshot encoding: the version byte, then the zstd-compressed
+/// bincode of the state machine. Backups (`shoal snapshot save`) carry
+/// exactly these bytes.
+pub fn encode_snapshot(data: &StateMachineData) -> Result<Vec<u8>, StorageError> {
     let plain = encode(data).map_err(write_err)?;
     let mut out = vec![SNAPSHOT_VERSION];
     out.extend(zstd::encode_all(plain.as_slice(), 3).map_err(write_err)?);
     Ok(out)
 }
 
-fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
+/// Decodes [`encode_snapshot`]'s bytes; a version this binary does not
+/// know is a clear error.
+pub fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
     match bytes.split_first() {
         Some((&SNAPSHOT_VERSION, body)) => {
             let mut plain = Vec::new();
@@ -347,7 +352,9 @@ impl StateMachineStore {
     }
 }
 
-fn read_snapshot(db: &Database) -> Result<Option<(SnapshotMeta, Vec<u8>)>, StorageError> {
+pub(crate) fn read_snapshot(
+    db: &Database,
+) -> Result<Option<(SnapshotMeta, Vec<u8>)>, StorageError> {
     let tx = db.begin_read().map_err(read_err)?;
     let t = tx.open_table(SNAPSHOT).map_err(read_err)?;
     let meta = t.get(KEY_SNAP_META).map_err(read_err)?;
@@ -358,6 +365,24 @@ fn read_snapshot(db: &Database) -> Result<Option<(SnapshotMeta, Vec<u8>)>, Stora
             d.value().to_vec(),
         ))),
         _ => Ok(None),
+    }
+}
+
+/// Applies one log entry to the state machine: what every replica does
+/// with each committed entry.
+pub(crate) fn apply_entry(
+    d: &mut StateMachineData,
+    e: Entry,
+    checks: &ApplyChecks,
+) -> LedgerResponse {
+    d.last_applied = Some(e.log_id);
+    match e.payload {
+        EntryPayload::Blank => LedgerResponse::Ok,
+        EntryPayload::Normal(req) => d.ledger.apply_with(e.log_id.index, &req, checks),
+        EntryPayload::Membership(m) => {
+            d.membership = StoredMembership::new(Some(e.log_id), m);
+            LedgerResponse::Ok
+        }
     }
 }
 
@@ -414,21 +439,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: Send,
     {
         let mut d = self.data.write().map_err(|e| write_err(e.to_string()))?;
-        let mut out = Vec::new();
-        for e in entries {
-            d.last_applied = Some(e.log_id);
-            match e.payload {
-                EntryPayload::Blank => out.push(LedgerResponse::Ok),
-                EntryPayload::Normal(req) => {
-                    out.push(d.ledger.apply_with(e.log_id.index, &req, &self.checks))
-                }
-                EntryPayload::Membership(m) => {
-                    d.membership = StoredMembership::new(Some(e.log_id), m);
-                    out.push(LedgerResponse::Ok);
-                }
-            }
-        }
-        Ok(out)
+        Ok(entries
+            .into_iter()
+            .map(|e| apply_entry(&mut d, e, &self.checks))
+            .collect())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {

@@ -428,6 +428,44 @@ impl Client {
         self.get_raw(req, &url).await
     }
 
+    /// A consistent backup of the ledger (`GET /v1/snapshot`, admin only),
+    /// written to `out` as it arrives; returns the bytes written.
+    pub async fn snapshot_to(
+        &self,
+        out: &mut (dyn std::io::Write + Send),
+    ) -> Result<u64, ClientError> {
+        let url = format!("{}/v1/snapshot", self.base);
+        let req = self.authorize(self.http.get(&url), &url)?;
+        let mut resp = req.send().await.map_err(|source| ClientError::Connect {
+            url: url.clone(),
+            source,
+        })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let bytes = resp.bytes().await.unwrap_or_default();
+            let (code, message) = match serde_json::from_slice::<ApiErrorBody>(&bytes) {
+                Ok(b) => (b.code, b.message),
+                Err(_) => ("http".into(), format!("{url} returned HTTP {status}")),
+            };
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                code,
+                message,
+            });
+        }
+        let decode = |message: String| ClientError::Decode {
+            url: url.clone(),
+            message,
+        };
+        let mut written = 0u64;
+        while let Some(chunk) = resp.chunk().await.map_err(|e| decode(e.to_string()))? {
+            out.write_all(&chunk)
+                .map_err(|e| decode(format!("cannot write the snapshot: {e}")))?;
+            written += chunk.len() as u64;
+        }
+        Ok(written)
+    }
+
     async fn get_raw(
         &self,
         req: reqwest::RequestBuilder,

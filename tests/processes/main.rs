@@ -15,3 +15,4 @@ mod install;
 mod isolation;
 mod jobs;
 mod metrics;
+mod recovery;

@@ -3,8 +3,9 @@
 //! a [`Node`], and spawns its loops.
 
 mod advertise;
-mod join;
+pub mod join;
 pub mod notify;
+pub mod recovery;
 pub mod testkit;
 
 use crate::executor::account::RankUsers;

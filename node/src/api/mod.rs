@@ -13,6 +13,7 @@ pub mod ca;
 pub mod scope;
 pub mod scrape;
 pub mod serve;
+pub mod snapshot;
 pub mod tokens;
 pub mod views;
 
@@ -47,6 +48,7 @@ const ADMIN_READS: &[(&str, &str)] = &[
     ("GET", "/v1/tokens"),
     ("GET", "/v1/api-tokens"),
     ("GET", "/v1/ca"),
+    ("GET", "/v1/snapshot"),
 ];
 
 /// The writes (method, route) a tenant-scoped token may make; every other
@@ -149,6 +151,7 @@ pub fn router(state: AppState) -> Router {
         .route("/tenants/{name}", post(set_tenant))
         .route("/quota", get(quota))
         .route("/events", get(list_events))
+        .route("/snapshot", get(snapshot::get_snapshot))
         .route("/debug/gpu-fault", post(gpu_fault))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()

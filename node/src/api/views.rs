@@ -23,17 +23,7 @@ use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-/// RFC 3339 in UTC, to the second.
-pub fn rfc3339(ms: u64) -> String {
-    let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
-    time::OffsetDateTime::from_unix_timestamp(secs)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| format!("@{secs}"))
-}
+pub use crate::node::clock::rfc3339;
 
 pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
     let same = match req.same.as_deref() {

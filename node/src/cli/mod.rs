@@ -10,6 +10,7 @@ pub mod duration;
 pub mod install;
 pub mod jobs;
 pub mod login;
+pub mod recovery;
 pub mod slurm;
 pub mod tokens;
 
@@ -203,6 +204,13 @@ enum Cmd {
     },
     /// Replay a GPU-cluster trace through the real scheduler (discrete-event simulation)
     Sim(SimArgs),
+    /// Ledger backups: save one from any node, restore one into a new data dir
+    Snapshot {
+        #[command(subcommand)]
+        cmd: crate::cli::recovery::SnapshotCmd,
+    },
+    /// Disaster recovery on a stopped node when a majority of voters is lost for good
+    Recover(crate::cli::recovery::RecoverArgs),
     /// Benchmarks (see docs/BENCHMARKS.md)
     Bench {
         #[command(subcommand)]
@@ -652,6 +660,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Ckpt { cmd } => crate::cli::ckpt::run(&client(&cli)?, cmd, cli.json).await,
         Cmd::Quota { tenant } => {
             crate::cli::jobs::quota(&client(&cli)?, tenant.as_deref(), cli.json).await
+        }
+        Cmd::Snapshot {
+            cmd: crate::cli::recovery::SnapshotCmd::Save { file },
+        } => crate::cli::recovery::save(&client(&cli)?, file, cli.json).await,
+        Cmd::Snapshot {
+            cmd: crate::cli::recovery::SnapshotCmd::Restore(args),
+        } => crate::cli::recovery::restore(args, &data_dir(&cli), &env_map(), cli.json),
+        Cmd::Recover(args) => {
+            crate::cli::recovery::recover(args, &data_dir(&cli), &env_map(), cli.json)
         }
         Cmd::Sim(args) => run_sim(args, cli.json),
         Cmd::Bench { cmd } => {

@@ -6,6 +6,7 @@
 //! metrics.
 
 pub mod auth;
+pub mod backup;
 pub mod batcher;
 pub mod ca_key;
 pub mod ca_rotation;

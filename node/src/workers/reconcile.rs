@@ -12,12 +12,12 @@
 use super::Worker;
 use crate::node::peers::SharedPeerView;
 use crate::node::LedgerClient;
-use openraft::{ChangeMembers, ServerState};
+use openraft::{BasicNode, ChangeMembers, ServerState};
 use shoal_consensus::network::ContactTracker;
 use shoal_consensus::voters::{choose_voters, VoterCandidate};
 use shoal_consensus::{Command, NodeId};
 use shoal_sdk::MemberState;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
@@ -198,6 +198,23 @@ pub fn plan_membership(
         .map(MembershipStep::ReplaceVoters)
 }
 
+/// A Raft member whose address in the membership is not the one its
+/// ledger record publishes (it restarted on another address, or was
+/// restored from a backup with a guess of it). Raft, forwarded requests and
+/// CA custody reach members at the membership's address, so it follows the
+/// member's own record, one member per tick.
+pub fn stale_address(
+    members: &[MemberRow],
+    raft_addr: impl Fn(NodeId) -> Option<String>,
+) -> Option<(NodeId, String)> {
+    members.iter().find_map(|m| {
+        let published: std::net::SocketAddr = m.rpc_addr.parse().ok()?;
+        let current = raft_addr(m.id)?;
+        (current != m.rpc_addr && !published.ip().is_unspecified())
+            .then(|| (m.id, m.rpc_addr.clone()))
+    })
+}
+
 impl Housekeeping {
     async fn tick_as_leader(&self, v: &mut LeaderView, now: Instant) -> Result<(), String> {
         let me = self.ledger.me();
@@ -269,7 +286,17 @@ impl Housekeeping {
         };
         let step = plan_membership(&members, &raft, &left, down_for, self.replace_after, me);
         match step {
-            None => {}
+            None => {
+                let addr_of = |id: NodeId| membership.get_node(&id).map(|n| n.addr.clone());
+                if let Some((id, addr)) = stale_address(&members, addr_of) {
+                    tracing::info!(node = id, addr = %addr, "updating a member's Raft address to the one it publishes");
+                    let nodes = BTreeMap::from([(id, BasicNode::new(addr))]);
+                    self.ledger
+                        .change_membership(ChangeMembers::SetNodes(nodes), false)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+            }
             Some(MembershipStep::RemoveLeft { voters, nodes }) => {
                 if !voters.is_empty() {
                     self.ledger
@@ -397,6 +424,31 @@ mod tests {
             plan_membership(&members, &raft, &none, long, AFTER, 1),
             Some(MembershipStep::ReplaceVoters(ids(&[1, 3, 4])))
         );
+    }
+
+    #[test]
+    fn a_member_that_moved_gets_its_published_raft_address() {
+        let mut moved = row(2, MemberState::Alive, "b");
+        moved.rpc_addr = "10.0.0.2:7071".into();
+        let members = [row(1, MemberState::Alive, "a"), moved];
+        let raft = |id: NodeId| Some(format!("127.0.0.1:{}", 7000 + id));
+        assert_eq!(
+            stale_address(&members, raft),
+            Some((2, "10.0.0.2:7071".to_string()))
+        );
+        // Nothing to do when they agree, for members Raft does not have
+        // yet, or for a record that is no address peers could use.
+        let agree = [
+            row(1, MemberState::Alive, "a"),
+            row(2, MemberState::Alive, "b"),
+        ];
+        assert_eq!(stale_address(&agree, raft), None);
+        assert_eq!(stale_address(&members, |_| None), None);
+        let mut odd = row(2, MemberState::Alive, "b");
+        odd.rpc_addr = "0.0.0.0:7071".into();
+        assert_eq!(stale_address(&[odd.clone()], raft), None);
+        odd.rpc_addr = "garbage".into();
+        assert_eq!(stale_address(&[odd], raft), None);
     }
 
     proptest! {
