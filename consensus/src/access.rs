@@ -115,7 +115,8 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::TouchApiToken { .. } => "managing tokens",
         Command::PutAttr { .. } => "setting cluster attributes",
         Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "managing tenants",
-        Command::SetDrain { .. } | Command::SetGpuFault { .. } => "draining nodes and GPUs",
+        Command::SetDrain { .. } => "draining nodes",
+        Command::SetGpuFault { .. } => "draining GPUs",
         Command::StartCaRotation { .. } | Command::AdvanceCaRotation { .. } => {
             "rotating the cluster CA"
         }

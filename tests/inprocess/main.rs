@@ -8,6 +8,7 @@ mod common;
 
 mod ca_rotation;
 mod cluster;
+mod gpu_health;
 mod hostile_input;
 mod mesh_scale;
 mod node_trust;

@@ -209,7 +209,12 @@ async fn a_cluster_installed_with_the_defaults_works_from_another_host() {
         let committed = out.status.success()
             && serde_json::from_slice::<serde_json::Value>(&out.stdout)
                 .ok()
-                .and_then(|v| v.as_array().map(|a| a.iter().any(|c| c["step"] == 1)))
+                .and_then(|v| {
+                    v.as_array().map(|a| {
+                        a.iter()
+                            .any(|c| c["step"] == 1 && c["committed_at"].is_string())
+                    })
+                })
                 .unwrap_or(false);
         async move { committed.then_some(()) }
     })

@@ -269,7 +269,7 @@ enum ApiTokenCmd {
 
 #[derive(Subcommand, Debug)]
 enum DebugCmd {
-    /// Make a simulated GPU of the --api node misbehave: ecc-dbe, xid:CODE, hot, slow, clear
+    /// Make a simulated GPU of the --api node misbehave: ecc-dbe, xid:CODE, hot, slow, lost, clear
     GpuFault {
         #[arg(long)]
         gpu: u32,
