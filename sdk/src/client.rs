@@ -65,6 +65,14 @@ fn may_carry_token(url: &str) -> bool {
     }
 }
 
+/// [`Client::job_log_chunk`]'s answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogChunk {
+    pub bytes: Vec<u8>,
+    pub start: u64,
+    pub rotations: u64,
+}
+
 /// Talks to one node's HTTP API with a bearer token.
 #[derive(Clone, Debug)]
 pub struct Client {
@@ -416,6 +424,55 @@ impl Client {
     pub async fn chunk(&self, id_hex: &str) -> Result<Vec<u8>, ClientError> {
         let url = format!("{}/v1/chunks/{id_hex}", self.base);
         self.get_raw(self.http.get(&url), &url).await
+    }
+
+    /// Up to 4 MiB of a rank's log on this node from `offset`: the bytes,
+    /// the offset they start at (0 instead of `offset` when the file is
+    /// shorter: it was rotated), and how often the log was rotated so far.
+    pub async fn job_log_chunk(
+        &self,
+        id: u64,
+        rank: u32,
+        offset: u64,
+    ) -> Result<LogChunk, ClientError> {
+        let url = format!("{}/v1/jobs/{id}/logs", self.base);
+        let req = self
+            .http
+            .get(&url)
+            .query(&[("rank", rank as u64), ("offset", offset)]);
+        let req = self.authorize(req, &url)?;
+        let resp = req.send().await.map_err(|source| ClientError::Connect {
+            url: url.clone(),
+            source,
+        })?;
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        let start = header(crate::LOG_START_HEADER).unwrap_or(offset);
+        let rotations = header(crate::LOG_ROTATIONS_HEADER).unwrap_or(0);
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| ClientError::Decode {
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
+        if !status.is_success() {
+            let message = serde_json::from_slice::<ApiErrorBody>(&bytes)
+                .map(|b| b.message)
+                .unwrap_or_else(|_| format!("{url} returned HTTP {status}"));
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                code: "http".into(),
+                message,
+            });
+        }
+        Ok(LogChunk {
+            bytes: bytes.to_vec(),
+            start,
+            rotations,
+        })
     }
 
     /// Raw bytes of a rank's log on this node, from `offset`.

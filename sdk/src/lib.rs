@@ -10,3 +10,10 @@ pub mod client;
 pub use client::{Client, ClientError};
 
 pub use types::*;
+
+/// Response header of `GET /v1/jobs/{id}/logs`: the offset of the first
+/// byte returned (0 after a rotation, whatever was asked).
+pub const LOG_START_HEADER: &str = "x-shoal-log-start";
+/// Response header of `GET /v1/jobs/{id}/logs`: how often the log was
+/// rotated so far.
+pub const LOG_ROTATIONS_HEADER: &str = "x-shoal-log-rotations";

@@ -10,6 +10,7 @@ mod ca_rotation;
 mod cluster;
 mod gpu_health;
 mod hostile_input;
+mod job_files;
 mod mesh_scale;
 mod node_trust;
 mod partition;

@@ -721,6 +721,16 @@ fn spawn_workers(
             cgroups,
             ca_file: rank_ca_file,
         });
+        workers::spawn(
+            workers::job_files::JobFiles {
+                me: local.id,
+                ledger: ledger.clone(),
+                jobs_dir: cfg.jobs_dir(),
+                log_max_bytes: cfg.executor.log_max_bytes,
+                retention: Duration::from_secs(cfg.executor.job_retention_s),
+            },
+            node.shutdown_signal(),
+        );
         workers::spawn(executor.fence_guard(), node.shutdown_signal());
         workers::spawn(executor, node.shutdown_signal());
     }

@@ -693,15 +693,35 @@ async fn job_logs(
             },
         )
     })?;
+    let len = file
+        .metadata()
+        .map(|m| m.len())
+        .map_err(|e| bad_request(format!("cannot read {}: {e}", path.display())))?;
+    // Past the end: the log was rotated since the caller's last read, and
+    // the current file starts again at 0 (`x-shoal-log-start` says so;
+    // `x-shoal-log-rotations` counts rotations, for a caller whose offset
+    // fits the new file too).
+    let start = if q.offset > len { 0 } else { q.offset };
+    let rotations = crate::executor::log_rotations(&path);
     let mut bytes = Vec::new();
-    file.seek(SeekFrom::Start(q.offset))
+    file.seek(SeekFrom::Start(start))
         .and_then(|_| file.take(4 << 20).read_to_end(&mut bytes))
         .map_err(|e| bad_request(format!("cannot read {}: {e}", path.display())))?;
     Ok((
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; charset=utf-8",
-        )],
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; charset=utf-8".to_string(),
+            ),
+            (
+                axum::http::header::HeaderName::from_static(shoal_sdk::LOG_START_HEADER),
+                start.to_string(),
+            ),
+            (
+                axum::http::header::HeaderName::from_static(shoal_sdk::LOG_ROTATIONS_HEADER),
+                rotations.to_string(),
+            ),
+        ],
         bytes,
     )
         .into_response())

@@ -593,10 +593,47 @@ pub async fn cancel(client: &Client, ids: &[u64], json: bool) -> anyhow::Result<
     Ok(())
 }
 
+/// Prints a rank's log from `offset` to its current end (the API answers
+/// 4 MiB at a time); returns the offset to go on from. After a rotation the
+/// node answers from the new file's start.
+async fn print_log_from(node: &Client, id: u64, rank: u32, at: LogAt) -> anyhow::Result<LogAt> {
+    use std::io::Write;
+    let mut at = at;
+    loop {
+        let mut chunk = node.job_log_chunk(id, rank, at.offset).await.map_err(api)?;
+        if at.rotations.is_some_and(|r| r != chunk.rotations) {
+            // Rotated since the last read: the new file, from its start.
+            writeln!(
+                std::io::stdout(),
+                "--- shoal: the log was rotated; from the start of the new file ---"
+            )?;
+            if chunk.start != 0 {
+                chunk = node.job_log_chunk(id, rank, 0).await.map_err(api)?;
+            }
+        }
+        std::io::stdout().write_all(&chunk.bytes)?;
+        std::io::stdout().flush()?;
+        at = LogAt {
+            offset: chunk.start + chunk.bytes.len() as u64,
+            rotations: Some(chunk.rotations),
+        };
+        if chunk.bytes.is_empty() {
+            return Ok(at);
+        }
+    }
+}
+
+/// Where a reader of a rank's log is: its offset in the current file, and
+/// the rotations it has seen (none before its first read).
+#[derive(Clone, Copy, Debug, Default)]
+struct LogAt {
+    offset: u64,
+    rotations: Option<u64>,
+}
+
 /// Prints a rank's log from the node that ran it; `follow` polls until the job ends.
 pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut offset = 0u64;
+    let mut at = LogAt::default();
     let mut source: Option<Client> = None;
     let started = Instant::now();
     loop {
@@ -612,18 +649,14 @@ pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::
             }
         }
         if let Some(node) = &source {
-            let chunk = node.job_log(id, rank, offset).await.map_err(api)?;
-            offset += chunk.len() as u64;
-            std::io::stdout().write_all(&chunk)?;
-            std::io::stdout().flush()?;
+            at = print_log_from(node, id, rank, at).await?;
         }
         let ended = matches!(job.state.as_str(), "completed" | "failed" | "cancelled");
         if !follow || (ended && started.elapsed() > Duration::from_millis(500)) {
-            if ended && follow && source.is_some() {
+            if ended && follow {
                 // One last read for what was written before the exit.
                 if let Some(node) = &source {
-                    let chunk = node.job_log(id, rank, offset).await.map_err(api)?;
-                    std::io::stdout().write_all(&chunk)?;
+                    print_log_from(node, id, rank, at).await?;
                 }
             }
             return Ok(());

@@ -128,6 +128,19 @@ pub fn log_path(jobs_dir: &Path, job: JobId, rank: u32) -> PathBuf {
     job_dir(jobs_dir, job).join(format!("rank-{rank}.log"))
 }
 
+/// Where the rotations of the log at `log` are counted.
+pub fn rotations_path(log: &Path) -> PathBuf {
+    log.with_extension("log.rotations")
+}
+
+/// How often the log at `log` was rotated (0 when never).
+pub fn log_rotations(log: &Path) -> u64 {
+    std::fs::read_to_string(rotations_path(log))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Exists once this node has launched `rank` of `epoch`.
 fn launched_marker(jobs_dir: &Path, key: &RankKey) -> PathBuf {
     job_dir(jobs_dir, key.job).join(format!(".launched-e{}-r{}", key.epoch, key.rank))

@@ -210,6 +210,12 @@ pub struct ExecutorTuning {
     /// A cgroup v2 per rank (`auto`: where the agent can create them), or
     /// none (`off`): see docs/security.md.
     pub cgroups: CgroupMode,
+    /// A running rank's log is rotated (to `rank-R.log.1`, replacing the
+    /// previous one) once it grows past this; 0: never.
+    pub log_max_bytes: u64,
+    /// A finished job's files on this node (logs, its local checkpoint
+    /// copies) are removed this long after it ended.
+    pub job_retention_s: u64,
 }
 
 /// `[first_start]`: bootstrap a cluster, or join one with a token kept in
@@ -266,6 +272,8 @@ impl Default for ExecutorTuning {
             users: BTreeMap::new(),
             allow_root: false,
             cgroups: CgroupMode::Auto,
+            log_max_bytes: 256 << 20,
+            job_retention_s: 7 * 24 * 3600,
         }
     }
 }
@@ -357,6 +365,8 @@ const ENV_KEYS: &[&str] = &[
     "executor.run_as",
     "executor.allow_root",
     "executor.cgroups",
+    "executor.log_max_bytes",
+    "executor.job_retention_s",
     "storage.scrub_interval_s",
     "storage.capacity_bytes",
     "storage.gc_interval_s",

@@ -9,6 +9,7 @@ pub mod cert_renewal;
 pub mod durability;
 pub mod gossip;
 pub mod gpu_health;
+pub mod job_files;
 pub mod member_record;
 pub mod reconcile;
 pub mod scheduler;
