@@ -83,8 +83,11 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: impl Into<String>, token: Option<String>) -> Self {
+        // No redirects: the API sends none, and one could carry the token
+        // to another scheme.
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap_or_default();
         Self::with_http(base, token, http)
@@ -100,9 +103,19 @@ impl Client {
         Client { base, token, http }
     }
 
-    /// The same credentials and TLS trust, talking to another node.
+    /// The same credentials and TLS trust, talking to another node. The
+    /// token goes along over https, or to plain-http loopback only when this
+    /// client talks plain-http loopback itself (a one-machine cluster): a
+    /// loopback URL a remote member published is the *caller's* loopback,
+    /// where anyone on this machine may listen.
     pub fn at(&self, base: impl Into<String>) -> Self {
-        Self::with_http(base, self.token.clone(), self.http.clone())
+        let base = base.into();
+        let local_cluster = self.base.starts_with("http://") && may_carry_token(&self.base);
+        let token = self
+            .token
+            .clone()
+            .filter(|_| base.starts_with("https://") || local_cluster);
+        Self::with_http(base, token, self.http.clone())
     }
 
     fn authorize(
@@ -579,6 +592,15 @@ mod tests {
         ] {
             assert!(!may_carry_token(refused), "{refused}");
         }
+    }
+
+    #[test]
+    fn a_token_follows_to_other_nodes_only_over_https() {
+        let local = Client::new("http://127.0.0.1:7070", Some("secret".into()));
+        assert_eq!(local.at("http://127.0.0.1:7071").token(), Some("secret"));
+        let remote = Client::new("https://10.0.0.1:7070", Some("secret".into()));
+        assert_eq!(remote.at("https://10.0.0.2:7070").token(), Some("secret"));
+        assert_eq!(remote.at("http://127.0.0.1:7071").token(), None);
     }
 
     #[tokio::test]

@@ -75,7 +75,41 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
         &bad.display().to_string(),
     ]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let shallow = tmp.path().join("shallow.toml");
+    std::fs::write(&shallow, "data_dir = \"/var\"\n").expect("write");
+    let out = shoal(&[
+        "install",
+        "--root",
+        &root_s,
+        "--bootstrap",
+        "--config",
+        &shallow.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be a node's directory"));
     assert_eq!(files_under(&empty), 0, "a refused install wrote files");
+
+    // A purge deletes only what is a node's, whatever the settings name.
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(other.join("etc/shoal")).expect("mkdir");
+    std::fs::create_dir_all(other.join("srv/data")).expect("mkdir");
+    std::fs::write(other.join("srv/data/precious"), b"not shoal's").expect("write");
+    std::fs::write(
+        other.join("etc/shoal/node.toml"),
+        "data_dir = \"/srv/data\"\n",
+    )
+    .expect("write");
+    let out = shoal(&[
+        "uninstall",
+        "--root",
+        &other.display().to_string(),
+        "--purge",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        other.join("srv/data/precious").exists(),
+        "a purge deleted foreign data"
+    );
 
     // A joiner: the token is kept 0600 and named by the settings.
     let joiner = tmp.path().join("joiner");
@@ -212,12 +246,20 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
     let out = shoal(&["install", "--root", &root_s, "--bootstrap"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("already holds a node identity"));
-    // Without one it upgrades in place.
+    // Without one it upgrades in place, keeping the node's settings.
+    let settings_path = root.join("etc/shoal/node.toml");
+    let mut custom = std::fs::read_to_string(&settings_path).expect("settings");
+    custom.push_str("\n[scheduler]\ninterval_ms = 250\n");
+    std::fs::write(&settings_path, &custom).expect("write");
     let out = shoal(&["install", "--root", &root_s]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&settings_path).expect("settings"),
+        custom
     );
 
     // Uninstall keeps the data; --purge deletes it.

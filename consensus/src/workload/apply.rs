@@ -869,6 +869,17 @@ impl Workload {
             .map(|(job, _)| job.id)
             .collect();
         for id in hit {
+            // A rank that crashed on the failing GPU may have stopped its
+            // gang first: the cause is the GPU, not the job.
+            if let Some(stop) = self
+                .jobs
+                .get_mut(&id)
+                .and_then(|j| j.alloc.as_mut())
+                .and_then(|a| a.stop.as_mut())
+                .filter(|s| s.cause == StopCause::RankFailed)
+            {
+                stop.cause = StopCause::GpuFailed;
+            }
             self.request_stop(id, StopCause::GpuFailed, now_ms);
         }
     }

@@ -816,6 +816,41 @@ fn a_faulty_gpu_moves_its_gang_and_takes_no_work_until_returned() {
 }
 
 #[test]
+fn a_rank_that_crashed_on_a_failing_gpu_is_not_charged_a_restart() {
+    use crate::ledger::GpuFaultReport;
+    let mut r = Replica::new(&[("n1", "r1", 4), ("n2", "r1", 4)]);
+    let mut spec = job(DEFAULT_TENANT, 2, 1);
+    spec.max_restarts = 0;
+    let id = r.submit(spec);
+    r.pass(Policy::Hdrf);
+    let alloc = r.job(id).alloc.clone().expect("placed");
+    let (node, gpus) = alloc.nodes[1].clone();
+    // The rank dies before its node has judged the GPU.
+    r.apply(Command::RankExited {
+        job: id,
+        epoch: alloc.epoch,
+        rank: 1,
+        exit_code: 134,
+    });
+    r.apply(Command::SetGpuFault {
+        node,
+        gpu: gpus[0],
+        fault: Some(GpuFaultReport {
+            reason: "XID 79: fell off the bus".into(),
+            detected: true,
+        }),
+    });
+    r.apply(Command::RankExited {
+        job: id,
+        epoch: alloc.epoch,
+        rank: 0,
+        exit_code: 143,
+    });
+    assert_eq!(r.job(id).state, JobState::Requeued, "{}", r.job(id).reason);
+    assert_eq!(r.job(id).restarts, 0);
+}
+
+#[test]
 fn a_failed_rank_restarts_the_whole_gang_until_the_restarts_run_out() {
     let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
     let mut spec = job(DEFAULT_TENANT, 2, 4);

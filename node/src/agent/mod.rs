@@ -720,6 +720,7 @@ fn spawn_workers(
             },
             cgroups,
             ca_file: rank_ca_file,
+            gpus: node.gpus().clone(),
         });
         workers::spawn(
             workers::job_files::JobFiles {

@@ -141,6 +141,24 @@ fn node_toml(args: &InstallArgs) -> anyhow::Result<(String, PathBuf)> {
     Ok((text, PathBuf::from(data_dir)))
 }
 
+/// A directory install may own: absolute, no `..`, at least two levels
+/// below `/` (`/var/lib/shoal`, never `/`, `/var` or `/data`).
+fn ownable(dir: &Path) -> anyhow::Result<()> {
+    use std::path::Component;
+    let normal = dir
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .count();
+    let sound = dir.is_absolute() && dir.components().all(|c| !matches!(c, Component::ParentDir));
+    if !sound || normal < 2 {
+        anyhow::bail!(
+            "{} cannot be a node's directory: give an absolute path at least two levels deep (e.g. /var/lib/shoal)",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 fn copy_binary(to: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let me =
@@ -163,17 +181,41 @@ fn create_dir(path: &Path) -> anyhow::Result<()> {
 pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
     require_root()?;
     let root = &args.root;
-    let (text, data_dir) = node_toml(args)?;
+    let installed = under(root, CONFIG);
+    let starting = args.bootstrap || args.join.is_some();
+    // An upgrade keeps the node's settings as they are.
+    let keep = !starting && args.config.is_none() && installed.exists();
+    let (text, data_dir) = if keep {
+        let text = std::fs::read_to_string(&installed)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", installed.display()))?;
+        let cfg: Config = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {}", installed.display(), e.message()))?;
+        let dir = cfg
+            .data_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        (text, dir)
+    } else {
+        node_toml(args)?
+    };
+    ownable(&data_dir)?;
     let data_dir_in_root = under(root, &data_dir.display().to_string());
     let has_identity = identity::load_identity(&data_dir_in_root)
         .map_err(anyhow::Error::msg)?
         .is_some();
-    if !args.bootstrap && args.join.is_none() && !has_identity {
+    let foreign =
+        !has_identity && std::fs::read_dir(&data_dir_in_root).is_ok_and(|mut d| d.next().is_some());
+    if foreign {
+        anyhow::bail!(
+            "{} is not empty and holds no node: give the node a directory of its own",
+            data_dir_in_root.display()
+        );
+    }
+    if !starting && !has_identity {
         anyhow::bail!(
             "say how this node starts: --bootstrap (a new cluster) or --join HOST:PORT --join-token T"
         );
     }
-    if has_identity && (args.bootstrap || args.join.is_some()) {
+    if has_identity && starting {
         anyhow::bail!(
             "{} already holds a node identity: reinstall without --bootstrap/--join to upgrade it, or `shoal uninstall --purge` first",
             data_dir_in_root.display()
@@ -192,7 +234,9 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
     if let Some(token) = &args.join_token {
         write_private(&under(root, JOIN_TOKEN), token.trim().as_bytes(), 0o600)?;
     }
-    write_private(&under(root, CONFIG), text.as_bytes(), 0o644)?;
+    if !keep {
+        write_private(&installed, text.as_bytes(), 0o644)?;
+    }
     write_private(&under(root, UNIT_PATH), UNIT.as_bytes(), 0o644)?;
     let job_user = if live(root) || under(root, "etc/passwd").exists() {
         crate::executor::account::create_job_user_in(root).map_err(anyhow::Error::msg)?;
@@ -246,24 +290,80 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
     })
 }
 
+/// Deletes a data dir only if it is a node's (it holds an identity) or
+/// empty: a settings file naming some other directory deletes nothing.
+fn purge_data_dir(dir: &Path, removed: &mut Vec<String>) -> anyhow::Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let is_node = dir.join(identity::IDENTITY_FILE).exists();
+    let empty = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+    if !is_node && !empty {
+        anyhow::bail!(
+            "{} holds no node identity: not deleting it (remove it by hand if it is the node's)",
+            dir.display()
+        );
+    }
+    std::fs::remove_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", dir.display()))?;
+    removed.push(dir.display().to_string());
+    Ok(())
+}
+
+/// Deletes what the agent put in a jobs dir (numbered job directories and
+/// the ranks' CA file), then the dir if that leaves it empty.
+fn purge_jobs_dir(dir: &Path, removed: &mut Vec<String>) -> anyhow::Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = name == "cluster-ca.pem"
+            || (!name.is_empty() && name.chars().all(|c| c.is_ascii_digit()));
+        if !ours {
+            continue;
+        }
+        let path = entry.path();
+        let gone = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        gone.map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", path.display()))?;
+    }
+    if std::fs::remove_dir(dir).is_ok() {
+        removed.push(dir.display().to_string());
+    }
+    Ok(())
+}
+
 pub fn uninstall(args: &UninstallArgs, json: bool) -> anyhow::Result<()> {
     require_root()?;
     let root = &args.root;
-    // The installed settings say where the data is.
-    let mut cfg = std::fs::read_to_string(under(root, CONFIG))
-        .ok()
-        .and_then(|t| toml::from_str::<Config>(&t).ok())
-        .unwrap_or_default();
+    // The installed settings say where the data is; settings that do not
+    // load are an error, not a reason to guess.
+    let mut cfg = match std::fs::read_to_string(under(root, CONFIG)) {
+        Ok(text) => toml::from_str::<Config>(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {}", under(root, CONFIG).display(), e.message()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::default(),
+        Err(e) => anyhow::bail!("cannot read {}: {e}", under(root, CONFIG).display()),
+    };
     if cfg.data_dir.is_none() {
         cfg.data_dir = Some(PathBuf::from(DEFAULT_DATA_DIR));
     }
     let (data_dir, jobs_dir) = (cfg.data_dir(), cfg.jobs_dir());
+    if args.purge {
+        ownable(&data_dir)?;
+        ownable(&jobs_dir)?;
+    }
     if live(root) && systemd_runs() && under(root, UNIT_PATH).exists() {
         // Stopping stops the ranks with the unit (their grace, then SIGKILL).
         systemctl(&["disable", "--now", "shoal.service"])?;
     }
     let mut removed = Vec::new();
-    for path in [UNIT_PATH, BIN, JOIN_TOKEN, CONFIG] {
+    // The settings go last: a purge that fails can be run again.
+    for path in [UNIT_PATH, BIN, JOIN_TOKEN] {
         let p = under(root, path);
         match std::fs::remove_file(&p) {
             Ok(()) => removed.push(p.display().to_string()),
@@ -271,24 +371,28 @@ pub fn uninstall(args: &UninstallArgs, json: bool) -> anyhow::Result<()> {
             Err(e) => anyhow::bail!("cannot remove {}: {e}", p.display()),
         }
     }
-    let _ = std::fs::remove_dir(under(root, "etc/shoal"));
     if live(root) && systemd_runs() {
         let _ = systemctl(&["daemon-reload"]);
     }
     let mut kept = Vec::new();
-    for dir in [&data_dir, &jobs_dir] {
-        let p = under(root, &dir.display().to_string());
-        if !p.exists() {
-            continue;
-        }
-        if args.purge {
-            std::fs::remove_dir_all(&p)
-                .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", p.display()))?;
-            removed.push(p.display().to_string());
-        } else {
+    let data = under(root, &data_dir.display().to_string());
+    let jobs = under(root, &jobs_dir.display().to_string());
+    for p in [&data, &jobs] {
+        if p.exists() && !args.purge {
             kept.push(p.display().to_string());
         }
     }
+    if args.purge {
+        purge_data_dir(&data, &mut removed)?;
+        purge_jobs_dir(&jobs, &mut removed)?;
+    }
+    let config = under(root, CONFIG);
+    match std::fs::remove_file(&config) {
+        Ok(()) => removed.push(config.display().to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("cannot remove {}: {e}", config.display()),
+    }
+    let _ = std::fs::remove_dir(under(root, "etc/shoal"));
     if args.purge && live(root) {
         let _ = Command::new("userdel")
             .arg(crate::executor::account::DEFAULT_JOB_USER)

@@ -158,9 +158,12 @@ fn http_client(trust: ApiTrust) -> anyhow::Result<reqwest::Client> {
 
 fn http_client_with(verifier: Arc<ApiServerVerifier>) -> anyhow::Result<reqwest::Client> {
     let tls = api_client_config(verifier)?;
+    // No redirects: the API sends none, and one could carry the token to
+    // plain http.
     Ok(reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .timeout(Duration::from_secs(30))
+        .redirect(reqwest::redirect::Policy::none())
         .build()?)
 }
 

@@ -829,15 +829,23 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
                 .join(crate::node::identity::ADMIN_TOKEN_FILE)
                 .display()
         );
-        println!(
-            "Join one more node with (single use, valid for {}; `shoal token create --uses N` makes more):",
-            crate::cli::tokens::format_ttl(agent.node().config().join_token_ttl_s)
-        );
-        println!(
-            "  shoal agent --join {} --join-token {}",
-            agent.rpc_addr(),
-            boot.join_token
-        );
+        if std::env::var_os("JOURNAL_STREAM").is_some() {
+            // journald keeps stdout for good, readable by its groups: no
+            // secret goes there.
+            println!(
+                "Join more nodes with a token from `shoal token create` (the bootstrap's own token is not logged under journald)."
+            );
+        } else {
+            println!(
+                "Join one more node with (single use, valid for {}; `shoal token create --uses N` makes more):",
+                crate::cli::tokens::format_ttl(agent.node().config().join_token_ttl_s)
+            );
+            println!(
+                "  shoal agent --join {} --join-token {}",
+                agent.rpc_addr(),
+                boot.join_token
+            );
+        }
     }
     tokio::spawn(tell_systemd_when_ready(agent.node().clone()));
     wait_for_signal().await;

@@ -175,6 +175,8 @@ pub struct RankHost {
     pub cgroups: Option<Arc<cgroup::RankCgroups>>,
     /// The cluster CA for ranks (`SHOAL_CA_FILE`) when the API is HTTPS.
     pub ca_file: Option<PathBuf>,
+    /// This node's GPUs: a rank that fails is first checked for a GPU fault.
+    pub gpus: crate::node::gpu::Gpus,
 }
 
 /// The executor loop: this node's running ranks and the exits it still has
@@ -463,6 +465,11 @@ impl Worker for Executor {
         // allocation is gone.
         let exits = plan::exit_reports(exited, &self.sent, &asks);
         for (key, code) in exits.report {
+            if code != 0 {
+                if let Some(a) = assigned.get(&key) {
+                    report_gpu_faults(host, &a.gpus).await;
+                }
+            }
             let cmd = Command::RankExited {
                 job: key.job,
                 epoch: key.epoch,
@@ -811,6 +818,46 @@ fn report_lost(host: &RankHost, key: &RankKey) {
             "--- shoal: job {} epoch {} rank {} lost: the agent on {} restarted ---",
             key.job, key.epoch, key.rank, host.local.name
         );
+    }
+}
+
+/// A rank that died of its GPU (an ECC error, an XID) must not count as
+/// the job's failure: the fault is in the ledger before the exit is, so the
+/// gang is requeued elsewhere rather than charged a restart. The GPUs are
+/// read afresh: the periodic sample may predate the fault.
+async fn report_gpu_faults(host: &RankHost, gpus: &[u32]) {
+    let busy: std::collections::BTreeSet<u32> = gpus.iter().copied().collect();
+    let Some(samples) = host.gpus.sample(&busy) else {
+        return;
+    };
+    let inventory: Vec<_> = host
+        .local
+        .spec
+        .gpus
+        .iter()
+        .filter(|g| busy.contains(&g.index))
+        .cloned()
+        .collect();
+    for (gpu, reason) in crate::workers::gpu_health::faults(&inventory, &samples) {
+        let known = host
+            .ledger
+            .read()
+            .map(|d| d.ledger.workload.gpu_fault(host.local.id, gpu).is_some())
+            .unwrap_or(false);
+        if known {
+            continue;
+        }
+        let cmd = Command::SetGpuFault {
+            node: host.local.id,
+            gpu,
+            fault: Some(shoal_consensus::ledger::GpuFaultReport {
+                reason,
+                detected: true,
+            }),
+        };
+        if let Err(e) = host.ledger.write(cmd).await {
+            tracing::debug!(gpu, error = %e.message, "could not report a GPU fault before a rank's exit");
+        }
     }
 }
 

@@ -96,19 +96,29 @@ pub fn new_api_token() -> (String, String) {
 /// Writes `bytes` to `path` atomically (temp file, fsync, rename) with the
 /// given mode, so a crash never leaves a half-written identity behind.
 pub fn write_private(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    // A name of its own, created here and never through a symlink: a
+    // directory others can write to cannot plant the file the secret goes
+    // into, and two writers cannot interleave.
+    let tmp = path.with_extension(format!("tmp-{}-{}", std::process::id(), random_hex(4)));
     {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .mode(mode)
             .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        let written = f.write_all(bytes).and_then(|_| f.sync_all());
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
     }
-    std::fs::rename(&tmp, path)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     if let Some(dir) = path.parent() {
         if let Ok(d) = std::fs::File::open(dir) {
             let _ = d.sync_all();
