@@ -292,7 +292,12 @@ fn check_data_dir(dir: &Path, agent_uid: Option<u32>) -> Check {
                 if m.file_type().is_symlink() {
                     continue;
                 }
-                if let Some(p) = mode_problem(m.mode(), m.is_dir()) {
+                // Files only: a directory below (chunks/) is shut off by
+                // the data dir's own 0700.
+                if !m.is_file() {
+                    continue;
+                }
+                if let Some(p) = mode_problem(m.mode(), false) {
                     offenders.push(format!("{} {p}", e.file_name().to_string_lossy()));
                 }
             }
@@ -468,6 +473,15 @@ fn format_secs(ms: i64) -> String {
         if ms < 0 { "-" } else { "+" },
         ms.abs() as f64 / 1000.0
     )
+}
+
+/// A measurement's uncertainty: ms below a second.
+fn format_err(ms: i64) -> String {
+    if ms < 1_000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    }
 }
 
 async fn probe_api(http: reqwest::Client, url: String) -> ApiProbe {
@@ -665,7 +679,7 @@ async fn check_members(
                     "{} {} (±{})",
                     m.name,
                     format_secs(skew),
-                    format_secs(err).trim_start_matches('+')
+                    format_err(err)
                 ));
             }
         }
@@ -946,6 +960,8 @@ mod tests {
         assert!(skew_ok(2_000) && skew_ok(-2_000) && !skew_ok(2_001));
         assert_eq!(format_secs(-300), "-0.3 s");
         assert_eq!(format_secs(1_250), "+1.2 s");
+        assert_eq!(format_err(3), "3 ms");
+        assert_eq!(format_err(1_000), "1.0 s");
     }
 
     #[test]
