@@ -162,9 +162,10 @@ pub async fn run(
         }
         Err(e) => {
             checks.push(Check::new("config", false, e));
-            let mut c = Config::default();
-            c.data_dir = Some(data_dir.to_path_buf());
-            c
+            Config {
+                data_dir: Some(data_dir.to_path_buf()),
+                ..Config::default()
+            }
         }
     };
 
