@@ -10,6 +10,7 @@ mod ckpt_durability;
 mod cli;
 mod cluster;
 mod cp;
+mod doctor;
 mod https_api;
 mod install;
 mod isolation;

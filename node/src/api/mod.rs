@@ -356,9 +356,14 @@ async fn count_requests(State(app): State<AppState>, req: Request, next: Next) -
 
 async fn health(State(app): State<AppState>) -> Json<serde_json::Value> {
     let leader = app.ledger().current_leader();
-    Json(
-        serde_json::json!({ "ok": true, "node_id": app.id(), "name": app.name(), "leader": leader }),
-    )
+    Json(serde_json::json!({
+        "ok": true,
+        "node_id": app.id(),
+        "name": app.name(),
+        "leader": leader,
+        // Wall-clock ms, for `shoal doctor`'s skew (finer than `Date`).
+        "now_ms": crate::node::clock::wall_ms(),
+    }))
 }
 
 async fn metrics(State(app): State<AppState>) -> impl IntoResponse {

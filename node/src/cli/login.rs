@@ -123,6 +123,12 @@ pub fn client_trusting(
     Ok(Client::with_http(url, token, http_client(trust)?))
 }
 
+/// The HTTP client [`client_trusting`] wraps, for probes that read more
+/// of a response than [`Client`] returns (its headers).
+pub fn http_trusting(ca_pem: Option<String>) -> anyhow::Result<reqwest::Client> {
+    http_client(ca_pem.map(ApiTrust::Cas).unwrap_or(ApiTrust::Missing))
+}
+
 /// The API URL the agent on `data_dir` published (`agent.json`): an
 /// operator on a node needs no flags.
 fn local_agent_api(data_dir: &Path) -> Option<String> {

@@ -6,6 +6,7 @@ pub mod ckpt;
 pub mod cp;
 pub mod demo;
 pub mod dev;
+pub mod doctor;
 pub mod duration;
 pub mod install;
 pub mod jobs;
@@ -204,6 +205,8 @@ enum Cmd {
     },
     /// Replay a GPU-cluster trace through the real scheduler (discrete-event simulation)
     Sim(SimArgs),
+    /// Check this node: data dir, agent, reachability of every member, clock, NVML, disk, cgroups
+    Doctor(crate::cli::doctor::DoctorArgs),
     /// Ledger backups: save one from any node, restore one into a new data dir
     Snapshot {
         #[command(subcommand)]
@@ -669,6 +672,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => crate::cli::recovery::restore(args, &data_dir(&cli), &env_map(), cli.json),
         Cmd::Recover(args) => {
             crate::cli::recovery::recover(args, &data_dir(&cli), &env_map(), cli.json)
+        }
+        Cmd::Doctor(args) => {
+            crate::cli::doctor::run(args, &data_dir(&cli), cli.token.as_deref(), cli.json).await
         }
         Cmd::Sim(args) => run_sim(args, cli.json),
         Cmd::Bench { cmd } => {
