@@ -107,6 +107,8 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
         // When a token was last used: any member serves API requests, and
         // the report can only move that time forward.
         Command::TouchApiToken { .. } => Ok(()),
+        // A node stopping gracefully drains itself, and returns when back.
+        Command::SetDrain { id, .. } if *id == node => Ok(()),
         // A node reports its own faulty GPUs; returning one to service, or
         // draining one by hand, is an operator's call.
         Command::SetGpuFault {

@@ -379,6 +379,27 @@ impl NodeProc {
         self.child = Some(self.command().spawn().expect("spawn shoal"));
     }
 
+    /// SIGTERM, as `systemctl stop` sends; waits (at most `timeout`) for
+    /// the agent to exit and says whether it did.
+    pub fn terminate(&mut self, timeout: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(_)) = child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.child = Some(child);
+        false
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

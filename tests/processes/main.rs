@@ -11,6 +11,7 @@ mod cli;
 mod cluster;
 mod cp;
 mod doctor;
+mod graceful_stop;
 mod https_api;
 mod install;
 mod isolation;

@@ -6,6 +6,7 @@ mod advertise;
 pub mod join;
 pub mod notify;
 pub mod recovery;
+pub mod shutdown;
 pub mod testkit;
 
 use crate::executor::account::RankUsers;

@@ -854,8 +854,18 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
         }
     }
     tokio::spawn(tell_systemd_when_ready(agent.node().clone()));
+    {
+        let node = agent.node().clone();
+        tokio::spawn(async move { crate::agent::shutdown::undrain_after_restart(&node).await });
+    }
     wait_for_signal().await;
     crate::agent::notify::notify("STOPPING=1");
+    let cfg = agent.node().config();
+    if cfg.agent.shutdown == crate::node::config::ShutdownMode::Drain {
+        // The ranks' grace, and time for the gang to be told and to exit.
+        let limit = std::time::Duration::from_secs(cfg.executor.stop_grace_s + 30);
+        crate::agent::shutdown::drain_before_stop(agent.node(), limit).await;
+    }
     if args.leave {
         match agent.leave().await {
             Ok(()) => tracing::info!("left the cluster"),

@@ -43,6 +43,7 @@ pub struct Config {
     /// `--bootstrap`/`--join` (what `shoal install` writes); ignored from
     /// then on.
     pub first_start: FirstStart,
+    pub agent: AgentTuning,
     /// Lifetime of a join token: the one printed at bootstrap, and
     /// `shoal token create` without `--ttl`.
     pub join_token_ttl_s: u64,
@@ -218,6 +219,27 @@ pub struct ExecutorTuning {
     pub job_retention_s: u64,
 }
 
+/// `[agent]`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentTuning {
+    /// What SIGTERM does with this node's ranks.
+    pub shutdown: ShutdownMode,
+}
+
+/// `agent.shutdown`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ShutdownMode {
+    /// The ranks stop with the agent; their gangs restart when it is back
+    /// (or elsewhere, once the node is down): a quick restart.
+    #[default]
+    Keep,
+    /// The node drains itself first: its gangs checkpoint (SIGTERM), stop
+    /// and are placed elsewhere; it undrains itself when it starts again.
+    Drain,
+}
+
 /// `[first_start]`: bootstrap a cluster, or join one with a token kept in
 /// a file (0600, spent by its first use).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -326,6 +348,7 @@ impl Default for Config {
             anomaly: AnomalyTuning::default(),
             metrics: MetricsTuning::default(),
             first_start: FirstStart::default(),
+            agent: AgentTuning::default(),
             join_token_ttl_s: 3600,
             cert_lifetime_s: shoal_mesh::tls::DEFAULT_NODE_CERT_LIFETIME.as_secs(),
             test_inject_rtt: BTreeMap::new(),
@@ -377,6 +400,7 @@ const ENV_KEYS: &[&str] = &[
     "anomaly.stall_after_s",
     "anomaly.webhook_url",
     "metrics.tenant_labels",
+    "agent.shutdown",
     "first_start.bootstrap",
     "first_start.join",
     "first_start.join_token_file",
