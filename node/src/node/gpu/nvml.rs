@@ -4,7 +4,12 @@
 
 use super::{GpuSample, GpuSource};
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use shoal_sdk::GpuInfo;
 
 /// NVLink links per device that NVML can report.
@@ -13,6 +18,62 @@ const MAX_NVLINKS: u32 = 18;
 pub struct NvmlGpus {
     nvml: Nvml,
     inventory: Vec<GpuInfo>,
+    /// The last critical XID of each GPU (by index), from NVML's events.
+    xids: Arc<Mutex<BTreeMap<u32, u64>>>,
+}
+
+/// Listens for critical XID errors on its own thread and NVML handle (an
+/// event set borrows its handle, and `wait` blocks): XIDs are events, not
+/// counters. Without event support (some drivers, MIG) nothing is recorded
+/// and the log says so once.
+fn listen_for_xids(xids: Arc<Mutex<BTreeMap<u32, u64>>>) {
+    let spawned = std::thread::Builder::new()
+        .name("nvml-xid".into())
+        .spawn(move || {
+            let Ok(nvml) = Nvml::init() else {
+                return;
+            };
+            let Ok(mut set) = nvml.create_event_set() else {
+                tracing::info!("NVML has no event sets here: XID errors are not watched");
+                return;
+            };
+            let count = nvml.device_count().unwrap_or(0);
+            for index in 0..count {
+                let Ok(dev) = nvml.device_by_index(index) else {
+                    continue;
+                };
+                match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                    Ok(s) => set = s,
+                    Err(e) => {
+                        tracing::info!(gpu = index, error = %e, "XID errors of this GPU are not watched");
+                        return;
+                    }
+                }
+            }
+            loop {
+                match set.wait(1000) {
+                    Ok(event) => {
+                        let (Ok(index), Some(XidError::Value(code))) =
+                            (event.device.index(), event.event_data)
+                        else {
+                            continue;
+                        };
+                        tracing::warn!(gpu = index, xid = code, "a GPU reported an XID error");
+                        if let Ok(mut x) = xids.lock() {
+                            x.insert(index, code);
+                        }
+                    }
+                    Err(NvmlError::Timeout) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "stopped watching XID errors");
+                        return;
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot watch XID errors");
+    }
 }
 
 impl NvmlGpus {
@@ -67,7 +128,13 @@ impl NvmlGpus {
             peers.sort_unstable();
             gpu.nvlink_peers = peers;
         }
-        Ok(NvmlGpus { nvml, inventory })
+        let xids = Arc::new(Mutex::new(BTreeMap::new()));
+        listen_for_xids(xids.clone());
+        Ok(NvmlGpus {
+            nvml,
+            inventory,
+            xids,
+        })
     }
 }
 
@@ -104,7 +171,12 @@ impl GpuSource for NvmlGpus {
                     .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
                     .unwrap_or(0),
                 // XID errors arrive through NVML's event API, not a counter.
-                last_xid: 0,
+                last_xid: self
+                    .xids
+                    .lock()
+                    .ok()
+                    .and_then(|x| x.get(&gpu.index).copied())
+                    .unwrap_or(0),
                 throttle: dev
                     .current_throttle_reasons()
                     .map(|r| {
