@@ -21,6 +21,8 @@ fn spec(name: &str) -> MemberSpec {
                 numa_node: None,
                 nvlink_peers: vec![],
                 mig_enabled: false,
+                health: "ok".into(),
+                health_reason: None,
             })
             .collect(),
         ..Default::default()
