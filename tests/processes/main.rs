@@ -16,3 +16,4 @@ mod isolation;
 mod jobs;
 mod metrics;
 mod recovery;
+mod upgrade;
