@@ -55,12 +55,15 @@ fn member_version(status: &serde_json::Value, name: &str) -> Option<(String, Str
     ))
 }
 
+/// When each acknowledged job was accepted, and its id.
+type Acked = Arc<Mutex<Vec<(Instant, u64)>>>;
+
 /// Submits jobs round-robin over `clients` until stopped; records when each
 /// acknowledged one was accepted.
 fn spawn_writer(
     clients: Vec<Client>,
     stop: Arc<AtomicBool>,
-) -> (Arc<Mutex<Vec<(Instant, u64)>>>, tokio::task::JoinHandle<()>) {
+) -> (Acked, tokio::task::JoinHandle<()>) {
     let acked = Arc::new(Mutex::new(Vec::new()));
     let log = acked.clone();
     let task = tokio::spawn(async move {
