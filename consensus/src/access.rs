@@ -259,7 +259,7 @@ mod tests {
         let err = authorize(&l, "a", &Command::SetDrain { id: 1, drain: true }).unwrap_err();
         assert!(
             err.message()
-                .contains("draining nodes needs an admin token"),
+                .contains("draining nodes and GPUs needs an admin token"),
             "{err:?}"
         );
     }
