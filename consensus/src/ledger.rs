@@ -26,6 +26,12 @@ pub struct ClusterInfo {
 }
 
 impl MemberSpec {
+    /// The protocol versions the member speaks, `(min, max)`.
+    pub fn protocol(&self) -> (u16, u16) {
+        let min = self.protocol_min.max(1);
+        (min, self.protocol_max.max(min))
+    }
+
     /// The URL of the member's API.
     pub fn api_url(&self) -> String {
         let scheme = if self.api_tls { "https" } else { "http" };
@@ -62,6 +68,13 @@ pub struct MemberSpec {
     /// The cgroup controllers it enforces for ranks (`memory`, `cpu`,
     /// `pids`); empty under `cgroup`: accounting and kill only.
     pub isolation_controllers: Vec<String>,
+    /// The release the node runs (its crate version).
+    pub version: String,
+    /// The protocol versions it speaks, both ends included (`shoal_mesh::
+    /// protocol`); 0 means not recorded, read as version 1 (what every
+    /// release before the range was recorded spoke).
+    pub protocol_min: u16,
+    pub protocol_max: u16,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -425,6 +438,18 @@ impl Ledger {
                         spec.name, m.id
                     ));
                 }
+                if let Some(effective) = self.effective_protocol() {
+                    let (min, max) = spec.protocol();
+                    if !(min..=max).contains(&effective) {
+                        return LedgerResponse::Rejected(format!(
+                            "node '{}' speaks protocol {min}..{max}, but the cluster's \
+                             effective protocol is {effective} (the newest version every \
+                             member speaks) and the ledger may hold entries of it; run a \
+                             release that speaks it",
+                            spec.name
+                        ));
+                    }
+                }
                 let id = self.next_node_id;
                 self.next_node_id += 1;
                 self.insert_member(id, spec.clone(), now);
@@ -662,6 +687,19 @@ impl Ledger {
         }
     }
 
+    /// The cluster's effective protocol: the newest version every member
+    /// (that has not left) speaks, i.e. the lowest of their newest. A command
+    /// format of protocol `v` may be proposed only once this is at least `v`:
+    /// a member that does not speak it could not apply the entry. `None`
+    /// without members.
+    pub fn effective_protocol(&self) -> Option<u16> {
+        self.members
+            .values()
+            .filter(|m| m.state != MemberState::Left)
+            .map(|m| m.spec.protocol().1)
+            .min()
+    }
+
     fn insert_member(&mut self, id: NodeId, spec: MemberSpec, now: u64) {
         self.members.insert(
             id,
@@ -744,6 +782,68 @@ mod tests {
         );
         assert_eq!(r, LedgerResponse::NodeId(1));
         l
+    }
+
+    #[test]
+    fn the_effective_protocol_is_the_newest_every_member_speaks_and_a_joiner_must_speak_it() {
+        let mut l = bootstrapped();
+        assert_eq!(
+            l.effective_protocol(),
+            Some(1),
+            "unrecorded ranges read as 1..1"
+        );
+        let at =
+            |l: &mut Ledger, ms: u64, cmd: Command| l.apply(1, &LedgerRequest { now_ms: ms, cmd });
+        at(
+            &mut l,
+            1100,
+            Command::CreateJoinToken {
+                hash: "t".into(),
+                expires_at_ms: 50_000,
+                uses: 10,
+            },
+        );
+        let speaking = |name: &str, min: u16, max: u16| MemberSpec {
+            protocol_min: min,
+            protocol_max: max,
+            version: "0.2.0".into(),
+            ..spec(name)
+        };
+        let add = |spec: MemberSpec| Command::AddMember {
+            spec,
+            token_hash: "t".into(),
+        };
+        // Mid-upgrade: a node of the next release joins; nothing changes yet.
+        assert_eq!(
+            at(&mut l, 1200, add(speaking("n2", 1, 2))),
+            LedgerResponse::NodeId(2)
+        );
+        assert_eq!(l.effective_protocol(), Some(1));
+        // One that dropped version 1 must wait until every member speaks 2.
+        let r = at(&mut l, 1300, add(speaking("n3", 2, 2)));
+        assert!(
+            matches!(&r, LedgerResponse::Rejected(m) if m.contains("speaks protocol 2..2") && m.contains("effective protocol is 1")),
+            "{r:?}"
+        );
+        // The last old member is upgraded in place.
+        let r = at(
+            &mut l,
+            1400,
+            Command::UpdateMember {
+                id: 1,
+                spec: speaking("n1", 1, 2),
+            },
+        );
+        assert_eq!(r, LedgerResponse::Ok);
+        assert_eq!(l.effective_protocol(), Some(2));
+        assert_eq!(l.members[&1].spec.version, "0.2.0");
+        assert_eq!(
+            at(&mut l, 1500, add(speaking("n3", 2, 2))),
+            LedgerResponse::NodeId(3)
+        );
+        // Now an old release cannot join: the ledger may hold version 2 entries.
+        let r = at(&mut l, 1600, add(speaking("n4", 1, 1)));
+        assert!(matches!(r, LedgerResponse::Rejected(_)), "{r:?}");
     }
 
     #[test]

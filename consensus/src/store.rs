@@ -48,8 +48,9 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// repeat count, tokens ids, uses, expiry and revocation, and took the CA
 /// private key out of the cluster record; version 5 says whether a
 /// member's API is HTTPS; version 6 added the CA state (a rotation in
-/// progress, retired CAs, what each member trusts).
-pub const SNAPSHOT_VERSION: u8 = 6;
+/// progress, retired CAs, what each member trusts); version 7 gave members
+/// their release and the protocol versions they speak.
+pub const SNAPSHOT_VERSION: u8 = 7;
 /// Decoding bound for snapshots and log entries.
 pub const MAX_DECODE: u64 = 1 << 30;
 

@@ -3,9 +3,17 @@
 //! finishing its send half. Bodies are opaque here: the node crate decides
 //! what they mean (bincode-encoded messages), which keeps the transport
 //! reusable and the protocol in one place.
+//!
+//! Each connection negotiates the protocol version with TLS ALPN
+//! ([`crate::protocol`]): peers without a common version do not exchange a
+//! single request, and the caller gets [`RpcError::Protocol`] naming both
+//! ranges. The version a connection settled on is in [`PeerInfo::protocol`]
+//! on the serving side and [`RpcEndpoint::negotiated`] on the calling side,
+//! for message formats that differ between versions.
 
 use crate::admission::{Admission, Holder, Limits};
-use crate::tls::{joiner_client_config, NodeCredentials, TlsError, CLUSTER_SERVER_NAME};
+use crate::protocol::{self, Mismatch, Negotiated, Range};
+use crate::tls::{joiner_client_config_for, NodeCredentials, TlsError, CLUSTER_SERVER_NAME};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{ClientConfig, Connection, Endpoint, ServerConfig, TransportConfig};
 use std::collections::HashMap;
@@ -31,6 +39,11 @@ pub enum RpcError {
     Timeout { addr: SocketAddr, after: Duration },
     #[error("{addr} speaks wire version {got}, this node speaks {WIRE_VERSION}")]
     Version { addr: SocketAddr, got: u8 },
+    #[error("peer at {addr} {mismatch}")]
+    Protocol {
+        addr: SocketAddr,
+        mismatch: Mismatch,
+    },
     #[error("TLS setup: {0}")]
     Tls(#[from] TlsError),
     #[error("cannot bind {addr}: {reason}")]
@@ -45,6 +58,8 @@ pub struct PeerInfo {
     pub remote: SocketAddr,
     pub authenticated: bool,
     pub member: Option<u64>,
+    /// The protocol version the connection negotiated.
+    pub protocol: u16,
 }
 
 pub type RpcFuture = Pin<Box<dyn Future<Output = Vec<u8>> + Send>>;
@@ -106,6 +121,8 @@ pub struct RpcEndpoint {
     /// Replaced when the node's certificate is renewed.
     client: Arc<std::sync::RwLock<ClientConfig>>,
     connections: Arc<Mutex<HashMap<SocketAddr, Connection>>>,
+    /// The protocol versions this endpoint offers and accepts.
+    speaks: Range,
 }
 
 impl RpcEndpoint {
@@ -130,10 +147,21 @@ impl RpcEndpoint {
         creds: &NodeCredentials,
         handler: Arc<dyn RpcHandler>,
     ) -> Result<Self, RpcError> {
+        Self::serve_socket_speaking(socket, creds, handler, protocol::local())
+    }
+
+    /// Like [`RpcEndpoint::serve_socket`], speaking the protocol versions of
+    /// `speaks` rather than this process's.
+    pub fn serve_socket_speaking(
+        socket: std::net::UdpSocket,
+        creds: &NodeCredentials,
+        handler: Arc<dyn RpcHandler>,
+        speaks: Range,
+    ) -> Result<Self, RpcError> {
         let addr = socket
             .local_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let server = member_server_config(creds)?;
+        let server = member_server_config(creds, speaks)?;
         let runtime = quinn::default_runtime().ok_or_else(|| RpcError::Bind {
             addr,
             reason: "no async runtime".into(),
@@ -148,14 +176,15 @@ impl RpcEndpoint {
             addr,
             reason: e.to_string(),
         })?;
-        let client = member_client_config(creds)?;
+        let client = member_client_config(creds, speaks)?;
         let this = RpcEndpoint {
             endpoint: endpoint.clone(),
             client: Arc::new(std::sync::RwLock::new(client)),
             connections: Arc::new(Mutex::new(HashMap::new())),
+            speaks,
         };
         let admission = Arc::new(std::sync::Mutex::new(Admission::new(Limits::default())));
-        tokio::spawn(accept_loop(endpoint, handler, admission));
+        tokio::spawn(accept_loop(endpoint, handler, admission, speaks));
         Ok(this)
     }
 
@@ -166,8 +195,8 @@ impl RpcEndpoint {
     /// closes when they are done). Connections peers dialled keep the
     /// certificates they were made with until those peers do the same.
     pub async fn set_credentials(&self, creds: &NodeCredentials) -> Result<(), RpcError> {
-        let server = member_server_config(creds)?;
-        let client = member_client_config(creds)?;
+        let server = member_server_config(creds, self.speaks)?;
+        let client = member_client_config(creds, self.speaks)?;
         self.endpoint.set_server_config(Some(server));
         if let Ok(mut c) = self.client.write() {
             *c = client;
@@ -178,6 +207,24 @@ impl RpcEndpoint {
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.endpoint.local_addr().ok()
+    }
+
+    /// The protocol versions this endpoint speaks.
+    pub fn speaks(&self) -> Range {
+        self.speaks
+    }
+
+    /// The protocol version this endpoint's connection to `addr` negotiated
+    /// (dialling it if there is none yet).
+    pub async fn negotiated(&self, addr: SocketAddr) -> Result<u16, RpcError> {
+        let conn = self.connection(addr).await?;
+        match protocol::negotiated(&conn) {
+            Some(Negotiated::Version(v)) => Ok(v),
+            _ => Err(RpcError::Io {
+                addr,
+                reason: "the connection negotiated no protocol version".into(),
+            }),
+        }
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<Connection, RpcError> {
@@ -194,7 +241,7 @@ impl RpcEndpoint {
             .read()
             .map(|c| c.clone())
             .map_err(|_| RpcError::Tls(TlsError::Invalid("client config poisoned".into())))?;
-        let conn = connect(&self.endpoint, client, addr).await?;
+        let conn = connect(&self.endpoint, client, addr, self.speaks).await?;
         self.connections.lock().await.insert(addr, conn.clone());
         Ok(conn)
     }
@@ -235,26 +282,34 @@ impl RpcEndpoint {
     }
 }
 
-fn member_server_config(creds: &NodeCredentials) -> Result<ServerConfig, RpcError> {
-    let quic_server = QuicServerConfig::try_from(creds.server_config()?)
+fn member_server_config(creds: &NodeCredentials, speaks: Range) -> Result<ServerConfig, RpcError> {
+    let quic_server = QuicServerConfig::try_from(creds.server_config_for(speaks)?)
         .map_err(|e| TlsError::Invalid(e.to_string()))?;
     let mut server = ServerConfig::with_crypto(Arc::new(quic_server));
     server.transport_config(server_transport_config());
     Ok(server)
 }
 
-fn member_client_config(creds: &NodeCredentials) -> Result<ClientConfig, RpcError> {
-    let quic = QuicClientConfig::try_from(creds.client_config()?)
+fn member_client_config(creds: &NodeCredentials, speaks: Range) -> Result<ClientConfig, RpcError> {
+    let quic = QuicClientConfig::try_from(creds.client_config_for(speaks)?)
         .map_err(|e| TlsError::Invalid(e.to_string()))?;
     let mut c = ClientConfig::new(Arc::new(quic));
     c.transport_config(transport_config());
     Ok(c)
 }
 
+/// TLS alert `no_application_protocol` as a QUIC transport error code: what
+/// a server that shares no ALPN id with us (a release without
+/// [`protocol::PROBE_ALPN`]) closes the handshake with.
+const NO_APPLICATION_PROTOCOL: u64 = 0x100 | 120;
+
+/// Dials `addr`; a peer without a protocol version in common is an
+/// [`RpcError::Protocol`] naming its range when it said which.
 async fn connect(
     endpoint: &Endpoint,
     config: ClientConfig,
     addr: SocketAddr,
+    speaks: Range,
 ) -> Result<Connection, RpcError> {
     let connecting = endpoint
         .connect_with(config, addr, CLUSTER_SERVER_NAME)
@@ -262,10 +317,113 @@ async fn connect(
             addr,
             reason: e.to_string(),
         })?;
-    connecting.await.map_err(|e| RpcError::Unreachable {
-        addr,
-        reason: e.to_string(),
-    })
+    let conn = match connecting.await {
+        Ok(c) => c,
+        Err(e) => {
+            let code = match &e {
+                quinn::ConnectionError::ConnectionClosed(c) => Some(u64::from(c.error_code)),
+                quinn::ConnectionError::TransportError(t) => Some(u64::from(t.code)),
+                _ => None,
+            };
+            if code == Some(NO_APPLICATION_PROTOCOL) {
+                return Err(RpcError::Protocol {
+                    addr,
+                    mismatch: Mismatch {
+                        peer: None,
+                        local: speaks,
+                    },
+                });
+            }
+            return Err(RpcError::Unreachable {
+                addr,
+                reason: e.to_string(),
+            });
+        }
+    };
+    match protocol::negotiated(&conn) {
+        Some(Negotiated::Version(v)) if speaks.contains(v) => Ok(conn),
+        Some(Negotiated::Probe) => {
+            let peer = ask_range(&conn, speaks).await;
+            conn.close(CLOSE_PROTOCOL.into(), b"no common protocol version");
+            Err(RpcError::Protocol {
+                addr,
+                mismatch: Mismatch {
+                    peer,
+                    local: speaks,
+                },
+            })
+        }
+        _ => {
+            conn.close(CLOSE_PROTOCOL.into(), b"no common protocol version");
+            Err(RpcError::Protocol {
+                addr,
+                mismatch: Mismatch {
+                    peer: None,
+                    local: speaks,
+                },
+            })
+        }
+    }
+}
+
+/// The range exchange on a connection that negotiated the probe: our range
+/// out, the peer's back; `None` when the peer does not answer sensibly.
+async fn ask_range(conn: &Connection, speaks: Range) -> Option<Range> {
+    let exchange = async {
+        let (mut send, mut recv) = conn.open_bi().await.ok()?;
+        send.write_all(&protocol::encode_range(speaks)).await.ok()?;
+        send.finish().ok()?;
+        let answer = recv.read_to_end(16).await.ok()?;
+        protocol::decode_range(&answer)
+    };
+    tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The server side of the range exchange: reads the client's range, answers
+/// with ours, logs the refusal (once per peer address and range).
+async fn answer_range(conn: &Connection, remote: SocketAddr, speaks: Range) {
+    let exchange = async {
+        let (mut send, mut recv) = conn.accept_bi().await.ok()?;
+        let theirs = recv.read_to_end(16).await.ok();
+        send.write_all(&protocol::encode_range(speaks)).await.ok()?;
+        let _ = send.finish();
+        let _ = send.stopped().await;
+        theirs
+    };
+    let theirs = tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|b| protocol::decode_range(&b));
+    static LOGGED: std::sync::Mutex<Vec<(SocketAddr, Option<Range>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let first = LOGGED
+        .lock()
+        .map(|mut seen| {
+            if seen.contains(&(remote, theirs)) {
+                false
+            } else {
+                if seen.len() >= 1024 {
+                    seen.clear();
+                }
+                seen.push((remote, theirs));
+                true
+            }
+        })
+        .unwrap_or(false);
+    let mismatch = Mismatch {
+        peer: theirs,
+        local: speaks,
+    };
+    if first {
+        tracing::warn!(%remote, "refused an RPC connection: peer at {remote} {mismatch}");
+    } else {
+        tracing::debug!(%remote, "refused an RPC connection: peer at {remote} {mismatch}");
+    }
+    conn.close(CLOSE_PROTOCOL.into(), b"no common protocol version");
 }
 
 async fn exchange(conn: &Connection, addr: SocketAddr, body: &[u8]) -> Result<Vec<u8>, RpcError> {
@@ -292,6 +450,9 @@ async fn exchange(conn: &Connection, addr: SocketAddr, body: &[u8]) -> Result<Ve
 
 /// QUIC application close code for a connection refused by [`Admission`].
 const CLOSE_LIMITED: u32 = 0x5348;
+/// QUIC application close code for a connection without a common protocol
+/// version.
+const CLOSE_PROTOCOL: u32 = 0x5350;
 
 type SharedAdmission = Arc<std::sync::Mutex<Admission>>;
 
@@ -309,7 +470,12 @@ impl Drop for Slot {
     }
 }
 
-async fn accept_loop(endpoint: Endpoint, handler: Arc<dyn RpcHandler>, admission: SharedAdmission) {
+async fn accept_loop(
+    endpoint: Endpoint,
+    handler: Arc<dyn RpcHandler>,
+    admission: SharedAdmission,
+    speaks: Range,
+) {
     while let Some(incoming) = endpoint.accept().await {
         let handler = handler.clone();
         let admission = admission.clone();
@@ -322,7 +488,30 @@ async fn accept_loop(endpoint: Endpoint, handler: Arc<dyn RpcHandler>, admission
                     return;
                 }
             };
-            serve_connection(conn, remote, handler, admission).await;
+            let version = match protocol::negotiated(&conn) {
+                Some(Negotiated::Version(v)) if speaks.contains(v) => v,
+                _ => {
+                    // The handshake settled on the probe (or on nothing we
+                    // know): answer with our range, serve nothing else. It
+                    // holds an admission slot like any other connection.
+                    let holder = Holder::Anonymous(remote.ip());
+                    let opened = match admission.lock() {
+                        Ok(mut a) => a.open(holder).is_ok(),
+                        Err(_) => false,
+                    };
+                    if opened {
+                        let _slot = Slot {
+                            admission: admission.clone(),
+                            holder,
+                        };
+                        answer_range(&conn, remote, speaks).await;
+                    } else {
+                        conn.close(CLOSE_LIMITED.into(), b"too many connections");
+                    }
+                    return;
+                }
+            };
+            serve_connection(conn, remote, version, handler, admission).await;
         });
     }
 }
@@ -330,6 +519,7 @@ async fn accept_loop(endpoint: Endpoint, handler: Arc<dyn RpcHandler>, admission
 async fn serve_connection(
     conn: Connection,
     remote: SocketAddr,
+    version: u16,
     handler: Arc<dyn RpcHandler>,
     admission: SharedAdmission,
 ) {
@@ -342,6 +532,7 @@ async fn serve_connection(
         remote,
         authenticated: leaf.is_some(),
         member: leaf.and_then(|cert| crate::tls::member_id_of(cert.as_ref())),
+        protocol: version,
     };
     let holder = match (peer.authenticated, peer.member) {
         (true, member) => Holder::Member(member.unwrap_or(0)),
@@ -480,7 +671,18 @@ pub async fn call_as_joiner(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(Vec<u8>, Vec<u8>), RpcError> {
-    let (tls, verifier) = joiner_client_config(ca_pin)?;
+    call_as_joiner_speaking(addr, ca_pin, body, timeout, protocol::local()).await
+}
+
+/// [`call_as_joiner`] offering the protocol versions of `speaks`.
+pub async fn call_as_joiner_speaking(
+    addr: SocketAddr,
+    ca_pin: &str,
+    body: &[u8],
+    timeout: Duration,
+    speaks: Range,
+) -> Result<(Vec<u8>, Vec<u8>), RpcError> {
+    let (tls, verifier) = joiner_client_config_for(ca_pin, speaks)?;
     let quic = QuicClientConfig::try_from(tls).map_err(|e| TlsError::Invalid(e.to_string()))?;
     let mut config = ClientConfig::new(Arc::new(quic));
     config.transport_config(transport_config());
@@ -494,7 +696,7 @@ pub async fn call_as_joiner(
         reason: e.to_string(),
     })?;
     let result = tokio::time::timeout(timeout, async {
-        let conn = connect(&endpoint, config, addr).await?;
+        let conn = connect(&endpoint, config, addr, speaks).await?;
         let resp = exchange(&conn, addr, body).await?;
         conn.close(0u32.into(), b"done");
         Ok::<_, RpcError>(resp)
@@ -577,12 +779,17 @@ mod tests {
         // the cap's worth open, and the next one is refused.
         let mut held = Vec::new();
         for _ in 0..limits.anonymous_connections_per_source {
-            let (tls, _) = joiner_client_config(&pin).expect("tls");
+            let (tls, _) = crate::tls::joiner_client_config(&pin).expect("tls");
             let quic = QuicClientConfig::try_from(tls).expect("quic");
             let endpoint = Endpoint::client(localhost()).expect("client");
-            let conn = connect(&endpoint, ClientConfig::new(Arc::new(quic)), addr)
-                .await
-                .expect("connect");
+            let conn = connect(
+                &endpoint,
+                ClientConfig::new(Arc::new(quic)),
+                addr,
+                Range::BUILD,
+            )
+            .await
+            .expect("connect");
             exchange(&conn, addr, b"hi").await.expect("answered");
             held.push((endpoint, conn));
         }
@@ -662,5 +869,132 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    /// Answers with the protocol version the connection negotiated.
+    struct Version;
+    impl RpcHandler for Version {
+        fn handle(&self, peer: PeerInfo, _body: Vec<u8>) -> RpcFuture {
+            Box::pin(async move { peer.protocol.to_be_bytes().to_vec() })
+        }
+    }
+
+    fn speaking(ca: &CaBundle, id: u64, min: u16, max: u16) -> RpcEndpoint {
+        let socket = std::net::UdpSocket::bind(localhost()).expect("bind");
+        let creds = ca.issue(&format!("n{id}"), id).expect("creds");
+        let range = Range::new(min, max).expect("range");
+        RpcEndpoint::serve_socket_speaking(socket, &creds, Arc::new(Version), range).expect("serve")
+    }
+
+    #[tokio::test]
+    async fn peers_settle_on_the_highest_protocol_version_both_speak() {
+        let ca = CaBundle::generate("c").expect("ca");
+        let a = speaking(&ca, 1, 1, 3);
+        let b = speaking(&ca, 2, 2, 4);
+        let old = speaking(&ca, 3, 1, 1);
+        let t = Duration::from_secs(5);
+        let a_addr = a.local_addr().expect("addr");
+        let answer = b.call(a_addr, b"v", t).await.expect("b calls a");
+        assert_eq!(answer, 3u16.to_be_bytes(), "the server saw version 3");
+        assert_eq!(b.negotiated(a_addr).await.expect("negotiated"), 3);
+        let answer = old.call(a_addr, b"v", t).await.expect("old calls a");
+        assert_eq!(answer, 1u16.to_be_bytes());
+        let old_addr = old.local_addr().expect("addr");
+        assert_eq!(
+            a.call(old_addr, b"v", t).await.expect("a calls old"),
+            1u16.to_be_bytes()
+        );
+        // A joiner negotiates too.
+        let pin = ca.fingerprint().expect("fp");
+        let (answer, _) =
+            call_as_joiner_speaking(a_addr, &pin, b"v", t, Range::new(2, 2).expect("range"))
+                .await
+                .expect("join call");
+        assert_eq!(answer, 2u16.to_be_bytes());
+    }
+
+    #[tokio::test]
+    async fn peers_without_a_common_version_are_refused_with_both_ranges() {
+        let ca = CaBundle::generate("c").expect("ca");
+        let old = speaking(&ca, 1, 1, 1);
+        let new = speaking(&ca, 2, 2, 2);
+        let t = Duration::from_secs(5);
+        let old_addr = old.local_addr().expect("addr");
+        let err = new
+            .call(old_addr, b"v", t)
+            .await
+            .expect_err("no common version");
+        let text = err.to_string();
+        assert!(
+            matches!(
+                &err,
+                RpcError::Protocol { mismatch, .. } if mismatch.peer == Some(Range { min: 1, max: 1 })
+            ),
+            "{err:?}"
+        );
+        assert!(
+            text.contains(&format!(
+                "peer at {old_addr} speaks protocol 1..1, this node 2..2"
+            )),
+            "{text}"
+        );
+        assert!(text.contains("older release"), "{text}");
+        let new_addr = new.local_addr().expect("addr");
+        let err = old
+            .call(new_addr, b"v", t)
+            .await
+            .expect_err("no common version");
+        assert!(
+            err.to_string()
+                .contains("speaks protocol 2..2, this node 1..1"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("newer release"), "{err}");
+        // The same for a node asking to join.
+        let pin = ca.fingerprint().expect("fp");
+        let err = call_as_joiner_speaking(old_addr, &pin, b"v", t, Range::new(3, 3).expect("r"))
+            .await
+            .expect_err("a joiner without a common version");
+        assert!(
+            err.to_string()
+                .contains("speaks protocol 1..1, this node 3..3"),
+            "{err}"
+        );
+        // Both still serve peers they share a version with.
+        let mid = speaking(&ca, 3, 1, 2);
+        assert!(mid.call(old_addr, b"v", t).await.is_ok());
+        assert!(mid.call(new_addr, b"v", t).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_server_without_the_range_exchange_still_gives_a_clear_refusal() {
+        // What a release that offered only `shoal/1` does.
+        let ca = CaBundle::generate("c").expect("ca");
+        let mut tls = ca
+            .issue("old", 1)
+            .expect("creds")
+            .server_config()
+            .expect("tls");
+        tls.alpn_protocols = vec![crate::tls::ALPN.to_vec()];
+        let quic = QuicServerConfig::try_from(tls).expect("quic");
+        let server = Endpoint::server(ServerConfig::with_crypto(Arc::new(quic)), localhost())
+            .expect("server");
+        let addr = server.local_addr().expect("addr");
+        let accepting = server.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = accepting.accept().await {
+                let _ = incoming.await;
+            }
+        });
+        let new = speaking(&ca, 2, 2, 2);
+        let err = new
+            .call(addr, b"v", Duration::from_secs(5))
+            .await
+            .expect_err("no common version");
+        assert!(
+            matches!(&err, RpcError::Protocol { mismatch, .. } if mismatch.peer.is_none()),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("this node 2..2"), "{err}");
     }
 }

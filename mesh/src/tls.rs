@@ -19,7 +19,8 @@ use time::{Duration as TimeDuration, OffsetDateTime};
 
 /// The name every node certificate is valid for and every client dials.
 pub const CLUSTER_SERVER_NAME: &str = "shoal";
-/// ALPN protocol id of Shoal's RPC.
+/// ALPN id of protocol version 1 of Shoal's RPC; a node offers and
+/// accepts one id per version it speaks ([`crate::protocol`]).
 pub const ALPN: &[u8] = b"shoal/1";
 
 #[derive(Debug, thiserror::Error)]
@@ -413,6 +414,15 @@ impl NodeCredentials {
     /// RPC layer enforces via [`crate::PeerInfo::authenticated`]. A client
     /// presenting a certificate from any other CA fails the handshake.
     pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        self.server_config_for(crate::protocol::local())
+    }
+
+    /// [`NodeCredentials::server_config`] accepting the protocol versions of
+    /// `speaks` (ALPN, highest first: the server's preference decides).
+    pub fn server_config_for(
+        &self,
+        speaks: crate::protocol::Range,
+    ) -> Result<rustls::ServerConfig, TlsError> {
         let provider = crypto_provider();
         let verifier =
             WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider.clone())
@@ -422,18 +432,27 @@ impl NodeCredentials {
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain()?, private_key(&self.key_pem)?)?;
-        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        cfg.alpn_protocols = speaks.alpn();
         Ok(cfg)
     }
 
     /// Client side for members: verify the server against the CA, present our
     /// own certificate.
     pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        self.client_config_for(crate::protocol::local())
+    }
+
+    /// [`NodeCredentials::client_config`] offering the protocol versions of
+    /// `speaks`.
+    pub fn client_config_for(
+        &self,
+        speaks: crate::protocol::Range,
+    ) -> Result<rustls::ClientConfig, TlsError> {
         let mut cfg = rustls::ClientConfig::builder_with_provider(crypto_provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_root_certificates(self.roots()?)
             .with_client_auth_cert(self.chain()?, private_key(&self.key_pem)?)?;
-        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        cfg.alpn_protocols = speaks.alpn();
         Ok(cfg)
     }
 }
@@ -443,6 +462,14 @@ impl NodeCredentials {
 /// fingerprint from the join token), so an impostor cannot harvest tokens.
 pub fn joiner_client_config(
     ca_pin: &str,
+) -> Result<(rustls::ClientConfig, Arc<PinnedCaVerifier>), TlsError> {
+    joiner_client_config_for(ca_pin, crate::protocol::local())
+}
+
+/// [`joiner_client_config`] offering the protocol versions of `speaks`.
+pub fn joiner_client_config_for(
+    ca_pin: &str,
+    speaks: crate::protocol::Range,
 ) -> Result<(rustls::ClientConfig, Arc<PinnedCaVerifier>), TlsError> {
     let provider = crypto_provider();
     let verifier = Arc::new(PinnedCaVerifier {
@@ -455,7 +482,7 @@ pub fn joiner_client_config(
         .dangerous()
         .with_custom_certificate_verifier(verifier.clone())
         .with_no_client_auth();
-    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    cfg.alpn_protocols = speaks.alpn();
     Ok((cfg, verifier))
 }
 

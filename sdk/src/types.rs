@@ -80,6 +80,10 @@ pub struct StatusResponse {
     /// The phase of a CA rotation in progress (`trusting`, `reissuing`).
     #[serde(default)]
     pub ca_rotation: Option<String>,
+    /// The newest protocol version every member speaks: what new ledger
+    /// command formats wait for (docs/operations.md, Upgrade).
+    #[serde(default)]
+    pub effective_protocol: Option<u16>,
 }
 
 /// `shoal ca status --json` (`GET /v1/ca`): the cluster CA, any rotation
@@ -144,6 +148,12 @@ pub struct MemberSummary {
     pub id: u64,
     pub name: String,
     pub state: MemberState,
+    /// The release the member runs, as it last recorded it.
+    #[serde(default)]
+    pub version: String,
+    /// The protocol versions it speaks, `min..max`.
+    #[serde(default)]
+    pub protocol: String,
 }
 
 /// One row of `shoal nodes --json`.
@@ -181,6 +191,12 @@ pub struct NodeInfo {
     /// empty under `cgroup`: accounting and kill only.
     #[serde(default)]
     pub isolation_controllers: Vec<String>,
+    /// The release the node runs, as it last recorded it.
+    #[serde(default)]
+    pub version: String,
+    /// The protocol versions it speaks, `min..max`.
+    #[serde(default)]
+    pub protocol: String,
 }
 
 /// One row of `shoal mesh --json`: how the answering node sees a peer,

@@ -18,3 +18,4 @@ mod isolation;
 mod jobs;
 mod metrics;
 mod recovery;
+mod upgrade;

@@ -203,6 +203,9 @@ impl Agent {
             gossip_addr,
             isolation: isolation.mode().to_string(),
             isolation_controllers: isolation.controllers(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            protocol_min: shoal_mesh::protocol::local().min,
+            protocol_max: shoal_mesh::protocol::local().max,
         };
 
         let (ident, new_cluster) = match (mode, existing) {
@@ -242,6 +245,12 @@ impl Agent {
         let handler = Arc::new(NodeRpc::default());
         let rpc = RpcEndpoint::serve_socket(rpc_socket, &ident.credentials, handler.clone())
             .map_err(|e| AgentError::Io(e.to_string()))?;
+        tracing::info!(
+            version = env!("CARGO_PKG_VERSION"),
+            protocol = %rpc.speaks(),
+            "speaking protocol {}",
+            rpc.speaks()
+        );
         let db = open_db(&data_dir.join(identity::RAFT_DB_FILE))
             .map_err(|e| io("cannot open the Raft database", e))?;
         let log = LogStore::new(db.clone()).map_err(|e| AgentError::Raft(e.to_string()))?;

@@ -429,9 +429,12 @@ pub fn answer(
                         id: m.id,
                         name: m.spec.name.clone(),
                         state: m.state,
+                        version: m.spec.version.clone(),
+                        protocol: protocol_text(&m.spec),
                     })
                     .collect(),
                 node_id: seen.me,
+                effective_protocol: d.ledger.effective_protocol(),
                 ca_fingerprint: d
                     .ledger
                     .cluster
@@ -529,12 +532,20 @@ pub fn answer(
                         drained: d.ledger.workload.drained.contains(&m.id),
                         isolation: m.spec.isolation.clone(),
                         isolation_controllers: m.spec.isolation_controllers.clone(),
+                        version: m.spec.version.clone(),
+                        protocol: protocol_text(&m.spec),
                     }
                 })
                 .collect();
             Ok(Response::Nodes(nodes))
         }
     }
+}
+
+/// A member's protocol range as `min..max`.
+fn protocol_text(spec: &shoal_consensus::MemberSpec) -> String {
+    let (min, max) = spec.protocol();
+    format!("{min}..{max}")
 }
 
 /// This node's own view of every other member, from gossip.

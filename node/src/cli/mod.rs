@@ -939,9 +939,14 @@ fn format_status(s: &StatusResponse) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     ));
+    if let Some(p) = s.effective_protocol {
+        out.push_str(&format!(
+            "protocol {p}  (the newest version every member speaks)\n"
+        ));
+    }
     out.push_str(&format!(
-        "{:<6}{:<20}{:<10}{}\n",
-        "ID", "NAME", "STATE", "ROLE"
+        "{:<6}{:<20}{:<10}{:<9}{:<12}{}\n",
+        "ID", "NAME", "STATE", "ROLE", "VERSION", "PROTOCOL"
     ));
     for m in &s.members {
         let role = if s.leader == Some(m.id) {
@@ -951,9 +956,21 @@ fn format_status(s: &StatusResponse) -> String {
         } else {
             "learner"
         };
+        let dash = |v: &str| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                v.to_string()
+            }
+        };
         out.push_str(&format!(
-            "{:<6}{:<20}{:<10}{}\n",
-            m.id, m.name, m.state, role
+            "{:<6}{:<20}{:<10}{:<9}{:<12}{}\n",
+            m.id,
+            m.name,
+            m.state,
+            role,
+            dash(&m.version),
+            dash(&m.protocol)
         ));
     }
     out

@@ -475,6 +475,15 @@ impl Config {
         let mut cfg: Config = table
             .try_into()
             .map_err(|e: toml::de::Error| format!("invalid configuration: {}", e.message()))?;
+        if let Some(range) = env
+            .get(shoal_mesh::protocol::TEST_ENV)
+            .filter(|s| !s.trim().is_empty())
+        {
+            // Read by the mesh itself; checked here so that a bad value
+            // stops the node instead of being ignored.
+            shoal_mesh::protocol::parse_range(range)
+                .map_err(|e| format!("{}: {e}", shoal_mesh::protocol::TEST_ENV))?;
+        }
         if let Some(spec) = env.get("SHOAL_TEST_INJECT_RTT") {
             cfg.test_inject_rtt = crate::node::peers::parse_injected_rtt(spec)?;
         }

@@ -18,7 +18,7 @@ use crate::node::{wall_ms, LedgerClient, LocalMember};
 use crate::rpc::faults::{Channel, FaultRouter, Verdict};
 use shoal_consensus::NodeId;
 use shoal_mesh::failure_detector::PeerState;
-use shoal_mesh::gossip::{CapacityAdvert, GossipEvent, GossipHandle};
+use shoal_mesh::gossip::{CapacityAdvert, GossipEvent, GossipHandle, RejectReason, WireError};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -62,6 +62,8 @@ async fn handle_events(
     let me = parts.local.id;
     // Whether a message `from` started towards this node reaches it.
     let hears = |from: NodeId| parts.faults.as_ref().is_none_or(|r| r.allows(from, me));
+    // Peers already warned about for a wire version this node does not speak.
+    let mut foreign_wire = std::collections::HashSet::new();
     loop {
         let event = tokio::select! {
             e = events.recv() => match e { Some(e) => e, None => return },
@@ -119,7 +121,21 @@ async fn handle_events(
             }
             GossipEvent::Rejected { from, reason } => {
                 parts.metrics.gossip_rejected.inc();
-                tracing::warn!(peer = %from, %reason, "rejected a gossip message");
+                if let RejectReason::Malformed(WireError::UnsupportedVersion { .. }) = &reason {
+                    // A member on another release publishes a format this
+                    // one does not read: refused (never misread), counted,
+                    // and said once per member rather than every second.
+                    if foreign_wire.insert(from) {
+                        tracing::warn!(
+                            peer = %from,
+                            %reason,
+                            "refusing gossip of a wire version this node does not speak; \
+                             further ones from this peer are only counted (see docs/operations.md, Upgrade)"
+                        );
+                    }
+                } else {
+                    tracing::warn!(peer = %from, %reason, "rejected a gossip message");
+                }
             }
             GossipEvent::PeerConnected { .. } | GossipEvent::PeerDisconnected { .. } => {}
         }

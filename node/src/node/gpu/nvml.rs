@@ -3,14 +3,14 @@
 //! with no accelerators.
 
 use super::{GpuSample, GpuSource};
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
+use shoal_sdk::GpuInfo;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use shoal_sdk::GpuInfo;
 
 /// NVLink links per device that NVML can report.
 const MAX_NVLINKS: u32 = 18;
