@@ -392,6 +392,9 @@ fn job_states(ledger: &Ledger) -> BTreeMap<JobId, JobState> {
 /// copy of the old CA key makes a new CA). Join tokens pin the CA, so every
 /// one made before no longer matches.
 pub fn replace_ca_cert(data: &mut StateMachineData, ca_cert_pem: &str) -> Result<(), String> {
+    if ca_cert_pem.matches("-----BEGIN CERTIFICATE-----").count() != 1 {
+        return Err("the cluster CA must be exactly one certificate".into());
+    }
     match data.ledger.cluster.as_mut() {
         Some(c) => {
             c.ca_cert_pem = ca_cert_pem.to_string();

@@ -44,6 +44,14 @@ pub enum RpcError {
         addr: SocketAddr,
         mismatch: Mismatch,
     },
+    #[error(
+        "{addr} is node {found:?}'s, not node {expected}'s: its certificate names another member"
+    )]
+    WrongPeer {
+        addr: SocketAddr,
+        expected: u64,
+        found: Option<u64>,
+    },
     #[error("TLS setup: {0}")]
     Tls(#[from] TlsError),
     #[error("cannot bind {addr}: {reason}")]
@@ -262,6 +270,65 @@ impl RpcEndpoint {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
                 // Drop the cached connection so the next call dials afresh.
+                self.connections.lock().await.remove(&addr);
+                Err(e)
+            }
+            Err(_) => {
+                self.connections.lock().await.remove(&addr);
+                Err(RpcError::Timeout {
+                    addr,
+                    after: timeout,
+                })
+            }
+        }
+    }
+
+    /// [`RpcEndpoint::call`] to the member `expected`: answered only if the
+    /// certificate at `addr` names that member. Every node certificate is
+    /// valid for the same server name, so an address alone proves nothing:
+    /// a stale or wrong address (another voter's, this node's own) must not
+    /// let someone else answer for a voter, as Raft would count it twice.
+    pub async fn call_member(
+        &self,
+        addr: SocketAddr,
+        expected: u64,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, RpcError> {
+        let checked = tokio::time::timeout(timeout, self.connection(addr)).await;
+        let conn = match checked {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(RpcError::Timeout {
+                    addr,
+                    after: timeout,
+                })
+            }
+        };
+        let found = conn
+            .peer_identity()
+            .and_then(|id| {
+                id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                    .ok()
+            })
+            .and_then(|chain| {
+                chain
+                    .first()
+                    .and_then(|leaf| crate::tls::member_id_of(leaf.as_ref()))
+            });
+        if found != Some(expected) {
+            self.connections.lock().await.remove(&addr);
+            return Err(RpcError::WrongPeer {
+                addr,
+                expected,
+                found,
+            });
+        }
+        // On the connection just checked, not a fresh dial.
+        match tokio::time::timeout(timeout, exchange(&conn, addr, body)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
                 self.connections.lock().await.remove(&addr);
                 Err(e)
             }
@@ -750,6 +817,31 @@ mod tests {
             .await
             .expect("call");
         assert_eq!(resp, b"\x01\x02hi", "b is member 2");
+    }
+
+    #[tokio::test]
+    async fn a_call_to_a_member_is_answered_only_by_that_member() {
+        let ca = CaBundle::generate("c").expect("ca");
+        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo))
+            .expect("a");
+        let b = RpcEndpoint::serve(localhost(), &ca.issue("b", 2).expect("b"), Arc::new(Echo))
+            .expect("b");
+        let addr = a.local_addr().expect("addr");
+        let timeout = Duration::from_secs(5);
+        let answer = b
+            .call_member(addr, 1, b"hi", timeout)
+            .await
+            .expect("member 1");
+        assert_eq!(answer, b"\x01\x02hi");
+        // Node 3's address pointing at node 1: refused, not answered.
+        match b.call_member(addr, 3, b"hi", timeout).await {
+            Err(RpcError::WrongPeer {
+                expected: 3,
+                found: Some(1),
+                ..
+            }) => {}
+            other => panic!("expected a wrong-peer refusal, got {other:?}"),
+        }
     }
 
     #[tokio::test]

@@ -129,19 +129,23 @@ fn reseated_report(
 
 /// A copy of the cluster CA key from `path`, checked against the ledger's CA.
 fn ca_from_file(path: &Path, ca_cert_pem: &str) -> Result<CaBundle, String> {
-    let key_pem = std::fs::read_to_string(path)
+    let file = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the CA key {}: {e}", path.display()))?;
-    let ca = CaBundle {
-        cert_pem: ca_cert_pem.to_string(),
-        key_pem,
-    };
-    if !ca.key_matches() {
-        return Err(format!(
-            "the CA key in {} is not the key of this cluster's CA",
-            path.display()
-        ));
-    }
-    Ok(ca)
+    // A voter's ca.key holds two keys during a rotation: take the one of
+    // the ledger's CA.
+    ca_key::split_keys(&file)
+        .into_iter()
+        .map(|key_pem| CaBundle {
+            cert_pem: ca_cert_pem.to_string(),
+            key_pem,
+        })
+        .find(CaBundle::key_matches)
+        .ok_or_else(|| {
+            format!(
+                "the CA key in {} is not the key of this cluster's CA",
+                path.display()
+            )
+        })
 }
 
 fn ledger_ca(data: &shoal_consensus::store::StateMachineData) -> Result<String, String> {
@@ -458,23 +462,22 @@ pub fn force_new_cluster(
     // node's certificate chains to (a rerun after an interrupted
     // recovery), else a new one.
     let ledger_cert = ledger_ca(&state.data)?;
-    let own_key = ca_key::load(&data_dir);
-    let matches = |cert: &str, key: &str| {
-        CaBundle {
-            cert_pem: cert.to_string(),
-            key_pem: key.to_string(),
-        }
-        .key_matches()
-    };
+    // Keys one by one (two during a CA rotation), against single
+    // certificates: the node's trust bundle is never taken for a CA.
+    let own_ledger_key = ca_key::key_for(&data_dir, &ledger_cert);
+    let own_signer = shoal_mesh::tls::split_certs(&ident.credentials.ca_pem)
+        .into_iter()
+        .filter(|c| shoal_mesh::tls::issued_by(&ident.credentials.cert_pem, c))
+        .find(|c| ca_key::key_for(&data_dir, c).is_some());
     let mut new_ident = None;
     let mut key_to_store = None;
-    let new_ca = match (&own_key, ca_key_file) {
-        (Some(key), _) if matches(&ledger_cert, key) => false,
-        (Some(key), _) if matches(&ident.credentials.ca_pem, key) => {
-            recovery::replace_ca_cert(&mut state.data, &ident.credentials.ca_pem)?;
+    let new_ca = match (&own_ledger_key, &own_signer, ca_key_file) {
+        (Some(_), _, _) => false,
+        (None, Some(signer), _) => {
+            recovery::replace_ca_cert(&mut state.data, signer)?;
             false
         }
-        (_, Some(path)) => {
+        (None, None, Some(path)) => {
             let ca = ca_from_file(path, &ledger_cert)?;
             key_to_store = Some(ca.key_pem);
             false

@@ -35,7 +35,7 @@ pub fn keys(data_dir: &Path) -> Vec<String> {
     load(data_dir).map(|f| split_keys(&f)).unwrap_or_default()
 }
 
-fn split_keys(file: &str) -> Vec<String> {
+pub fn split_keys(file: &str) -> Vec<String> {
     const END: &str = "-----END PRIVATE KEY-----";
     let mut out = Vec::new();
     let mut rest = file;

@@ -31,7 +31,7 @@ impl RaftTransport for MeshTransport {
             })?;
             let body = proto::encode(&Request::Raft(rpc));
             let reply = endpoint
-                .call(sock, &body, timeout)
+                .call_member(sock, target, &body, timeout)
                 .await
                 .map_err(|e| match e {
                     RpcError::Unreachable { .. } => {

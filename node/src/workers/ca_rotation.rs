@@ -49,6 +49,36 @@ impl CaRotationDriver {
     }
 }
 
+impl CaRotationDriver {
+    /// Before the new CA signs, a majority of the voters (this leader among
+    /// them) must hold its key: a leader lost for good right after the
+    /// switch must not take the only copy of the signing key with it. By
+    /// now every voter has reported that it trusts both CAs, so each one's
+    /// ledger has the rotation and its "holds every trusted key" answer
+    /// covers the new one.
+    async fn new_key_held_by_a_majority(&self) -> Result<(), String> {
+        use crate::rpc::proto::{Request, Response};
+        let voters = self.ledger.voters();
+        let me = self.ledger.me();
+        let mut holders = usize::from(voters.contains(&me));
+        for voter in voters.iter().filter(|v| **v != me) {
+            if let Ok(Response::Holds(true)) =
+                self.ledger.call_member(*voter, &Request::HoldsCaKey).await
+            {
+                holders += 1;
+            }
+        }
+        if holders * 2 > voters.len() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{holders} of {} voters hold the new CA's key; waiting for a majority",
+                voters.len()
+            ))
+        }
+    }
+}
+
 impl Worker for CaRotationDriver {
     fn period(&self) -> Duration {
         Duration::from_millis(500)
@@ -73,6 +103,15 @@ impl Worker for CaRotationDriver {
             }
             Some(Ok(from)) => from,
         };
+        if from == CaPhase::Trusting {
+            if let Err(why) = self.new_key_held_by_a_majority().await {
+                if self.last_wait.as_ref() != Some(&why) {
+                    tracing::info!("the CA rotation waits: {why}");
+                    self.last_wait = Some(why);
+                }
+                return ControlFlow::Continue(());
+            }
+        }
         match self
             .ledger
             .write_local(Command::AdvanceCaRotation { from })
