@@ -266,21 +266,28 @@ impl RpcEndpoint {
             exchange(&conn, addr, body).await
         })
         .await;
-        match result {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                // Drop the cached connection so the next call dials afresh.
-                self.connections.lock().await.remove(&addr);
-                Err(e)
-            }
-            Err(_) => {
-                self.connections.lock().await.remove(&addr);
-                Err(RpcError::Timeout {
-                    addr,
-                    after: timeout,
-                })
-            }
+        self.settle(addr, timeout, result).await
+    }
+
+    /// A call's outcome; after a failure the cached connection is dropped
+    /// so the next call dials afresh.
+    async fn settle(
+        &self,
+        addr: SocketAddr,
+        timeout: Duration,
+        result: Result<Result<Vec<u8>, RpcError>, tokio::time::error::Elapsed>,
+    ) -> Result<Vec<u8>, RpcError> {
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(_) => Err(RpcError::Timeout {
+                addr,
+                after: timeout,
+            }),
+        };
+        if outcome.is_err() {
+            self.connections.lock().await.remove(&addr);
         }
+        outcome
     }
 
     /// [`RpcEndpoint::call`] to the member `expected`: answered only if the
@@ -326,20 +333,8 @@ impl RpcEndpoint {
             });
         }
         // On the connection just checked, not a fresh dial.
-        match tokio::time::timeout(timeout, exchange(&conn, addr, body)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                self.connections.lock().await.remove(&addr);
-                Err(e)
-            }
-            Err(_) => {
-                self.connections.lock().await.remove(&addr);
-                Err(RpcError::Timeout {
-                    addr,
-                    after: timeout,
-                })
-            }
-        }
+        let result = tokio::time::timeout(timeout, exchange(&conn, addr, body)).await;
+        self.settle(addr, timeout, result).await
     }
 
     /// Closes every connection and the endpoint.

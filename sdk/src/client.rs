@@ -453,36 +453,17 @@ impl Client {
             .http
             .get(&url)
             .query(&[("rank", rank as u64), ("offset", offset)]);
-        let req = self.authorize(req, &url)?;
-        let resp = req.send().await.map_err(|source| ClientError::Connect {
-            url: url.clone(),
-            source,
-        })?;
+        let (headers, bytes) = self.get_raw_with_headers(req, &url).await?;
         let header = |name: &str| {
-            resp.headers()
+            headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<u64>().ok())
         };
         let start = header(crate::LOG_START_HEADER).unwrap_or(offset);
         let rotations = header(crate::LOG_ROTATIONS_HEADER).unwrap_or(0);
-        let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| ClientError::Decode {
-            url: url.clone(),
-            message: e.to_string(),
-        })?;
-        if !status.is_success() {
-            let message = serde_json::from_slice::<ApiErrorBody>(&bytes)
-                .map(|b| b.message)
-                .unwrap_or_else(|_| format!("{url} returned HTTP {status}"));
-            return Err(ClientError::Api {
-                status: status.as_u16(),
-                code: "http".into(),
-                message,
-            });
-        }
         Ok(LogChunk {
-            bytes: bytes.to_vec(),
+            bytes,
             start,
             rotations,
         })
@@ -541,6 +522,17 @@ impl Client {
         req: reqwest::RequestBuilder,
         url: &str,
     ) -> Result<Vec<u8>, ClientError> {
+        self.get_raw_with_headers(req, url)
+            .await
+            .map(|(_, bytes)| bytes)
+    }
+
+    /// A raw GET's headers and body; an error status is a [`ClientError::Api`].
+    async fn get_raw_with_headers(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<(reqwest::header::HeaderMap, Vec<u8>), ClientError> {
         let url = url.to_string();
         let req = self.authorize(req, &url)?;
         let resp = req.send().await.map_err(|source| ClientError::Connect {
@@ -548,6 +540,7 @@ impl Client {
             source,
         })?;
         let status = resp.status();
+        let headers = resp.headers().clone();
         let bytes = resp.bytes().await.map_err(|e| ClientError::Decode {
             url: url.clone(),
             message: e.to_string(),
@@ -562,7 +555,7 @@ impl Client {
                 message,
             });
         }
-        Ok(bytes.to_vec())
+        Ok((headers, bytes.to_vec()))
     }
 }
 
