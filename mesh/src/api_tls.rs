@@ -6,7 +6,10 @@
 //! whatever address they advertise.
 
 use crate::tls::CLUSTER_SERVER_NAME;
-use crate::tls::{certs, crypto_provider, fingerprint_der, private_key, NodeCredentials, TlsError};
+use crate::tls::{
+    certs, crypto_provider, fingerprint_der, handshake_signature, private_key, NodeCredentials,
+    TlsError,
+};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
@@ -180,12 +183,7 @@ impl ServerCertVerifier for ApiServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        handshake_signature(&self.provider, message, cert, dss, false)
     }
 
     fn verify_tls13_signature(
@@ -194,12 +192,7 @@ impl ServerCertVerifier for ApiServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        handshake_signature(&self.provider, message, cert, dss, true)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

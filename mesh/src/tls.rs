@@ -543,12 +543,7 @@ impl ServerCertVerifier for PinnedCaVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        handshake_signature(&self.provider, message, cert, dss, false)
     }
 
     fn verify_tls13_signature(
@@ -557,18 +552,30 @@ impl ServerCertVerifier for PinnedCaVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        handshake_signature(&self.provider, message, cert, dss, true)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.provider
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+/// A handshake signature checked with `provider`'s algorithms: what every
+/// custom verifier of ours delegates to.
+pub(crate) fn handshake_signature(
+    provider: &CryptoProvider,
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &DigitallySignedStruct,
+    tls13: bool,
+) -> Result<HandshakeSignatureValid, rustls::Error> {
+    let algorithms = &provider.signature_verification_algorithms;
+    if tls13 {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+    } else {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
     }
 }
 

@@ -152,5 +152,30 @@ async fn a_failed_gpu_moves_its_job_and_gets_no_work_until_an_operator_returns_i
         held_now.contains(&bad),
         "the returned GPU takes work again: {held_now:?}"
     );
+
+    // Draining and returning GPUs is an operator's: a tenant's token is refused.
+    admin
+        .create_tenant(&shoal_sdk::TenantRequest {
+            name: "vision".into(),
+            ..shoal_sdk::TenantRequest::default()
+        })
+        .await
+        .expect("tenant");
+    let token = admin
+        .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
+            tenant: Some("vision".into()),
+            ..shoal_sdk::ApiTokenCreateRequest::default()
+        })
+        .await
+        .expect("token")
+        .token;
+    let tenant = shoal_sdk::Client::new(admin.base_url(), Some(token));
+    for drain in [true, false] {
+        match tenant.drain_gpu(&node, bad, drain, None).await {
+            Err(shoal_sdk::ClientError::Api { status: 403, .. }) => {}
+            other => panic!("a tenant drained a GPU: {other:?}"),
+        }
+    }
+    assert_eq!(gpu(&admin, &node, bad).await.health, "ok");
     c.shutdown().await;
 }

@@ -841,19 +841,22 @@ async fn get_chunk(
         .into_response())
 }
 
+/// The id of the member named or numbered `node`.
+fn member_id(app: &Arc<Node>, node: &str) -> Result<shoal_consensus::NodeId, ApiError> {
+    let d = app.ledger().read()?;
+    d.ledger
+        .member_by_name_or_id(node)
+        .map(|m| m.id)
+        .ok_or_else(|| bad_request(format!("no node named or numbered '{node}'")))
+}
+
 async fn set_drain(
     app: &Arc<Node>,
     caller: &Caller,
     node: &str,
     drain: bool,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let id = {
-        let d = app.ledger().read()?;
-        d.ledger
-            .member_by_name_or_id(node)
-            .map(|m| m.id)
-            .ok_or_else(|| bad_request(format!("no node named or numbered '{node}'")))?
-    };
+    let id = member_id(app, node)?;
     let (_, index) = write_or_reject(app, caller, Command::SetDrain { id, drain }).await?;
     Ok(Json(WriteResponse { index }))
 }
@@ -867,13 +870,7 @@ async fn set_gpu_drain(
     gpu: u32,
     reason: Option<String>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let id = {
-        let d = app.ledger().read()?;
-        d.ledger
-            .member_by_name_or_id(node)
-            .map(|m| m.id)
-            .ok_or_else(|| bad_request(format!("no node named or numbered '{node}'")))?
-    };
+    let id = member_id(app, node)?;
     let fault = reason.map(|reason| shoal_consensus::ledger::GpuFaultReport {
         reason,
         detected: false,
