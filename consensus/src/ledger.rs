@@ -310,6 +310,12 @@ pub struct ApplyChecks {
     /// `None` accepts any bytes (tests and the simulator, which make up
     /// their manifests).
     pub manifest: Option<ManifestCheck>,
+    /// A planted bug, for showing that the chaos checker catches one:
+    /// placements of a committed plan are applied without re-validating
+    /// them against the state they land on. Only an in-process chaos run
+    /// (`shoal bench chaos --plant skip-plan-validation`) sets it; no
+    /// configuration file or API can.
+    pub skip_plan_validation: bool,
 }
 
 /// Limits that keep the ledger (and therefore every snapshot) small.
@@ -586,7 +592,10 @@ impl Ledger {
             },
             Command::CancelJob { job } => answer(self.workload.cancel(*job, now)),
             Command::Schedule(plan) => {
-                let outcome = self.workload.apply_plan(plan, &self.members, index, now);
+                let validate = !checks.skip_plan_validation;
+                let outcome = self
+                    .workload
+                    .apply_plan(plan, &self.members, index, now, validate);
                 LedgerResponse::Scheduled {
                     started: outcome.started,
                     refused: outcome.refused,

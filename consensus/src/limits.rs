@@ -248,6 +248,7 @@ mod tests {
 
     const CHECKS: ApplyChecks = ApplyChecks {
         manifest: Some(toy_manifest_check),
+        skip_plan_validation: false,
     };
 
     struct Cluster {

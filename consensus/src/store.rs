@@ -267,12 +267,18 @@ pub struct StateMachineData {
 /// Shared read access to the applied ledger for the rest of the node.
 pub type LedgerHandle = Arc<RwLock<StateMachineData>>;
 
+/// Called after every entry a replica applies, with the entry's index and
+/// the ledger it left: how a chaos run checks invariants at every index of
+/// every node's log, not only in the states it happens to sample.
+pub type ApplyObserver = Arc<dyn Fn(u64, &Ledger) + Send + Sync>;
+
 /// The state-machine store: the in-memory ledger and its durable snapshot.
 pub struct StateMachineStore {
     db: Arc<Database>,
     data: LedgerHandle,
     snapshot_seq: u64,
     checks: ApplyChecks,
+    observer: Option<ApplyObserver>,
 }
 
 /// The snapshot encoding: the version byte, then the zstd-compressed
@@ -327,7 +333,14 @@ impl StateMachineStore {
             data: Arc::new(RwLock::new(data)),
             snapshot_seq,
             checks: ApplyChecks::default(),
+            observer: None,
         })
+    }
+
+    /// The store, calling `observer` after each entry it applies.
+    pub fn with_observer(mut self, observer: Option<ApplyObserver>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// The store, applying entries with `checks` (every replica of a
@@ -417,6 +430,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             data: self.data.clone(),
             snapshot_seq: self.seq,
             checks: ApplyChecks::default(),
+            observer: None,
         };
         store.write_snapshot(&meta, &bytes)?;
         Ok(Snapshot {
@@ -442,7 +456,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut d = self.data.write().map_err(|e| write_err(e.to_string()))?;
         Ok(entries
             .into_iter()
-            .map(|e| apply_entry(&mut d, e, &self.checks))
+            .map(|e| {
+                let index = e.log_id.index;
+                let response = apply_entry(&mut d, e, &self.checks);
+                if let Some(observe) = &self.observer {
+                    observe(index, &d.ledger);
+                }
+                response
+            })
             .collect())
     }
 
@@ -469,7 +490,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         new.last_applied = meta.last_log_id;
         new.membership = meta.last_membership.clone();
         self.write_snapshot(meta, &bytes)?;
-        *self.data.write().map_err(|e| write_err(e.to_string()))? = new;
+        let mut d = self.data.write().map_err(|e| write_err(e.to_string()))?;
+        *d = new;
+        if let (Some(observe), Some(last)) = (&self.observer, meta.last_log_id) {
+            observe(last.index, &d.ledger);
+        }
         Ok(())
     }
 

@@ -11,11 +11,13 @@
 //!   gossip, anomaly detection, webhook);
 //! - [`executor`]: runs this node's ranks;
 //! - [`ckpt`]: checkpoint replication and restore;
-//! - [`cli`] and [`bench`]: the command line and the benchmarks.
+//! - [`cli`] and [`bench`]: the command line and the benchmarks;
+//! - [`chaos`]: chaos runs of whole in-process clusters.
 
 pub mod agent;
 pub mod api;
 pub mod bench;
+pub mod chaos;
 pub mod ckpt;
 pub mod cli;
 pub mod executor;

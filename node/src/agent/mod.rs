@@ -9,6 +9,7 @@ pub mod recovery;
 pub mod shutdown;
 pub mod testkit;
 
+use crate::chaos::hooks::PlantedBug;
 use crate::executor::account::RankUsers;
 use crate::executor::cgroup::{self, Isolation, RankCgroups};
 use crate::executor::{Executor, RankHost};
@@ -108,6 +109,7 @@ fn io(what: &str, e: impl std::fmt::Display) -> AgentError {
 pub fn apply_checks() -> ApplyChecks {
     ApplyChecks {
         manifest: Some(manifest_decodes),
+        skip_plan_validation: false,
     }
 }
 
@@ -254,9 +256,14 @@ impl Agent {
         let db = open_db(&data_dir.join(identity::RAFT_DB_FILE))
             .map_err(|e| io("cannot open the Raft database", e))?;
         let log = LogStore::new(db.clone()).map_err(|e| AgentError::Raft(e.to_string()))?;
+        let hooks = cfg.test_chaos.clone().unwrap_or_default();
         let sm = StateMachineStore::new(db)
             .map_err(|e| AgentError::Raft(e.to_string()))?
-            .with_checks(apply_checks());
+            .with_checks(ApplyChecks {
+                skip_plan_validation: hooks.planted(PlantedBug::SkipPlanValidation),
+                ..apply_checks()
+            })
+            .with_observer(hooks.observer.clone());
         let ledger_state = sm.handle();
         let chunk_store = shoal_storage::ChunkStore::open(
             data_dir.join("chunks"),

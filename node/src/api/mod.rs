@@ -456,16 +456,22 @@ async fn put_attr(
     Extension(caller): Extension<Caller>,
     Json(req): Json<AttrPut>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let (resp, index) = app
-        .ledger()
-        .write_as(
-            &caller.token,
-            Command::PutAttr {
-                key: req.key,
-                value: req.value,
-            },
-        )
-        .await?;
+    let cmd = Command::PutAttr {
+        key: req.key,
+        value: req.value,
+    };
+    if app
+        .config()
+        .test_chaos
+        .as_ref()
+        .is_some_and(|h| h.planted(crate::chaos::hooks::PlantedBug::AckBeforeCommit))
+    {
+        // The planted bug: answer before the write has committed.
+        let ledger = app.ledger().clone();
+        tokio::spawn(async move { ledger.write_as(&caller.token, cmd).await });
+        return Ok(Json(WriteResponse { index: 0 }));
+    }
+    let (resp, index) = app.ledger().write_as(&caller.token, cmd).await?;
     match resp {
         LedgerResponse::Rejected(m) => Err(bad_request(m)),
         LedgerResponse::Denied(m) => Err(forbidden(m)),

@@ -63,6 +63,11 @@ pub struct Config {
     /// harness in the same process can share a router.
     #[serde(skip)]
     pub test_faults: Option<crate::rpc::faults::FaultRouter>,
+    /// Test only: what a chaos run hooks into this node (an observer of
+    /// every applied entry, planted bugs). Like `test_faults`, only a
+    /// harness in the same process can set it.
+    #[serde(skip)]
+    pub test_chaos: Option<crate::chaos::hooks::ChaosHooks>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -353,6 +358,7 @@ impl Default for Config {
             cert_lifetime_s: shoal_mesh::tls::DEFAULT_NODE_CERT_LIFETIME.as_secs(),
             test_inject_rtt: BTreeMap::new(),
             test_faults: None,
+            test_chaos: None,
         }
     }
 }
