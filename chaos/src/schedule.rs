@@ -391,7 +391,9 @@ mod tests {
     fn a_long_run_draws_every_kind() {
         let mut seen = BTreeSet::new();
         for seed in 0..20 {
-            seen.extend(count_by_kind(&generate(&ScheduleConfig::new(seed, 5, 60_000))).into_keys());
+            seen.extend(
+                count_by_kind(&generate(&ScheduleConfig::new(seed, 5, 60_000))).into_keys(),
+            );
         }
         assert_eq!(seen, FaultKind::ALL.into_iter().collect());
     }
@@ -446,7 +448,8 @@ mod tests {
                 right,
             } => {
                 prop_assert!(!left.is_empty() && !right.is_empty());
-                let all: BTreeSet<Slot> = left.iter().chain(right).chain([bridge]).copied().collect();
+                let all: BTreeSet<Slot> =
+                    left.iter().chain(right).chain([bridge]).copied().collect();
                 prop_assert_eq!(all.len(), nodes);
                 all.into_iter().collect()
             }

@@ -2,6 +2,7 @@
 //! real nodes in-process on loopback (QUIC, TLS, fsync), never mocks.
 
 pub mod anomaly;
+pub mod chaos;
 pub mod ckpt;
 pub mod cp;
 pub mod data;
@@ -77,6 +78,32 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 10)]
         settle_s: u64,
     },
+    /// Seeded fault schedules against whole in-process clusters, judged by a history checker (docs/reliability.md)
+    Chaos {
+        /// Number of seeds to run, from --first-seed on
+        #[arg(long, default_value_t = 1)]
+        seeds: u64,
+        #[arg(long, default_value_t = 1)]
+        first_seed: u64,
+        /// Replays exactly this one seed (overrides --seeds)
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Cluster size, 3-7
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Workload and fault phase of each seed
+        #[arg(long, default_value = "60s")]
+        duration: String,
+        /// Comma-separated fault kinds, or `all`
+        #[arg(long, default_value = "all")]
+        kinds: String,
+        /// Plants a bug the checker must catch: skip-plan-validation, ack-before-commit
+        #[arg(long)]
+        plant: Vec<String>,
+        /// Lists every seed's faults, not only failing ones
+        #[arg(long)]
+        verbose: bool,
+    },
     /// Gang placement: pure decisions/s and p99, one full pass, and placements/s through Raft
     Place {
         #[arg(long, default_value_t = 4096)]
@@ -102,6 +129,57 @@ pub struct LedgerBenchRow {
 
 pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
     match cmd {
+        BenchCmd::Chaos {
+            seeds,
+            first_seed,
+            seed,
+            nodes,
+            duration,
+            kinds,
+            plant,
+            verbose,
+        } => {
+            if !(3..=7).contains(nodes) {
+                anyhow::bail!("--nodes must be 3-7");
+            }
+            if *seeds == 0 {
+                anyhow::bail!("--seeds must be at least 1");
+            }
+            let duration =
+                crate::cli::duration::parse_duration(duration).map_err(anyhow::Error::msg)?;
+            if duration < Duration::from_secs(5) {
+                anyhow::bail!("--duration must be at least 5s");
+            }
+            let args = crate::bench::chaos::ChaosArgs {
+                seeds: match seed {
+                    Some(s) => vec![*s],
+                    None => (*first_seed..first_seed.saturating_add(*seeds)).collect(),
+                },
+                nodes: *nodes,
+                duration,
+                kinds: crate::bench::chaos::parse_kinds(kinds).map_err(anyhow::Error::msg)?,
+                planted: plant
+                    .iter()
+                    .map(|p| crate::bench::chaos::parse_planted(p))
+                    .collect::<Result<_, _>>()
+                    .map_err(anyhow::Error::msg)?,
+                verbose: *verbose,
+            };
+            let summary = crate::bench::chaos::run(&args, json).await;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            } else {
+                crate::bench::chaos::print_summary(&summary);
+            }
+            if summary.passed < summary.seeds {
+                anyhow::bail!(
+                    "{} of {} seeds failed",
+                    summary.seeds - summary.passed,
+                    summary.seeds
+                );
+            }
+            Ok(())
+        }
         BenchCmd::Cp { size, replica } => {
             let bytes = parse_size(size).map_err(anyhow::Error::msg)?;
             let rows = crate::bench::cp::run(bytes, *replica).await?;

@@ -2,4 +2,8 @@
 //! seeded fault schedule and a recorded workload, judged by the checkers
 //! of the `shoal_chaos` crate. See docs/reliability.md.
 
+pub mod cluster;
 pub mod hooks;
+pub mod observe;
+pub mod run;
+pub mod workload;

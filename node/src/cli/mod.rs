@@ -678,7 +678,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Sim(args) => run_sim(args, cli.json),
         Cmd::Bench { cmd } => {
-            init_logging("text");
+            // A chaos run's own report is the point; its nodes' logs of
+            // the faults it injects would drown it.
+            if matches!(cmd, crate::bench::BenchCmd::Chaos { .. }) {
+                init_logging_quiet();
+            } else {
+                init_logging("text");
+            }
             crate::bench::run(cmd, cli.json).await
         }
     }

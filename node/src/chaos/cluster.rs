@@ -1,0 +1,345 @@
+//! The cluster of a chaos run: in-process agents on 127.0.0.1 with real
+//! QUIC, each on a tokio runtime of its own, so that one node can be
+//! crashed (its runtime dropped), paused (its only worker thread blocked:
+//! timers, I/O and Raft stop while its ranks keep running, as under SIGSTOP
+//! of the agent) or given a wall clock of its own, while the others go on.
+//!
+//! Every node keeps the addresses its slot was given at the start, across
+//! restarts and replacements, so clients of the run always know where its
+//! API is.
+
+use super::hooks::ChaosHooks;
+use crate::agent::testkit::node_config;
+use crate::agent::{Agent, StartMode};
+use crate::node::auth;
+use crate::node::clock;
+use crate::node::config::Config;
+use crate::rpc::faults::FaultRouter;
+use shoal_consensus::NodeId;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+
+/// How long a crashed node's runtime may take to finish its blocking work
+/// (a redb commit, a chunk write) before it is dropped regardless.
+const CRASH_GRACE: Duration = Duration::from_secs(10);
+
+/// Joins a run's join token admits: every replacement joins again.
+const JOIN_USES: u32 = 1_000;
+
+/// A started node and the runtime it lives on.
+struct Running {
+    runtime: Runtime,
+    agent: Agent,
+}
+
+/// One position of the cluster and whatever node holds it now.
+pub struct Slot {
+    /// The node's name now; a replacement gets a new one.
+    pub name: String,
+    generation: u32,
+    cfg: Config,
+    skew: Arc<AtomicI64>,
+    running: Option<Running>,
+    /// Dropping it resumes a paused node.
+    pause: Option<std::sync::mpsc::Sender<()>>,
+    /// The node id now, once it has started.
+    pub id: Option<NodeId>,
+}
+
+impl Slot {
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.cfg.api_addr)
+    }
+
+    pub fn rpc_addr(&self) -> SocketAddr {
+        self.cfg.rpc_addr
+    }
+
+    pub fn agent(&self) -> Option<&Agent> {
+        self.running.as_ref().map(|r| &r.agent)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.pause.is_some()
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.cfg.data_dir()
+    }
+}
+
+pub struct ChaosCluster {
+    pub slots: Vec<Slot>,
+    pub router: FaultRouter,
+    pub admin_token: String,
+    join_token: String,
+    /// Builds each node's hooks from its name.
+    hooks: Arc<dyn Fn(&str) -> ChaosHooks + Send + Sync>,
+    tweak: Arc<dyn Fn(&mut Config) + Send + Sync>,
+    root: PathBuf,
+}
+
+/// A free port on 127.0.0.1 for both TCP and UDP, found by binding port 0.
+fn free_port() -> Result<u16, String> {
+    for _ in 0..50 {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        let port = tcp.local_addr().map_err(|e| e.to_string())?.port();
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err("no port free for both TCP and UDP".into())
+}
+
+fn node_runtime(name: &str, skew: Arc<AtomicI64>) -> Result<Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(format!("chaos-{name}"))
+        .enable_all()
+        .on_thread_start(move || clock::skew_this_thread(skew.clone()))
+        .build()
+        .map_err(|e| format!("cannot start a runtime for {name}: {e}"))
+}
+
+/// Starts an agent on a runtime of its own.
+async fn start_on_own_runtime(
+    cfg: Config,
+    mode: StartMode,
+    skew: Arc<AtomicI64>,
+) -> Result<Running, String> {
+    let name = cfg.name.clone().unwrap_or_default();
+    let runtime = node_runtime(&name, skew)?;
+    let started = runtime.spawn(Agent::start(cfg, mode)).await;
+    match started {
+        Ok(Ok(agent)) => Ok(Running { runtime, agent }),
+        Ok(Err(e)) => {
+            stop_runtime(runtime, None).await;
+            Err(format!("{name} did not start: {e}"))
+        }
+        Err(e) => {
+            stop_runtime(runtime, None).await;
+            Err(format!("{name} did not start: {e}"))
+        }
+    }
+}
+
+/// Drops a node without a goodbye: its tasks stop where they are.
+async fn stop_runtime(runtime: Runtime, agent: Option<Agent>) {
+    let _ = tokio::task::spawn_blocking(move || {
+        {
+            let _inside = runtime.enter();
+            drop(agent);
+        }
+        runtime.shutdown_timeout(CRASH_GRACE);
+    })
+    .await;
+}
+
+impl ChaosCluster {
+    /// Starts `n` nodes under `root`: the first bootstraps, the others join.
+    pub async fn start(
+        root: &Path,
+        n: usize,
+        router: FaultRouter,
+        hooks: Arc<dyn Fn(&str) -> ChaosHooks + Send + Sync>,
+        tweak: Arc<dyn Fn(&mut Config) + Send + Sync>,
+    ) -> Result<ChaosCluster, String> {
+        let mut cluster = ChaosCluster {
+            slots: Vec::new(),
+            router,
+            admin_token: String::new(),
+            join_token: String::new(),
+            hooks,
+            tweak,
+            root: root.to_path_buf(),
+        };
+        for i in 0..n {
+            let name = format!("n{}", i + 1);
+            let cfg = cluster.config_for(i, &name, None)?;
+            cluster.slots.push(Slot {
+                name,
+                generation: 0,
+                cfg,
+                skew: Arc::new(AtomicI64::new(0)),
+                running: None,
+                pause: None,
+                id: None,
+            });
+        }
+        let first = start_on_own_runtime(
+            cluster.slots[0].cfg.clone(),
+            StartMode::Bootstrap,
+            cluster.slots[0].skew.clone(),
+        )
+        .await?;
+        let boot = first
+            .agent
+            .bootstrap
+            .clone()
+            .ok_or("the bootstrap returned no tokens")?;
+        let ledger = first.agent.node().ledger().clone();
+        let admin = auth::caller(&ledger, &boot.admin_token).ok_or("the admin token is unknown")?;
+        cluster.join_token =
+            auth::create_join_token(&ledger, &admin, Duration::from_secs(24 * 3600), JOIN_USES)
+                .await
+                .map_err(|e| format!("cannot create a join token: {e}"))?
+                .token;
+        cluster.admin_token = boot.admin_token;
+        cluster.slots[0].id = Some(first.agent.id());
+        cluster.slots[0].running = Some(first);
+        for i in 1..n {
+            cluster
+                .join(i, Instant::now() + Duration::from_secs(60))
+                .await?;
+        }
+        Ok(cluster)
+    }
+
+    /// The config of `slot` under the node name `name`: the slot's ports
+    /// (kept from `keep` when given), a data dir of this name.
+    fn config_for(&self, slot: usize, name: &str, keep: Option<&Config>) -> Result<Config, String> {
+        let mut cfg = node_config(&self.root, slot);
+        cfg.name = Some(name.into());
+        cfg.data_dir = Some(self.root.join(name));
+        match keep {
+            Some(old) => {
+                cfg.api_addr = old.api_addr;
+                cfg.rpc_addr = old.rpc_addr;
+                cfg.gossip_addr = old.gossip_addr;
+            }
+            None => {
+                cfg.api_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+                cfg.rpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+                cfg.gossip_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+            }
+        }
+        cfg.test_faults = Some(self.router.clone());
+        cfg.test_chaos = Some((self.hooks)(name));
+        (self.tweak)(&mut cfg);
+        Ok(cfg)
+    }
+
+    /// A running, unpaused slot other than `not`, to join through.
+    fn contact(&self, not: usize) -> Option<SocketAddr> {
+        self.slots
+            .iter()
+            .enumerate()
+            .find(|(i, s)| *i != not && s.is_running() && !s.is_paused())
+            .map(|(_, s)| s.rpc_addr())
+    }
+
+    /// Joins `slot`'s node (with an empty data dir) through any running
+    /// node, retrying until `deadline`: a join needs a leader, which a
+    /// partition may take away for a while.
+    pub async fn join(&mut self, slot: usize, deadline: Instant) -> Result<(), String> {
+        let mut last = String::from("no running node to join through");
+        while Instant::now() < deadline {
+            if let Some(addr) = self.contact(slot) {
+                let s = &self.slots[slot];
+                let _ = std::fs::remove_dir_all(s.data_dir());
+                let mode = StartMode::Join {
+                    addr,
+                    token: self.join_token.clone(),
+                };
+                match start_on_own_runtime(s.cfg.clone(), mode, s.skew.clone()).await {
+                    Ok(running) => {
+                        let s = &mut self.slots[slot];
+                        s.id = Some(running.agent.id());
+                        s.running = Some(running);
+                        return Ok(());
+                    }
+                    Err(e) => last = e,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Err(format!("slot {slot} could not join: {last}"))
+    }
+
+    /// Stops `slot`'s node abruptly (a paused one is resumed first, so its
+    /// runtime can stop).
+    pub async fn crash(&mut self, slot: usize) {
+        let s = &mut self.slots[slot];
+        s.pause = None;
+        if let Some(Running { runtime, agent }) = s.running.take() {
+            stop_runtime(runtime, Some(agent)).await;
+        }
+    }
+
+    /// Starts `slot`'s node again from its data dir, retrying while the
+    /// crashed one still holds its files.
+    pub async fn restart(&mut self, slot: usize, deadline: Instant) -> Result<(), String> {
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            let s = &self.slots[slot];
+            match start_on_own_runtime(s.cfg.clone(), StartMode::Restart, s.skew.clone()).await {
+                Ok(running) => {
+                    self.slots[slot].running = Some(running);
+                    return Ok(());
+                }
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        Err(format!("slot {slot} did not restart: {last}"))
+    }
+
+    /// Gives `slot` a new node name and an empty data dir (the machine was
+    /// replaced); [`ChaosCluster::join`] starts it.
+    pub fn replace(&mut self, slot: usize) -> Result<String, String> {
+        let old = self.slots[slot].name.clone();
+        let generation = self.slots[slot].generation + 1;
+        let name = format!("n{}g{generation}", slot + 1);
+        let cfg = self.config_for(slot, &name, Some(&self.slots[slot].cfg))?;
+        let _ = std::fs::remove_dir_all(self.slots[slot].data_dir());
+        let s = &mut self.slots[slot];
+        s.name = name;
+        s.generation = generation;
+        s.cfg = cfg;
+        s.id = None;
+        Ok(old)
+    }
+
+    /// Freezes `slot`'s node: its one worker thread blocks until resumed.
+    pub fn pause(&mut self, slot: usize) {
+        let s = &mut self.slots[slot];
+        let Some(running) = &s.running else { return };
+        if s.pause.is_some() {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        // The blocking receive holds the runtime's only worker.
+        running.runtime.spawn(async move {
+            let _ = rx.recv();
+        });
+        s.pause = Some(tx);
+    }
+
+    pub fn resume(&mut self, slot: usize) {
+        self.slots[slot].pause = None;
+    }
+
+    /// Moves `slot`'s wall clock by `offset_ms` from the real one.
+    pub fn set_clock(&self, slot: usize, offset_ms: i64) {
+        self.slots[slot].skew.store(offset_ms, Ordering::Relaxed);
+    }
+
+    pub fn client(&self, slot: usize) -> shoal_sdk::Client {
+        shoal_sdk::Client::new(self.slots[slot].api_url(), Some(self.admin_token.clone()))
+    }
+
+    /// Stops every node.
+    pub async fn shutdown(mut self) {
+        for slot in 0..self.slots.len() {
+            self.crash(slot).await;
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! Watches every entry every node applies: checks the ledger's invariants
+//! at that index, and compares the ledger each node reached at that index
+//! with what the first node to apply it reached (a digest of its
+//! encoding: the ledger holds only ordered maps, so equal ledgers encode
+//! equally). Two nodes that disagree at one index have diverged, however
+//! they look later.
+
+use shoal_chaos::Violation;
+use shoal_consensus::store::ApplyObserver;
+use shoal_consensus::Ledger;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Violations kept per run: past that, one more of the same kind says
+/// nothing new and costs memory.
+const MAX_VIOLATIONS: usize = 50;
+
+#[derive(Default)]
+struct State {
+    /// The first digest seen at each index, and which node it came from.
+    digests: HashMap<u64, (String, blake3::Hash)>,
+    violations: Vec<Violation>,
+    seen: BTreeSet<(String, String)>,
+    applied: u64,
+    highest: u64,
+}
+
+#[derive(Default)]
+pub struct AppliedWatch {
+    state: Mutex<State>,
+}
+
+impl AppliedWatch {
+    pub fn new() -> Arc<AppliedWatch> {
+        Arc::new(AppliedWatch::default())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The observer to install in node `node`.
+    pub fn observer(self: &Arc<Self>, node: &str) -> ApplyObserver {
+        let watch = self.clone();
+        let node = node.to_string();
+        Arc::new(move |index: u64, ledger: &Ledger| watch.applied(&node, index, ledger))
+    }
+
+    fn applied(&self, node: &str, index: u64, ledger: &Ledger) {
+        let found = shoal_chaos::invariants::check_applied(index, ledger);
+        let digest = match bincode::serialize(ledger) {
+            Ok(bytes) => blake3::hash(&bytes),
+            Err(_) => return,
+        };
+        let mut state = self.lock();
+        state.applied += 1;
+        state.highest = state.highest.max(index);
+        let diverged = match state.digests.get(&index) {
+            Some((first, seen)) if *seen != digest => Some(Violation::new(
+                "diverged",
+                format!(
+                    "node {node} reached a different ledger than node {first} at index {index}"
+                ),
+            )),
+            Some(_) => None,
+            None => {
+                state.digests.insert(index, (node.to_string(), digest));
+                None
+            }
+        };
+        for v in found.into_iter().chain(diverged) {
+            push(&mut state, v);
+        }
+    }
+
+    pub fn violations(&self) -> Vec<Violation> {
+        self.lock().violations.clone()
+    }
+
+    /// Entries applied, summed over nodes, and the highest index seen.
+    pub fn applied_counts(&self) -> (u64, u64) {
+        let state = self.lock();
+        (state.applied, state.highest)
+    }
+}
+
+fn push(state: &mut State, v: Violation) {
+    if state.violations.len() < MAX_VIOLATIONS
+        && state.seen.insert((v.property.clone(), v.detail.clone()))
+    {
+        state.violations.push(v);
+    }
+}

@@ -1,0 +1,530 @@
+//! One chaos run: a cluster, a seeded fault schedule played against it
+//! while the workload runs, then healing, settling and the checks.
+
+use super::cluster::ChaosCluster;
+use super::hooks::{ChaosHooks, PlantedBug};
+use super::observe::AppliedWatch;
+use super::workload::{self, JobLog, Target};
+use crate::rpc::faults::{FaultRouter, Filter, FilterHandle};
+use serde::Serialize;
+use shoal_chaos::history::{Outcome, Recorder, RegisterOp};
+use shoal_chaos::schedule::{self, Action, Fault, FaultKind, ScheduleConfig, Step};
+use shoal_chaos::{invariants, linearizable, Violation};
+use shoal_consensus::{Ledger, NodeId};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub seed: u64,
+    pub nodes: usize,
+    pub duration: Duration,
+    pub kinds: BTreeSet<FaultKind>,
+    pub planted: BTreeSet<PlantedBug>,
+    pub register_clients: u32,
+    /// Gangs submitted and cancelled alongside the register workload.
+    pub jobs: bool,
+}
+
+/// Fault kinds a run draws unless told otherwise: all that an in-process
+/// cluster can inject. A full disk needs a file system per node.
+pub fn default_kinds() -> BTreeSet<FaultKind> {
+    FaultKind::ALL
+        .into_iter()
+        .filter(|k| *k != FaultKind::DiskFull)
+        .collect()
+}
+
+impl RunOptions {
+    pub fn new(seed: u64, nodes: usize, duration: Duration) -> RunOptions {
+        RunOptions {
+            seed,
+            nodes,
+            duration,
+            kinds: default_kinds(),
+            planted: BTreeSet::new(),
+            register_clients: 3,
+            jobs: true,
+        }
+    }
+
+    pub fn schedule(&self) -> Vec<Step> {
+        let mut cfg = ScheduleConfig::new(self.seed, self.nodes, self.duration.as_millis() as u64);
+        cfg.kinds = self.kinds.clone();
+        schedule::generate(&cfg)
+    }
+}
+
+/// Operations of a run, by kind and outcome.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct OpCounts {
+    pub writes_ok: u32,
+    pub writes_failed: u32,
+    pub writes_unknown: u32,
+    pub reads_ok: u32,
+    pub reads_failed: u32,
+    pub jobs_submitted: u32,
+    pub jobs_refused: u32,
+    pub jobs_unknown: u32,
+    pub cancels: u32,
+    pub rank_beats: u64,
+    pub entries_applied: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SeedReport {
+    pub seed: u64,
+    pub nodes: usize,
+    pub duration_ms: u64,
+    pub faults: Vec<String>,
+    pub fault_counts: BTreeMap<FaultKind, u32>,
+    pub ops: OpCounts,
+    pub violations: Vec<Violation>,
+    /// The harness itself failed (a node would not start): the run proves
+    /// nothing either way.
+    pub error: Option<String>,
+    pub wall_ms: u64,
+}
+
+impl SeedReport {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty() && self.error.is_none()
+    }
+
+    /// How to run this schedule again.
+    pub fn replay(&self) -> String {
+        format!(
+            "shoal bench chaos --seed {} --nodes {} --duration {}s",
+            self.seed,
+            self.nodes,
+            self.duration_ms / 1000
+        )
+    }
+}
+
+/// A fault as installed, to heal it.
+enum Installed {
+    Filters(Vec<FilterHandle>),
+    Crashed { slot: usize, wipe: bool },
+    Paused(usize),
+    Clock(usize),
+    Removed(usize),
+    Nothing,
+}
+
+/// Runs one seed. Never panics on what the cluster does: every failure is
+/// in the report.
+pub async fn run_seed(opts: &RunOptions) -> SeedReport {
+    let started = Instant::now();
+    let steps = opts.schedule();
+    let mut report = SeedReport {
+        seed: opts.seed,
+        nodes: opts.nodes,
+        duration_ms: opts.duration.as_millis() as u64,
+        faults: steps
+            .iter()
+            .filter_map(|s| match &s.action {
+                Action::Start { fault, .. } => Some(format!("{:>6} ms {fault}", s.at_ms)),
+                Action::Heal { .. } => None,
+            })
+            .collect(),
+        fault_counts: schedule::count_by_kind(&steps),
+        ops: OpCounts::default(),
+        violations: Vec::new(),
+        error: None,
+        wall_ms: 0,
+    };
+    if let Err(e) = run_inner(opts, &steps, &mut report).await {
+        report.error = Some(e);
+    }
+    report.wall_ms = started.elapsed().as_millis() as u64;
+    report
+}
+
+async fn run_inner(
+    opts: &RunOptions,
+    steps: &[Step],
+    report: &mut SeedReport,
+) -> Result<(), String> {
+    let dir = tempfile::Builder::new()
+        .prefix("shoal-chaos-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a temp dir: {e}"))?;
+    let rank_log = dir.path().join("ranks.log");
+    std::fs::write(&rank_log, b"").map_err(|e| format!("cannot create the rank log: {e}"))?;
+    let watch = AppliedWatch::new();
+    let planted = opts.planted.clone();
+    let hooks_watch = watch.clone();
+    let hooks = Arc::new(move |name: &str| ChaosHooks {
+        observer: Some(hooks_watch.observer(name)),
+        planted: planted.clone(),
+    });
+    let tweak = Arc::new(|cfg: &mut crate::Config| {
+        cfg.executor.enabled = true;
+    });
+    let router = FaultRouter::new();
+    let mut cluster =
+        ChaosCluster::start(dir.path(), opts.nodes, router.clone(), hooks, tweak).await?;
+    let result = drive(opts, steps, report, &mut cluster, &watch, &rank_log).await;
+    cluster.shutdown().await;
+    result
+}
+
+async fn drive(
+    opts: &RunOptions,
+    steps: &[Step],
+    report: &mut SeedReport,
+    cluster: &mut ChaosCluster,
+    watch: &Arc<AppliedWatch>,
+    rank_log: &std::path::Path,
+) -> Result<(), String> {
+    wait_formed(cluster, Duration::from_secs(60)).await?;
+    create_capped_tenant(cluster).await?;
+
+    let epoch = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let target = Target {
+        urls: cluster.slots.iter().map(|s| s.api_url()).collect(),
+        token: cluster.admin_token.clone(),
+        epoch,
+        stop: stop.clone(),
+    };
+    let recorder = Recorder::new();
+    let jobs = JobLog::default();
+    let mut clients = Vec::new();
+    for c in 0..opts.register_clients {
+        let seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(u64::from(c));
+        clients.push(tokio::spawn(workload::register_client(
+            target.clone(),
+            recorder.clone(),
+            c,
+            seed,
+        )));
+    }
+    if opts.jobs {
+        clients.push(tokio::spawn(workload::job_client(
+            target.clone(),
+            jobs.clone(),
+            rank_log.to_path_buf(),
+            opts.nodes,
+            opts.seed ^ 0x5eed,
+        )));
+    }
+
+    let mut installed: BTreeMap<u32, Installed> = BTreeMap::new();
+    for step in steps {
+        let at = epoch + Duration::from_millis(step.at_ms);
+        tokio::time::sleep_until(at.into()).await;
+        match &step.action {
+            Action::Start { id, fault } => {
+                let done = install(cluster, fault, opts.seed ^ u64::from(*id)).await;
+                installed.insert(*id, done);
+            }
+            Action::Heal { id } => {
+                if let Some(done) = installed.remove(id) {
+                    heal(cluster, done).await?;
+                }
+            }
+        }
+    }
+    tokio::time::sleep_until((epoch + opts.duration).into()).await;
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        let _ = client.await;
+    }
+    for (_, done) in std::mem::take(&mut installed) {
+        heal(cluster, done).await?;
+    }
+    cluster.router.heal();
+
+    let settled = settle(cluster, Duration::from_secs(60)).await;
+    // Final reads through every node: what was acknowledged must be there.
+    for (slot, _) in cluster.slots.iter().enumerate() {
+        for k in 0..workload::KEYS {
+            let op = RegisterOp::Read {
+                key: workload::key(k),
+            };
+            workload::register_op(&target, &recorder, 1_000 + slot as u32, slot, op).await;
+        }
+    }
+
+    let history = recorder.entries();
+    count_ops(&history, &jobs, &mut report.ops);
+    let (applied, _) = watch.applied_counts();
+    report.ops.entries_applied = applied;
+
+    let mut violations = linearizable::check_registers(&history);
+    violations.extend(watch.violations());
+    let text = std::fs::read_to_string(rank_log).unwrap_or_default();
+    report.ops.rank_beats = text.lines().count() as u64;
+    violations.extend(invariants::check_epochs(
+        &invariants::parse_rank_log(&text),
+        300,
+    ));
+    match settled {
+        Ok(ledgers) => {
+            let refs: Vec<(NodeId, &Ledger)> = ledgers.iter().map(|(id, l)| (*id, l)).collect();
+            violations.extend(invariants::check_converged(&refs));
+            if let Some((_, ledger)) = ledgers.first() {
+                violations.extend(invariants::check_final(ledger));
+                violations.extend(lost_jobs(ledger, &jobs));
+            }
+        }
+        Err(v) => violations.extend(v),
+    }
+    report.violations = violations;
+    Ok(())
+}
+
+/// Every acknowledged submission names a job the ledger knows.
+fn lost_jobs(ledger: &Ledger, jobs: &JobLog) -> Vec<Violation> {
+    jobs.counts()
+        .acked
+        .iter()
+        .filter(|id| !ledger.workload.jobs.contains_key(id))
+        .map(|id| Violation::new("job-lost", format!("job {id} was acknowledged and is gone")))
+        .collect()
+}
+
+fn count_ops(history: &[shoal_chaos::history::Entry], jobs: &JobLog, ops: &mut OpCounts) {
+    for e in history {
+        match (&e.op, &e.outcome) {
+            (RegisterOp::Write { .. }, Outcome::Ok(_)) => ops.writes_ok += 1,
+            (RegisterOp::Write { .. }, Outcome::Failed(_)) => ops.writes_failed += 1,
+            (RegisterOp::Write { .. }, Outcome::Unknown(_)) => ops.writes_unknown += 1,
+            (RegisterOp::Read { .. }, Outcome::Ok(_)) => ops.reads_ok += 1,
+            (RegisterOp::Read { .. }, _) => ops.reads_failed += 1,
+        }
+    }
+    let counts = jobs.counts();
+    ops.jobs_submitted = counts.acked.len() as u32;
+    ops.jobs_refused = counts.refused;
+    ops.jobs_unknown = counts.unknown;
+    ops.cancels = counts.cancelled.len() as u32;
+}
+
+/// Ids of the nodes in `slots` now (a slot whose node has not joined yet
+/// has none).
+fn ids(cluster: &ChaosCluster, slots: &[usize]) -> Vec<NodeId> {
+    slots
+        .iter()
+        .filter_map(|s| cluster.slots.get(*s).and_then(|s| s.id))
+        .collect()
+}
+
+async fn install(cluster: &mut ChaosCluster, fault: &Fault, seed: u64) -> Installed {
+    tracing::info!(%fault, "chaos: fault");
+    let router = cluster.router.clone();
+    let all: Vec<usize> = (0..cluster.slots.len()).collect();
+    match fault {
+        Fault::Partition { minority } => {
+            let rest: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|s| !minority.contains(s))
+                .collect();
+            Installed::Filters(vec![router.add(Filter::partition(
+                ids(cluster, minority),
+                ids(cluster, &rest),
+            ))])
+        }
+        Fault::Bridge { left, right, .. } => Installed::Filters(vec![
+            router.add(Filter::partition(ids(cluster, left), ids(cluster, right)))
+        ]),
+        Fault::OneWay { from, to } => {
+            match (ids(cluster, &[*from]).first(), ids(cluster, &[*to]).first()) {
+                (Some(f), Some(t)) => Installed::Filters(vec![router.add(Filter::one_way(*f, *t))]),
+                _ => Installed::Nothing,
+            }
+        }
+        Fault::Drop { percent } => Installed::Filters(vec![
+            router.add(Filter::drop(f64::from(*percent) / 100.0, seed))
+        ]),
+        Fault::Delay { node, ms } => match ids(cluster, &[*node]).first() {
+            Some(id) => {
+                let d = Duration::from_millis(*ms);
+                Installed::Filters(vec![
+                    router.add(Filter::delay(d).from(*id)),
+                    router.add(Filter::delay(d).to(*id)),
+                ])
+            }
+            None => Installed::Nothing,
+        },
+        Fault::Crash { node, wipe } => {
+            cluster.crash(*node).await;
+            Installed::Crashed {
+                slot: *node,
+                wipe: *wipe,
+            }
+        }
+        Fault::Pause { node } => {
+            cluster.pause(*node);
+            Installed::Paused(*node)
+        }
+        Fault::ClockJump { node, offset_ms } => {
+            cluster.set_clock(*node, *offset_ms);
+            Installed::Clock(*node)
+        }
+        Fault::DiskFull { .. } => Installed::Nothing,
+        Fault::RemoveVoter { node } => {
+            let name = cluster.slots[*node].name.clone();
+            if remove_member(cluster, &name, *node, Duration::from_secs(5)).await {
+                cluster.crash(*node).await;
+                Installed::Removed(*node)
+            } else {
+                Installed::Nothing
+            }
+        }
+    }
+}
+
+async fn heal(cluster: &mut ChaosCluster, done: Installed) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    match done {
+        Installed::Filters(handles) => {
+            for h in handles {
+                cluster.router.remove(h);
+            }
+        }
+        Installed::Crashed { slot, wipe: false } => cluster.restart(slot, deadline).await?,
+        Installed::Crashed { slot, wipe: true } => {
+            // The machine comes back empty: a new node joins in its place
+            // and an operator removes the old one.
+            let old = cluster.replace(slot)?;
+            cluster.join(slot, deadline).await?;
+            remove_member(cluster, &old, slot, Duration::from_secs(20)).await;
+        }
+        Installed::Removed(slot) => {
+            cluster.replace(slot)?;
+            cluster.join(slot, deadline).await?;
+        }
+        Installed::Paused(slot) => cluster.resume(slot),
+        Installed::Clock(slot) => cluster.set_clock(slot, 0),
+        Installed::Nothing => {}
+    }
+    Ok(())
+}
+
+/// `shoal node remove NAME` through any other running node, retried for
+/// `within` (a removal needs a leader).
+async fn remove_member(cluster: &ChaosCluster, name: &str, not: usize, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        for (i, s) in cluster.slots.iter().enumerate() {
+            if i == not || !s.is_running() || s.is_paused() {
+                continue;
+            }
+            let removed =
+                tokio::time::timeout(workload::OP_TIMEOUT, cluster.client(i).remove_node(name))
+                    .await;
+            match removed {
+                Ok(Ok(_)) => return true,
+                Ok(Err(shoal_sdk::ClientError::Api { status: 404, .. })) => return true,
+                _ => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    false
+}
+
+/// Waits until every slot's node lists every slot's node as alive.
+async fn wait_formed(cluster: &ChaosCluster, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let want: Vec<NodeId> = cluster.slots.iter().filter_map(|s| s.id).collect();
+    while Instant::now() < deadline {
+        let formed = cluster.slots.iter().all(|s| {
+            s.agent().is_some_and(|a| {
+                a.ledger().read().is_ok_and(|d| {
+                    want.iter().all(|id| {
+                        d.ledger
+                            .members
+                            .get(id)
+                            .is_some_and(|m| m.state == shoal_sdk::MemberState::Alive)
+                    })
+                })
+            })
+        });
+        if formed {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!(
+        "the cluster of {} nodes did not form in {timeout:?}",
+        want.len()
+    ))
+}
+
+async fn create_capped_tenant(cluster: &ChaosCluster) -> Result<(), String> {
+    let req = shoal_sdk::TenantRequest {
+        name: workload::CAPPED_TENANT.into(),
+        max_gpus: Some(workload::CAPPED_TENANT_GPUS),
+        ..Default::default()
+    };
+    let mut last = String::new();
+    for _ in 0..20 {
+        match cluster.client(0).create_tenant(&req).await {
+            Ok(_) => return Ok(()),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Err(format!(
+        "cannot create the tenant {}: {last}",
+        workload::CAPPED_TENANT
+    ))
+}
+
+/// After healing: waits until every node has applied the same ledger at
+/// the same index (entries keep coming while jobs run and end, so this
+/// polls for an instant of agreement). Returns each node's ledger.
+async fn settle(
+    cluster: &ChaosCluster,
+    timeout: Duration,
+) -> Result<Vec<(NodeId, Ledger)>, Vec<Violation>> {
+    let deadline = Instant::now() + timeout;
+    let mut last = Vec::new();
+    while Instant::now() < deadline {
+        let states: Vec<(NodeId, Option<u64>, Ledger)> = cluster
+            .slots
+            .iter()
+            .filter_map(|s| {
+                let agent = s.agent()?;
+                let handle = agent.ledger();
+                let d = handle.read().ok()?;
+                Some((
+                    agent.id(),
+                    d.last_applied.map(|l| l.index),
+                    d.ledger.clone(),
+                ))
+            })
+            .collect();
+        let all_running = states.len() == cluster.slots.len();
+        let same_index = states.windows(2).all(|w| w[0].1 == w[1].1);
+        if all_running && same_index && states.windows(2).all(|w| w[0].2 == w[1].2) {
+            return Ok(states.into_iter().map(|(id, _, l)| (id, l)).collect());
+        }
+        last = states;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let indexes: Vec<String> = last
+        .iter()
+        .map(|(id, i, _)| format!("node {id} at {i:?}"))
+        .collect();
+    let refs: Vec<(NodeId, &Ledger)> = last.iter().map(|(id, _, l)| (*id, l)).collect();
+    let mut found = vec![Violation::new(
+        "not-converged",
+        format!(
+            "{} of {} nodes running; they did not reach one ledger within {timeout:?} of healing: {}",
+            last.len(),
+            cluster.slots.len(),
+            indexes.join(", ")
+        ),
+    )];
+    found.extend(invariants::check_converged(&refs));
+    Err(found)
+}
