@@ -1,7 +1,8 @@
 //! End to end on spawned `shoal` processes on loopback: the CLI contract,
 //! kill -9 and restarts, jobs and failover, `shoal cp`, checkpoint
-//! durability, metrics and events. Every test that starts an agent holds
-//! `common::one_at_a_time`, so agents of two tests never share the cores.
+//! durability, metrics and events, the Python SDK. Every test that starts
+//! an agent holds `common::one_at_a_time`, so agents of two tests never
+//! share the cores.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -17,5 +18,6 @@ mod install;
 mod isolation;
 mod jobs;
 mod metrics;
+mod python_sdk;
 mod recovery;
 mod upgrade;
