@@ -7,6 +7,7 @@
 mod common;
 
 mod ca_rotation;
+mod chaos;
 mod cluster;
 mod gpu_health;
 mod hostile_input;

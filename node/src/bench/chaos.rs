@@ -144,6 +144,9 @@ fn print_seed(r: &SeedReport, verbose: bool) {
             println!("    {f}");
         }
     }
+    for f in &r.skipped_faults {
+        println!("    skipped (cluster not whole yet): {f}");
+    }
     if let Some(e) = &r.error {
         println!("    harness error: {e}");
     }

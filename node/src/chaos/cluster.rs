@@ -102,7 +102,7 @@ fn free_port() -> Result<u16, String> {
 fn node_runtime(name: &str, skew: Arc<AtomicI64>) -> Result<Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
-        .thread_name(format!("chaos-{name}"))
+        .thread_name(format!("{}{name}", super::panics::THREAD_PREFIX))
         .enable_all()
         .on_thread_start(move || clock::skew_this_thread(skew.clone()))
         .build()
@@ -264,32 +264,70 @@ impl ChaosCluster {
         Err(format!("slot {slot} could not join: {last}"))
     }
 
+    /// One attempt to join `slot`'s node through any running node.
+    pub async fn try_join(&mut self, slot: usize) -> Result<(), String> {
+        let addr = self
+            .contact(slot)
+            .ok_or("no running node to join through")?;
+        let s = &self.slots[slot];
+        let _ = std::fs::remove_dir_all(s.data_dir());
+        let mode = StartMode::Join {
+            addr,
+            token: self.join_token.clone(),
+        };
+        let running = start_on_own_runtime(s.cfg.clone(), mode, s.skew.clone()).await?;
+        let s = &mut self.slots[slot];
+        s.id = Some(running.agent.id());
+        s.running = Some(running);
+        Ok(())
+    }
+
+    /// One attempt to start `slot`'s node again from its data dir.
+    pub async fn try_restart(&mut self, slot: usize) -> Result<(), String> {
+        let s = &self.slots[slot];
+        let running = start_on_own_runtime(s.cfg.clone(), StartMode::Restart, s.skew.clone()).await?;
+        self.slots[slot].running = Some(running);
+        Ok(())
+    }
+
+    /// Whether the cluster has its full strength: every slot's node runs,
+    /// unpaused, and every node agrees on a voter set of the size the
+    /// cluster aims for, made only of the slots' current nodes. Taking a
+    /// node away from a cluster that is not whole could take a majority
+    /// of the voters' data, which no design survives.
+    pub fn is_whole(&self) -> bool {
+        let current: std::collections::BTreeSet<NodeId> =
+            self.slots.iter().filter_map(|s| s.id).collect();
+        let want = shoal_consensus::voters::target_voter_count(self.slots.len(), self.slots.len());
+        let mut agreed = None;
+        for s in &self.slots {
+            let Some(agent) = s.agent() else { return false };
+            if s.is_paused() {
+                return false;
+            }
+            let voters = agent.voters();
+            if !voters.is_subset(&current) || Some(voters.len()) != want {
+                return false;
+            }
+            match &agreed {
+                None => agreed = Some(voters),
+                Some(v) if *v != voters => return false,
+                Some(_) => {}
+            }
+        }
+        true
+    }
+
     /// Stops `slot`'s node abruptly (a paused one is resumed first, so its
     /// runtime can stop).
     pub async fn crash(&mut self, slot: usize) {
         let s = &mut self.slots[slot];
         s.pause = None;
         if let Some(Running { runtime, agent }) = s.running.take() {
+            super::panics::set_crashing(&s.name, true);
             stop_runtime(runtime, Some(agent)).await;
+            super::panics::set_crashing(&s.name, false);
         }
-    }
-
-    /// Starts `slot`'s node again from its data dir, retrying while the
-    /// crashed one still holds its files.
-    pub async fn restart(&mut self, slot: usize, deadline: Instant) -> Result<(), String> {
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            let s = &self.slots[slot];
-            match start_on_own_runtime(s.cfg.clone(), StartMode::Restart, s.skew.clone()).await {
-                Ok(running) => {
-                    self.slots[slot].running = Some(running);
-                    return Ok(());
-                }
-                Err(e) => last = e,
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        Err(format!("slot {slot} did not restart: {last}"))
     }
 
     /// Gives `slot` a new node name and an empty data dir (the machine was

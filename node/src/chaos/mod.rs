@@ -5,5 +5,6 @@
 pub mod cluster;
 pub mod hooks;
 pub mod observe;
+pub mod panics;
 pub mod run;
 pub mod workload;

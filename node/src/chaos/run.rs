@@ -83,6 +83,8 @@ pub struct SeedReport {
     pub fault_counts: BTreeMap<FaultKind, u32>,
     pub ops: OpCounts,
     pub violations: Vec<Violation>,
+    /// Node faults not installed because the cluster was not whole yet.
+    pub skipped_faults: Vec<String>,
     /// The harness itself failed (a node would not start): the run proves
     /// nothing either way.
     pub error: Option<String>,
@@ -134,12 +136,20 @@ pub async fn run_seed(opts: &RunOptions) -> SeedReport {
         fault_counts: schedule::count_by_kind(&steps),
         ops: OpCounts::default(),
         violations: Vec::new(),
+        skipped_faults: Vec::new(),
         error: None,
         wall_ms: 0,
     };
+    super::panics::install();
+    super::panics::take();
     if let Err(e) = run_inner(opts, &steps, &mut report).await {
         report.error = Some(e);
     }
+    report.violations.extend(
+        super::panics::take()
+            .into_iter()
+            .map(|p| Violation::new("node-panicked", p)),
+    );
     report.wall_ms = started.elapsed().as_millis() as u64;
     report
 }
@@ -215,30 +225,47 @@ async fn drive(
     }
 
     let mut installed: BTreeMap<u32, Installed> = BTreeMap::new();
+    let mut pending = Pending::default();
     for step in steps {
-        let at = epoch + Duration::from_millis(step.at_ms);
-        tokio::time::sleep_until(at.into()).await;
+        pending.work_until(cluster, epoch + Duration::from_millis(step.at_ms)).await;
         match &step.action {
             Action::Start { id, fault } => {
+                // A node fault waits for the cluster to be whole again
+                // after the last one (see `ChaosCluster::is_whole`); one
+                // that comes too early is not installed.
+                if fault.kind().takes_a_node() && !(pending.is_empty() && cluster.is_whole()) {
+                    report.skipped_faults.push(format!("{:>6} ms {fault}", step.at_ms));
+                    continue;
+                }
                 let done = install(cluster, fault, opts.seed ^ u64::from(*id)).await;
                 installed.insert(*id, done);
             }
             Action::Heal { id } => {
                 if let Some(done) = installed.remove(id) {
-                    heal(cluster, done).await?;
+                    heal(cluster, done, &mut pending)?;
                 }
             }
         }
     }
-    tokio::time::sleep_until((epoch + opts.duration).into()).await;
+    pending.work_until(cluster, epoch + opts.duration).await;
     stop.store(true, Ordering::Relaxed);
     for client in clients {
         let _ = client.await;
     }
     for (_, done) in std::mem::take(&mut installed) {
-        heal(cluster, done).await?;
+        heal(cluster, done, &mut pending)?;
     }
     cluster.router.heal();
+    // Every fault is healed: a node that cannot come back now, with a
+    // majority of intact voters, is a failure of the product.
+    let mut restore_violations = Vec::new();
+    pending.work_until_done(cluster, Instant::now() + Duration::from_secs(60)).await;
+    for (what, error) in pending.failures() {
+        restore_violations.push(Violation::new(
+            "not-restored",
+            format!("{what} did not succeed within 60 s of healing every fault: {error}"),
+        ));
+    }
 
     let settled = settle(cluster, Duration::from_secs(60)).await;
     // Final reads through every node: what was acknowledged must be there.
@@ -256,7 +283,8 @@ async fn drive(
     let (applied, _) = watch.applied_counts();
     report.ops.entries_applied = applied;
 
-    let mut violations = linearizable::check_registers(&history);
+    let mut violations = restore_violations;
+    violations.extend(linearizable::check_registers(&history));
     violations.extend(watch.violations());
     let text = std::fs::read_to_string(rank_log).unwrap_or_default();
     report.ops.rank_beats = text.lines().count() as u64;
@@ -381,25 +409,27 @@ async fn install(cluster: &mut ChaosCluster, fault: &Fault, seed: u64) -> Instal
     }
 }
 
-async fn heal(cluster: &mut ChaosCluster, done: Installed) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+/// Heals a fault. Bringing a node back may take many attempts (a join
+/// needs a leader, which another fault may keep away), so it is queued in
+/// `pending` and tried between the schedule's steps.
+fn heal(cluster: &mut ChaosCluster, done: Installed, pending: &mut Pending) -> Result<(), String> {
     match done {
         Installed::Filters(handles) => {
             for h in handles {
                 cluster.router.remove(h);
             }
         }
-        Installed::Crashed { slot, wipe: false } => cluster.restart(slot, deadline).await?,
+        Installed::Crashed { slot, wipe: false } => pending.push(Restore::Restart(slot)),
         Installed::Crashed { slot, wipe: true } => {
             // The machine comes back empty: a new node joins in its place
             // and an operator removes the old one.
             let old = cluster.replace(slot)?;
-            cluster.join(slot, deadline).await?;
-            remove_member(cluster, &old, slot, Duration::from_secs(20)).await;
+            pending.push(Restore::Join(slot));
+            pending.push(Restore::RemoveOld { slot, name: old });
         }
         Installed::Removed(slot) => {
             cluster.replace(slot)?;
-            cluster.join(slot, deadline).await?;
+            pending.push(Restore::Join(slot));
         }
         Installed::Paused(slot) => cluster.resume(slot),
         Installed::Clock(slot) => cluster.set_clock(slot, 0),
@@ -408,11 +438,92 @@ async fn heal(cluster: &mut ChaosCluster, done: Installed) -> Result<(), String>
     Ok(())
 }
 
+/// A step of bringing a node back.
+#[derive(Clone, Debug)]
+enum Restore {
+    Restart(usize),
+    Join(usize),
+    RemoveOld { slot: usize, name: String },
+}
+
+impl std::fmt::Display for Restore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Restore::Restart(slot) => write!(f, "restarting slot {slot}"),
+            Restore::Join(slot) => write!(f, "joining a new node in slot {slot}"),
+            Restore::RemoveOld { name, .. } => write!(f, "removing the lost node {name}"),
+        }
+    }
+}
+
+/// Restores not done yet, each with its last error.
+#[derive(Default)]
+struct Pending {
+    queue: Vec<(Restore, String)>,
+}
+
+impl Pending {
+    fn push(&mut self, r: Restore) {
+        self.queue.push((r, String::from("not tried yet")));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn failures(&self) -> Vec<(String, String)> {
+        self.queue.iter().map(|(r, e)| (r.to_string(), e.clone())).collect()
+    }
+
+    /// One attempt at each restore; keeps those that failed.
+    async fn attempt(&mut self, cluster: &mut ChaosCluster) {
+        let mut left = Vec::new();
+        for (r, _) in std::mem::take(&mut self.queue) {
+            let result = match &r {
+                Restore::Restart(slot) => cluster.try_restart(*slot).await,
+                Restore::Join(slot) => cluster.try_join(*slot).await,
+                Restore::RemoveOld { slot, name } => {
+                    if remove_member(cluster, name, *slot, Duration::from_millis(1)).await {
+                        Ok(())
+                    } else {
+                        Err("no node accepted the removal".into())
+                    }
+                }
+            };
+            if let Err(e) = result {
+                left.push((r, e));
+            }
+        }
+        self.queue = left;
+    }
+
+    /// Attempts the restores until `until` (an attempt may run past it by
+    /// its own timeout), then waits for `until`.
+    async fn work_until(&mut self, cluster: &mut ChaosCluster, until: Instant) {
+        while !self.queue.is_empty() && Instant::now() < until {
+            self.attempt(cluster).await;
+            if !self.queue.is_empty() {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+        tokio::time::sleep_until(until.into()).await;
+    }
+
+    async fn work_until_done(&mut self, cluster: &mut ChaosCluster, deadline: Instant) {
+        while !self.queue.is_empty() && Instant::now() < deadline {
+            self.attempt(cluster).await;
+            if !self.queue.is_empty() {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+}
+
 /// `shoal node remove NAME` through any other running node, retried for
 /// `within` (a removal needs a leader).
 async fn remove_member(cluster: &ChaosCluster, name: &str, not: usize, within: Duration) -> bool {
     let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
+    loop {
         for (i, s) in cluster.slots.iter().enumerate() {
             if i == not || !s.is_running() || s.is_paused() {
                 continue;
@@ -426,9 +537,11 @@ async fn remove_member(cluster: &ChaosCluster, name: &str, not: usize, within: D
                 _ => {}
             }
         }
+        if Instant::now() >= deadline {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    false
 }
 
 /// Waits until every slot's node lists every slot's node as alive.
