@@ -526,3 +526,138 @@ async fn injected_latency_moves_vivaldi_estimates() {
     println!("n1's estimated RTT: to n2 {to_n2:.2} ms, to n4 {to_n4:.2} ms (40 ms injected)");
     c.shutdown().await;
 }
+
+/// The state `observer`'s own gossip view gives the member `id`.
+fn gossip_state(observer: &Agent, id: shoal_consensus::NodeId) -> Option<String> {
+    observer
+        .peer_views()
+        .into_iter()
+        .find(|p| p.id == id)
+        .map(|p| p.state)
+}
+
+/// The gossip address the ledger of `observer` records for `id`.
+fn recorded_gossip_addr(observer: &Agent, id: shoal_consensus::NodeId) -> Option<String> {
+    observer
+        .ledger()
+        .read()
+        .ok()?
+        .ledger
+        .members
+        .get(&id)
+        .map(|m| m.spec.gossip_addr.clone())
+}
+
+/// Whether every node's own gossip view has every other node alive.
+fn alive_in_every_gossip_view(c: &LocalCluster) -> bool {
+    c.agents.iter().all(|a| {
+        c.agents
+            .iter()
+            .filter(|b| b.id() != a.id())
+            .all(|b| gossip_state(a, b.id()).as_deref() == Some("alive"))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_node_restarted_on_another_gossip_port_is_alive_in_every_gossip_view_within_seconds(
+) {
+    let _serial = common::one_at_a_time();
+    // The third node runs on a runtime of its own, so that it can crash:
+    // dropping that runtime stops every task of the node where it stands,
+    // and no QUIC close reaches its peers (as after `kill -9`, a power
+    // loss, or an address that went away). Its peers keep the dead gossip
+    // connection until QUIC's idle timeout. It comes back from its data
+    // dir on a port it has never used (every node listens on port 0),
+    // within that timeout, and every peer's own gossip view, not only the
+    // ledger, must see it alive again within seconds.
+    let mut c = LocalCluster::start(2, |_, _| {}).await.expect("cluster");
+    let idx = 2;
+    let crashable = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime for the node that crashes");
+    let mode = StartMode::Join {
+        addr: c.agents[0].rpc_addr(),
+        token: c.join_token.clone(),
+    };
+    let first_life = crashable
+        .spawn(Agent::start(node_config(c.root(), idx), mode))
+        .await
+        .expect("join task")
+        .expect("join");
+    let victim = first_life.id();
+    c.agents.push(first_life);
+    c.wait_all_alive(Duration::from_secs(60))
+        .await
+        .expect("alive");
+    c.wait_until(
+        "every node alive in every gossip view",
+        Duration::from_secs(60),
+        |c| {
+            let ok = alive_in_every_gossip_view(c);
+            async move { ok }
+        },
+    )
+    .await
+    .expect("gossip views");
+    let old_addr = recorded_gossip_addr(&c.agents[0], victim).expect("recorded address");
+
+    let crashed = c.agents.remove(idx);
+    crashable.shutdown_background();
+    drop(crashed);
+    c.wait_until(
+        "the crashed node down in every other gossip view",
+        Duration::from_secs(30),
+        |c| {
+            let ok = c
+                .agents
+                .iter()
+                .all(|a| gossip_state(a, victim).as_deref() == Some("down"));
+            async move { ok }
+        },
+    )
+    .await
+    .expect("down");
+
+    let restarted_at = std::time::Instant::now();
+    let restarted = Agent::start(node_config(c.root(), idx), StartMode::Restart)
+        .await
+        .expect("restart");
+    c.agents.push(restarted);
+    c.wait_until(
+        "the restarted node's new gossip address in every ledger",
+        Duration::from_secs(30),
+        |c| {
+            let ok = c
+                .agents
+                .iter()
+                .all(|a| recorded_gossip_addr(a, victim).is_some_and(|addr| addr != old_addr));
+            async move { ok }
+        },
+    )
+    .await
+    .expect("new address recorded");
+    c.wait_all_alive(Duration::from_secs(30))
+        .await
+        .expect("alive in every ledger");
+    let in_ledger = restarted_at.elapsed();
+    let seen = c
+        .wait_until(
+            "the restarted node alive in every gossip view, and every peer alive in its",
+            Duration::from_secs(10),
+            |c| {
+                let ok = alive_in_every_gossip_view(c);
+                async move { ok }
+            },
+        )
+        .await;
+    let views: Vec<_> = c.agents.iter().map(|a| (a.id(), a.peer_views())).collect();
+    seen.unwrap_or_else(|e| panic!("{e}; gossip views: {views:?}"));
+    println!(
+        "node {victim} crashed and restarted off {old_addr}: alive in every ledger {in_ledger:?} \
+         and in every gossip view {:?} after its restart",
+        restarted_at.elapsed()
+    );
+    c.shutdown().await;
+}

@@ -91,9 +91,9 @@ fn spawn_writer(
 
 /// Waits until every node answers and the ledger, as each node reads it,
 /// lists all of `nodes` alive. (The stricter `common::wait_converged` also
-/// wants every gossip detector to hear every peer; after a restart on a new
-/// gossip port one peer may keep the restarted node down in its own view,
-/// which is a gossip matter, not this test's.)
+/// wants every gossip detector to hear every peer, a gossip matter, not
+/// this test's: see `a_crashed_node_restarted_on_another_gossip_port_...`
+/// in the in-process tests.)
 async fn wait_alive(nodes: &[NodeProc], token: &str) {
     for n in nodes {
         let c = n.client(token);

@@ -33,6 +33,19 @@
 //! they are neither delivered nor forwarded, and the forwarder is *not*
 //! penalised, because reordering on a gossip mesh is normal behaviour.
 //!
+//! # Restarted peers
+//! Gossipsub greets a peer (sends it our subscriptions) only on the first
+//! connection to it. A member that crashed, or whose address went away,
+//! leaves its old connection open on our side until QUIC's idle timeout; if
+//! it comes back within that time (same key, any address), its new
+//! connection is our second one, so it is never told what we subscribe to
+//! and never publishes to us, however long both stay up. Every gossip
+//! instance therefore names its incarnation in identify's agent version;
+//! when a connection identifies a peer under another incarnation than one
+//! of its other connections did, the peer restarted: we close all our
+//! connections to it and dial it again at the addresses it just reported,
+//! so both sides meet on a fresh first connection.
+//!
 //! # Message ids
 //! `author PeerId bytes ++ FNV-1a-64(topic ++ data)`: content addressed, so the
 //! same payload arriving over several paths (or re-published) dedupes, and the
@@ -55,7 +68,7 @@ use libp2p::core::multiaddr::Protocol;
 use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance, MessageAuthenticity, TopicHash};
 use libp2p::identity::KeyType;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, kad, ping, StreamProtocol, Swarm, Transport};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -76,6 +89,9 @@ pub const HEARTBEAT_TOPIC: &str = "shoal/heartbeat/1";
 
 const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/shoal/kad/1.0.0");
 const IDENTIFY_PROTOCOL: &str = "/shoal/id/1.0.0";
+/// Prefix of identify's agent version; the rest names the incarnation
+/// (see the module docs, Restarted peers).
+const AGENT_VERSION_PREFIX: &str = concat!("shoal/", env!("CARGO_PKG_VERSION"), " incarnation/");
 /// How long `start` waits for the QUIC listener to report its address.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Room for the gossipsub envelope (signature, key, seqno, topic) on top of the payload.
@@ -488,7 +504,7 @@ impl Gossip {
         }
         let local_peer_id = config.keypair.public().to_peer_id();
         let traffic = Arc::new(TrafficCounters::default());
-        let mut swarm = build_swarm(&config, traffic.clone())?;
+        let mut swarm = build_swarm(&config, traffic.clone(), new_incarnation(&config))?;
 
         let listen = socket_to_quic_multiaddr(config.listen);
         swarm
@@ -526,6 +542,8 @@ impl Gossip {
             last_capacity_seq: HashMap::new(),
             last_heartbeat_seq: HashMap::new(),
             connected: HashSet::new(),
+            connections: HashMap::new(),
+            redial_restarted: HashMap::new(),
             events: event_tx,
             dropped_events: 0,
             config: config.clone(),
@@ -597,6 +615,21 @@ async fn wait_for_listen_addr(
             addr: requested.clone(),
             detail: format!("no listen address reported within {LISTEN_TIMEOUT:?}"),
         })?
+}
+
+/// A name for this run of the gossip layer, different from any earlier run
+/// of the same node (the wall clock in nanoseconds, the process and the
+/// socket hashed together); only compared for equality, never ordered.
+fn new_incarnation(config: &GossipConfig) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    fnv1a64(&[
+        &nanos.to_be_bytes(),
+        &std::process::id().to_be_bytes(),
+        config.listen.to_string().as_bytes(),
+    ])
 }
 
 /// Stable 64-bit FNV-1a; see the module docs for why not `DefaultHasher`.
@@ -697,6 +730,7 @@ fn peer_score_params() -> (gossipsub::PeerScoreParams, gossipsub::PeerScoreThres
 fn build_swarm(
     config: &GossipConfig,
     traffic: Arc<TrafficCounters>,
+    incarnation: u64,
 ) -> Result<Swarm<ShoalBehaviour>, GossipError> {
     let gossipsub_config = gossipsub_config(config)?;
     let ping_interval = config.ping_interval;
@@ -718,10 +752,10 @@ fn build_swarm(
                 let (params, thresholds) = peer_score_params();
                 gossipsub.with_peer_score(params, thresholds)?;
 
-                let identify = identify::Behaviour::new(identify::Config::new(
-                    IDENTIFY_PROTOCOL.to_string(),
-                    key.public(),
-                ));
+                let identify = identify::Behaviour::new(
+                    identify::Config::new(IDENTIFY_PROTOCOL.to_string(), key.public())
+                        .with_agent_version(format!("{AGENT_VERSION_PREFIX}{incarnation:016x}")),
+                );
                 let ping = ping::Behaviour::new(ping::Config::new().with_interval(ping_interval));
 
                 let mut kad_config = kad::Config::new(KAD_PROTOCOL);
@@ -762,6 +796,12 @@ struct Driver {
     last_capacity_seq: HashMap<u64, u64>,
     last_heartbeat_seq: HashMap<u64, u64>,
     connected: HashSet<PeerId>,
+    /// Open connections per peer, with the agent version each identified
+    /// the peer by (`None` until identify answered on it).
+    connections: HashMap<PeerId, HashMap<ConnectionId, Option<String>>>,
+    /// Peers found restarted whose connections are being closed, with the
+    /// addresses to dial them at once they are (see the module docs).
+    redial_restarted: HashMap<PeerId, Vec<Multiaddr>>,
     events: mpsc::Sender<GossipEvent>,
     dropped_events: u64,
     config: GossipConfig,
@@ -911,6 +951,11 @@ impl Driver {
             self.last_heartbeat_seq.remove(&node_id);
         }
         for (peer, addr) in &members {
+            // A member that came back elsewhere is not to be looked up at
+            // its old address any more.
+            if let Some(old) = self.members.get(peer).filter(|old| *old != addr) {
+                self.swarm.behaviour_mut().kad.remove_address(peer, old);
+            }
             self.swarm
                 .behaviour_mut()
                 .kad
@@ -1005,12 +1050,22 @@ impl Driver {
                 Ok(_) => {}
                 Err(e) => tracing::debug!(%peer, error = %e, "ping failed"),
             },
+            SwarmEvent::Behaviour(ShoalBehaviourEvent::Identify(identify::Event::Received {
+                connection_id,
+                peer_id,
+                info,
+            })) => self.identified(peer_id, connection_id, info),
             SwarmEvent::Behaviour(_) => {}
             SwarmEvent::ConnectionEstablished {
                 peer_id,
+                connection_id,
                 num_established,
                 ..
             } => {
+                self.connections
+                    .entry(peer_id)
+                    .or_default()
+                    .insert(connection_id, None);
                 let is_member = self.members.contains_key(&peer_id);
                 if !is_member
                     && !self.members.is_empty()
@@ -1027,15 +1082,71 @@ impl Driver {
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
-                num_established: 0,
+                connection_id,
+                num_established,
                 ..
-            } if self.connected.remove(&peer_id) => {
-                self.emit(GossipEvent::PeerDisconnected { peer: peer_id });
+            } => {
+                if let Some(open) = self.connections.get_mut(&peer_id) {
+                    open.remove(&connection_id);
+                }
+                if num_established > 0 {
+                    return;
+                }
+                self.connections.remove(&peer_id);
+                if self.connected.remove(&peer_id) {
+                    self.emit(GossipEvent::PeerDisconnected { peer: peer_id });
+                }
+                if let Some(addrs) = self.redial_restarted.remove(&peer_id) {
+                    self.redial(peer_id, addrs);
+                }
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 tracing::debug!(peer = ?peer_id, error = %error, "dial failed");
             }
             _ => {}
+        }
+    }
+
+    /// Identify answered on `connection`: if another open connection to
+    /// the peer identified an earlier incarnation, the peer restarted and
+    /// that connection is a dead one of its previous life. Gossipsub would
+    /// never greet the peer on the new connection (see the module docs), so
+    /// every connection to it is closed and the peer dialed again, at the
+    /// addresses it reports now, once they are down.
+    fn identified(&mut self, peer: PeerId, connection: ConnectionId, info: identify::Info) {
+        let Some(open) = self.connections.get_mut(&peer) else {
+            return;
+        };
+        let restarted = open.iter().any(|(id, seen)| {
+            *id != connection && seen.as_ref().is_some_and(|v| *v != info.agent_version)
+        });
+        open.insert(connection, Some(info.agent_version));
+        if !restarted {
+            return;
+        }
+        tracing::info!(
+            %peer,
+            "peer restarted while its old connection was still open; reconnecting to it"
+        );
+        self.redial_restarted.insert(peer, info.listen_addrs);
+        let _ = self.swarm.disconnect_peer_id(peer);
+    }
+
+    /// Dials a member found restarted, at the addresses it reported and the
+    /// one the ledger records.
+    fn redial(&mut self, peer: PeerId, mut addrs: Vec<Multiaddr>) {
+        let Some(recorded) = self.members.get(&peer) else {
+            return;
+        };
+        if !addrs.contains(recorded) {
+            addrs.push(recorded.clone());
+        }
+        let opts = DialOpts::peer_id(peer)
+            .addresses(addrs)
+            .condition(PeerCondition::DisconnectedAndNotDialing)
+            .build();
+        if let Err(e) = self.swarm.dial(opts) {
+            tracing::debug!(%peer, error = %e, "redial of a restarted peer not started");
         }
     }
 
