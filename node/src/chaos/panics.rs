@@ -31,11 +31,19 @@ pub fn install() {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             let thread = std::thread::current();
-            let Some(node) = thread.name().and_then(|n| n.strip_prefix(THREAD_PREFIX)) else {
-                previous(info);
-                return;
+            // A node's runtime threads carry its name; plain threads a node
+            // starts (replication's) have none. Named threads of anything
+            // else (test threads) keep the previous hook.
+            let node = match thread.name() {
+                Some(name) => match name.strip_prefix(THREAD_PREFIX) {
+                    Some(node) => node.to_string(),
+                    None => {
+                        previous(info);
+                        return;
+                    }
+                },
+                None => "(a thread without a name)".to_string(),
             };
-            let node = node.to_string();
             let recorded = with(|s| {
                 if s.crashing.contains(&node) {
                     return false;

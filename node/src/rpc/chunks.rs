@@ -118,10 +118,12 @@ impl QuicChunkTransport {
                     "no known address (this node's ledger has not learnt of it within {MEMBER_CATCH_UP:?})"
                 )));
             }
-            match self
+            // The timer must be made inside the runtime: this runs on a
+            // plain thread, where creating it would panic.
+            let changed = self
                 .handle
-                .block_on(tokio::time::timeout(left, applied.changed()))
-            {
+                .block_on(async { tokio::time::timeout(left, applied.changed()).await });
+            match changed {
                 Ok(Ok(())) | Err(_) => {}
                 Ok(Err(_)) => return Err(unreachable("this node is shutting down".into())),
             }
@@ -359,7 +361,8 @@ mod tests {
     /// A target this node's ledger does not know is waited for only when it
     /// may have joined a moment ago (an id not issued here yet), and then
     /// for at most `MEMBER_CATCH_UP`; an id already issued to nobody (or to
-    /// a removed member) fails at once.
+    /// a removed member) fails at once. Chaos seed 11 found the wait
+    /// panicking on replication's plain threads.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unknown_target_is_waited_for_only_if_it_may_have_just_joined() {
         let cluster = LocalCluster::start(1, |_, cfg| cfg.executor.enabled = false)
@@ -375,10 +378,19 @@ mod tests {
             let own_addr = transport.addr_of(own);
             let started = Instant::now();
             let removed = transport.addr_of(0).map_err(|e| (e, started.elapsed()));
-            let started = Instant::now();
-            let future = transport
-                .addr_of(future_id)
-                .map_err(|e| (e, started.elapsed()));
+            // From a plain thread, as replication's own threads call it:
+            // outside the runtime, the wait's timer must still be made
+            // inside it.
+            let future = std::thread::scope(|s| {
+                s.spawn(|| {
+                    let started = Instant::now();
+                    transport
+                        .addr_of(future_id)
+                        .map_err(|e| (e, started.elapsed()))
+                })
+                .join()
+            })
+            .expect("the lookup does not panic on a plain thread");
             (own_addr, removed, future)
         })
         .await
