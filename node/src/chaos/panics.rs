@@ -44,11 +44,19 @@ pub fn install() {
                 },
                 None => "(a thread without a name)".to_string(),
             };
+            let message = info.to_string();
             let recorded = with(|s| {
-                if s.crashing.contains(&node) {
+                // A plain thread cannot say whose it is: while a node is
+                // being crashed, or when it met a runtime shut down under
+                // it (only crashed nodes' runtimes are), it was the
+                // crashed node's.
+                let unnamed = thread.name().is_none();
+                let shut_down = message.contains("being shutdown")
+                    || message.contains("runtime has been shut down");
+                if s.crashing.contains(&node) || (unnamed && (shut_down || !s.crashing.is_empty())) {
                     return false;
                 }
-                s.panics.push(format!("node {node}: {info}"));
+                s.panics.push(format!("node {node}: {message}"));
                 true
             });
             if recorded {

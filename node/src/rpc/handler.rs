@@ -130,9 +130,14 @@ impl NodeService {
                 "member {member} sent a Raft message in the name of node {}",
                 claimed.map_or_else(|| "?".to_string(), |c| c.to_string())
             )
-        } else if self.is_learner(member) {
+        } else if self.is_learner(member) && self.is_voter(self.ledger.me()) {
             // Only voters campaign and lead. A learner that claims to would
-            // bypass every check on what members may propose.
+            // bypass every check on what members may propose. Only a voter
+            // judges: a node that is no voter in its own view may hold a
+            // stale one (a snapshot taken before the sender was promoted,
+            // the first thing a joining node receives) and would refuse
+            // its real leader for good; it decides nothing the cluster
+            // commits, and follows whoever leads.
             format!("member {member} is a learner here and may not campaign or lead")
         } else {
             return Ok(());
@@ -142,9 +147,9 @@ impl NodeService {
     }
 
     /// Whether this node's membership has `member` as a learner. A learner
-    /// promoted in an entry this node has not received yet is refused until
-    /// it does: it then starts an election itself, and catches up from
-    /// whichever voter it knows wins.
+    /// promoted in an entry this voter has not received yet is refused
+    /// until it does: this voter then starts an election itself, and
+    /// catches up from whichever voter it knows wins.
     fn is_learner(&self, member: NodeId) -> bool {
         self.ledger
             .raft_metrics()
@@ -152,6 +157,17 @@ impl NodeService {
             .membership_config
             .membership()
             .learner_ids()
+            .any(|id| id == member)
+    }
+
+    /// Whether this node's membership has `member` as a voter.
+    fn is_voter(&self, member: NodeId) -> bool {
+        self.ledger
+            .raft_metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
             .any(|id| id == member)
     }
 
