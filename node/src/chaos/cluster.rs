@@ -27,6 +27,11 @@ use tokio::runtime::Runtime;
 /// (a redb commit, a chunk write) before it is dropped regardless.
 const CRASH_GRACE: Duration = Duration::from_secs(10);
 
+/// One attempt to start a node (a join waits for a leader) gives up after
+/// this long, so that a start that hangs shows as a failed restore rather
+/// than a run that never ends.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Joins a run's join token admits: every replacement joins again.
 const JOIN_USES: u32 = 1_000;
 
@@ -117,18 +122,18 @@ async fn start_on_own_runtime(
 ) -> Result<Running, String> {
     let name = cfg.name.clone().unwrap_or_default();
     let runtime = node_runtime(&name, skew)?;
-    let started = runtime.spawn(Agent::start(cfg, mode)).await;
-    match started {
-        Ok(Ok(agent)) => Ok(Running { runtime, agent }),
-        Ok(Err(e)) => {
-            stop_runtime(runtime, None).await;
-            Err(format!("{name} did not start: {e}"))
+    let mut start = runtime.spawn(Agent::start(cfg, mode));
+    let why = match tokio::time::timeout(START_TIMEOUT, &mut start).await {
+        Ok(Ok(Ok(agent))) => return Ok(Running { runtime, agent }),
+        Ok(Ok(Err(e))) => e.to_string(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => {
+            start.abort();
+            format!("no answer in {START_TIMEOUT:?}")
         }
-        Err(e) => {
-            stop_runtime(runtime, None).await;
-            Err(format!("{name} did not start: {e}"))
-        }
-    }
+    };
+    stop_runtime(runtime, None).await;
+    Err(format!("{name} did not start: {why}"))
 }
 
 /// Drops a node without a goodbye: its tasks stop where they are.

@@ -227,7 +227,9 @@ async fn drive(
     let mut installed: BTreeMap<u32, Installed> = BTreeMap::new();
     let mut pending = Pending::default();
     for step in steps {
-        pending.work_until(cluster, epoch + Duration::from_millis(step.at_ms)).await;
+        pending
+            .work_until(cluster, epoch + Duration::from_millis(step.at_ms))
+            .await?;
         match &step.action {
             Action::Start { id, fault } => {
                 // A node fault waits for the cluster to be whole again
@@ -247,7 +249,7 @@ async fn drive(
             }
         }
     }
-    pending.work_until(cluster, epoch + opts.duration).await;
+    pending.work_until(cluster, epoch + opts.duration).await?;
     stop.store(true, Ordering::Relaxed);
     for client in clients {
         let _ = client.await;
@@ -259,7 +261,9 @@ async fn drive(
     // Every fault is healed: a node that cannot come back now, with a
     // majority of intact voters, is a failure of the product.
     let mut restore_violations = Vec::new();
-    pending.work_until_done(cluster, Instant::now() + Duration::from_secs(60)).await;
+    pending
+        .work_until_done(cluster, Instant::now() + Duration::from_secs(60))
+        .await?;
     for (what, error) in pending.failures() {
         restore_violations.push(Violation::new(
             "not-restored",
@@ -399,7 +403,7 @@ async fn install(cluster: &mut ChaosCluster, fault: &Fault, seed: u64) -> Instal
         Fault::DiskFull { .. } => Installed::Nothing,
         Fault::RemoveVoter { node } => {
             let name = cluster.slots[*node].name.clone();
-            if remove_member(cluster, &name, *node, Duration::from_secs(5)).await {
+            if remove_member(cluster, &name, *node, Duration::from_secs(5)).await.is_ok() {
                 cluster.crash(*node).await;
                 Installed::Removed(*node)
             } else {
@@ -476,18 +480,30 @@ impl Pending {
     }
 
     /// One attempt at each restore; keeps those that failed.
-    async fn attempt(&mut self, cluster: &mut ChaosCluster) {
+    async fn attempt(&mut self, cluster: &mut ChaosCluster) -> Result<(), String> {
         let mut left = Vec::new();
         for (r, _) in std::mem::take(&mut self.queue) {
             let result = match &r {
                 Restore::Restart(slot) => cluster.try_restart(*slot).await,
-                Restore::Join(slot) => cluster.try_join(*slot).await,
-                Restore::RemoveOld { slot, name } => {
-                    if remove_member(cluster, name, *slot, Duration::from_millis(1)).await {
-                        Ok(())
-                    } else {
-                        Err("no node accepted the removal".into())
+                Restore::Join(slot) => match cluster.try_join(*slot).await {
+                    Err(e) if e.contains("already a member") || e.contains("no answer") => {
+                        // The cluster may have admitted a join whose start
+                        // did not finish here: an operator would try again
+                        // under a new name and remove the half-joined one.
+                        let ghost = cluster.replace(*slot)?;
+                        left.push((
+                            Restore::RemoveOld {
+                                slot: *slot,
+                                name: ghost,
+                            },
+                            e.clone(),
+                        ));
+                        Err(e)
                     }
+                    other => other,
+                },
+                Restore::RemoveOld { slot, name } => {
+                    remove_member(cluster, name, *slot, Duration::from_millis(1)).await
                 }
             };
             if let Err(e) = result {
@@ -495,50 +511,59 @@ impl Pending {
             }
         }
         self.queue = left;
+        Ok(())
     }
 
     /// Attempts the restores until `until` (an attempt may run past it by
     /// its own timeout), then waits for `until`.
-    async fn work_until(&mut self, cluster: &mut ChaosCluster, until: Instant) {
+    async fn work_until(&mut self, cluster: &mut ChaosCluster, until: Instant) -> Result<(), String> {
         while !self.queue.is_empty() && Instant::now() < until {
-            self.attempt(cluster).await;
+            self.attempt(cluster).await?;
             if !self.queue.is_empty() {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }
         tokio::time::sleep_until(until.into()).await;
+        Ok(())
     }
 
-    async fn work_until_done(&mut self, cluster: &mut ChaosCluster, deadline: Instant) {
+    async fn work_until_done(&mut self, cluster: &mut ChaosCluster, deadline: Instant) -> Result<(), String> {
         while !self.queue.is_empty() && Instant::now() < deadline {
-            self.attempt(cluster).await;
+            self.attempt(cluster).await?;
             if !self.queue.is_empty() {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }
+        Ok(())
     }
 }
 
 /// `shoal node remove NAME` through any other running node, retried for
-/// `within` (a removal needs a leader).
-async fn remove_member(cluster: &ChaosCluster, name: &str, not: usize, within: Duration) -> bool {
+/// `within` (a removal needs a leader); the last refusal on failure.
+async fn remove_member(
+    cluster: &ChaosCluster,
+    name: &str,
+    not: usize,
+    within: Duration,
+) -> Result<(), String> {
     let deadline = Instant::now() + within;
+    let mut last = String::from("no running node to ask");
     loop {
         for (i, s) in cluster.slots.iter().enumerate() {
             if i == not || !s.is_running() || s.is_paused() {
                 continue;
             }
             let removed =
-                tokio::time::timeout(workload::OP_TIMEOUT, cluster.client(i).remove_node(name))
-                    .await;
+                tokio::time::timeout(workload::OP_TIMEOUT, cluster.client(i).remove_node(name)).await;
             match removed {
-                Ok(Ok(_)) => return true,
-                Ok(Err(shoal_sdk::ClientError::Api { status: 404, .. })) => return true,
-                _ => {}
+                Ok(Ok(_)) | Ok(Err(shoal_sdk::ClientError::Api { status: 404, .. })) => return Ok(()),
+                Ok(Err(e)) if e.to_string().contains("already left") => return Ok(()),
+                Ok(Err(e)) => last = format!("{}: {e}", s.name),
+                Err(_) => last = format!("{}: no answer in {:?}", s.name, workload::OP_TIMEOUT),
             }
         }
         if Instant::now() >= deadline {
-            return false;
+            return Err(last);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -580,9 +605,10 @@ async fn create_capped_tenant(cluster: &ChaosCluster) -> Result<(), String> {
     };
     let mut last = String::new();
     for _ in 0..20 {
-        match cluster.client(0).create_tenant(&req).await {
-            Ok(_) => return Ok(()),
-            Err(e) => last = e.to_string(),
+        match tokio::time::timeout(workload::OP_TIMEOUT, cluster.client(0).create_tenant(&req)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = format!("no answer in {:?}", workload::OP_TIMEOUT),
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
