@@ -256,10 +256,14 @@ pub fn generate(cfg: &ScheduleConfig) -> Vec<Step> {
         }
         let kind = choices[rng.random_range(0..choices.len())];
         let fault = draw(kind, cfg.nodes, &mut rng);
-        let mut lasts = rng.random_range(800..6_000);
-        if kind == FaultKind::Pause {
-            lasts = lasts.max(cfg.min_pause_ms);
-        }
+        // A pause runs past the election timeout, and often past failure
+        // detection and the fencing wait too: the case where the cluster
+        // moves a paused node's work while its ranks still run.
+        let lasts = if kind == FaultKind::Pause {
+            rng.random_range(cfg.min_pause_ms..cfg.min_pause_ms.max(12_000) + 1)
+        } else {
+            rng.random_range(800..6_000)
+        };
         let heal_at = (now + lasts).min(cfg.duration_ms);
         steps.push(Step {
             at_ms: now,

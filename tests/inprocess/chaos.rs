@@ -23,6 +23,10 @@ use std::time::Duration;
 const CI_SEEDS: [u64; 4] = [1, 2, 3, 4];
 const CI_DURATION: Duration = Duration::from_secs(15);
 
+/// Seeds (and their run length, which shapes the schedule) that once found
+/// a bug; docs/reliability.md says which.
+const REGRESSIONS: [(u64, Duration); 1] = [(11, Duration::from_secs(20))];
+
 fn describe(r: &SeedReport) -> String {
     format!(
         "seed {} failed (replay: {}):\nfaults:\n  {}\nviolations:\n  {}\nharness error: {:?}",
@@ -60,7 +64,20 @@ async fn fixed_seeds_of_faults_break_no_checked_property() {
             "seed {seed}: too little work to judge: {:?}",
             report.ops
         );
-        assert!(report.ops.jobs_submitted > 0 && report.ops.rank_beats > 0, "seed {seed}: no jobs ran: {:?}", report.ops);
+        assert!(
+            report.ops.jobs_submitted > 0 && report.ops.rank_beats > 0,
+            "seed {seed}: no jobs ran: {:?}",
+            report.ops
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeds_that_once_found_a_bug_pass() {
+    let _serial = common::one_at_a_time();
+    for (seed, duration) in REGRESSIONS {
+        let report = run_seed(&RunOptions::new(seed, 3, duration)).await;
+        assert!(report.passed(), "{}", describe(&report));
     }
 }
 

@@ -290,7 +290,8 @@ impl ChaosCluster {
     /// One attempt to start `slot`'s node again from its data dir.
     pub async fn try_restart(&mut self, slot: usize) -> Result<(), String> {
         let s = &self.slots[slot];
-        let running = start_on_own_runtime(s.cfg.clone(), StartMode::Restart, s.skew.clone()).await?;
+        let running =
+            start_on_own_runtime(s.cfg.clone(), StartMode::Restart, s.skew.clone()).await?;
         self.slots[slot].running = Some(running);
         Ok(())
     }

@@ -53,7 +53,8 @@ pub fn install() {
                 let unnamed = thread.name().is_none();
                 let shut_down = message.contains("being shutdown")
                     || message.contains("runtime has been shut down");
-                if s.crashing.contains(&node) || (unnamed && (shut_down || !s.crashing.is_empty())) {
+                if s.crashing.contains(&node) || (unnamed && (shut_down || !s.crashing.is_empty()))
+                {
                     return false;
                 }
                 s.panics.push(format!("node {node}: {message}"));

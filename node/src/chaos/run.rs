@@ -236,7 +236,9 @@ async fn drive(
                 // after the last one (see `ChaosCluster::is_whole`); one
                 // that comes too early is not installed.
                 if fault.kind().takes_a_node() && !(pending.is_empty() && cluster.is_whole()) {
-                    report.skipped_faults.push(format!("{:>6} ms {fault}", step.at_ms));
+                    report
+                        .skipped_faults
+                        .push(format!("{:>6} ms {fault}", step.at_ms));
                     continue;
                 }
                 let done = install(cluster, fault, opts.seed ^ u64::from(*id)).await;
@@ -403,7 +405,10 @@ async fn install(cluster: &mut ChaosCluster, fault: &Fault, seed: u64) -> Instal
         Fault::DiskFull { .. } => Installed::Nothing,
         Fault::RemoveVoter { node } => {
             let name = cluster.slots[*node].name.clone();
-            if remove_member(cluster, &name, *node, Duration::from_secs(5)).await.is_ok() {
+            if remove_member(cluster, &name, *node, Duration::from_secs(5))
+                .await
+                .is_ok()
+            {
                 cluster.crash(*node).await;
                 Installed::Removed(*node)
             } else {
@@ -476,7 +481,10 @@ impl Pending {
     }
 
     fn failures(&self) -> Vec<(String, String)> {
-        self.queue.iter().map(|(r, e)| (r.to_string(), e.clone())).collect()
+        self.queue
+            .iter()
+            .map(|(r, e)| (r.to_string(), e.clone()))
+            .collect()
     }
 
     /// One attempt at each restore; keeps those that failed.
@@ -516,7 +524,11 @@ impl Pending {
 
     /// Attempts the restores until `until` (an attempt may run past it by
     /// its own timeout), then waits for `until`.
-    async fn work_until(&mut self, cluster: &mut ChaosCluster, until: Instant) -> Result<(), String> {
+    async fn work_until(
+        &mut self,
+        cluster: &mut ChaosCluster,
+        until: Instant,
+    ) -> Result<(), String> {
         while !self.queue.is_empty() && Instant::now() < until {
             self.attempt(cluster).await?;
             if !self.queue.is_empty() {
@@ -527,7 +539,11 @@ impl Pending {
         Ok(())
     }
 
-    async fn work_until_done(&mut self, cluster: &mut ChaosCluster, deadline: Instant) -> Result<(), String> {
+    async fn work_until_done(
+        &mut self,
+        cluster: &mut ChaosCluster,
+        deadline: Instant,
+    ) -> Result<(), String> {
         while !self.queue.is_empty() && Instant::now() < deadline {
             self.attempt(cluster).await?;
             if !self.queue.is_empty() {
@@ -554,9 +570,12 @@ async fn remove_member(
                 continue;
             }
             let removed =
-                tokio::time::timeout(workload::OP_TIMEOUT, cluster.client(i).remove_node(name)).await;
+                tokio::time::timeout(workload::OP_TIMEOUT, cluster.client(i).remove_node(name))
+                    .await;
             match removed {
-                Ok(Ok(_)) | Ok(Err(shoal_sdk::ClientError::Api { status: 404, .. })) => return Ok(()),
+                Ok(Ok(_)) | Ok(Err(shoal_sdk::ClientError::Api { status: 404, .. })) => {
+                    return Ok(())
+                }
                 Ok(Err(e)) if e.to_string().contains("already left") => return Ok(()),
                 Ok(Err(e)) => last = format!("{}: {e}", s.name),
                 Err(_) => last = format!("{}: no answer in {:?}", s.name, workload::OP_TIMEOUT),
@@ -605,7 +624,9 @@ async fn create_capped_tenant(cluster: &ChaosCluster) -> Result<(), String> {
     };
     let mut last = String::new();
     for _ in 0..20 {
-        match tokio::time::timeout(workload::OP_TIMEOUT, cluster.client(0).create_tenant(&req)).await {
+        match tokio::time::timeout(workload::OP_TIMEOUT, cluster.client(0).create_tenant(&req))
+            .await
+        {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(e)) => last = e.to_string(),
             Err(_) => last = format!("no answer in {:?}", workload::OP_TIMEOUT),

@@ -215,7 +215,7 @@ pub async fn job_client(target: Target, log: JobLog, rank_log: PathBuf, nodes: u
                 command: vec![
                     "sh".into(),
                     "-c".into(),
-                    rank_script(&rank_log, rng.random_range(1_500..5_000)),
+                    rank_script(&rank_log, rng.random_range(2_000..15_000)),
                 ],
                 env: BTreeMap::new(),
                 workdir: None,

@@ -589,6 +589,16 @@ impl RankCgroup {
             .map_err(io_err("open", &path))
     }
 
+    /// `cgroup.kill`, opened for a rank's lease guard to write to later
+    /// (`None` on a kernel without it).
+    pub fn open_kill(&self) -> Option<std::os::fd::OwnedFd> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.kill"))
+            .ok()
+            .map(std::os::fd::OwnedFd::from)
+    }
+
     /// SIGKILL to every process inside: `cgroup.kill` (Linux 5.14), else
     /// one by one over `cgroup.procs` (call again until
     /// [`RankCgroup::populated`] is false: a process may fork meanwhile).

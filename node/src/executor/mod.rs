@@ -31,6 +31,7 @@
 pub mod account;
 pub mod cgroup;
 mod fence;
+mod lease;
 mod plan;
 
 pub use fence::{FenceGuard, RankFence, RankGroups};
@@ -196,6 +197,9 @@ pub struct Executor {
     warned: BTreeSet<JobId>,
     /// Cgroups of exited ranks that did not empty in time; retried.
     draining: Vec<Arc<cgroup::RankCgroup>>,
+    /// The lease every rank's guard watches ([`lease`]); `None` only if the
+    /// kernel refused the shared page, which is logged.
+    lease: Option<Arc<lease::FenceLease>>,
 }
 
 impl Executor {
@@ -208,15 +212,28 @@ impl Executor {
             groups: RankGroups::default(),
             warned: BTreeSet::new(),
             draining: Vec::new(),
+            lease: match lease::FenceLease::new(Duration::from_millis(SELF_FENCE_MS)) {
+                Ok(l) => Some(Arc::new(l)),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot map the rank lease; ranks of a stopped agent will not be fenced");
+                    None
+                }
+            },
         }
     }
 
     /// The guard that kills this executor's ranks once the node is cut off
-    /// from a majority of the voters, on a task of its own.
+    /// from a majority of the voters, on a task of its own; it also renews
+    /// the lease the ranks' own guards watch.
     pub fn fence_guard(&self) -> FenceGuard {
         let host = self.host.clone();
+        let lease = self.lease.clone();
         FenceGuard::new(self.groups.clone(), TICK, move || {
-            self_fenced(&host, Instant::now())
+            let now = Instant::now();
+            if let Some(lease) = &lease {
+                renew_lease(&host, lease, now);
+            }
+            self_fenced(&host, now)
         })
     }
 }
@@ -329,7 +346,7 @@ impl Worker for Executor {
                     let Some(a) = assigned.get(&key) else {
                         continue;
                     };
-                    match prepare_and_launch(host, &key, a).await {
+                    match prepare_and_launch(host, &key, a, self.lease.clone()).await {
                         Ok(rank) => {
                             if let Some(fence) = rank.fence() {
                                 self.groups.lock().insert(key.clone(), fence);
@@ -539,6 +556,26 @@ fn self_fenced(host: &RankHost, now: Instant) -> bool {
     }
 }
 
+/// Renews the ranks' lease until this node's contact with a majority of
+/// the voters lapses (the rule of [`self_fenced`]).
+fn renew_lease(host: &RankHost, lease: &lease::FenceLease, now: Instant) {
+    let voters = host.ledger.voters();
+    let window = Duration::from_millis(SELF_FENCE_MS);
+    let deadline = match host.peers.lock() {
+        Ok(view) => lease::fence_deadline(
+            &voters,
+            host.local.id,
+            |v| view.last_heard.get(&v).copied(),
+            now,
+            window,
+        ),
+        Err(_) => Some(now),
+    };
+    // No voters: nothing to be cut off from (a node before its first
+    // ledger entry); the lease stays renewed.
+    lease.renew_until(deadline.unwrap_or(now + window));
+}
+
 /// A rank of a job the ledger has placed on this node.
 struct Assignment {
     spec: shoal_consensus::workload::JobSpec,
@@ -611,6 +648,7 @@ async fn prepare_and_launch(
     host: &RankHost,
     key: &RankKey,
     a: &Assignment,
+    lease: Option<Arc<lease::FenceLease>>,
 ) -> Result<RunningRank, String> {
     let account = host.users.resolve(&a.spec.tenant)?;
     let dir = job_dir(&host.jobs_dir, key.job);
@@ -634,7 +672,7 @@ async fn prepare_and_launch(
             "checkpoint restored"
         );
     }
-    launch(host, key, a, &account)
+    launch(host, key, a, &account, lease)
 }
 
 /// Whether ranks of `account` run as another user than the agent.
@@ -866,6 +904,7 @@ fn launch(
     key: &RankKey,
     a: &Assignment,
     account: &account::Account,
+    lease: Option<Arc<lease::FenceLease>>,
 ) -> Result<RunningRank, String> {
     let jobs_dir = host.jobs_dir.clone();
     let dir = job_dir(&jobs_dir, key.job);
@@ -908,6 +947,7 @@ fn launch(
     let fences = Fences {
         cgroup: cgroup.clone(),
         unenforced,
+        lease,
     };
     let launched = spawn(host, key, a, argv, (out, err), account, ckpt_dir, fences);
     if launched.is_err() {
@@ -923,6 +963,7 @@ fn launch(
 struct Fences {
     cgroup: Option<Arc<cgroup::RankCgroup>>,
     unenforced: Vec<String>,
+    lease: Option<Arc<lease::FenceLease>>,
 }
 
 /// Creates the rank's cgroup with the job's limits, where the node has
@@ -1054,6 +1095,12 @@ fn spawn(
         .spawn()
         .map_err(|e| format!("cannot run '{program}': {e}"))?;
     drop(procs);
+    if let (Some(lease), Some(pid)) = (&fences.lease, child.id()) {
+        let kill = fences.cgroup.as_ref().and_then(|cg| cg.open_kill());
+        if let Err(e) = lease.guard(pid as libc::pid_t, kill) {
+            tracing::error!(job = key.job, rank = key.rank, error = %e, "cannot start the rank's lease guard");
+        }
+    }
     tracing::info!(
         job = key.job,
         epoch = key.epoch,
