@@ -728,6 +728,19 @@ sleep 60
         )
     );
 
+    // The one update the API can make: drain and return a node.
+    let (code, _, err) = run(
+        "scontrol",
+        &["update", "NodeName=n1", "State=DRAIN", "Reason=disk"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (_, out, _) = run("sinfo", &["-h", "-N", "-o", "%N %t"]);
+    assert_eq!(out, "n1 drain\n");
+    let (code, _, err) = run("scontrol", &["update", "NodeName=n1", "State=RESUME"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (_, out, _) = run("sinfo", &["-h", "-N", "-o", "%N %t"]);
+    assert_eq!(out, "n1 idle\n");
+
     // A missing script: an error, nothing submitted.
     let before = client.jobs(None, None).await.expect("jobs").len();
     let (code, out, err) = run("sbatch", &["nonexistent.sh"]);

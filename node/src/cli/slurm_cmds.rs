@@ -1281,6 +1281,8 @@ pub enum Scontrol {
     ShowJob(Option<u64>),
     ShowNode(Option<String>),
     ShowPartition,
+    /// `update NodeName=N[,M] State=DRAIN|RESUME`: drain or return nodes.
+    DrainNodes(Vec<String>, bool),
 }
 
 pub fn parse_scontrol(args: &[String]) -> Result<(Scontrol, bool), String> {
@@ -1312,10 +1314,46 @@ pub fn parse_scontrol(args: &[String]) -> Result<(Scontrol, bool), String> {
             return Err(format!("scontrol: 'show {other}' is not supported"))
         }
         (Some("show"), None) => return Err("scontrol: show what? (job, node, partition)".into()),
+        (Some("update"), _) => scontrol_update(&words[1..])?,
         (Some(verb), _) => return Err(format!("scontrol: '{verb}' is not supported")),
         (None, _) => return Err("scontrol: give a command (show job ID, show node NAME)".into()),
     };
     Ok((cmd, oneliner))
+}
+
+/// `update NodeName=… State=DRAIN|RESUME|UNDRAIN [Reason=…]`, the one
+/// update the API can make.
+fn scontrol_update(words: &[String]) -> Result<Scontrol, String> {
+    let mut nodes = None;
+    let mut state = None;
+    for w in words {
+        let Some((k, v)) = w.split_once('=') else {
+            return Err(format!("scontrol: update: '{w}' is not KEY=VALUE"));
+        };
+        match k.to_ascii_lowercase().as_str() {
+            "nodename" | "node" | "nodes" => nodes = Some(list(v)),
+            "state" => state = Some(v.to_ascii_uppercase()),
+            "reason" => {}
+            "jobid" | "job" | "jobname" => {
+                return Err("scontrol: 'update JobId=...' is not supported".into())
+            }
+            other => return Err(format!("scontrol: update of '{other}' is not supported")),
+        }
+    }
+    let nodes = nodes
+        .filter(|n| !n.is_empty())
+        .ok_or("scontrol: update needs NodeName=... State=DRAIN|RESUME")?;
+    let drain = match state.as_deref() {
+        Some("DRAIN") => true,
+        Some("RESUME" | "UNDRAIN") => false,
+        Some(other) => {
+            return Err(format!(
+                "scontrol: State={other} is not supported (use DRAIN or RESUME)"
+            ))
+        }
+        None => return Err("scontrol: update needs State=DRAIN|RESUME".into()),
+    };
+    Ok(Scontrol::DrainNodes(nodes, drain))
 }
 
 /// The command a job runs, for one line: a batch script's copy is shown as
@@ -1487,6 +1525,11 @@ async fn scontrol(client: &Client, args: &[String]) -> anyhow::Result<()> {
             }
             for n in picked {
                 print!("{}", scontrol_node(n, oneliner));
+            }
+        }
+        Scontrol::DrainNodes(nodes, drain) => {
+            for n in &nodes {
+                client.drain_node(n, drain).await.map_err(api)?;
             }
         }
         Scontrol::ShowPartition => {
@@ -1768,7 +1811,29 @@ mod tests {
             parse_scontrol(&a("-o show node n1")).expect("parses"),
             (Scontrol::ShowNode(Some("n1".into())), true)
         );
-        for verb in ["hold", "release", "requeue", "update"] {
+        assert_eq!(
+            parse_scontrol(&a("update NodeName=n1,n2 State=DRAIN Reason=disk")).expect("parses"),
+            (
+                Scontrol::DrainNodes(vec!["n1".into(), "n2".into()], true),
+                false
+            )
+        );
+        assert_eq!(
+            parse_scontrol(&a("update nodename=n1 state=resume")).expect("parses"),
+            (Scontrol::DrainNodes(vec!["n1".into()], false), false)
+        );
+        for bad in [
+            "update JobId=3 TimeLimit=5",
+            "update NodeName=n1 State=DOWN",
+            "update",
+        ] {
+            let err = parse_scontrol(&a(bad)).expect_err(bad);
+            assert!(
+                err.contains("not supported") || err.contains("needs"),
+                "{err}"
+            );
+        }
+        for verb in ["hold", "release", "requeue", "suspend"] {
             let err = parse_scontrol(&a(&format!("{verb} 3"))).expect_err(verb);
             assert_eq!(err, format!("scontrol: '{verb}' is not supported"));
         }
