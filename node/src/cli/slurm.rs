@@ -250,6 +250,37 @@ fn job_flags(
                 };
                 continue;
             }
+            "export" => {
+                for item in value.split(',').filter(|i| !i.is_empty()) {
+                    match item.split_once('=') {
+                        Some((k, _)) if !k.is_empty() => {
+                            o.flags.push("--env".into());
+                            o.flags.push(item.to_string());
+                        }
+                        _ if matches!(
+                            item.to_ascii_uppercase().as_str(),
+                            "ALL" | "NONE" | "NIL"
+                        ) =>
+                        {
+                            warnings.push(format!(
+                                "{program}: ignoring --export={item}: jobs start with a clean \
+                                 environment (PATH, HOME, USER, the gang's variables)"
+                            ));
+                        }
+                        // A name alone: that variable of the submitting environment.
+                        _ => match std::env::var(item) {
+                            Ok(v) => {
+                                o.flags.push("--env".into());
+                                o.flags.push(format!("{item}={v}"));
+                            }
+                            Err(_) => warnings.push(format!(
+                                "{program}: --export: {item} is not set here; not passed on"
+                            )),
+                        },
+                    }
+                }
+                continue;
+            }
             "ntasks" | "ntasks-per-node" => {
                 // One process per node is what a shoal gang runs.
                 if value != "1" {
@@ -1069,6 +1100,25 @@ echo start
         assert_eq!(ok.warnings.len(), 2, "{:?}", ok.warnings);
         assert!(ok.argv.contains(&"--wait".to_string()));
         assert!(!ok.argv.contains(&"--max-restarts".to_string()));
+    }
+
+    #[test]
+    fn export_passes_variables() {
+        let path = std::env::var("PATH").expect("PATH");
+        let tr = translate(
+            "sbatch",
+            &["--export=ALL,A=1,PATH".into(), "--wrap=true".into()],
+        )
+        .expect("translates");
+        assert_eq!(tr.warnings.len(), 1, "{:?}", tr.warnings);
+        let env: Vec<&String> = tr
+            .argv
+            .iter()
+            .zip(&tr.argv[1..])
+            .filter(|(f, _)| *f == "--env")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(env, [&"A=1".to_string(), &format!("PATH={path}")]);
     }
 
     #[test]
