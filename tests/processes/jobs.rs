@@ -652,7 +652,7 @@ async fn slurm_batch_script_round_trip() {
 #SBATCH --output=train-%j.out
 #SBATCH --partition=gpu
 
-echo "epoch 1 of $1"
+echo "epoch 1 of $1 in job $SLURM_JOB_ID ($SLURM_JOB_NAME)"
 sleep 60
 #SBATCH --time=1   # after the first command: not a directive
 "#,
@@ -679,7 +679,7 @@ sleep 60
         async move {
             std::fs::read_to_string(&log)
                 .ok()
-                .filter(|t| t.contains("epoch 1 of run-a"))
+                .filter(|t| t.contains(&format!("epoch 1 of run-a in job {id} (my job)")))
         }
     })
     .await;

@@ -528,8 +528,20 @@ pub fn output_path(pattern: &str, name: &str) -> String {
     out
 }
 
-/// `inner` with its stdout (and stderr) sent to the `-o`/`-e` files.
-fn redirected(
+/// Slurm's variables a batch script reads, from the gang's, unless the
+/// node already sets them.
+const SLURM_ENV: &str = "export SLURM_JOB_ID=\"${SLURM_JOB_ID:-$SHOAL_JOB_ID}\" \
+SLURM_JOBID=\"${SLURM_JOBID:-$SHOAL_JOB_ID}\" \
+SLURM_NNODES=\"${SLURM_NNODES:-$WORLD_SIZE}\" \
+SLURM_JOB_NUM_NODES=\"${SLURM_JOB_NUM_NODES:-$WORLD_SIZE}\" \
+SLURM_NTASKS=\"${SLURM_NTASKS:-$WORLD_SIZE}\" \
+SLURM_NODEID=\"${SLURM_NODEID:-$NODE_RANK}\" \
+SLURM_PROCID=\"${SLURM_PROCID:-$NODE_RANK}\" \
+SLURM_LOCALID=\"${SLURM_LOCALID:-0}\"";
+
+/// `inner` under a small `/bin/sh` prelude: Slurm's variables, then its
+/// stdout (and stderr) sent to the `-o`/`-e` files.
+fn wrapped(
     inner: Vec<String>,
     output: Option<&str>,
     error: Option<&str>,
@@ -538,20 +550,20 @@ fn redirected(
 ) -> Vec<String> {
     let op = if append { ">>" } else { ">" };
     let redirect = match (output, error) {
-        (None, None) => return inner,
-        (Some(o), None) => format!("exec {op}{} 2>&1", output_path(o, name)),
-        (Some(o), Some(e)) if o == e => format!("exec {op}{} 2>&1", output_path(o, name)),
+        (None, None) => String::new(),
+        (Some(o), None) => format!("exec {op}{} 2>&1 && ", output_path(o, name)),
+        (Some(o), Some(e)) if o == e => format!("exec {op}{} 2>&1 && ", output_path(o, name)),
         (Some(o), Some(e)) => format!(
-            "exec {op}{} 2{op}{}",
+            "exec {op}{} 2{op}{} && ",
             output_path(o, name),
             output_path(e, name)
         ),
-        (None, Some(e)) => format!("exec 2{op}{}", output_path(e, name)),
+        (None, Some(e)) => format!("exec 2{op}{} && ", output_path(e, name)),
     };
     let mut argv = vec![
         "/bin/sh".to_string(),
         "-c".to_string(),
-        format!("{redirect} && exec \"$@\""),
+        format!("{SLURM_ENV}; {redirect}exec \"$@\""),
         "sbatch".to_string(),
     ];
     argv.extend(inner);
@@ -630,6 +642,17 @@ fn sbatch(args: &[String], warnings: &mut Vec<String>) -> Result<Vec<String>, Re
     if o.name.is_none() {
         argv.extend(["--name".to_string(), default_name]);
     }
+    // Slurm's fixed variables; an --export of the same name wins.
+    let mut env = vec![
+        format!("SLURM_JOB_NAME={name}"),
+        format!("SLURM_JOB_PARTITION={}", crate::cli::slurm_cmds::PARTITION),
+    ];
+    if let Ok(dir) = std::env::current_dir() {
+        env.push(format!("SLURM_SUBMIT_DIR={}", dir.display()));
+    }
+    for e in env {
+        argv.extend(["--env".to_string(), e]);
+    }
     argv.extend(o.flags.iter().cloned());
     if !o.parsable {
         argv.push("--banner".into());
@@ -653,7 +676,7 @@ fn sbatch(args: &[String], warnings: &mut Vec<String>) -> Result<Vec<String>, Re
     } else {
         script_command(&content, &script, &script_args)
     };
-    argv.extend(redirected(
+    argv.extend(wrapped(
         inner,
         o.output.as_deref(),
         o.error.as_deref(),
@@ -826,7 +849,37 @@ mod tests {
 
     fn t(program: &str, args: &str) -> Vec<String> {
         let args: Vec<String> = args.split_whitespace().map(str::to_string).collect();
-        translate(program, &args).expect("translates").argv
+        let argv = translate(program, &args).expect("translates").argv;
+        if program == "sbatch" {
+            sb(argv)
+        } else {
+            argv
+        }
+    }
+
+    /// An sbatch translation without its SLURM_* `--env` flags and its
+    /// `/bin/sh` prelude: what the tests compare.
+    fn sb(argv: Vec<String>) -> Vec<String> {
+        let sep = argv.iter().position(|a| a == "--").expect("--");
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < sep {
+            if argv[i] == "--env" && argv[i + 1].starts_with("SLURM_") {
+                i += 2;
+                continue;
+            }
+            out.push(argv[i].clone());
+            i += 1;
+        }
+        out.push("--".into());
+        assert_eq!(&argv[sep + 1..sep + 3], ["/bin/sh", "-c"]);
+        assert!(
+            argv[sep + 3].starts_with("export SLURM_JOB_ID="),
+            "{argv:?}"
+        );
+        assert_eq!(argv[sep + 4], "sbatch");
+        out.extend(argv[sep + 5..].iter().cloned());
+        out
     }
 
     #[test]
@@ -1034,23 +1087,26 @@ echo start
         std::fs::write(
             &script,
             "#!/bin/sh\n#SBATCH --job-name=\"my job\" # named\n#SBATCH -o out-%j.txt\n\
-             #SBATCH -e err-%x.txt\necho \"hello $1 from $0\"\necho oops >&2\nexit 3\n",
+             #SBATCH -e err-%x.txt\necho \"hello $1 from $0 in $SLURM_JOB_ID\"\n\
+             echo oops >&2\nexit 3\n",
         )
         .expect("write");
         let path = script.display().to_string();
         let tr = translate("sbatch", &[path.clone(), "world".into()]).expect("translates");
         std::fs::write(&script, "echo edited\n").expect("edit");
         let i = tr.argv.iter().position(|a| a == "--").expect("--");
-        assert_eq!(&tr.argv[2..4], ["--name", "my job"]);
+        assert_eq!(&sb(tr.argv.clone())[2..4], ["--name", "my job"]);
+        assert!(tr.argv.contains(&"SLURM_JOB_NAME=my job".to_string()));
         let status = std::process::Command::new(&tr.argv[i + 1])
             .args(&tr.argv[i + 2..])
             .current_dir(dir.path())
             .env("SHOAL_JOB_ID", "42")
+            .env_remove("SLURM_JOB_ID")
             .status()
             .expect("runs");
         assert_eq!(status.code(), Some(3));
         let out = std::fs::read_to_string(dir.path().join("out-42.txt")).expect("stdout file");
-        assert_eq!(out, format!("hello world from {path}\n"));
+        assert_eq!(out, format!("hello world from {path} in 42\n"));
         let err = std::fs::read_to_string(dir.path().join("err-my job.txt")).expect("stderr file");
         assert_eq!(err, "oops\n");
     }
@@ -1111,10 +1167,10 @@ echo start
         )
         .expect("translates");
         assert_eq!(tr.warnings.len(), 1, "{:?}", tr.warnings);
-        let env: Vec<&String> = tr
-            .argv
+        let argv = sb(tr.argv);
+        let env: Vec<&String> = argv
             .iter()
-            .zip(&tr.argv[1..])
+            .zip(&argv[1..])
             .filter(|(f, _)| *f == "--env")
             .map(|(_, v)| v)
             .collect();
