@@ -45,7 +45,8 @@ pub fn translate(program: &str, args: &[String]) -> Result<Translation, Refusal>
     let argv = match program {
         "sbatch" => sbatch(args, &mut warnings)?,
         "salloc" => {
-            let o = job_flags(program, args, &mut warnings)?;
+            let mut o = job_flags(program, args, &mut warnings)?;
+            o.resolve_gpus(program)?;
             if o.wrap.is_some() {
                 return Err("salloc: --wrap is an sbatch option".into());
             }
@@ -130,6 +131,8 @@ struct JobOptions {
     wrap: Option<String>,
     /// `--requeue` / `--no-requeue`.
     requeue: Option<bool>,
+    /// `-G/--gpus`: GPUs of the whole job, `[TYPE:]N`.
+    gpus: Option<String>,
 }
 
 impl JobOptions {
@@ -145,7 +148,56 @@ impl JobOptions {
         self.append |= later.append;
         self.wrap = later.wrap.or(self.wrap);
         self.requeue = later.requeue.or(self.requeue);
+        self.gpus = later.gpus.or(self.gpus);
         self
+    }
+
+    /// `-G/--gpus` (the job's GPUs) as GPUs per node, once the node count
+    /// is known: it must divide evenly.
+    fn resolve_gpus(&mut self, program: &str) -> Result<(), String> {
+        let Some(total) = self.gpus.take() else {
+            return Ok(());
+        };
+        let last = |flag: &str| {
+            self.flags
+                .windows(2)
+                .rev()
+                .find(|w| w[0] == flag)
+                .map(|w| w[1].clone())
+        };
+        if last("--gres").is_some() || last("--gpus-per-node").is_some() {
+            return Err(format!(
+                "{program}: give --gpus or GPUs per node (--gres, --gpus-per-node), not both"
+            ));
+        }
+        let nodes: u32 = match last("-N") {
+            Some(n) => n
+                .parse()
+                .map_err(|_| format!("{program}: --nodes={n} is not a node count"))?,
+            None => 1,
+        };
+        let (model, count) = match total.rsplit_once(':') {
+            Some((m, c)) => (Some(m.to_string()), c),
+            None => (None, total.as_str()),
+        };
+        let count: u32 = count
+            .parse()
+            .map_err(|_| format!("{program}: --gpus={total} is not [TYPE:]COUNT"))?;
+        if nodes == 0 || !count.is_multiple_of(nodes) {
+            return Err(format!(
+                "{program}: --gpus={total} does not divide evenly over {nodes} node(s); use --gpus-per-node"
+            ));
+        }
+        let per_node = count / nodes;
+        match model {
+            Some(m) => self
+                .flags
+                .extend(["--gres".to_string(), format!("gpu:{m}:{per_node}")]),
+            None => self
+                .flags
+                .extend(["--gpus-per-node".to_string(), per_node.to_string()]),
+        }
+        Ok(())
     }
 }
 
@@ -181,6 +233,9 @@ fn job_flags(
             "o" => "output",
             "e" => "error",
             "n" => "ntasks",
+            "G" => "gpus",
+            // One task per node: GPUs per task are GPUs per node.
+            "gpus-per-task" => "gpus-per-node",
             "Q" => "quiet",
             "v" => "verbose",
             other => other,
@@ -211,7 +266,7 @@ fn job_flags(
             }
             _ => {}
         }
-        let known = matches!(long, "wrap" | "ntasks" | "ntasks-per-node")
+        let known = matches!(long, "wrap" | "ntasks" | "ntasks-per-node" | "gpus")
             || (program == "sbatch" && matches!(long, "output" | "error" | "open-mode"))
             || JOB_OPTIONS
                 .iter()
@@ -248,6 +303,10 @@ fn job_flags(
                     "truncate" => false,
                     _ => return Err(format!("{program}: --open-mode is append or truncate")),
                 };
+                continue;
+            }
+            "gpus" => {
+                o.gpus = Some(value);
                 continue;
             }
             "export" => {
@@ -622,7 +681,8 @@ fn sbatch(args: &[String], warnings: &mut Vec<String>) -> Result<Vec<String>, Re
     }
     let command_line_command = cli.command.clone();
     let wrap = cli.wrap.is_some();
-    let o = from_script.then(cli);
+    let mut o = from_script.then(cli);
+    o.resolve_gpus("sbatch")?;
     if wrap && !command_line_command.is_empty() {
         return Err("sbatch: give a batch script or --wrap, not both"
             .to_string()
@@ -1175,6 +1235,27 @@ echo start
             .map(|(_, v)| v)
             .collect();
         assert_eq!(env, [&"A=1".to_string(), &format!("PATH={path}")]);
+    }
+
+    #[test]
+    fn gpus_of_the_job_become_gpus_per_node() {
+        let flags = |args: &str| {
+            let argv = t("sbatch", &format!("{args} --wrap=true"));
+            let sep = argv.iter().position(|a| a == "--").expect("--");
+            argv[4..sep].join(" ")
+        };
+        assert!(flags("-N 2 --gpus=8").contains("-N 2 --gpus-per-node 4"));
+        assert!(flags("-G H100:4").contains("--gres gpu:H100:4"));
+        assert!(flags("--gpus-per-task=2").contains("--gpus-per-node 2"));
+        assert!(flags("--gpus-per-task=A100:2").contains("--gres gpu:A100:2"));
+        for bad in ["-N 3 --gpus=8", "--gpus=2 --gres=gpu:2", "--gpus=x"] {
+            let args: Vec<String> = format!("{bad} --wrap=true")
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            let err = translate("sbatch", &args).err().expect(bad);
+            assert!(err.message.contains("--gpus"), "{}", err.message);
+        }
     }
 
     #[test]

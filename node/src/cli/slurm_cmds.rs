@@ -29,7 +29,6 @@ fn now_s() -> i64 {
 }
 
 pub async fn run(client: &Client, name: &str, args: &[String]) -> anyhow::Result<()> {
-    let usage = |e: String| anyhow::Error::new(super::jobs::ExitWith(2)).context(e);
     match name {
         "squeue" => {
             let o = parse_squeue(args).map_err(|e| usage_error(&e))?;
@@ -62,8 +61,8 @@ pub async fn run(client: &Client, name: &str, args: &[String]) -> anyhow::Result
             Ok(())
         }
         "scontrol" => scontrol(client, args).await,
-        other => Err(usage(format!(
-            "'{other}' is not a Slurm command shoal runs"
+        other => Err(usage_error(&format!(
+            "'{other}' is not a Slurm command shoal runs (squeue, scancel, sinfo, sacct, scontrol)"
         ))),
     }
 }
