@@ -465,17 +465,19 @@ pub fn split_words(line: &str) -> Result<Vec<String>, String> {
 }
 
 /// The words of a batch script's `#SBATCH` directives, with Slurm's rules:
-/// directives are read until the first line that is neither blank nor a
-/// comment; each is split like a shell line (quotes honoured, a `#` after a
+/// directives (`#SBATCH` at the start of a line) are read until the first
+/// line that is neither blank nor a comment; each is split like a shell line (quotes honoured, a `#` after a
 /// blank starts a comment). Errors name the line.
 pub fn directives(script: &str) -> Result<Vec<String>, String> {
     let mut words = Vec::new();
-    for (n, line) in script.lines().enumerate() {
-        let line = line.trim();
+    for (n, raw) in script.lines().enumerate() {
+        let line = raw.trim();
         if line.is_empty() {
             continue;
         }
-        if let Some(rest) = line.strip_prefix("#SBATCH") {
+        // Only at the very start of a line, as Slurm reads it; an indented
+        // `#SBATCH` is a comment.
+        if let Some(rest) = raw.strip_prefix("#SBATCH") {
             if !(rest.is_empty() || rest.starts_with(char::is_whitespace)) {
                 continue; // e.g. #SBATCHX: a comment
             }
@@ -1091,6 +1093,7 @@ mod tests {
 
 #SBATCH --time=5 --mem=1G
 #SBATCHNOT -N 9
+  #SBATCH -N 8
 echo start
 #SBATCH -N 7
 "#;
