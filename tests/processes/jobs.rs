@@ -613,3 +613,151 @@ async fn draining_a_node_checkpoints_on_sigterm_and_resumes_elsewhere() {
     assert!(nodes.iter().any(|n| n.name == drained && n.drained));
     client.cancel_job(id).await.expect("cancel");
 }
+
+/// A realistic batch script (comments, quotes, inline comments, no execute
+/// bit) through the Slurm names: sbatch, squeue, a refused scancel
+/// --signal, scontrol, scancel, sacct; sbatch of a missing script; --wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_batch_script_round_trip() {
+    let _serial = one_at_a_time();
+    let cluster = Cluster::start(&["r1"]).await;
+    let bin = tempfile::tempdir().expect("tempdir");
+    for name in ["sbatch", "squeue", "scancel", "sacct", "scontrol", "sinfo"] {
+        std::os::unix::fs::symlink(shoal_bin(), bin.path().join(name)).expect("symlink");
+    }
+    let work = tempfile::tempdir().expect("tempdir");
+    let run = |name: &str, args: &[&str]| {
+        let out = Command::new(bin.path().join(name))
+            .args(args)
+            .current_dir(work.path())
+            .env("SHOAL_API", cluster.nodes[0].api_url())
+            .env("SHOAL_TOKEN", &cluster.token)
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    // Mode 0644: sbatch copies the script, it never executes the file.
+    std::fs::write(
+        work.path().join("train.sh"),
+        r#"#!/bin/sh
+# Train a model.
+#SBATCH --job-name="my job"      # quoted, then an inline comment
+#SBATCH -N 1   # one node
+#SBATCH --gres=gpu:2
+#SBATCH --time=10:00
+#SBATCH --output=train-%j.out
+#SBATCH --partition=gpu
+
+echo "epoch 1 of $1 in job $SLURM_JOB_ID ($SLURM_JOB_NAME)"
+sleep 60
+#SBATCH --time=1   # after the first command: not a directive
+"#,
+    )
+    .expect("script");
+    let (code, out, err) = run("sbatch", &["train.sh", "run-a"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("ignoring --partition=gpu"), "{err}");
+    let id: u64 = out
+        .trim()
+        .strip_prefix("Submitted batch job ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("sbatch printed {out:?}"));
+    // Later edits do not reach the job.
+    std::fs::write(work.path().join("train.sh"), "exit 9\n").expect("edit");
+    let client = cluster.client(0);
+    let job = wait_state(&client, id, "running").await;
+    assert_eq!(job.name, "my job");
+    assert_eq!(job.time_limit_s, 600);
+    assert_eq!(job.gpus_per_node, 2);
+    let log = work.path().join(format!("train-{id}.out"));
+    wait_for("the -o file", TIMEOUT, || {
+        let log = log.clone();
+        async move {
+            std::fs::read_to_string(&log)
+                .ok()
+                .filter(|t| t.contains(&format!("epoch 1 of run-a in job {id} (my job)")))
+        }
+    })
+    .await;
+
+    let (code, out, err) = run("squeue", &["-h", "-o", "%i %j %t"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, format!("{id} my job R\n"));
+    let (code, out, _) = run("squeue", &["-j", &format!("{id},999"), "-t", "PD,R"]);
+    assert_eq!(code, Some(0));
+    assert!(out.starts_with("             JOBID PARTITION"), "{out}");
+
+    let (code, _, err) = run("scancel", &["--signal=USR1", &id.to_string()]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.starts_with("error: scancel: --signal is not supported"),
+        "{err}"
+    );
+    assert_eq!(client.job(id).await.expect("job").state, "running");
+
+    let (code, out, err) = run("scontrol", &["show", "job", &id.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with(&format!("JobId={id} JobName=my job\n")),
+        "{out}"
+    );
+    assert!(out.contains("JobState=RUNNING Reason=None"), "{out}");
+    assert!(out.contains("NodeList=n1"), "{out}");
+    let (code, out, err) = run("scontrol", &["show", "node", "n1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("State=MIXED"), "{out}");
+    let (code, _, err) = run("scontrol", &["hold", &id.to_string()]);
+    assert_eq!(code, Some(2));
+    assert_eq!(err.trim(), "error: scontrol: 'hold' is not supported");
+
+    let (code, _, err) = run("scancel", &["-n", "my job"]);
+    assert_eq!(code, Some(0), "{err}");
+    wait_state(&client, id, "cancelled").await;
+    let (code, out, err) = run("sacct", &["-j", &id.to_string(), "--parsable2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out,
+        format!(
+            "JobID|JobName|Partition|Account|AllocCPUS|State|ExitCode\n\
+             {id}|my job|shoal|default|1|CANCELLED|{}:0\n",
+            client.job(id).await.expect("job").exit_code.unwrap_or(0)
+        )
+    );
+
+    // The one update the API can make: drain and return a node.
+    let (code, _, err) = run(
+        "scontrol",
+        &["update", "NodeName=n1", "State=DRAIN", "Reason=disk"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (_, out, _) = run("sinfo", &["-h", "-N", "-o", "%N %t"]);
+    assert_eq!(out, "n1 drain\n");
+    let (code, _, err) = run("scontrol", &["update", "NodeName=n1", "State=RESUME"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (_, out, _) = run("sinfo", &["-h", "-N", "-o", "%N %t"]);
+    assert_eq!(out, "n1 idle\n");
+
+    // A missing script: an error, nothing submitted.
+    let before = client.jobs(None, None).await.expect("jobs").len();
+    let (code, out, err) = run("sbatch", &["nonexistent.sh"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        err.starts_with("error: sbatch: cannot read batch script 'nonexistent.sh'"),
+        "{err}"
+    );
+    assert_eq!(client.jobs(None, None).await.expect("jobs").len(), before);
+
+    // --wait: the job's exit code, and a failed script is not run again.
+    let (code, out, err) = run(
+        "sbatch",
+        &["--wait", "--parsable", "-t", "1", "--wrap", "exit 3"],
+    );
+    assert_eq!(code, Some(3), "{out} {err}");
+    let waited: u64 = out.trim().parse().expect("id");
+    let job = client.job(waited).await.expect("job");
+    assert_eq!((job.state.as_str(), job.restarts), ("failed", 0));
+}

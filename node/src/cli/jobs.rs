@@ -366,6 +366,7 @@ pub async fn submit(
     args: &JobArgs,
     json: bool,
     banner: bool,
+    wait: bool,
 ) -> anyhow::Result<()> {
     if args.command.is_empty() {
         anyhow::bail!("a command is required: shoal submit [OPTIONS] -- CMD [ARGS...]");
@@ -375,13 +376,29 @@ pub async fn submit(
         .map_err(anyhow::Error::msg)?;
     let resp = client.submit_job(&req).await.map_err(api)?;
     if json {
-        print_json(&resp)
+        print_json(&resp)?;
     } else if banner {
         println!("Submitted batch job {}", resp.id);
-        Ok(())
     } else {
         println!("{}", resp.id);
-        Ok(())
+    }
+    if !wait {
+        return Ok(());
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // Like `sbatch --wait`: the job's exit code once it ends (1 when it
+    // ended without one, e.g. cancelled before it started).
+    loop {
+        let job = client.job(resp.id).await.map_err(api)?;
+        if matches!(job.state.as_str(), "completed" | "failed" | "cancelled") {
+            return match job.exit_code {
+                Some(0) if job.state == "completed" => Ok(()),
+                Some(code) if code != 0 => Err(ExitWith(code).into()),
+                _ => Err(ExitWith(1).into()),
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 

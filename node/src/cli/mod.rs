@@ -13,6 +13,7 @@ pub mod jobs;
 pub mod login;
 pub mod recovery;
 pub mod slurm;
+pub mod slurm_cmds;
 pub mod tokens;
 
 use crate::agent::{Agent, StartMode};
@@ -156,6 +157,17 @@ enum Cmd {
         /// Print "Submitted batch job N" like sbatch
         #[arg(long, hide = true)]
         banner: bool,
+        /// Wait until the job ends and exit with its exit code (sbatch --wait)
+        #[arg(long, hide = true)]
+        wait: bool,
+    },
+    /// The Slurm commands that are more than a translation (squeue,
+    /// scancel, sinfo, sacct, scontrol): `shoal slurm NAME -- ARGS`
+    #[command(hide = true)]
+    Slurm {
+        name: String,
+        #[arg(last = true)]
+        args: Vec<String>,
     },
     /// Allocate a gang, run CMD here with its environment, release it when CMD ends
     Alloc(JobArgs),
@@ -386,8 +398,8 @@ pub fn main() -> i32 {
                 argv = t.argv;
             }
             Err(e) => {
-                eprintln!("error: {e}");
-                return 2;
+                eprintln!("error: {}", e.message);
+                return e.code;
             }
         }
     }
@@ -645,9 +657,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Cmd::Submit { job, banner } => {
-            crate::cli::jobs::submit(&client(&cli)?, job, cli.json, *banner).await
+        Cmd::Submit { job, banner, wait } => {
+            crate::cli::jobs::submit(&client(&cli)?, job, cli.json, *banner, *wait).await
         }
+        Cmd::Slurm { name, args } => crate::cli::slurm_cmds::run(&client(&cli)?, name, args).await,
         Cmd::Alloc(job) => crate::cli::jobs::alloc(&client(&cli)?, job).await,
         Cmd::Queue(args) => crate::cli::jobs::queue(&client(&cli)?, args, cli.json).await,
         Cmd::Show { job } => crate::cli::jobs::show(&client(&cli)?, *job, cli.json).await,

@@ -1,14 +1,85 @@
 //! Multi-call names: invoked as `salloc`, `sbatch`, `squeue`, `scancel`,
-//! `sinfo` or `sacctmgr`, the binary translates the common Slurm flags into
-//! the matching `shoal` command line. Pure: argv in, argv out.
+//! `sinfo`, `sacct`, `scontrol`, `sacctmgr` or `ai-cp`, the binary takes
+//! that command's flags. `salloc`, `sbatch`, `sacctmgr` and `ai-cp` become
+//! the matching `shoal` command line (argv in, argv out; sbatch reads its
+//! script); the others are their own commands (`shoal slurm NAME -- ARGS`,
+//! in `slurm_cmds`), which list jobs and nodes through the API and print
+//! Slurm's layouts.
 
 /// The names the binary answers to besides `shoal`.
-pub const NAMES: [&str; 7] = [
-    "salloc", "sbatch", "squeue", "scancel", "sinfo", "sacctmgr", "ai-cp",
+pub const NAMES: [&str; 9] = [
+    "salloc", "sbatch", "squeue", "scancel", "sinfo", "sacct", "scontrol", "sacctmgr", "ai-cp",
 ];
 
+/// The names that run as their own command (`shoal slurm NAME -- ARGS`).
+pub const NATIVE: [&str; 5] = ["squeue", "scancel", "sinfo", "sacct", "scontrol"];
+
+pub struct Translation {
+    pub argv: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+/// Why a command line was not translated, and the exit code: 2 for bad
+/// usage, 1 otherwise (an unreadable batch script).
+#[derive(Debug)]
+pub struct Refusal {
+    pub message: String,
+    pub code: i32,
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Self {
+        Refusal { message, code: 2 }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Self {
+        message.to_string().into()
+    }
+}
+
+/// `program` is the basename the binary was invoked as; `args` excludes it.
+pub fn translate(program: &str, args: &[String]) -> Result<Translation, Refusal> {
+    let mut warnings = Vec::new();
+    let argv = match program {
+        "sbatch" => sbatch(args, &mut warnings)?,
+        "salloc" => {
+            let mut o = job_flags(program, args, &mut warnings)?;
+            o.resolve_gpus(program)?;
+            if o.wrap.is_some() {
+                return Err("salloc: --wrap is an sbatch option".into());
+            }
+            let mut argv = vec!["shoal".to_string(), "alloc".to_string()];
+            argv.extend(o.flags);
+            if !o.command.is_empty() {
+                argv.push("--".into());
+                argv.extend(o.command);
+            }
+            argv
+        }
+        name if NATIVE.contains(&name) => {
+            let mut argv = vec![
+                "shoal".to_string(),
+                "slurm".to_string(),
+                name.to_string(),
+                "--".to_string(),
+            ];
+            argv.extend(args.iter().cloned());
+            argv
+        }
+        "sacctmgr" => sacctmgr(args)?,
+        "ai-cp" => ai_cp(args)?,
+        other => {
+            return Err(format!("'{other}' is not a Slurm command this binary emulates").into())
+        }
+    };
+    Ok(Translation { argv, warnings })
+}
+
 /// Slurm options that take a value, with the shoal flag they become (`None`:
-/// accepted and ignored, with a warning).
+/// accepted and ignored, with a warning: they change nothing a job could
+/// notice on shoal, which has one partition and no mail or QOS).
 const JOB_OPTIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     // (long, short, shoal flag)
     ("nodes", Some("N"), Some("-N")),
@@ -19,147 +90,292 @@ const JOB_OPTIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     ("account", Some("A"), Some("--tenant")),
     ("priority", None, Some("--priority")),
     ("chdir", Some("D"), Some("--chdir")),
-    ("partition", Some("p"), None),
-    ("qos", Some("q"), None),
-    ("output", Some("o"), None),
-    ("error", Some("e"), None),
-    ("ntasks-per-node", None, None),
     ("cpus-per-task", Some("c"), Some("--cpus-per-task")),
     ("mem", None, Some("--mem")),
+    ("partition", Some("p"), None),
+    ("qos", Some("q"), None),
     ("export", None, None),
     ("mail-type", None, None),
     ("mail-user", None, None),
-    ("signal", None, None),
+    ("comment", None, None),
 ];
 
-/// Flags without a value that Slurm scripts commonly carry.
-const JOB_SWITCHES: &[(&str, Option<&str>)] = &[
-    ("exclusive", None),
-    ("requeue", None),
-    ("no-requeue", None),
-    ("parsable", None),
+/// Flags without a value that are accepted with a warning.
+const IGNORED_SWITCHES: &[&str] = &["exclusive", "quiet", "verbose"];
+
+/// Options that would change what the job does and that shoal cannot honour
+/// yet: refused with one `error:` line naming the option, never ignored.
+/// (Anything not in the tables above is refused the same way.)
+const REFUSED: &[(&str, &str)] = &[
+    (
+        "signal",
+        "shoal sends SIGUSR1 every --ckpt-interval and SIGTERM before the time limit",
+    ),
+    ("test-only", "the API has no dry-run placement"),
+    ("hold", "jobs cannot be held"),
+    ("dependency", "jobs have no dependencies"),
+    ("array", "there are no job arrays"),
 ];
 
-pub struct Translation {
-    pub argv: Vec<String>,
-    pub warnings: Vec<String>,
+/// What `job_flags` found besides the shoal flags.
+#[derive(Debug, Default)]
+struct JobOptions {
+    flags: Vec<String>,
+    command: Vec<String>,
+    parsable: bool,
+    wait: bool,
+    name: Option<String>,
+    output: Option<String>,
+    error: Option<String>,
+    append: bool,
+    wrap: Option<String>,
+    /// `--requeue` / `--no-requeue`.
+    requeue: Option<bool>,
+    /// `-G/--gpus`: GPUs of the whole job, `[TYPE:]N`.
+    gpus: Option<String>,
 }
 
-/// `program` is the basename the binary was invoked as; `args` excludes it.
-pub fn translate(program: &str, args: &[String]) -> Result<Translation, String> {
-    let mut warnings = Vec::new();
-    let argv = match program {
-        "sbatch" => sbatch(args, &mut warnings)?,
-        "salloc" => {
-            let (mut flags, rest, _) = job_flags(program, args, &mut warnings)?;
-            let mut argv = vec!["shoal".to_string(), "alloc".to_string()];
-            argv.append(&mut flags);
-            if !rest.is_empty() {
-                argv.push("--".into());
-                argv.extend(rest);
-            }
-            argv
-        }
-        "squeue" => squeue(args)?,
-        "scancel" => {
-            let ids: Vec<String> = args
-                .iter()
-                .filter(|a| !a.starts_with('-'))
-                .flat_map(|a| a.split(',').map(str::to_string).collect::<Vec<_>>())
-                .collect();
-            if ids.is_empty() {
-                return Err("scancel: no job id given".into());
-            }
-            let mut argv = vec!["shoal".to_string(), "cancel".to_string()];
-            argv.extend(ids);
-            argv
-        }
-        "sinfo" => {
-            let mut argv = vec!["shoal".to_string(), "nodes".to_string()];
-            if args.iter().any(|a| a == "--json") {
-                argv.push("--json".into());
-            }
-            argv
-        }
-        "sacctmgr" => sacctmgr(args)?,
-        "ai-cp" => ai_cp(args)?,
-        other => {
+impl JobOptions {
+    /// `later` (the command line) over `self` (the script's directives).
+    fn then(mut self, later: JobOptions) -> JobOptions {
+        self.flags.extend(later.flags);
+        self.command = later.command;
+        self.parsable |= later.parsable;
+        self.wait |= later.wait;
+        self.name = later.name.or(self.name);
+        self.output = later.output.or(self.output);
+        self.error = later.error.or(self.error);
+        self.append |= later.append;
+        self.wrap = later.wrap.or(self.wrap);
+        self.requeue = later.requeue.or(self.requeue);
+        self.gpus = later.gpus.or(self.gpus);
+        self
+    }
+
+    /// `-G/--gpus` (the job's GPUs) as GPUs per node, once the node count
+    /// is known: it must divide evenly.
+    fn resolve_gpus(&mut self, program: &str) -> Result<(), String> {
+        let Some(total) = self.gpus.take() else {
+            return Ok(());
+        };
+        let last = |flag: &str| {
+            self.flags
+                .windows(2)
+                .rev()
+                .find(|w| w[0] == flag)
+                .map(|w| w[1].clone())
+        };
+        if last("--gres").is_some() || last("--gpus-per-node").is_some() {
             return Err(format!(
-                "'{other}' is not a Slurm command this binary emulates"
-            ))
+                "{program}: give --gpus or GPUs per node (--gres, --gpus-per-node), not both"
+            ));
         }
-    };
-    Ok(Translation { argv, warnings })
+        let nodes: u32 = match last("-N") {
+            Some(n) => n
+                .parse()
+                .map_err(|_| format!("{program}: --nodes={n} is not a node count"))?,
+            None => 1,
+        };
+        let (model, count) = match total.rsplit_once(':') {
+            Some((m, c)) => (Some(m.to_string()), c),
+            None => (None, total.as_str()),
+        };
+        let count: u32 = count
+            .parse()
+            .map_err(|_| format!("{program}: --gpus={total} is not [TYPE:]COUNT"))?;
+        if nodes == 0 || !count.is_multiple_of(nodes) {
+            return Err(format!(
+                "{program}: --gpus={total} does not divide evenly over {nodes} node(s); use --gpus-per-node"
+            ));
+        }
+        let per_node = count / nodes;
+        match model {
+            Some(m) => self
+                .flags
+                .extend(["--gres".to_string(), format!("gpu:{m}:{per_node}")]),
+            None => self
+                .flags
+                .extend(["--gpus-per-node".to_string(), per_node.to_string()]),
+        }
+        Ok(())
+    }
 }
 
-/// Splits job options from the positional command; returns shoal flags, the
-/// command, and whether `--parsable` was given.
+/// Splits job options from the positional command.
 fn job_flags(
     program: &str,
     args: &[String],
     warnings: &mut Vec<String>,
-) -> Result<(Vec<String>, Vec<String>, bool), String> {
-    let mut flags = Vec::new();
-    let mut parsable = false;
+) -> Result<JobOptions, String> {
+    let mut o = JobOptions::default();
     let mut i = 0;
     while i < args.len() {
         let arg = &args[i];
         if arg == "--" {
-            return Ok((flags, args[i + 1..].to_vec(), parsable));
+            o.command = args[i + 1..].to_vec();
+            return Ok(o);
         }
         if !arg.starts_with('-') || arg == "-" {
-            return Ok((flags, args[i..].to_vec(), parsable));
+            o.command = args[i..].to_vec();
+            return Ok(o);
         }
         let (name, inline) = split_option(arg);
-        if let Some((long, _)) = JOB_SWITCHES.iter().find(|(l, _)| *l == name) {
-            if *long == "parsable" {
-                parsable = true;
-            } else {
-                warnings.push(format!("{program}: ignoring --{long}"));
-            }
-            i += 1;
-            continue;
-        }
-        if name == "wrap" {
-            let value = match inline {
-                Some(v) => v,
-                None => {
-                    i += 1;
-                    args.get(i).cloned().ok_or("--wrap needs a command")?
-                }
-            };
-            return Ok((flags, vec!["/bin/sh".into(), "-c".into(), value], parsable));
-        }
-        let option = JOB_OPTIONS
-            .iter()
-            .find(|(long, short, _)| name == *long || Some(name.as_str()) == *short);
-        let Some((long, _, shoal)) = option else {
-            return Err(format!("{program}: unsupported option '{arg}'"));
+        let shown = if arg.starts_with("--") {
+            format!("--{name}")
+        } else {
+            format!("-{name}")
         };
+        let long = match name.as_str() {
+            "W" => "wait",
+            "H" => "hold",
+            "d" => "dependency",
+            "a" => "array",
+            "o" => "output",
+            "e" => "error",
+            "n" => "ntasks",
+            "G" => "gpus",
+            // One task per node: GPUs per task are GPUs per node.
+            "gpus-per-task" => "gpus-per-node",
+            "Q" => "quiet",
+            "v" => "verbose",
+            other => other,
+        };
+        if let Some((_, why)) = REFUSED.iter().find(|(l, _)| *l == long) {
+            return Err(format!("{program}: {shown} is not supported ({why})"));
+        }
+        match long {
+            "parsable" if program == "sbatch" => {
+                o.parsable = true;
+                i += 1;
+                continue;
+            }
+            "wait" if program == "sbatch" => {
+                o.wait = true;
+                i += 1;
+                continue;
+            }
+            "requeue" | "no-requeue" if program == "sbatch" => {
+                o.requeue = Some(long == "requeue");
+                i += 1;
+                continue;
+            }
+            s if IGNORED_SWITCHES.contains(&s) => {
+                warnings.push(format!("{program}: ignoring --{s}"));
+                i += 1;
+                continue;
+            }
+            _ => {}
+        }
+        let known = matches!(long, "wrap" | "ntasks" | "ntasks-per-node" | "gpus")
+            || (program == "sbatch" && matches!(long, "output" | "error" | "open-mode"))
+            || JOB_OPTIONS
+                .iter()
+                .any(|(l, short, _)| long == *l || Some(name.as_str()) == *short);
+        if !known {
+            return Err(format!("{program}: unsupported option '{shown}'"));
+        }
         let value = match inline {
             Some(v) => v,
             None => {
                 i += 1;
                 args.get(i)
                     .cloned()
-                    .ok_or_else(|| format!("{program}: --{long} needs a value"))?
+                    .ok_or_else(|| format!("{program}: {shown} needs a value"))?
             }
+        };
+        i += 1;
+        match long {
+            "wrap" => {
+                o.wrap = Some(value);
+                continue;
+            }
+            "output" => {
+                o.output = Some(value);
+                continue;
+            }
+            "error" => {
+                o.error = Some(value);
+                continue;
+            }
+            "open-mode" => {
+                o.append = match value.as_str() {
+                    "append" => true,
+                    "truncate" => false,
+                    _ => return Err(format!("{program}: --open-mode is append or truncate")),
+                };
+                continue;
+            }
+            "gpus" => {
+                o.gpus = Some(value);
+                continue;
+            }
+            "export" => {
+                for item in value.split(',').filter(|i| !i.is_empty()) {
+                    match item.split_once('=') {
+                        Some((k, _)) if !k.is_empty() => {
+                            o.flags.push("--env".into());
+                            o.flags.push(item.to_string());
+                        }
+                        _ if matches!(
+                            item.to_ascii_uppercase().as_str(),
+                            "ALL" | "NONE" | "NIL"
+                        ) =>
+                        {
+                            warnings.push(format!(
+                                "{program}: ignoring --export={item}: jobs start with a clean \
+                                 environment (PATH, HOME, USER, the gang's variables)"
+                            ));
+                        }
+                        // A name alone: that variable of the submitting environment.
+                        _ => match std::env::var(item) {
+                            Ok(v) => {
+                                o.flags.push("--env".into());
+                                o.flags.push(format!("{item}={v}"));
+                            }
+                            Err(_) => warnings.push(format!(
+                                "{program}: --export: {item} is not set here; not passed on"
+                            )),
+                        },
+                    }
+                }
+                continue;
+            }
+            "ntasks" | "ntasks-per-node" => {
+                // One process per node is what a shoal gang runs.
+                if value != "1" {
+                    return Err(format!(
+                        "{program}: {shown}={value} is not supported (shoal runs one task per node)"
+                    ));
+                }
+                continue;
+            }
+            _ => {}
+        }
+        let Some((long, _, shoal)) = JOB_OPTIONS
+            .iter()
+            .find(|(l, short, _)| long == *l || Some(name.as_str()) == *short)
+        else {
+            return Err(format!("{program}: unsupported option '{shown}'"));
         };
         match shoal {
             Some("--gpus-per-node") if value.contains(':') => {
                 // --gpus-per-node=H100:8
-                flags.push("--gres".into());
-                flags.push(format!("gpu:{value}"));
+                o.flags.push("--gres".into());
+                o.flags.push(format!("gpu:{value}"));
+            }
+            Some("--name") => {
+                o.name = Some(value.clone());
+                o.flags.push("--name".into());
+                o.flags.push(value);
             }
             Some(flag) => {
-                flags.push((*flag).to_string());
-                flags.push(value);
+                o.flags.push((*flag).to_string());
+                o.flags.push(value);
             }
             None => warnings.push(format!("{program}: ignoring --{long}={value}")),
         }
-        i += 1;
     }
-    Ok((flags, Vec::new(), parsable))
+    Ok(o)
 }
 
 /// `--name=value`, `--name value`, `-N4`, `-N 4`.
@@ -182,82 +398,353 @@ fn split_option(arg: &str) -> (String, Option<String>) {
     }
 }
 
-fn sbatch(args: &[String], warnings: &mut Vec<String>) -> Result<Vec<String>, String> {
-    let (mut flags, command, parsable) = job_flags("sbatch", args, warnings)?;
-    if command.is_empty() {
-        return Err("sbatch: a batch script (or --wrap) is required".into());
-    }
-    // #SBATCH lines in the script come first, so the command line overrides them.
-    let mut directives = Vec::new();
-    if let Ok(text) = std::fs::read_to_string(&command[0]) {
-        for line in text.lines() {
-            let line = line.trim();
-            if let Some(rest) = line.strip_prefix("#SBATCH") {
-                directives.extend(rest.split_whitespace().map(str::to_string));
-            } else if !line.is_empty() && !line.starts_with('#') {
-                break;
-            }
-        }
-    }
-    let (mut script_flags, _, script_parsable) = job_flags("sbatch", &directives, warnings)?;
-    let mut argv = vec!["shoal".to_string(), "submit".to_string()];
-    argv.append(&mut script_flags);
-    argv.append(&mut flags);
-    if !(parsable || script_parsable) {
-        argv.push("--banner".into());
-    }
-    argv.push("--".into());
-    let script = &command[0];
-    if std::path::Path::new(script).is_file() && !script.contains('/') {
-        argv.push(format!("./{script}"));
-    } else {
-        argv.push(script.clone());
-    }
-    argv.extend(command[1..].iter().cloned());
-    Ok(argv)
-}
-
-fn squeue(args: &[String]) -> Result<Vec<String>, String> {
-    let mut argv = vec!["shoal".to_string(), "queue".to_string()];
-    let mut i = 0;
-    while i < args.len() {
-        let (name, inline) = split_option(&args[i]);
-        let mut value = || -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => {
-                    i += 1;
-                    args.get(i)
-                        .cloned()
-                        .ok_or_else(|| format!("squeue: {} needs a value", args[i - 1]))
+/// Splits a line into words the way a POSIX shell would for a simple
+/// command: blanks separate words; single quotes keep everything literally;
+/// double quotes keep blanks and let a backslash escape `"`, `\`, `$` and
+/// `` ` ``; a backslash outside quotes escapes the next character; a `#`
+/// that starts a word (outside quotes) begins a comment up to the end.
+pub fn split_words(line: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
                 }
             }
-        };
-        match name.as_str() {
-            "j" | "jobs" => {
-                let v = value()?;
-                argv.push("-j".into());
-                argv.push(v.split(',').next().unwrap_or_default().to_string());
+            '#' if !in_word => break,
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => word.push(c),
+                        None => return Err("unterminated single quote".into()),
+                    }
+                }
             }
-            "A" | "account" => {
-                let v = value()?;
-                argv.push("--tenant".into());
-                argv.push(v);
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(c @ ('"' | '\\' | '$' | '`')) => word.push(c),
+                            Some('\n') => {}
+                            Some(c) => {
+                                word.push('\\');
+                                word.push(c);
+                            }
+                            None => return Err("unterminated double quote".into()),
+                        },
+                        Some(c) => word.push(c),
+                        None => return Err("unterminated double quote".into()),
+                    }
+                }
             }
-            "t" | "states" => {
-                let v = value()?;
-                argv.push("--state".into());
-                argv.push(slurm_state(&v)?);
+            '\\' => {
+                in_word = true;
+                if let Some(c) = chars.next() {
+                    word.push(c);
+                }
             }
-            "u" | "user" | "p" | "partition" | "o" | "format" => {
-                value()?;
+            c => {
+                in_word = true;
+                word.push(c);
             }
-            "json" => argv.push("--json".into()),
-            "a" | "all" | "h" | "noheader" | "l" | "long" => {}
-            _ => return Err(format!("squeue: unsupported option '{}'", args[i])),
         }
-        i += 1;
     }
+    if in_word {
+        words.push(word);
+    }
+    Ok(words)
+}
+
+/// The words of a batch script's `#SBATCH` directives, with Slurm's rules:
+/// directives (`#SBATCH` at the start of a line) are read until the first
+/// line that is neither blank nor a comment; each is split like a shell line (quotes honoured, a `#` after a
+/// blank starts a comment). Errors name the line.
+pub fn directives(script: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    for (n, raw) in script.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() {
+            continue;
+        }
+        // Only at the very start of a line, as Slurm reads it; an indented
+        // `#SBATCH` is a comment.
+        if let Some(rest) = raw.strip_prefix("#SBATCH") {
+            if !(rest.is_empty() || rest.starts_with(char::is_whitespace)) {
+                continue; // e.g. #SBATCHX: a comment
+            }
+            let split = split_words(rest).map_err(|e| format!("sbatch: line {}: {e}", n + 1))?;
+            words.extend(split);
+        } else if !line.starts_with('#') {
+            break;
+        }
+    }
+    Ok(words)
+}
+
+/// The interpreter named by a script's `#!` line (`/bin/sh` without one).
+pub fn interpreter(script: &str) -> Vec<String> {
+    script
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("#!"))
+        .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .filter(|w| !w.is_empty())
+        .unwrap_or_else(|| vec!["/bin/sh".to_string()])
+}
+
+/// The command that runs `content` (a copy of the script taken at submit)
+/// as `script` with `args`: a shell interpreter takes it with `-c` (so `$0`
+/// is the script's name and `$1`… its arguments); any other interpreter
+/// gets it in a private temporary file that it is `exec`ed from, like
+/// Slurm's copy of the script.
+pub fn script_command(content: &str, script: &str, args: &[String]) -> Vec<String> {
+    let interp = interpreter(content);
+    let is_shell = |w: &str| {
+        matches!(
+            w.rsplit('/').next().unwrap_or(w),
+            "sh" | "bash" | "dash" | "zsh" | "ksh" | "mksh" | "ash"
+        )
+    };
+    let shell = match interp.as_slice() {
+        [one, ..] if is_shell(one) => true,
+        [env, two, ..] if env.ends_with("/env") && is_shell(two) => true,
+        _ => false,
+    };
+    let mut argv = Vec::new();
+    if shell {
+        argv.extend(interp);
+        argv.push("-c".into());
+        argv.push(content.to_string());
+        argv.push(script.to_string());
+    } else {
+        argv.extend([
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            "f=$(mktemp \"${TMPDIR:-/tmp}/shoal-batch.XXXXXX\") && printf '%s' \"$0\" >\"$f\" \
+             && chmod 700 \"$f\" && exec \"$f\" \"$@\""
+                .to_string(),
+            content.to_string(),
+        ]);
+    }
+    argv.extend(args.iter().cloned());
+    argv
+}
+
+/// A shell word for `pattern` (an sbatch `-o`/`-e` file name) with Slurm's
+/// replacements: `%j`/`%J`/`%A` the job id, `%x` the job name, `%u` the
+/// user, `%N` the node, `%n`/`%t` the node rank, `%%` a `%`.
+pub fn output_path(pattern: &str, name: &str) -> String {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let mut out = String::new();
+    let mut literal = String::new();
+    let mut chars = pattern.chars();
+    let flush = |literal: &mut String, out: &mut String| {
+        if !literal.is_empty() {
+            out.push_str(&quote(literal));
+            literal.clear();
+        }
+    };
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            literal.push(c);
+            continue;
+        }
+        let var = match chars.next() {
+            Some('j' | 'J' | 'A') => "\"$SHOAL_JOB_ID\"",
+            Some('u') => "\"$USER\"",
+            Some('N') => "\"$SHOAL_NODE\"",
+            Some('n' | 't') => "\"$NODE_RANK\"",
+            Some('x') => {
+                literal.push_str(name);
+                continue;
+            }
+            Some(other) => {
+                if other != '%' {
+                    literal.push('%');
+                }
+                literal.push(other);
+                continue;
+            }
+            None => {
+                literal.push('%');
+                continue;
+            }
+        };
+        flush(&mut literal, &mut out);
+        out.push_str(var);
+    }
+    flush(&mut literal, &mut out);
+    if out.is_empty() {
+        out.push_str("''");
+    }
+    out
+}
+
+/// Slurm's variables a batch script reads, from the gang's, unless the
+/// node already sets them.
+const SLURM_ENV: &str = "export SLURM_JOB_ID=\"${SLURM_JOB_ID:-$SHOAL_JOB_ID}\" \
+SLURM_JOBID=\"${SLURM_JOBID:-$SHOAL_JOB_ID}\" \
+SLURM_NNODES=\"${SLURM_NNODES:-$WORLD_SIZE}\" \
+SLURM_JOB_NUM_NODES=\"${SLURM_JOB_NUM_NODES:-$WORLD_SIZE}\" \
+SLURM_NTASKS=\"${SLURM_NTASKS:-$WORLD_SIZE}\" \
+SLURM_NODEID=\"${SLURM_NODEID:-$NODE_RANK}\" \
+SLURM_PROCID=\"${SLURM_PROCID:-$NODE_RANK}\" \
+SLURM_LOCALID=\"${SLURM_LOCALID:-0}\"";
+
+/// `inner` under a small `/bin/sh` prelude: Slurm's variables, then its
+/// stdout (and stderr) sent to the `-o`/`-e` files.
+fn wrapped(
+    inner: Vec<String>,
+    output: Option<&str>,
+    error: Option<&str>,
+    append: bool,
+    name: &str,
+) -> Vec<String> {
+    let op = if append { ">>" } else { ">" };
+    let redirect = match (output, error) {
+        (None, None) => String::new(),
+        (Some(o), None) => format!("exec {op}{} 2>&1 && ", output_path(o, name)),
+        (Some(o), Some(e)) if o == e => format!("exec {op}{} 2>&1 && ", output_path(o, name)),
+        (Some(o), Some(e)) => format!(
+            "exec {op}{} 2{op}{} && ",
+            output_path(o, name),
+            output_path(e, name)
+        ),
+        (None, Some(e)) => format!("exec 2{op}{} && ", output_path(e, name)),
+    };
+    let mut argv = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        format!("{SLURM_ENV}; {redirect}exec \"$@\""),
+        "sbatch".to_string(),
+    ];
+    argv.extend(inner);
+    argv
+}
+
+/// Reads the batch script: the named file, else (no script named) stdin
+/// when it is not a terminal.
+fn read_script(path: Option<&str>) -> Result<String, Refusal> {
+    match path {
+        Some(p) => std::fs::read_to_string(p).map_err(|e| Refusal {
+            message: format!("sbatch: cannot read batch script '{p}': {e}"),
+            code: 1,
+        }),
+        None => {
+            use std::io::{IsTerminal, Read};
+            let mut text = String::new();
+            if !std::io::stdin().is_terminal() {
+                let _ = std::io::stdin().read_to_string(&mut text);
+            }
+            if text.trim().is_empty() {
+                return Err("sbatch: a batch script (or --wrap) is required"
+                    .to_string()
+                    .into());
+            }
+            Ok(text)
+        }
+    }
+}
+
+fn sbatch(args: &[String], warnings: &mut Vec<String>) -> Result<Vec<String>, Refusal> {
+    let cli = job_flags("sbatch", args, warnings)?;
+    let (content, script, script_args) = match &cli.wrap {
+        Some(wrap) => (
+            format!("#!/bin/sh\n{wrap}\n"),
+            "wrap".to_string(),
+            Vec::new(),
+        ),
+        None => {
+            let path = cli.command.first().map(String::as_str);
+            let content = read_script(path)?;
+            let name = path.unwrap_or("sbatch").to_string();
+            (content, name, cli.command.iter().skip(1).cloned().collect())
+        }
+    };
+    // #SBATCH lines in the script come first, so the command line overrides them.
+    let words = directives(&content)?;
+    let from_script = job_flags("sbatch", &words, warnings)?;
+    if let Some(extra) = from_script.command.first() {
+        return Err(format!("sbatch: unexpected '{extra}' in an #SBATCH line").into());
+    }
+    if from_script.wrap.is_some() {
+        return Err("sbatch: --wrap cannot be an #SBATCH directive"
+            .to_string()
+            .into());
+    }
+    let command_line_command = cli.command.clone();
+    let wrap = cli.wrap.is_some();
+    let mut o = from_script.then(cli);
+    o.resolve_gpus("sbatch")?;
+    if wrap && !command_line_command.is_empty() {
+        return Err("sbatch: give a batch script or --wrap, not both"
+            .to_string()
+            .into());
+    }
+    let default_name = if wrap {
+        "wrap".to_string()
+    } else {
+        std::path::Path::new(&script)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("sbatch")
+            .to_string()
+    };
+    let name = o.name.clone().unwrap_or_else(|| default_name.clone());
+    let mut argv = vec!["shoal".to_string(), "submit".to_string()];
+    if o.name.is_none() {
+        argv.extend(["--name".to_string(), default_name]);
+    }
+    // Slurm's fixed variables; an --export of the same name wins.
+    let mut env = vec![
+        format!("SLURM_JOB_NAME={name}"),
+        format!("SLURM_JOB_PARTITION={}", crate::cli::slurm_cmds::PARTITION),
+    ];
+    if let Ok(dir) = std::env::current_dir() {
+        env.push(format!("SLURM_SUBMIT_DIR={}", dir.display()));
+    }
+    for e in env {
+        argv.extend(["--env".to_string(), e]);
+    }
+    argv.extend(o.flags.iter().cloned());
+    if !o.parsable {
+        argv.push("--banner".into());
+    }
+    if o.wait {
+        argv.push("--wait".into());
+    }
+    // Slurm runs a batch script once: a script that fails is FAILED, not
+    // run again. Shoal restarts a gang on a rank failure and on a lost node
+    // alike, so restarts are only for --requeue (shoal's default count).
+    if o.requeue != Some(true) {
+        argv.extend(["--max-restarts".to_string(), "0".to_string()]);
+    }
+    argv.push("--".into());
+    let inner = if wrap {
+        vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            o.wrap.clone().unwrap_or_default(),
+        ]
+    } else {
+        script_command(&content, &script, &script_args)
+    };
+    argv.extend(wrapped(
+        inner,
+        o.output.as_deref(),
+        o.error.as_deref(),
+        o.append,
+        &name,
+    ));
     Ok(argv)
 }
 
@@ -303,20 +790,6 @@ fn ai_cp(args: &[String]) -> Result<Vec<String>, String> {
     }
     argv.extend(paths);
     Ok(argv)
-}
-
-fn slurm_state(s: &str) -> Result<String, String> {
-    let state = match s.to_ascii_uppercase().as_str() {
-        "PD" | "PENDING" => "pending",
-        "R" | "RUNNING" => "running",
-        "CD" | "COMPLETED" => "completed",
-        "F" | "FAILED" | "TO" | "TIMEOUT" | "NF" | "NODE_FAIL" => "failed",
-        "CA" | "CANCELLED" => "cancelled",
-        "PR" | "PREEMPTED" => "preempted",
-        "RQ" | "REQUEUED" => "requeued",
-        _ => return Err(format!("squeue: unknown state '{s}'")),
-    };
-    Ok(state.into())
 }
 
 fn sacctmgr(args: &[String]) -> Result<Vec<String>, String> {
@@ -438,7 +911,37 @@ mod tests {
 
     fn t(program: &str, args: &str) -> Vec<String> {
         let args: Vec<String> = args.split_whitespace().map(str::to_string).collect();
-        translate(program, &args).expect("translates").argv
+        let argv = translate(program, &args).expect("translates").argv;
+        if program == "sbatch" {
+            sb(argv)
+        } else {
+            argv
+        }
+    }
+
+    /// An sbatch translation without its SLURM_* `--env` flags and its
+    /// `/bin/sh` prelude: what the tests compare.
+    fn sb(argv: Vec<String>) -> Vec<String> {
+        let sep = argv.iter().position(|a| a == "--").expect("--");
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < sep {
+            if argv[i] == "--env" && argv[i + 1].starts_with("SLURM_") {
+                i += 2;
+                continue;
+            }
+            out.push(argv[i].clone());
+            i += 1;
+        }
+        out.push("--".into());
+        assert_eq!(&argv[sep + 1..sep + 3], ["/bin/sh", "-c"]);
+        assert!(
+            argv[sep + 3].starts_with("export SLURM_JOB_ID="),
+            "{argv:?}"
+        );
+        assert_eq!(argv[sep + 4], "sbatch");
+        out.extend(argv[sep + 5..].iter().cloned());
+        out
     }
 
     #[test]
@@ -481,11 +984,15 @@ mod tests {
             [
                 "shoal",
                 "submit",
+                "--name",
+                "wrap",
                 "--mem",
                 "16G",
                 "--cpus-per-task",
                 "4",
                 "--banner",
+                "--max-restarts",
+                "0",
                 "--",
                 "/bin/sh",
                 "-c",
@@ -517,36 +1024,253 @@ mod tests {
     fn sbatch_reads_directives_and_prints_the_banner() {
         let dir = tempfile::tempdir().expect("tempdir");
         let script = dir.path().join("job.sh");
-        std::fs::write(
-            &script,
-            "#!/bin/sh\n#SBATCH -N 2\n#SBATCH --time=10\necho hi\n",
-        )
-        .expect("write");
+        let content = "#!/bin/sh\n#SBATCH -N 2\n#SBATCH --time=10\necho hi\n";
+        std::fs::write(&script, content).expect("write");
         let path = script.display().to_string();
         let argv = t("sbatch", &format!("-t 20 {path} a"));
         assert_eq!(
             argv,
             [
-                "shoal", "submit", "-N", "2", "--time", "10", "--time", "20", "--banner", "--",
-                &path, "a"
+                "shoal",
+                "submit",
+                "--name",
+                "job.sh",
+                "-N",
+                "2",
+                "--time",
+                "10",
+                "--time",
+                "20",
+                "--banner",
+                "--max-restarts",
+                "0",
+                "--",
+                "/bin/sh",
+                "-c",
+                content,
+                &path,
+                "a"
             ]
         );
         let parsable = t("sbatch", "--parsable --wrap=hostname");
         assert_eq!(
             parsable,
-            ["shoal", "submit", "--", "/bin/sh", "-c", "hostname"]
+            [
+                "shoal",
+                "submit",
+                "--name",
+                "wrap",
+                "--max-restarts",
+                "0",
+                "--",
+                "/bin/sh",
+                "-c",
+                "hostname"
+            ]
         );
     }
 
     #[test]
-    fn squeue_scancel_sinfo() {
-        assert_eq!(t("squeue", "-j 42"), ["shoal", "queue", "-j", "42"]);
+    fn words_are_split_like_a_shell_line() {
+        let w = |s: &str| split_words(s).expect("splits");
         assert_eq!(
-            t("squeue", "-t PD -A vision --json"),
-            ["shoal", "queue", "--state", "pending", "--tenant", "vision", "--json"]
+            w(r#" --job-name="my job" -N 1   # one node"#),
+            ["--job-name=my job", "-N", "1"]
         );
-        assert_eq!(t("scancel", "4 5,6"), ["shoal", "cancel", "4", "5", "6"]);
-        assert_eq!(t("sinfo", ""), ["shoal", "nodes"]);
+        assert_eq!(w(r"-J 'a b' c\ d x#y"), ["-J", "a b", "c d", "x#y"]);
+        assert_eq!(w(r#""a \"q\" \$x" '#' #rest"#), [r#"a "q" $x"#, "#"]);
+        assert_eq!(w(r#"--comment="" "#), ["--comment="]);
+        assert!(split_words("'open").is_err());
+        assert!(split_words("\"open").is_err());
+    }
+
+    #[test]
+    fn directives_follow_slurms_rules() {
+        let script = r#"#!/bin/bash
+# a comment
+#SBATCH -N 1   # one node
+#SBATCH --job-name="my job"
+
+#SBATCH --time=5 --mem=1G
+#SBATCHNOT -N 9
+  #SBATCH -N 8
+echo start
+#SBATCH -N 7
+"#;
+        assert_eq!(
+            directives(script).expect("directives"),
+            ["-N", "1", "--job-name=my job", "--time=5", "--mem=1G"]
+        );
+        assert!(directives("#SBATCH -J 'x\n").is_err());
+    }
+
+    #[test]
+    fn the_script_runs_with_its_interpreter() {
+        let args = ["x".to_string()];
+        let c = script_command("#!/bin/bash -l\necho\n", "j.sh", &args);
+        assert_eq!(
+            c,
+            [
+                "/bin/bash",
+                "-l",
+                "-c",
+                "#!/bin/bash -l\necho\n",
+                "j.sh",
+                "x"
+            ]
+        );
+        let c = script_command("echo\n", "j.sh", &[]);
+        assert_eq!(c, ["/bin/sh", "-c", "echo\n", "j.sh"]);
+        let c = script_command("#!/usr/bin/env bash\necho\n", "j.sh", &[]);
+        assert_eq!(&c[..3], ["/usr/bin/env", "bash", "-c"]);
+        let py = "#!/usr/bin/env python3\nprint(1)\n";
+        let c = script_command(py, "j.py", &args);
+        assert_eq!(c[0], "/bin/sh");
+        assert!(c[2].contains("mktemp"), "{c:?}");
+        assert_eq!(&c[3..], [py, "x"]);
+    }
+
+    #[test]
+    fn output_patterns_become_shell_words() {
+        assert_eq!(
+            output_path("slurm-%j.out", "n"),
+            r#"'slurm-'"$SHOAL_JOB_ID"'.out'"#
+        );
+        assert_eq!(output_path("%x_%%.log", "a'b"), r"'a'\''b_%.log'");
+        assert_eq!(output_path("%N", "n"), r#""$SHOAL_NODE""#);
+    }
+
+    /// The command sbatch builds, run here by /bin/sh as a rank would run
+    /// it: quoting survives, later edits of the script do not matter, -o/-e
+    /// receive the output.
+    #[test]
+    fn the_submitted_command_runs_the_copied_script() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("train.sh");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\n#SBATCH --job-name=\"my job\" # named\n#SBATCH -o out-%j.txt\n\
+             #SBATCH -e err-%x.txt\necho \"hello $1 from $0 in $SLURM_JOB_ID\"\n\
+             echo oops >&2\nexit 3\n",
+        )
+        .expect("write");
+        let path = script.display().to_string();
+        let tr = translate("sbatch", &[path.clone(), "world".into()]).expect("translates");
+        std::fs::write(&script, "echo edited\n").expect("edit");
+        let i = tr.argv.iter().position(|a| a == "--").expect("--");
+        assert_eq!(&sb(tr.argv.clone())[2..4], ["--name", "my job"]);
+        assert!(tr.argv.contains(&"SLURM_JOB_NAME=my job".to_string()));
+        let status = std::process::Command::new(&tr.argv[i + 1])
+            .args(&tr.argv[i + 2..])
+            .current_dir(dir.path())
+            .env("SHOAL_JOB_ID", "42")
+            .env_remove("SLURM_JOB_ID")
+            .status()
+            .expect("runs");
+        assert_eq!(status.code(), Some(3));
+        let out = std::fs::read_to_string(dir.path().join("out-42.txt")).expect("stdout file");
+        assert_eq!(out, format!("hello world from {path} in 42\n"));
+        let err = std::fs::read_to_string(dir.path().join("err-my job.txt")).expect("stderr file");
+        assert_eq!(err, "oops\n");
+    }
+
+    #[test]
+    fn sbatch_refusals() {
+        let err = translate("sbatch", &["/nonexistent/job.sh".into()])
+            .err()
+            .expect("refused");
+        assert_eq!(err.code, 1);
+        assert!(
+            err.message.contains("cannot read batch script"),
+            "{}",
+            err.message
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("j.sh");
+        std::fs::write(&script, "#!/bin/sh\n#SBATCH --signal=USR1@90\ntrue\n").expect("write");
+        let err = translate("sbatch", &[script.display().to_string()])
+            .err()
+            .expect("refused");
+        assert_eq!(err.code, 2);
+        assert!(
+            err.message.starts_with("sbatch: --signal is not supported"),
+            "{}",
+            err.message
+        );
+        for bad in ["--test-only", "--ntasks=4", "-n4", "--array=1-3", "--frob"] {
+            let err = translate("sbatch", &[bad.into(), "--wrap=true".into()])
+                .err()
+                .unwrap_or_else(|| panic!("{bad} accepted"));
+            assert_eq!(err.message.lines().count(), 1);
+        }
+        let ok = translate(
+            "sbatch",
+            &[
+                "--ntasks-per-node=1".into(),
+                "-p".into(),
+                "gpu".into(),
+                "--exclusive".into(),
+                "--wait".into(),
+                "--requeue".into(),
+                "--wrap=true".into(),
+            ],
+        )
+        .expect("accepted");
+        assert_eq!(ok.warnings.len(), 2, "{:?}", ok.warnings);
+        assert!(ok.argv.contains(&"--wait".to_string()));
+        assert!(!ok.argv.contains(&"--max-restarts".to_string()));
+    }
+
+    #[test]
+    fn export_passes_variables() {
+        let path = std::env::var("PATH").expect("PATH");
+        let tr = translate(
+            "sbatch",
+            &["--export=ALL,A=1,PATH".into(), "--wrap=true".into()],
+        )
+        .expect("translates");
+        assert_eq!(tr.warnings.len(), 1, "{:?}", tr.warnings);
+        let argv = sb(tr.argv);
+        let env: Vec<&String> = argv
+            .iter()
+            .zip(&argv[1..])
+            .filter(|(f, _)| *f == "--env")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(env, [&"A=1".to_string(), &format!("PATH={path}")]);
+    }
+
+    #[test]
+    fn gpus_of_the_job_become_gpus_per_node() {
+        let flags = |args: &str| {
+            let argv = t("sbatch", &format!("{args} --wrap=true"));
+            let sep = argv.iter().position(|a| a == "--").expect("--");
+            argv[4..sep].join(" ")
+        };
+        assert!(flags("-N 2 --gpus=8").contains("-N 2 --gpus-per-node 4"));
+        assert!(flags("-G H100:4").contains("--gres gpu:H100:4"));
+        assert!(flags("--gpus-per-task=2").contains("--gpus-per-node 2"));
+        assert!(flags("--gpus-per-task=A100:2").contains("--gres gpu:A100:2"));
+        for bad in ["-N 3 --gpus=8", "--gpus=2 --gres=gpu:2", "--gpus=x"] {
+            let args: Vec<String> = format!("{bad} --wrap=true")
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            let err = translate("sbatch", &args).err().expect(bad);
+            assert!(err.message.contains("--gpus"), "{}", err.message);
+        }
+    }
+
+    #[test]
+    fn native_names_become_shoal_slurm() {
+        assert_eq!(
+            t("squeue", "-j 42"),
+            ["shoal", "slurm", "squeue", "--", "-j", "42"]
+        );
+        assert_eq!(
+            t("scontrol", "show job 3"),
+            ["shoal", "slurm", "scontrol", "--", "show", "job", "3"]
+        );
     }
 
     #[test]
@@ -607,7 +1331,7 @@ mod tests {
     #[test]
     fn unknown_options_are_refused() {
         assert!(translate("sbatch", &["--bogus".into(), "x.sh".into()]).is_err());
-        let tr = translate("sbatch", &["-p".into(), "gpu".into(), "x.sh".into()]).expect("ok");
+        let tr = translate("sbatch", &["-p".into(), "gpu".into(), "--wrap=x".into()]).expect("ok");
         assert_eq!(tr.warnings.len(), 1);
     }
 }
