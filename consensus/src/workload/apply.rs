@@ -659,6 +659,14 @@ impl Workload {
             let stopping_for = self.jobs[&id].alloc.as_ref().and_then(|a| a.stop);
             if stopping_for.is_some() {
                 self.finish(id, now_ms);
+                // The lost node's ranks may still run (it may never have
+                // heard of the stop): a requeued job waits for them to be
+                // fenced, as one that was running does.
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    if job.state.is_waiting() {
+                        job.not_before_ms = Some(now_ms.saturating_add(REPLACE_AFTER_NODE_LOSS_MS));
+                    }
+                }
                 continue;
             }
             self.release_allocation(id, now_ms);

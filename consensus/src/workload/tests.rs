@@ -290,6 +290,42 @@ fn preemption_requeues_the_victim_and_refunds_lost_work() {
     assert_eq!(r.job(urgent).state, JobState::Running);
 }
 
+/// A victim asked to stop whose node is then lost is requeued at once, but
+/// placed again only after the fencing wait: the lost node may never have
+/// heard of the stop, and its ranks run until they are fenced (chaos seed
+/// 103 of the pause faults ran both epochs for 328 ms).
+#[test]
+fn a_stopping_job_whose_node_is_lost_waits_for_the_fence_too() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r2", 8)]);
+    r.apply(Command::CreateTenant {
+        name: "batch".into(),
+        limits: limits(None, None, 1),
+    });
+    r.apply(Command::CreateTenant {
+        name: "prod".into(),
+        limits: limits(None, None, 1),
+    });
+    let victim = r.submit(job("batch", 2, 8));
+    r.pass(Policy::HdrfPreempt);
+    let first = r.job(victim).alloc.clone().expect("running");
+    r.now_ms += 60_000;
+    r.submit(job("prod", 2, 8));
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(r.job(victim).state, JobState::Preempted, "asked to stop");
+    let lost = first.nodes[0].0;
+    r.apply(Command::SetMemberState {
+        id: lost,
+        state: MemberState::Down,
+    });
+    let requeued = r.job(victim);
+    assert!(requeued.alloc.is_none(), "released with the lost node");
+    assert_eq!(
+        requeued.not_before_ms,
+        Some(r.now_ms + REPLACE_AFTER_NODE_LOSS_MS),
+        "{requeued:?}"
+    );
+}
+
 /// The case, through the ledger: a tenant whose cap an admin raised
 /// submits `--priority 1000000` with its own token. It preempts a job of
 /// its own (priority ranks a tenant's jobs), never another tenant's at its

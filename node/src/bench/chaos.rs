@@ -182,3 +182,31 @@ pub fn print_summary(s: &ChaosSummary) {
         s.entries_applied
     );
 }
+
+/// `--dry-run`: each seed's schedule, as the run would play it.
+pub fn print_schedules(args: &ChaosArgs, json: bool) -> anyhow::Result<()> {
+    let mut all = Vec::new();
+    for &seed in &args.seeds {
+        let mut opts = RunOptions::new(seed, args.nodes, args.duration);
+        opts.kinds = args.kinds.clone();
+        let steps = opts.schedule();
+        if json {
+            all.push(serde_json::json!({ "seed": seed, "steps": steps }));
+            continue;
+        }
+        let kinds: Vec<&str> = shoal_chaos::schedule::count_by_kind(&steps)
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        println!("seed {seed}: {}", kinds.join(" "));
+        for step in &steps {
+            if let shoal_chaos::schedule::Action::Start { fault, .. } = &step.action {
+                println!("    {:>6} ms {fault}", step.at_ms);
+            }
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    }
+    Ok(())
+}

@@ -103,6 +103,9 @@ pub enum BenchCmd {
         /// Lists every seed's faults, not only failing ones
         #[arg(long)]
         verbose: bool,
+        /// Prints each seed's schedule without running it
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Gang placement: pure decisions/s and p99, one full pass, and placements/s through Raft
     Place {
@@ -138,6 +141,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
             kinds,
             plant,
             verbose,
+            dry_run,
         } => {
             if !(3..=7).contains(nodes) {
                 anyhow::bail!("--nodes must be 3-7");
@@ -165,6 +169,10 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                     .map_err(anyhow::Error::msg)?,
                 verbose: *verbose,
             };
+            if *dry_run {
+                crate::bench::chaos::print_schedules(&args, json)?;
+                return Ok(());
+            }
             let summary = crate::bench::chaos::run(&args, json).await;
             if json {
                 println!("{}", serde_json::to_string_pretty(&summary)?);

@@ -201,7 +201,13 @@ mod tests {
     fn the_deadline_agrees_with_the_fencing_rule() {
         let window = Duration::from_millis(3000);
         let now = Instant::now() + Duration::from_secs(100);
-        for heard_ago in [[0u64, 0, 0], [100, 5000, 5000], [2900, 3100, 0], [4000, 4000, 4000], [10, 2999, 3001]] {
+        for heard_ago in [
+            [0u64, 0, 0],
+            [100, 5000, 5000],
+            [2900, 3100, 0],
+            [4000, 4000, 4000],
+            [10, 2999, 3001],
+        ] {
             let voters: BTreeSet<u64> = [1, 2, 3].into_iter().collect();
             let heard: BTreeMap<u64, Instant> = [2u64, 3]
                 .into_iter()
@@ -210,10 +216,19 @@ mod tests {
                 .collect();
             let deadline = fence_deadline(&voters, 1, |v| heard.get(&v).copied(), now, window)
                 .expect("voters");
-            let fenced = super::super::plan::fenced(&voters, 1, |v| heard.get(&v).copied(), now, window);
-            assert_eq!(fenced, deadline < now, "heard {heard_ago:?} ago: deadline {:?} from now", deadline.checked_duration_since(now));
+            let fenced =
+                super::super::plan::fenced(&voters, 1, |v| heard.get(&v).copied(), now, window);
+            assert_eq!(
+                fenced,
+                deadline < now,
+                "heard {heard_ago:?} ago: deadline {:?} from now",
+                deadline.checked_duration_since(now)
+            );
         }
-        assert_eq!(fence_deadline(&BTreeSet::new(), 1, |_| None, now, window), None);
+        assert_eq!(
+            fence_deadline(&BTreeSet::new(), 1, |_| None, now, window),
+            None
+        );
     }
 
     fn group_leader() -> std::process::Child {
@@ -230,15 +245,25 @@ mod tests {
         let mut kept = group_leader();
         let mut lapsed = group_leader();
         let kept_lease = FenceLease::new(Duration::from_secs(600)).expect("lease");
-        kept_lease.guard(kept.id() as libc::pid_t, None).expect("guard");
-        lease.guard(lapsed.id() as libc::pid_t, None).expect("guard");
+        kept_lease
+            .guard(kept.id() as libc::pid_t, None)
+            .expect("guard");
+        lease
+            .guard(lapsed.id() as libc::pid_t, None)
+            .expect("guard");
         let started = Instant::now();
         let status = lapsed.wait().expect("wait");
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(libc::SIGKILL));
         let took = started.elapsed();
-        assert!(took >= Duration::from_millis(500) && took < Duration::from_secs(5), "killed after {took:?}");
-        assert!(kept.try_wait().expect("wait").is_none(), "a renewed lease killed its rank");
+        assert!(
+            took >= Duration::from_millis(500) && took < Duration::from_secs(5),
+            "killed after {took:?}"
+        );
+        assert!(
+            kept.try_wait().expect("wait").is_none(),
+            "a renewed lease killed its rank"
+        );
         let _ = kept.kill();
         let _ = kept.wait();
     }
