@@ -11,13 +11,12 @@
 //!   gossip, anomaly detection, webhook);
 //! - [`executor`]: runs this node's ranks;
 //! - [`ckpt`]: checkpoint replication and restore;
-//! - [`cli`] and [`bench`]: the command line and the benchmarks;
-//! - [`chaos`]: chaos runs of whole in-process clusters.
+//! - [`cli`] and [`bench`]: the command line and the benchmarks (chaos
+//!   runs included).
 
 pub mod agent;
 pub mod api;
 pub mod bench;
-pub mod chaos;
 pub mod ckpt;
 pub mod cli;
 pub mod executor;

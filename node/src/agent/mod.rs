@@ -9,10 +9,10 @@ pub mod recovery;
 pub mod shutdown;
 pub mod testkit;
 
-use crate::chaos::hooks::PlantedBug;
 use crate::executor::account::RankUsers;
 use crate::executor::cgroup::{self, Isolation, RankCgroups};
 use crate::executor::{Executor, RankHost};
+use crate::node::chaos_hooks::PlantedBug;
 use crate::node::client::LeaderService;
 use crate::node::config::{CgroupMode, Config};
 use crate::node::credentials::CredentialsInForce;

@@ -464,7 +464,7 @@ async fn put_attr(
         .config()
         .test_chaos
         .as_ref()
-        .is_some_and(|h| h.planted(crate::chaos::hooks::PlantedBug::AckBeforeCommit))
+        .is_some_and(|h| h.planted(crate::node::chaos_hooks::PlantedBug::AckBeforeCommit))
     {
         // The planted bug: answer before the write has committed.
         let ledger = app.ledger().clone();

@@ -173,7 +173,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                 crate::bench::chaos::print_schedules(&args, json)?;
                 return Ok(());
             }
-            let summary = crate::bench::chaos::run(&args, json).await;
+            let summary = crate::bench::chaos::run_seeds(&args, json).await;
             if json {
                 println!("{}", serde_json::to_string_pretty(&summary)?);
             } else {

@@ -67,7 +67,7 @@ pub struct Config {
     /// every applied entry, planted bugs). Like `test_faults`, only a
     /// harness in the same process can set it.
     #[serde(skip)]
-    pub test_chaos: Option<crate::chaos::hooks::ChaosHooks>,
+    pub test_chaos: Option<crate::node::chaos_hooks::ChaosHooks>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -10,6 +10,7 @@ pub mod backup;
 pub mod batcher;
 pub mod ca_key;
 pub mod ca_rotation;
+pub mod chaos_hooks;
 pub mod client;
 pub mod clock;
 pub mod config;

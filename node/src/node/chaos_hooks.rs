@@ -29,7 +29,7 @@ impl PlantedBug {
     }
 }
 
-/// A node's chaos hooks ([`crate::node::config::Config::test_chaos`]).
+/// A node's chaos hooks (the config's `test_chaos`).
 #[derive(Clone, Default)]
 pub struct ChaosHooks {
     /// Called after every entry the node applies.

@@ -8,10 +8,10 @@
 //! restarts and replacements, so clients of the run always know where its
 //! API is.
 
-use super::hooks::ChaosHooks;
 use crate::agent::testkit::node_config;
 use crate::agent::{Agent, StartMode};
 use crate::node::auth;
+use crate::node::chaos_hooks::ChaosHooks;
 use crate::node::clock;
 use crate::node::config::Config;
 use crate::rpc::faults::FaultRouter;

@@ -1,10 +1,22 @@
-//! `shoal bench chaos`: seeded fault schedules against in-process
-//! clusters, each judged by the history and ledger checkers
-//! ([`crate::chaos`]). Prints per seed the faults, the operations and any
-//! violation with the command that replays it.
+//! `shoal bench chaos`: seeded fault schedules against whole in-process
+//! clusters, each judged by the history and ledger checkers of the
+//! `shoal_chaos` crate. Prints per seed the faults, the operations and any
+//! violation with the command that replays it. See docs/reliability.md.
+//!
+//! - [`cluster`]: the nodes, each on a runtime of its own (crash, pause, clock);
+//! - [`workload`]: the register and job clients, recording the history;
+//! - [`observe`]: invariants and digests at every index every node applies;
+//! - [`panics`]: panics of the nodes' threads;
+//! - [`run`]: one seed from start to verdict.
 
-use crate::chaos::hooks::PlantedBug;
-use crate::chaos::run::{self, RunOptions, SeedReport};
+pub mod cluster;
+pub mod observe;
+pub mod panics;
+pub mod run;
+pub mod workload;
+
+use self::run::{RunOptions, SeedReport};
+use crate::node::chaos_hooks::PlantedBug;
 use serde::Serialize;
 use shoal_chaos::schedule::FaultKind;
 use std::collections::{BTreeMap, BTreeSet};
@@ -59,7 +71,7 @@ pub fn parse_planted(text: &str) -> Result<PlantedBug, String> {
     })
 }
 
-pub async fn run(args: &ChaosArgs, json: bool) -> ChaosSummary {
+pub async fn run_seeds(args: &ChaosArgs, json: bool) -> ChaosSummary {
     let started = std::time::Instant::now();
     let mut reports = Vec::new();
     for &seed in &args.seeds {

@@ -2,9 +2,9 @@
 //! while the workload runs, then healing, settling and the checks.
 
 use super::cluster::ChaosCluster;
-use super::hooks::{ChaosHooks, PlantedBug};
 use super::observe::AppliedWatch;
 use super::workload::{self, JobLog, Target};
+use crate::node::chaos_hooks::{ChaosHooks, PlantedBug};
 use crate::rpc::faults::{FaultRouter, Filter, FilterHandle};
 use serde::Serialize;
 use shoal_chaos::history::{Outcome, Recorder, RegisterOp};
