@@ -576,7 +576,14 @@ async fn remove_member(
                 Ok(Ok(_)) | Ok(Err(shoal_sdk::ClientError::Api { status: 404, .. })) => {
                     return Ok(())
                 }
-                Ok(Err(e)) if e.to_string().contains("already left") => return Ok(()),
+                // Gone already, or never admitted (a join that timed out
+                // before the leader took it).
+                Ok(Err(e))
+                    if e.to_string().contains("already left")
+                        || e.to_string().contains("no node named or numbered") =>
+                {
+                    return Ok(())
+                }
                 Ok(Err(e)) => last = format!("{}: {e}", s.name),
                 Err(_) => last = format!("{}: no answer in {:?}", s.name, workload::OP_TIMEOUT),
             }
