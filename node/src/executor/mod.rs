@@ -228,13 +228,19 @@ impl Executor {
     pub fn fence_guard(&self) -> FenceGuard {
         let host = self.host.clone();
         let lease = self.lease.clone();
-        FenceGuard::new(self.groups.clone(), TICK, move || {
-            let now = Instant::now();
-            if let Some(lease) = &lease {
-                renew_lease(&host, lease, now);
-            }
-            self_fenced(&host, now)
-        })
+        let ledger_host = self.host.clone();
+        FenceGuard::new(
+            self.groups.clone(),
+            TICK,
+            move || {
+                let now = Instant::now();
+                if let Some(lease) = &lease {
+                    renew_lease(&host, lease, now);
+                }
+                self_fenced(&host, now)
+            },
+            move |key| still_allocated(&ledger_host, key),
+        )
     }
 }
 
@@ -554,6 +560,22 @@ fn self_fenced(host: &RankHost, now: Instant) -> bool {
         // A poisoned view: as if nothing was heard, not even this node.
         Err(_) => !voters.is_empty(),
     }
+}
+
+/// Whether this node's ledger still has `key` as one of this node's ranks
+/// (a stopping allocation still is: its ranks get their grace period). An
+/// unreadable ledger keeps the rank: the fence handles a node that knows
+/// nothing.
+fn still_allocated(host: &RankHost, key: &RankKey) -> bool {
+    let Ok(d) = host.ledger.read() else {
+        return true;
+    };
+    d.ledger
+        .workload
+        .jobs
+        .get(&key.job)
+        .and_then(|job| job.alloc.as_ref())
+        .is_some_and(|a| a.epoch == key.epoch && a.rank_of(host.local.id) == Some(key.rank))
 }
 
 /// Renews the ranks' lease until this node's contact with a majority of
