@@ -203,7 +203,7 @@ async fn a_snapshot_saved_from_a_follower_restores_into_a_new_cluster_with_the_s
         .expect("tenant");
     let mut running = sh_job(1, 1, "sleep 600");
     running.tenant = Some("vision".into());
-    running.max_restarts = 2;
+    running.max_restarts = Some(2);
     let running = admin.submit_job(&running).await.expect("submit").id;
     let waiting = admin
         .submit_job(&sh_job(1, 8, "true"))
@@ -416,7 +416,7 @@ async fn force_new_cluster_on_the_last_voter_keeps_every_committed_write() {
     .expect("tenant");
     let mut gang = sh_job(3, 1, "sleep 600");
     gang.tenant = Some("vision".into());
-    gang.max_restarts = 3;
+    gang.max_restarts = Some(3);
     let gang = sc.submit_job(&gang).await.expect("gang").id;
     let done = sc.submit_job(&sh_job(1, 1, "true")).await.expect("job").id;
     let waiting = sc.submit_job(&sh_job(1, 8, "true")).await.expect("job").id;

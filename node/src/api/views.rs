@@ -37,6 +37,7 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
             ))
         }
     };
+    let (max_restarts, requeue) = req.restart_policy();
     Ok(JobSpec {
         name: if req.name.is_empty() {
             req.command
@@ -60,7 +61,8 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
         env: req.env.clone(),
         workdir: req.workdir.clone(),
         ckpt_interval_s: req.ckpt_interval_s,
-        max_restarts: req.max_restarts,
+        max_restarts,
+        requeue,
         same,
         max_rtt_ms: req.max_rtt_ms,
         required_labels: req.labels.clone(),
@@ -120,7 +122,8 @@ pub fn jobs(
     let state = match state {
         None => None,
         Some(s) => Some(JobState::parse(s).ok_or_else(|| {
-            format!("unknown job state '{s}' (pending, running, checkpointing, requeued, completed, failed, cancelled, preempted)")
+            let known: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+            format!("unknown job state '{s}' ({})", known.join(", "))
         })?),
     };
     Ok(ledger
@@ -618,7 +621,8 @@ mod tests {
             env: BTreeMap::new(),
             workdir: None,
             ckpt_interval_s: None,
-            max_restarts: 0,
+            max_restarts: Some(0),
+            requeue: false,
             same: Some("rack".into()),
             max_rtt_ms: None,
             labels: BTreeMap::new(),
