@@ -13,8 +13,8 @@ class JobInfo(TypedDict, total=False):
     id: int
     name: str
     tenant: str
-    #: pending, running, checkpointing, requeued, completed, failed,
-    #: cancelled or preempted.
+    #: pending, running, checkpointing, requeued, preempted, or how it
+    #: ended: completed, failed, cancelled, timeout, node_fail, out_of_memory.
     state: str
     #: Why a pending job waits, or how a finished one ended.
     reason: str
