@@ -641,6 +641,29 @@ mod tests {
     }
 
     #[test]
+    fn restarts_on_rank_failure_only_when_asked_for() {
+        let base = JobSubmitRequest::shell(1, 1, "true");
+        let policy = |max_restarts: Option<u32>, requeue: bool| {
+            let spec = job_spec(&JobSubmitRequest {
+                max_restarts,
+                requeue,
+                ..base.clone()
+            })
+            .expect("valid");
+            (spec.max_restarts, spec.requeue)
+        };
+        // Neither flag: node loss restarts 3 times, a rank's failure never.
+        assert_eq!(
+            policy(None, false),
+            (shoal_sdk::DEFAULT_MAX_RESTARTS, false)
+        );
+        assert_eq!(policy(None, true), (shoal_sdk::DEFAULT_MAX_RESTARTS, true));
+        assert_eq!(policy(Some(2), false), (2, true));
+        assert_eq!(policy(Some(0), false), (0, false));
+        assert_eq!(policy(Some(5), true), (5, true));
+    }
+
+    #[test]
     fn tenant_updates_can_unset_limits() {
         let req = TenantRequest {
             name: "t".into(),

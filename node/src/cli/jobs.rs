@@ -217,7 +217,8 @@ impl JobArgs {
 pub struct QueueArgs {
     #[arg(long, short = 'A')]
     pub tenant: Option<String>,
-    /// pending, running, checkpointing, requeued, completed, failed, cancelled, preempted
+    /// pending, running, checkpointing, requeued, preempted, completed, failed,
+    /// cancelled, timeout, node_fail, out_of_memory
     #[arg(long, short = 't')]
     pub state: Option<String>,
     /// Only this job
