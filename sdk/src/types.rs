@@ -477,6 +477,14 @@ pub struct JobInfo {
     /// The current or last allocation's fencing epoch.
     pub epoch: Option<u64>,
     pub restarts: u32,
+    /// Restarts the job may have (node loss, and a rank's own failure when
+    /// `requeue`).
+    #[serde(default)]
+    pub max_restarts: u32,
+    /// A rank's own failure restarts the job (`--requeue`, or
+    /// `--max-restarts N` with N > 0).
+    #[serde(default)]
+    pub requeue: bool,
     pub preemptions: u32,
     pub priority: i32,
     pub nodes_requested: u32,

@@ -817,7 +817,7 @@ async fn end_states_and_impossible_requests_through_the_cli() {
     let id = id_of(submit(&["--", "sh", "-c", &script("plain")]));
     let job = wait_state(&client, id, "failed").await;
     assert_eq!(job.exit_code, Some(3));
-    assert_eq!(job.restarts, 0);
+    assert_eq!((job.restarts, job.max_restarts, job.requeue), (0, 3, false));
     assert_eq!(count("plain"), 1);
 
     // With --max-restarts 2 it runs three times, then fails with its code.
@@ -831,8 +831,14 @@ async fn end_states_and_impossible_requests_through_the_cli() {
     ]));
     let job = wait_state(&client, id, "failed").await;
     assert_eq!(job.exit_code, Some(3));
-    assert_eq!(job.restarts, 2);
+    assert_eq!((job.restarts, job.max_restarts, job.requeue), (2, 2, true));
     assert_eq!(count("twice"), 3);
+
+    // --requeue alone: the default limit, rank failures included.
+    let id = id_of(submit(&["--requeue", "--", "sh", "-c", &script("requeue")]));
+    let job = wait_state(&client, id, "failed").await;
+    assert_eq!((job.restarts, job.max_restarts, job.requeue), (3, 3, true));
+    assert_eq!(count("requeue"), 4);
 
     // Past its time limit a job ends `timeout`.
     let id = id_of(submit(&["-t", "2s", "--", "sleep", "600"]));

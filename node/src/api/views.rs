@@ -97,6 +97,8 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
             .collect(),
         epoch: job.alloc.as_ref().map(|a| a.epoch).or(job.last_epoch),
         restarts: job.restarts,
+        max_restarts: job.spec.max_restarts,
+        requeue: job.spec.requeue,
         preemptions: job.preemptions,
         priority: job.spec.priority,
         nodes_requested: job.spec.nodes,

@@ -24,6 +24,9 @@ class JobInfo(TypedDict, total=False):
     gpus: Dict[str, List[int]]
     epoch: Optional[int]
     restarts: int
+    #: Restarts the job may have; ``requeue``: a rank's own failure uses them.
+    max_restarts: int
+    requeue: bool
     preemptions: int
     priority: int
     nodes_requested: int
