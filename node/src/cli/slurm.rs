@@ -981,25 +981,6 @@ mod tests {
     }
 
     #[test]
-    fn requeue_passes_through_and_the_end_states_have_their_slurm_names() {
-        assert_eq!(
-            t("salloc", "--requeue --no-requeue -N 1 x"),
-            ["shoal", "alloc", "--requeue", "-N", "1", "--", "x"]
-        );
-        for (slurm, shoal) in [
-            ("TO", "timeout"),
-            ("TIMEOUT", "timeout"),
-            ("NF", "node_fail"),
-            ("node_fail", "node_fail"),
-            ("OOM", "out_of_memory"),
-            ("OUT_OF_MEMORY", "out_of_memory"),
-            ("F", "failed"),
-        ] {
-            assert_eq!(slurm_state(slurm).as_deref(), Ok(shoal), "{slurm}");
-        }
-    }
-
-    #[test]
     fn memory_and_cpus_per_task_pass_through() {
         assert_eq!(
             t("sbatch", "--mem=16G -c 4 --wrap true"),

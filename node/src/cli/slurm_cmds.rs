@@ -1575,6 +1575,8 @@ mod tests {
             gpus: Default::default(),
             epoch: None,
             restarts: 0,
+            max_restarts: 0,
+            requeue: false,
             preemptions: 0,
             priority: 0,
             nodes_requested: 1,
@@ -1589,8 +1591,7 @@ mod tests {
             ],
             submitted_at: "2025-12-01T19:58:00.123Z".into(),
             started_at: running.then(|| "2025-12-01T19:58:55Z".into()),
-            ended_at: shoal_sdk::job_state_is_final(state)
-                .then(|| "2025-12-01T19:59:00Z".into()),
+            ended_at: shoal_sdk::job_state_is_final(state).then(|| "2025-12-01T19:59:00Z".into()),
             exit_code: (state == "completed").then_some(0),
             last_ckpt_step: None,
             mem_bytes: None,
@@ -1757,6 +1758,20 @@ mod tests {
         );
         assert_eq!(run("-h -o %N:%T -n n3"), "n3:MIXED\n");
         assert!(parse_sinfo(&a("-o %Z")).is_err());
+    }
+
+    #[test]
+    fn shoal_end_states_have_their_slurm_names() {
+        for (state, code) in [
+            ("timeout", "TIMEOUT"),
+            ("node_fail", "NODE_FAIL"),
+            ("out_of_memory", "OUT_OF_MEMORY"),
+            ("failed", "FAILED"),
+            ("cancelled", "CANCELLED"),
+        ] {
+            assert_eq!(slurm_state(&job(1, "j", "t", state)).1, code, "{state}");
+        }
+        assert!(!active(&job(1, "j", "t", "out_of_memory")));
     }
 
     #[test]
