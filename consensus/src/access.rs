@@ -141,7 +141,19 @@ mod tests {
             rpc_addr: "127.0.0.1:1".into(),
             api_addr: "127.0.0.1:2".into(),
             labels: BTreeMap::new(),
-            gpus: vec![],
+            // One GPU: jobs of one GPU are feasible at submit.
+            gpus: vec![shoal_sdk::GpuInfo {
+                index: 0,
+                model: "H100".into(),
+                memory_mb: 81_920,
+                uuid: "GPU-n1-0".into(),
+                allocated_to: None,
+                numa_node: None,
+                nvlink_peers: vec![],
+                mig_enabled: false,
+                health: String::new(),
+                health_reason: None,
+            }],
             gossip_peer_id: String::new(),
             gossip_addr: String::new(),
             ..Default::default()

@@ -183,6 +183,8 @@ pub enum Command {
         epoch: u64,
         rank: u32,
         exit_code: i32,
+        /// How it ended: exited, OOM-killed, or lost with its agent.
+        end: crate::workload::RankEnd,
     },
     /// A rank's part of checkpoint `step` is stored locally and replicated;
     /// the step is committed once every rank of the epoch has recorded its part.
@@ -586,7 +588,7 @@ impl Ledger {
             Command::UpdateTenant { name, update } => {
                 answer(self.workload.update_tenant(name, update))
             }
-            Command::SubmitJob { spec } => match self.workload.submit(spec, now) {
+            Command::SubmitJob { spec } => match self.workload.submit(spec, &self.members, now) {
                 Ok(id) => LedgerResponse::JobId(id),
                 Err(reason) => LedgerResponse::Rejected(reason),
             },
@@ -606,9 +608,10 @@ impl Ledger {
                 epoch,
                 rank,
                 exit_code,
+                end,
             } => answer(
                 self.workload
-                    .rank_exited(*job, *epoch, *rank, *exit_code, now),
+                    .rank_exited(*job, *epoch, *rank, *exit_code, *end, now),
             ),
             Command::CheckpointPart {
                 job,

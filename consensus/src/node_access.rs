@@ -324,6 +324,7 @@ mod tests {
             epoch,
             rank: 0,
             exit_code: 0,
+            end: crate::workload::RankEnd::Exited,
         };
         let forged = r.as_node(bystander, exit.clone());
         assert!(denied(&forged), "{forged:?}");

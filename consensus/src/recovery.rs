@@ -351,7 +351,9 @@ pub fn reseat(
         }
         match state {
             JobState::Requeued | JobState::Pending => out.requeued.push(*job),
-            JobState::Failed => out.failed.push(*job),
+            JobState::Failed | JobState::NodeFail | JobState::Timeout | JobState::OutOfMemory => {
+                out.failed.push(*job)
+            }
             _ => {}
         }
     }

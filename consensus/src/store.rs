@@ -49,8 +49,10 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// private key out of the cluster record; version 5 says whether a
 /// member's API is HTTPS; version 6 added the CA state (a rotation in
 /// progress, retired CAs, what each member trusts); version 7 gave members
-/// their release and the protocol versions they speak.
-pub const SNAPSHOT_VERSION: u8 = 7;
+/// their release and the protocol versions they speak; version 8 gave job
+/// specs `requeue`, allocations their OOM-killed ranks, and job states
+/// `timeout`, `node_fail` and `out_of_memory`.
+pub const SNAPSHOT_VERSION: u8 = 8;
 /// Decoding bound for snapshots and log entries.
 pub const MAX_DECODE: u64 = 1 << 30;
 

@@ -358,8 +358,16 @@ pub struct JobSubmitRequest {
     pub workdir: Option<String>,
     #[serde(default)]
     pub ckpt_interval_s: Option<u64>,
+    /// Restarts allowed (`--max-restarts N`). Absent: node loss restarts
+    /// the job up to [`DEFAULT_MAX_RESTARTS`] times and a rank's own
+    /// failure ends it. Present: up to N restarts, and with N > 0 a rank's
+    /// own failure restarts it too. See [`JobSubmitRequest::restart_policy`].
     #[serde(default)]
-    pub max_restarts: u32,
+    pub max_restarts: Option<u32>,
+    /// A rank's own failure (non-zero exit, OOM kill) restarts the job too,
+    /// up to `max_restarts` (or [`DEFAULT_MAX_RESTARTS`]) (`--requeue`).
+    #[serde(default)]
+    pub requeue: bool,
     /// `rack`, `zone` or `region`.
     #[serde(default)]
     pub same: Option<String>,
@@ -395,12 +403,50 @@ impl JobSubmitRequest {
             env: BTreeMap::new(),
             workdir: None,
             ckpt_interval_s: None,
-            max_restarts: 0,
+            max_restarts: Some(0),
+            requeue: false,
             same: None,
             max_rtt_ms: None,
             labels: BTreeMap::new(),
             mem_bytes: None,
             cpus_per_task: None,
+        }
+    }
+}
+
+/// Job states that never change again (`JobInfo::state`): how a job ended.
+pub const FINAL_JOB_STATES: [&str; 6] = [
+    "completed",
+    "failed",
+    "cancelled",
+    "timeout",
+    "node_fail",
+    "out_of_memory",
+];
+
+/// Whether a job in `state` (a `JobInfo::state`) has ended.
+pub fn job_state_is_final(state: &str) -> bool {
+    FINAL_JOB_STATES.contains(&state)
+}
+
+/// Restarts a job gets when its request names no `max_restarts`: node loss
+/// restarts it this many times; a rank's own failure does not.
+pub const DEFAULT_MAX_RESTARTS: u32 = 3;
+
+impl JobSubmitRequest {
+    /// `(max_restarts, requeue)` of the job: how many restarts it may have,
+    /// and whether a rank's own failure uses them (node loss always does).
+    ///
+    /// | request                       | restarts              | on rank failure |
+    /// |-------------------------------|-----------------------|-----------------|
+    /// | neither                       | DEFAULT_MAX_RESTARTS  | no              |
+    /// | `requeue`                     | DEFAULT_MAX_RESTARTS  | yes             |
+    /// | `max_restarts: N` (N > 0)     | N                     | yes             |
+    /// | `max_restarts: 0`             | 0                     | (nothing left)  |
+    pub fn restart_policy(&self) -> (u32, bool) {
+        match self.max_restarts {
+            None => (DEFAULT_MAX_RESTARTS, self.requeue),
+            Some(n) => (n, self.requeue || n > 0),
         }
     }
 }
@@ -431,6 +477,14 @@ pub struct JobInfo {
     /// The current or last allocation's fencing epoch.
     pub epoch: Option<u64>,
     pub restarts: u32,
+    /// Restarts the job may have (node loss, and a rank's own failure when
+    /// `requeue`).
+    #[serde(default)]
+    pub max_restarts: u32,
+    /// A rank's own failure restarts the job (`--requeue`, or
+    /// `--max-restarts N` with N > 0).
+    #[serde(default)]
+    pub requeue: bool,
     pub preemptions: u32,
     pub priority: i32,
     pub nodes_requested: u32,

@@ -393,6 +393,7 @@ impl LedgerCluster {
                     epoch,
                     rank,
                     exit_code,
+                    end: shoal_consensus::workload::RankEnd::Exited,
                 },
             );
         }

@@ -407,7 +407,7 @@ async fn isolate_a_gang_node(which: Cut) {
         r#"echo "start $SHOAL_EPOCH $RANK $$ $(date +%s.%N)"; exec sleep 3600"#,
     );
     req.name = "gang".into();
-    req.max_restarts = 3;
+    req.max_restarts = Some(3);
     let job = c.client(0).submit_job(&req).await.expect("submit").id;
     let (first_epoch, gang) = common::wait_for("the gang running", TIMEOUT, || {
         let found = running_alloc(&c.agents[0], job).filter(|(epoch, nodes)| {

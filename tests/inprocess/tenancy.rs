@@ -411,8 +411,8 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         ..TenantRequest::default()
     };
     admin.set_tenant(&lower).await.expect("set alpha's limit");
-    // Two nodes on a one-node cluster: it waits.
-    let mut waits = JobSubmitRequest::shell(2, 1, "true");
+    // The node's four GPUs on a node where three are held: it waits.
+    let mut waits = JobSubmitRequest::shell(1, 4, "true");
     waits.tenant = Some("alpha".into());
     let waiting = as_a.submit_job(&waits).await.expect("first waiting job").id;
     let err = as_a

@@ -136,7 +136,7 @@ async fn gangs_run_with_their_environment_and_survive_node_loss() {
     // A node dies under a running job: the job restarts elsewhere under a
     // newer epoch.
     let mut req = request(1, 4, "while true; do sleep 0.1; done");
-    req.max_restarts = 1;
+    req.max_restarts = Some(1);
     let id = client.submit_job(&req).await.expect("submit").id;
     let first = wait_state(&client, id, "running").await;
     let victim = first.nodes[0].clone();
@@ -381,7 +381,7 @@ async fn a_gang_survives_kill_9_of_a_node_and_resumes_from_its_checkpoint() {
         "--ckpt-every".into(),
         "10".into(),
     ];
-    req.max_restarts = 2;
+    req.max_restarts = Some(2);
     let id = client.submit_job(&req).await.expect("submit").id;
     let before = wait_for("a committed checkpoint", TIMEOUT, || {
         let client = client.clone();
@@ -484,7 +484,7 @@ async fn a_restarted_agent_reports_its_rank_lost_instead_of_relaunching_it_alone
     let mut cluster = Cluster::start(&["r1", "r1", "r2"]).await;
     let client = cluster.client(0);
     let mut req = request(2, 1, "sleep 600");
-    req.max_restarts = 2;
+    req.max_restarts = Some(2);
     let id = client.submit_job(&req).await.expect("submit").id;
     let before = wait_state(&client, id, "running").await;
     let epoch = before.epoch.expect("a running job has an epoch");
@@ -760,4 +760,107 @@ sleep 60
     let waited: u64 = out.trim().parse().expect("id");
     let job = client.job(waited).await.expect("job");
     assert_eq!((job.state.as_str(), job.restarts), ("failed", 0));
+}
+
+/// End states and submit-time refusals through the `shoal` CLI: a rank's
+/// own failure is not restarted by default, `--max-restarts N` restarts
+/// it N times, the time limit ends a job `timeout`, and a request no node
+/// could ever satisfy is refused at submit with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_states_and_impossible_requests_through_the_cli() {
+    let _serial = one_at_a_time();
+    let cluster = Cluster::start(&["r1"]).await;
+    let client = cluster.client(0);
+    let submit = |args: &[&str]| {
+        let out = Command::new(shoal_bin())
+            .arg("submit")
+            .args(args)
+            .env("SHOAL_API", cluster.nodes[0].api_url())
+            .env("SHOAL_TOKEN", &cluster.token)
+            .output()
+            .expect("run shoal submit");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        )
+    };
+    let id_of = |(code, out, err): (Option<i32>, String, String)| -> u64 {
+        assert_eq!(code, Some(0), "{err}");
+        out.parse()
+            .unwrap_or_else(|_| panic!("submit printed {out:?}"))
+    };
+
+    // Impossible requests: refused at once, with the reason.
+    let (code, _, err) = submit(&["--gpus-per-node", "9", "--", "true"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(err, "error: no node has 9 GPUs (largest: 4 × H100-80GB)");
+    let (code, _, err) = submit(&["--gres", "gpu:A100:1", "--", "true"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(err, "error: no node has GPU model A100 (models: H100-80GB)");
+    let (code, _, err) = submit(&["-N", "2", "--", "true"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("needs 2 nodes"), "{err}");
+    // A short model name in any case matches.
+    let id = id_of(submit(&["--gres", "gpu:h100:2", "--", "true"]));
+    wait_state(&client, id, "completed").await;
+
+    // A rank exiting 3 fails the job at once: no restart, exit code 3.
+    let runs = tempfile::tempdir().expect("tempdir");
+    let script = |name: &str| format!("echo run >> {}; exit 3", runs.path().join(name).display());
+    let count = |name: &str| {
+        std::fs::read_to_string(runs.path().join(name))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let id = id_of(submit(&["--", "sh", "-c", &script("plain")]));
+    let job = wait_state(&client, id, "failed").await;
+    assert_eq!(job.exit_code, Some(3));
+    assert_eq!((job.restarts, job.max_restarts, job.requeue), (0, 3, false));
+    assert_eq!(count("plain"), 1);
+
+    // With --max-restarts 2 it runs three times, then fails with its code.
+    let id = id_of(submit(&[
+        "--max-restarts",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        &script("twice"),
+    ]));
+    let job = wait_state(&client, id, "failed").await;
+    assert_eq!(job.exit_code, Some(3));
+    assert_eq!((job.restarts, job.max_restarts, job.requeue), (2, 2, true));
+    assert_eq!(count("twice"), 3);
+
+    // --requeue alone: the default limit, rank failures included.
+    let id = id_of(submit(&["--requeue", "--", "sh", "-c", &script("requeue")]));
+    let job = wait_state(&client, id, "failed").await;
+    assert_eq!((job.restarts, job.max_restarts, job.requeue), (3, 3, true));
+    assert_eq!(count("requeue"), 4);
+
+    // Past its time limit a job ends `timeout`.
+    let id = id_of(submit(&["-t", "2s", "--", "sleep", "600"]));
+    let job = wait_state(&client, id, "timeout").await;
+    assert!(job.reason.contains("time limit"), "{}", job.reason);
+    let (code, out, err) = {
+        let out = Command::new(shoal_bin())
+            .args(["queue", "--state", "timeout", "--json"])
+            .env("SHOAL_API", cluster.nodes[0].api_url())
+            .env("SHOAL_TOKEN", &cluster.token)
+            .output()
+            .expect("run shoal queue");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    assert_eq!(code, Some(0), "{err}");
+    let listed: Vec<JobInfo> = serde_json::from_str(&out).expect("queue --json");
+    assert!(
+        listed.iter().any(|j| j.id == id && j.state == "timeout"),
+        "{out}"
+    );
 }

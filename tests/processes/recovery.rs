@@ -203,14 +203,15 @@ async fn a_snapshot_saved_from_a_follower_restores_into_a_new_cluster_with_the_s
         .expect("tenant");
     let mut running = sh_job(1, 1, "sleep 600");
     running.tenant = Some("vision".into());
-    running.max_restarts = 2;
+    running.max_restarts = Some(2);
     let running = admin.submit_job(&running).await.expect("submit").id;
+    wait_job(&admin, running, "running", |j| j.state == "running").await;
+    // Waits: it needs both nodes whole, and `running` holds a GPU of one.
     let waiting = admin
-        .submit_job(&sh_job(1, 8, "true"))
+        .submit_job(&sh_job(2, 4, "true"))
         .await
         .expect("submit")
         .id;
-    wait_job(&admin, running, "running", |j| j.state == "running").await;
     let file = root.path().join("weights.bin");
     std::fs::write(&file, vec![7u8; 100_000]).expect("write");
     let f = file.to_str().expect("utf8");
@@ -416,14 +417,15 @@ async fn force_new_cluster_on_the_last_voter_keeps_every_committed_write() {
     .expect("tenant");
     let mut gang = sh_job(3, 1, "sleep 600");
     gang.tenant = Some("vision".into());
-    gang.max_restarts = 3;
+    gang.max_restarts = Some(3);
     let gang = sc.submit_job(&gang).await.expect("gang").id;
     let done = sc.submit_job(&sh_job(1, 1, "true")).await.expect("job").id;
-    let waiting = sc.submit_job(&sh_job(1, 8, "true")).await.expect("job").id;
     wait_job(&sc, gang, "running on all three", |j| {
         j.state == "running" && j.nodes.len() == 3
     })
     .await;
+    // Waits: it needs two nodes whole, and the gang holds a GPU of each.
+    let waiting = sc.submit_job(&sh_job(2, 4, "true")).await.expect("job").id;
     wait_job(&sc, done, "completed", |j| j.state == "completed").await;
     let file = root.path().join("w.bin");
     let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();

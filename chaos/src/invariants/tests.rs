@@ -149,6 +149,7 @@ impl Replica {
             started_at_ms: 0,
             diameter_us: 0,
             exits: BTreeMap::new(),
+            oom_killed: Default::default(),
             stop: None,
         });
     }

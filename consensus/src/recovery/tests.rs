@@ -87,8 +87,12 @@ impl Log {
             snapshot.to_plan(&plan, &log.ledger.workload)
         };
         log.push(Command::Schedule(plan));
+        // Waits: every node has only one of its two GPUs free.
         log.push(Command::SubmitJob {
-            spec: job("waits", 9),
+            spec: JobSpec {
+                gpus_per_node: 2,
+                ..job("waits", 3)
+            },
         });
         log
     }

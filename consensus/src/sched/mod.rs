@@ -71,7 +71,9 @@ pub use fairshare::{
     check_quota, order_pending, PendingDemand, PendingJob, QuotaDenied, QuotaKind, ResourceVector,
     TenantAllocation, TenantView,
 };
-pub use model::{GangRequest, GpuView, JobId, NodeId, NodeView, Placement, TopologyTier};
+pub use model::{
+    gpu_model_matches, GangRequest, GpuView, JobId, NodeId, NodeView, Placement, TopologyTier,
+};
 use placement::ClusterShape;
 pub use placement::{place_gang, Placer, Unplaceable, UnplaceableKind};
 pub use proximity::{MatrixProximity, Proximity, TopologyProximity};

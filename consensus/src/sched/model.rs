@@ -93,6 +93,38 @@ impl GangRequest {
     }
 }
 
+/// Whether a requested GPU model (`--gres gpu:TYPE:N`) names a node's GPU
+/// model. The one rule the scheduler, the ledger's placement check and the
+/// submit-time feasibility check all use:
+///
+/// Both names are split into tokens at `-`, `_` and whitespace and compared
+/// ignoring ASCII case; a leading `NVIDIA` token (as NVML reports names) is
+/// dropped from both. The request matches when its first token equals the
+/// model's first token (the family: `a100` never matches `A10`) and its other
+/// tokens appear, in order, among the model's other tokens. So `h100`
+/// matches `H100-80GB`, `H100-SXM5-80GB` and `NVIDIA H100 80GB HBM3`;
+/// `a100-80gb` matches `A100-80GB` and `A100-SXM4-80GB` but not `A100-40GB`;
+/// a full name matches itself in any case. An empty request matches nothing.
+pub fn gpu_model_matches(requested: &str, model: &str) -> bool {
+    fn tokens(name: &str) -> impl Iterator<Item = &str> {
+        let mut all = name
+            .split(|c: char| c == '-' || c == '_' || c.is_whitespace())
+            .filter(|t| !t.is_empty())
+            .peekable();
+        if all.peek().is_some_and(|t| t.eq_ignore_ascii_case("nvidia")) {
+            all.next();
+        }
+        all
+    }
+    let mut wanted = tokens(requested);
+    let mut have = tokens(model);
+    match (wanted.next(), have.next()) {
+        (Some(w), Some(h)) if w.eq_ignore_ascii_case(h) => {}
+        _ => return false,
+    }
+    wanted.all(|w| have.any(|h| h.eq_ignore_ascii_case(w)))
+}
+
 /// Where a gang runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Placement {
@@ -194,5 +226,73 @@ mod tests {
         assert_eq!(path.zone, Some("a"));
         assert_eq!(path.rack, Some("r1"));
         assert_eq!(TopologyPath::of(&BTreeMap::new()).rack, None);
+    }
+
+    #[test]
+    fn gpu_models_match_ignoring_case_and_by_short_names() {
+        for (wanted, model) in [
+            ("H100-80GB", "H100-80GB"),
+            ("h100-80gb", "H100-80GB"),
+            ("h100", "H100-80GB"),
+            ("H100", "H100-SXM5-80GB"),
+            ("h100-80gb", "H100-SXM5-80GB"),
+            ("a100", "A100-40GB"),
+            ("a100-80gb", "A100-80GB"),
+            ("a100-80gb", "A100-SXM4-80GB"),
+            ("h100", "NVIDIA H100 80GB HBM3"),
+            ("nvidia-h100", "H100-80GB"),
+            ("l4", "L4"),
+        ] {
+            assert!(
+                gpu_model_matches(wanted, model),
+                "{wanted} should match {model}"
+            );
+        }
+        for (wanted, model) in [
+            ("a100", "H100-80GB"),
+            ("a10", "A100-80GB"),
+            ("a100", "A10"),
+            ("a100-80gb", "A100-40GB"),
+            ("80gb", "H100-80GB"),
+            ("h100-sxm5", "H100-80GB"),
+            ("80gb-h100", "H100-80GB"),
+            ("", "H100-80GB"),
+            ("nvidia", "NVIDIA H100"),
+            ("h100", ""),
+        ] {
+            assert!(
+                !gpu_model_matches(wanted, model),
+                "{wanted} should not match {model}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Every name matches itself in any case, and the family alone (its
+        /// first token) matches every model of the family.
+        #[test]
+        fn a_model_matches_itself_and_its_family(
+            tokens in proptest::collection::vec("[A-Za-z0-9]{1,6}", 1..5),
+        ) {
+            let model = tokens.join("-");
+            proptest::prop_assume!(!tokens[0].eq_ignore_ascii_case("nvidia"));
+            proptest::prop_assert!(gpu_model_matches(&model, &model));
+            proptest::prop_assert!(gpu_model_matches(&model.to_lowercase(), &model.to_uppercase()));
+            proptest::prop_assert!(gpu_model_matches(&tokens[0], &model));
+        }
+
+        /// A request with a token the model lacks never matches, and
+        /// matching is transitive along refinements (a request matching a
+        /// longer request matches whatever that one matches).
+        #[test]
+        fn a_request_never_matches_a_model_without_its_tokens(
+            tokens in proptest::collection::vec("[a-z0-9]{1,4}", 1..5),
+            extra in "[a-z]{7,9}",
+        ) {
+            let model = tokens.join("-");
+            let wanted = format!("{model}-{extra}");
+            proptest::prop_assert!(!gpu_model_matches(&wanted, &model));
+            proptest::prop_assert!(gpu_model_matches(&model, &wanted) || tokens[0] == "nvidia");
+        }
     }
 }

@@ -1104,12 +1104,13 @@ impl<'a> Pass<'a> {
     /// O(1) necessary condition: enough free usable GPUs of the model (of
     /// any model when the request does not care) in the whole cluster.
     fn too_few_free_gpus(&self, request: &GangRequest) -> bool {
-        let free = match request.gpu_model.as_deref() {
+        let free: u64 = match request.gpu_model.as_deref() {
             Some(model) => self
                 .cluster
-                .model_id(model)
-                .and_then(|id| self.free_by_model.get(id as usize).copied())
-                .unwrap_or(0),
+                .model_ids(model)
+                .into_iter()
+                .filter_map(|id| self.free_by_model.get(id as usize).copied())
+                .sum(),
             None => self.free_by_model.iter().sum(),
         };
         free < u64::from(request.nodes) * u64::from(request.gpus_per_node)
@@ -1384,10 +1385,10 @@ impl<'a> Pass<'a> {
     /// flat GPUs of the wanted model.
     fn useful_nodes(&self, request: &GangRequest) -> Vec<(usize, Vec<usize>)> {
         // A model the cluster lacks matches no GPU.
-        let wanted: Option<Option<u32>> = request
+        let wanted: Option<Vec<u32>> = request
             .gpu_model
             .as_deref()
-            .map(|model| self.cluster.model_id(model));
+            .map(|model| self.cluster.model_ids(model));
         self.input
             .nodes
             .iter()
@@ -1404,9 +1405,9 @@ impl<'a> Pass<'a> {
                 let gpus = self
                     .cluster
                     .gpu_range(position)
-                    .filter(|&gpu| match wanted {
+                    .filter(|&gpu| match &wanted {
                         None => true,
-                        Some(model) => model == Some(self.cluster.shape.gpu_model[gpu]),
+                        Some(models) => models.contains(&self.cluster.shape.gpu_model[gpu]),
                     })
                     .collect();
                 (position, gpus)

@@ -307,12 +307,18 @@ impl<'a> ClusterIndex<'a> {
         self.shape.gpu_range(node)
     }
 
-    pub fn model_id(&self, name: &str) -> Option<u32> {
+    /// Ids of the models a requested name matches ([`gpu_model_matches`]),
+    /// in id order; empty when the cluster has none of them.
+    ///
+    /// [`gpu_model_matches`]: super::model::gpu_model_matches
+    pub fn model_ids(&self, name: &str) -> Vec<u32> {
         self.shape
             .models
-            .binary_search_by(|model| model.as_str().cmp(name))
-            .ok()
-            .and_then(|i| u32::try_from(i).ok())
+            .iter()
+            .enumerate()
+            .filter(|(_, model)| super::model::gpu_model_matches(name, model))
+            .filter_map(|(i, _)| u32::try_from(i).ok())
+            .collect()
     }
 
     pub fn model_name(&self, id: u32) -> &str {
@@ -609,9 +615,9 @@ fn feasible_candidates<'a, F: Fn(usize) -> bool + ?Sized>(
     let need = req.gpus_per_node;
     let wanted_model = match req.gpu_model.as_deref() {
         // A model nobody has: no node qualifies.
-        Some(name) => match cluster.model_id(name) {
-            Some(id) => Some(id),
-            None => return Vec::new(),
+        Some(name) => match cluster.model_ids(name) {
+            ids if ids.is_empty() => return Vec::new(),
+            ids => Some(ids),
         },
         None => None,
     };
@@ -636,7 +642,10 @@ fn feasible_candidates<'a, F: Fn(usize) -> bool + ?Sized>(
         for gpu in gpus.filter(|&gpu| usable(gpu)) {
             total_free = total_free.saturating_add(1);
             let model = cluster.shape.gpu_model[gpu];
-            if wanted_model.is_some_and(|wanted| wanted != model) {
+            if wanted_model
+                .as_ref()
+                .is_some_and(|wanted| !wanted.contains(&model))
+            {
                 continue;
             }
             match per_model.iter_mut().find(|(m, _)| *m == model) {

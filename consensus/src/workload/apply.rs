@@ -6,11 +6,12 @@ use shoal_sdk::MemberState;
 
 use super::{
     Allocation, Checkpoint, CkptPart, GpuFault, Job, JobId, JobSpec, JobState, Plan,
-    PlannedPlacement, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, Workload, CKPT_RETAIN,
-    DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES,
+    PlannedPlacement, RankEnd, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, Workload,
+    CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES,
     MAX_MANIFEST_BYTES, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
 };
 use crate::ledger::{validate_name, Member};
+use crate::sched::gpu_model_matches;
 use crate::types::NodeId;
 
 /// What a plan's application did, for the caller's answer.
@@ -110,7 +111,12 @@ impl Workload {
         Ok(())
     }
 
-    pub(crate) fn submit(&mut self, spec: &JobSpec, now_ms: u64) -> Result<JobId, String> {
+    pub(crate) fn submit(
+        &mut self,
+        spec: &JobSpec,
+        members: &BTreeMap<NodeId, Member>,
+        now_ms: u64,
+    ) -> Result<JobId, String> {
         validate_spec(spec)?;
         if !self.tenants.contains_key(&spec.tenant) {
             return Err(format!(
@@ -118,6 +124,7 @@ impl Workload {
                 spec.tenant
             ));
         }
+        check_feasible(spec, members)?;
         // A job that could never run is refused now rather than left pending forever.
         for name in self.ancestry(&spec.tenant) {
             let limits = &self.tenants[name].limits;
@@ -370,7 +377,7 @@ impl Workload {
                     ));
                 }
                 if let Some(model) = &spec.gpu_model {
-                    if &info.model != model {
+                    if !gpu_model_matches(model, &info.model) {
                         return Err(format!(
                             "GPU {gpu} of {} is a {}, not a {model}",
                             member.spec.name, info.model
@@ -445,6 +452,7 @@ impl Workload {
                 started_at_ms: now_ms,
                 diameter_us: placement.diameter_us,
                 exits: BTreeMap::new(),
+                oom_killed: BTreeSet::new(),
                 stop: None,
             });
         }
@@ -478,16 +486,21 @@ impl Workload {
             StopCause::GpuFailed => {
                 job.reason = "a GPU of the gang failed or was drained: stopping".into()
             }
+            StopCause::NodeLost => {
+                job.reason = "a rank was lost with its node's agent: stopping the others".into()
+            }
         }
     }
 
-    /// A rank's process ended. Reports from an older epoch are ignored (fencing).
+    /// A rank's process ended, as `end` says. Reports from an older epoch
+    /// are ignored (fencing).
     pub(crate) fn rank_exited(
         &mut self,
         id: JobId,
         epoch: u64,
         rank: u32,
         exit_code: i32,
+        end: RankEnd,
         now_ms: u64,
     ) -> Result<(), String> {
         let job = self
@@ -506,14 +519,24 @@ impl Workload {
         if rank as usize >= alloc.nodes.len() {
             return Err(format!("job {id} has no rank {rank}"));
         }
+        let first_report = !alloc.exits.contains_key(&rank);
         alloc.exits.entry(rank).or_insert(exit_code);
+        // An OOM kill counts when the rank died of it, not when some helper
+        // process of a rank that still exited 0 was killed.
+        if end == RankEnd::OomKilled && first_report && exit_code != 0 {
+            alloc.oom_killed.insert(rank);
+        }
         let all_exited = alloc.exits.len() == alloc.nodes.len();
         let failed = exit_code != 0;
         if failed && alloc.stop.is_none() {
-            // The code that brought the gang down, not the others' answers
-            // to SIGTERM.
-            job.exit_code = Some(exit_code);
-            self.request_stop(id, StopCause::RankFailed, now_ms);
+            if end == RankEnd::Lost {
+                self.request_stop(id, StopCause::NodeLost, now_ms);
+            } else {
+                // The code that brought the gang down, not the others'
+                // answers to SIGTERM.
+                job.exit_code = Some(exit_code);
+                self.request_stop(id, StopCause::RankFailed, now_ms);
+            }
         }
         if all_exited {
             self.finish(id, now_ms);
@@ -680,7 +703,7 @@ impl Workload {
                         job.restarts, job.spec.max_restarts
                     );
                 } else {
-                    job.state = JobState::Failed;
+                    job.state = JobState::NodeFail;
                     job.reason = format!(
                         "node {name} went down and the job has no restarts left (--max-restarts {})",
                         job.spec.max_restarts
@@ -725,18 +748,36 @@ impl Workload {
                 job.state = JobState::Requeued;
                 job.reason = "requeued: a GPU of the gang failed or was drained".into();
             }
-            Some(StopCause::RankFailed) if job.restarts < job.spec.max_restarts => {
+            Some(StopCause::RankFailed)
+                if job.spec.requeue && job.restarts < job.spec.max_restarts =>
+            {
                 // Gang semantics: one member failed, all were stopped, and
                 // the gang starts again together under a new epoch.
                 job.restarts += 1;
                 job.state = JobState::Requeued;
                 job.reason = format!(
-                    "a rank exited with code {}; restart {} of {}",
-                    first_failure.unwrap_or_default(),
+                    "{}; restart {} of {}",
+                    failure_reason(&alloc, first_failure),
                     job.restarts,
                     job.spec.max_restarts
                 );
                 job.exit_code = None;
+            }
+            Some(StopCause::NodeLost) if job.restarts < job.spec.max_restarts => {
+                job.restarts += 1;
+                job.state = JobState::Requeued;
+                job.reason = format!(
+                    "a rank was lost with its node's agent; restart {} of {}",
+                    job.restarts, job.spec.max_restarts
+                );
+            }
+            Some(StopCause::NodeLost) => {
+                job.state = JobState::NodeFail;
+                job.reason = format!(
+                    "a rank was lost with its node's agent and the job has no restarts left (--max-restarts {})",
+                    job.spec.max_restarts
+                );
+                job.ended_at_ms = Some(now_ms);
             }
             Some(StopCause::Preempted) => {
                 job.preemptions += 1;
@@ -752,14 +793,17 @@ impl Workload {
                 job.ended_at_ms = Some(now_ms);
                 (job.state, job.reason) = match cause {
                     StopCause::Cancelled => (JobState::Cancelled, "cancelled".to_string()),
-                    StopCause::TimeLimit => (JobState::Failed, "time limit reached".to_string()),
-                    _ => (
-                        JobState::Failed,
+                    StopCause::TimeLimit => (
+                        JobState::Timeout,
                         format!(
-                            "a rank exited with code {}",
-                            first_failure.unwrap_or_default()
+                            "time limit reached ({})",
+                            format_duration_s(job.spec.time_limit_s)
                         ),
                     ),
+                    _ if !alloc.oom_killed.is_empty() => {
+                        (JobState::OutOfMemory, failure_reason(&alloc, first_failure))
+                    }
+                    _ => (JobState::Failed, failure_reason(&alloc, first_failure)),
                 };
             }
         }
@@ -975,6 +1019,138 @@ fn validate_spec(spec: &JobSpec) -> Result<(), String> {
         return Err("environment names must be non-empty and contain no '='".into());
     }
     Ok(())
+}
+
+/// Refuses a job that no set of the cluster's members could ever host:
+/// too many GPUs on one node, a GPU model no member has, labels no member
+/// carries, or more nodes than qualify. Every member that has not left
+/// counts, whatever its state (a node that is down, suspect or drained for
+/// maintenance may come back), and all of its GPUs count, faulty or drained
+/// ones included (an operator may return them to service): the question is
+/// whether the job could *ever* run, not whether it can run now. A node
+/// hosts one rank on GPUs of a single model ([`gpu_model_matches`] for a
+/// named model), as the scheduler places it. A ledger without members (a
+/// cluster being built, unit tests of other parts) cannot judge and admits
+/// the job. One pass over the members and their GPUs.
+pub(crate) fn check_feasible(
+    spec: &JobSpec,
+    members: &BTreeMap<NodeId, Member>,
+) -> Result<(), String> {
+    let current: Vec<&Member> = members
+        .values()
+        .filter(|m| m.state != MemberState::Left)
+        .collect();
+    if current.is_empty() {
+        return Ok(());
+    }
+    let labels = || {
+        spec.required_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let wanted = |model: &str| {
+        spec.gpu_model
+            .as_deref()
+            .is_none_or(|w| gpu_model_matches(w, model))
+    };
+    let mut labelled = 0usize;
+    // Models seen on labelled members, and the largest single-model count
+    // of a wanted model on one labelled member (with that model).
+    let mut models: BTreeSet<&str> = BTreeSet::new();
+    let mut largest: Option<(u32, &str)> = None;
+    let mut hosts = 0u32;
+    for member in &current {
+        if !spec
+            .required_labels
+            .iter()
+            .all(|(k, v)| member.spec.labels.get(k) == Some(v))
+        {
+            continue;
+        }
+        labelled += 1;
+        let mut per_model: BTreeMap<&str, u32> = BTreeMap::new();
+        for gpu in &member.spec.gpus {
+            models.insert(gpu.model.as_str());
+            if wanted(&gpu.model) {
+                *per_model.entry(gpu.model.as_str()).or_default() += 1;
+            }
+        }
+        let best = per_model
+            .iter()
+            .map(|(model, count)| (*count, *model))
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(a.1)));
+        if let Some((count, model)) = best {
+            if largest.is_none_or(|(c, _)| count > c) {
+                largest = Some((count, model));
+            }
+            if count >= spec.gpus_per_node {
+                hosts += 1;
+            }
+        }
+    }
+    let where_ = if spec.required_labels.is_empty() {
+        String::new()
+    } else {
+        format!(" labelled {}", labels())
+    };
+    if labelled == 0 {
+        let what = if spec.required_labels.len() == 1 {
+            "label"
+        } else {
+            "labels"
+        };
+        return Err(format!("no node carries {what} {}", labels()));
+    }
+    if let Some(model) = &spec.gpu_model {
+        if largest.is_none() {
+            let known: Vec<&str> = models.into_iter().collect();
+            let known = if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            };
+            return Err(format!(
+                "no node{where_} has GPU model {model} (models: {known})"
+            ));
+        }
+    }
+    if largest.is_none_or(|(count, _)| count < spec.gpus_per_node) {
+        let largest = match largest {
+            Some((count, model)) => format!("largest: {count} × {model}"),
+            None => "none has any".to_string(),
+        };
+        let kind = spec
+            .gpu_model
+            .as_deref()
+            .map_or(String::new(), |m| format!(" {m}"));
+        return Err(format!(
+            "no node{where_} has {}{kind} GPUs ({largest})",
+            spec.gpus_per_node
+        ));
+    }
+    if hosts < spec.nodes {
+        let kind = spec
+            .gpu_model
+            .as_deref()
+            .map_or(String::new(), |m| format!(" {m}"));
+        return Err(format!(
+            "the job needs {} nodes with {}{kind} GPUs each{where_}, but only {hosts} of the cluster's {} nodes have them",
+            spec.nodes,
+            spec.gpus_per_node,
+            current.len()
+        ));
+    }
+    Ok(())
+}
+
+/// How the rank that brought a gang down ended, for the job's reason.
+fn failure_reason(alloc: &Allocation, code: Option<i32>) -> String {
+    match alloc.oom_killed.iter().next() {
+        Some(rank) => format!("the OOM killer ended rank {rank} (out of memory)"),
+        None => format!("a rank exited with code {}", code.unwrap_or_default()),
+    }
 }
 
 fn format_duration_s(s: u64) -> String {

@@ -19,8 +19,12 @@
 //! limit, a failed rank) and the ranks report their exits after SIGTERM; if
 //! they never do, the leader may `ReleaseJob` once the stop deadline has
 //! passed on the ledger clock. A node going down requeues its jobs at once
-//! (up to `max_restarts`): agents kill processes whose epoch is no longer the
-//! job's current one, which is what makes this safe.
+//! (up to `max_restarts`; after that the job ends `node_fail`): agents kill
+//! processes whose epoch is no longer the job's current one, which is what
+//! makes this safe. A rank's own failure ends the job `failed` (or
+//! `out_of_memory` when the OOM killer ended it) unless the job asked for
+//! restarts on failure (`JobSpec::requeue`); the time limit ends it
+//! `timeout`.
 
 mod apply;
 mod view;
@@ -137,9 +141,14 @@ impl Tenant {
     }
 }
 
-/// Job states of INTERFACE.md.
+/// Job states of INTERFACE.md. The final ones say how a job ended:
+/// `completed` (every rank exited 0), `failed` (a rank's own non-zero exit,
+/// with its `exit_code`), `cancelled`, `timeout` (stopped at its time limit),
+/// `node_fail` (a node of the gang was lost and no restart was left) and
+/// `out_of_memory` (the kernel's OOM killer ended a rank). `preempted` is the
+/// stopping state of a preemption victim, which is then `requeued`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum JobState {
     Pending,
     Running,
@@ -149,9 +158,27 @@ pub enum JobState {
     Failed,
     Cancelled,
     Preempted,
+    Timeout,
+    NodeFail,
+    OutOfMemory,
 }
 
 impl JobState {
+    /// Every state, in declaration order.
+    pub const ALL: [JobState; 11] = [
+        JobState::Pending,
+        JobState::Running,
+        JobState::Checkpointing,
+        JobState::Requeued,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Preempted,
+        JobState::Timeout,
+        JobState::NodeFail,
+        JobState::OutOfMemory,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Pending => "pending",
@@ -162,22 +189,14 @@ impl JobState {
             JobState::Failed => "failed",
             JobState::Cancelled => "cancelled",
             JobState::Preempted => "preempted",
+            JobState::Timeout => "timeout",
+            JobState::NodeFail => "node_fail",
+            JobState::OutOfMemory => "out_of_memory",
         }
     }
 
     pub fn parse(s: &str) -> Option<JobState> {
-        [
-            JobState::Pending,
-            JobState::Running,
-            JobState::Checkpointing,
-            JobState::Requeued,
-            JobState::Completed,
-            JobState::Failed,
-            JobState::Cancelled,
-            JobState::Preempted,
-        ]
-        .into_iter()
-        .find(|state| state.as_str() == s)
+        JobState::ALL.into_iter().find(|state| state.as_str() == s)
     }
 
     /// Waiting for the scheduler.
@@ -187,9 +206,26 @@ impl JobState {
 
     /// Never changes again.
     pub fn is_final(self) -> bool {
+        match self {
+            JobState::Completed
+            | JobState::Failed
+            | JobState::Cancelled
+            | JobState::Timeout
+            | JobState::NodeFail
+            | JobState::OutOfMemory => true,
+            JobState::Pending
+            | JobState::Running
+            | JobState::Checkpointing
+            | JobState::Requeued
+            | JobState::Preempted => false,
+        }
+    }
+
+    /// Final, and not because every rank succeeded or a user cancelled it.
+    pub fn is_failure(self) -> bool {
         matches!(
             self,
-            JobState::Completed | JobState::Failed | JobState::Cancelled
+            JobState::Failed | JobState::Timeout | JobState::NodeFail | JobState::OutOfMemory
         )
     }
 }
@@ -217,7 +253,14 @@ pub struct JobSpec {
     pub env: BTreeMap<String, String>,
     pub workdir: Option<String>,
     pub ckpt_interval_s: Option<u64>,
+    /// Restarts allowed over the job's life. Node loss restarts the gang
+    /// (from its latest checkpoint) while restarts are left; a rank's own
+    /// non-zero exit does only when `requeue` is set.
     pub max_restarts: u32,
+    /// A rank's own failure (non-zero exit, OOM kill) restarts the gang
+    /// too, within `max_restarts` (`--requeue`, or `--max-restarts N` with
+    /// N > 0). Without it such a failure ends the job.
+    pub requeue: bool,
     pub same: Option<TopologyTier>,
     pub max_rtt_ms: Option<u32>,
     pub required_labels: BTreeMap<String, String>,
@@ -240,6 +283,20 @@ impl JobSpec {
     }
 }
 
+/// How a rank's process ended, as the agent that ran it saw it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RankEnd {
+    /// It exited, or a signal ended it, with the reported code.
+    #[default]
+    Exited,
+    /// The kernel's OOM killer ended it (its cgroup's `memory.events`
+    /// `oom_kill` count rose while it ran).
+    OomKilled,
+    /// It died with a previous run of its node's agent: the node's fault,
+    /// not the job's, so it restarts the gang like node loss.
+    Lost,
+}
+
 /// Why a running job was asked to stop; decides the state it ends in.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopCause {
@@ -252,6 +309,8 @@ pub enum StopCause {
     Drained,
     /// A GPU of the gang failed or was drained: run elsewhere.
     GpuFailed,
+    /// A rank died with its node's agent: restart like node loss.
+    NodeLost,
 }
 
 /// Why a GPU takes no work: found faulty by its own node (an uncorrectable
@@ -277,6 +336,9 @@ pub struct Allocation {
     pub diameter_us: u64,
     /// Exit codes reported so far, by rank.
     pub exits: BTreeMap<u32, i32>,
+    /// Ranks the kernel's OOM killer ended (their cgroup's `oom_kill`
+    /// count rose while they ran).
+    pub oom_killed: std::collections::BTreeSet<u32>,
     pub stop: Option<Stop>,
 }
 
@@ -310,7 +372,8 @@ pub struct Job {
     pub started_at_ms: Option<u64>,
     pub ended_at_ms: Option<u64>,
     pub exit_code: Option<i32>,
-    /// Restarts after node loss.
+    /// Restarts so far: after node loss, and after a rank's own failure
+    /// when the job allows it (`JobSpec::requeue`).
     pub restarts: u32,
     /// Preemptions suffered; the requeued job's priority boost.
     pub preemptions: u32,

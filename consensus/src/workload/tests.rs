@@ -116,6 +116,7 @@ impl Replica {
                 epoch: alloc.epoch,
                 rank,
                 exit_code: code,
+                end: crate::workload::RankEnd::Exited,
             });
             assert_eq!(r, LedgerResponse::Ok);
         }
@@ -235,6 +236,7 @@ fn reports_from_an_old_epoch_are_fenced_off() {
         epoch: first.epoch,
         rank: 0,
         exit_code: 1,
+        end: crate::workload::RankEnd::Exited,
     });
     assert!(matches!(stale, LedgerResponse::Rejected(m) if m.contains("stale epoch")));
     assert_eq!(r.job(id).state, JobState::Running);
@@ -503,8 +505,9 @@ fn the_time_limit_stops_a_job() {
     r.pass(Policy::Hdrf);
     assert!(r.job(id).reason.contains("time limit"));
     r.exit_all(id, 143);
-    assert_eq!(r.job(id).state, JobState::Failed);
-    assert_eq!(r.job(id).reason, "time limit reached");
+    assert_eq!(r.job(id).state, JobState::Timeout);
+    assert_eq!(r.job(id).reason, "time limit reached (0:01:00)");
+    assert!(r.job(id).state.is_final());
 }
 
 #[test]
@@ -595,7 +598,7 @@ proptest! {
                         .map(|(job, alloc)| (job.id, alloc.clone())).collect();
                     match holding.get(pick % holding.len().max(1)) {
                         Some((id, alloc)) => (0..alloc.nodes.len() as u32)
-                            .map(|rank| Command::RankExited { job: *id, epoch: alloc.epoch, rank, exit_code: code })
+                            .map(|rank| Command::RankExited { job: *id, epoch: alloc.epoch, rank, exit_code: code, end: crate::workload::RankEnd::Exited })
                             .collect(),
                         None => vec![],
                     }
@@ -867,6 +870,7 @@ fn a_rank_that_crashed_on_a_failing_gpu_is_not_charged_a_restart() {
         epoch: alloc.epoch,
         rank: 1,
         exit_code: 134,
+        end: crate::workload::RankEnd::Exited,
     });
     r.apply(Command::SetGpuFault {
         node,
@@ -881,6 +885,7 @@ fn a_rank_that_crashed_on_a_failing_gpu_is_not_charged_a_restart() {
         epoch: alloc.epoch,
         rank: 0,
         exit_code: 143,
+        end: crate::workload::RankEnd::Exited,
     });
     assert_eq!(r.job(id).state, JobState::Requeued, "{}", r.job(id).reason);
     assert_eq!(r.job(id).restarts, 0);
@@ -891,6 +896,7 @@ fn a_failed_rank_restarts_the_whole_gang_until_the_restarts_run_out() {
     let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
     let mut spec = job(DEFAULT_TENANT, 2, 4);
     spec.max_restarts = 1;
+    spec.requeue = true;
     let id = r.submit(spec);
     r.pass(Policy::Hdrf);
     let first = r.job(id).alloc.clone().expect("placed");
@@ -902,6 +908,7 @@ fn a_failed_rank_restarts_the_whole_gang_until_the_restarts_run_out() {
                 epoch,
                 rank,
                 exit_code: code,
+                end: crate::workload::RankEnd::Exited,
             });
             assert_eq!(answer, LedgerResponse::Ok);
         }
@@ -919,4 +926,314 @@ fn a_failed_rank_restarts_the_whole_gang_until_the_restarts_run_out() {
     fail(&mut r, second.epoch);
     assert_eq!(r.job(id).state, JobState::Failed);
     assert_eq!(r.job(id).exit_code, Some(137));
+}
+
+/// A member named `name` with `count` GPUs of `model` and the given labels.
+fn member_with(name: &str, count: u32, model: &str, labels: &[(&str, &str)]) -> MemberSpec {
+    MemberSpec {
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        gpus: gpus(count, model),
+        ..member(name, "r1", count)
+    }
+}
+
+/// A replica whose members are exactly `members` (the first bootstraps).
+fn replica_of(members: Vec<MemberSpec>) -> Replica {
+    let mut r = Replica::new(&[("seed", "r1", 0)]);
+    r.ledger.members.clear();
+    for spec in members {
+        let id = r.ledger.members.len() as u64 + 1;
+        r.ledger.members.insert(
+            id,
+            crate::ledger::Member {
+                id,
+                spec,
+                state: MemberState::Alive,
+                joined_at_ms: 0,
+                state_since_ms: 0,
+            },
+        );
+    }
+    r
+}
+
+fn submit_answer(r: &mut Replica, spec: JobSpec) -> Result<JobId, String> {
+    match r.apply(Command::SubmitJob { spec }) {
+        LedgerResponse::JobId(id) => Ok(id),
+        LedgerResponse::Rejected(reason) => Err(reason),
+        other => panic!("unexpected answer {other:?}"),
+    }
+}
+
+#[test]
+fn a_request_no_member_could_ever_host_is_refused_with_the_reason() {
+    let h100 = |name: &str| member_with(name, 8, "H100-80GB", &[("zone", "a")]);
+    let mut r = replica_of(vec![
+        h100("n1"),
+        h100("n2"),
+        member_with("n3", 4, "H100-80GB", &[]),
+    ]);
+    let nine = job(DEFAULT_TENANT, 1, 9);
+    assert_eq!(
+        submit_answer(&mut r, nine),
+        Err("no node has 9 GPUs (largest: 8 × H100-80GB)".into())
+    );
+    let mut a100 = job(DEFAULT_TENANT, 1, 8);
+    a100.gpu_model = Some("A100".into());
+    assert_eq!(
+        submit_answer(&mut r, a100),
+        Err("no node has GPU model A100 (models: H100-80GB)".into())
+    );
+    let mut zone = job(DEFAULT_TENANT, 1, 1);
+    zone.required_labels = [("zone".to_string(), "x".to_string())].into();
+    assert_eq!(
+        submit_answer(&mut r, zone),
+        Err("no node carries label zone=x".into())
+    );
+    let mut labelled = job(DEFAULT_TENANT, 3, 8);
+    labelled.required_labels = [("zone".to_string(), "a".to_string())].into();
+    let refused = submit_answer(&mut r, labelled.clone()).expect_err("only 2 nodes in zone a");
+    assert!(
+        refused.contains("needs 3 nodes") && refused.contains("only 2"),
+        "{refused}"
+    );
+    let mut big = job(DEFAULT_TENANT, 1, 6);
+    big.required_labels = BTreeMap::new();
+    big.nodes = 3;
+    let refused = submit_answer(&mut r, big).expect_err("n3 has only 4 GPUs");
+    assert!(
+        refused.contains("only 2 of the cluster's 3 nodes"),
+        "{refused}"
+    );
+    // What fits somewhere, busy or not, is admitted.
+    labelled.nodes = 2;
+    assert!(submit_answer(&mut r, labelled).is_ok());
+    assert!(submit_answer(&mut r, job(DEFAULT_TENANT, 3, 4)).is_ok());
+    let mut short = job(DEFAULT_TENANT, 2, 8);
+    short.gpu_model = Some("h100".into());
+    assert!(submit_answer(&mut r, short).is_ok());
+}
+
+#[test]
+fn a_node_that_is_down_still_counts_at_submit_and_one_that_left_does_not() {
+    let mut r = replica_of(vec![
+        member_with("n1", 8, "H100-80GB", &[]),
+        member_with("n2", 8, "H100-80GB", &[]),
+    ]);
+    r.ledger.members.get_mut(&2).expect("n2").state = MemberState::Down;
+    assert!(submit_answer(&mut r, job(DEFAULT_TENANT, 2, 8)).is_ok());
+    r.ledger.members.get_mut(&2).expect("n2").state = MemberState::Left;
+    let refused = submit_answer(&mut r, job(DEFAULT_TENANT, 2, 8)).expect_err("one node left");
+    assert!(
+        refused.contains("only 1 of the cluster's 1 nodes"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn a_short_model_name_is_placed_on_the_matching_model() {
+    let mut r = replica_of(vec![
+        member_with("n1", 4, "A100-SXM4-80GB", &[]),
+        member_with("n2", 4, "H100-SXM5-80GB", &[]),
+    ]);
+    for (wanted, model) in [("h100", "H100-SXM5-80GB"), ("a100-80gb", "A100-SXM4-80GB")] {
+        let mut spec = job(DEFAULT_TENANT, 1, 4);
+        spec.gpu_model = Some(wanted.into());
+        let id = r.submit(spec);
+        r.pass(Policy::Hdrf);
+        let alloc = r.job(id).alloc.clone().expect("placed");
+        let node = &r.ledger.members[&alloc.nodes[0].0];
+        assert_eq!(node.spec.gpus[0].model, model, "{wanted}");
+        r.exit_all(id, 0);
+        assert_eq!(r.job(id).state, JobState::Completed);
+    }
+}
+
+#[test]
+fn a_ranks_own_failure_ends_the_job_without_a_restart_by_default() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let mut spec = job(DEFAULT_TENANT, 2, 4);
+    spec.max_restarts = 3;
+    let id = r.submit(spec);
+    r.pass(Policy::Hdrf);
+    let alloc = r.job(id).alloc.clone().expect("placed");
+    for (rank, code) in [(0, 3), (1, 143)] {
+        r.apply(Command::RankExited {
+            job: id,
+            epoch: alloc.epoch,
+            rank,
+            exit_code: code,
+            end: crate::workload::RankEnd::Exited,
+        });
+    }
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::Failed, "{}", job.reason);
+    assert_eq!(job.exit_code, Some(3));
+    assert_eq!(job.restarts, 0);
+    assert_eq!(job.reason, "a rank exited with code 3");
+    // Charged once.
+    assert!(r.ledger.workload.tenants[DEFAULT_TENANT].charged_gpu_ms <= 8 * 1_000);
+}
+
+#[test]
+fn node_loss_restarts_until_the_restarts_run_out_then_ends_node_fail() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r2", 8), ("n3", "r3", 8)]);
+    let mut spec = job(DEFAULT_TENANT, 1, 8);
+    spec.max_restarts = 1;
+    let id = r.submit(spec);
+    r.pass(Policy::Hdrf);
+    let lose = |r: &mut Replica| {
+        let node = r.job(id).alloc.as_ref().expect("placed").nodes[0].0;
+        r.apply(Command::SetMemberState {
+            id: node,
+            state: MemberState::Down,
+        });
+    };
+    lose(&mut r);
+    assert_eq!(r.job(id).state, JobState::Requeued);
+    r.now_ms += REPLACE_AFTER_NODE_LOSS_MS;
+    r.pass(Policy::Hdrf);
+    lose(&mut r);
+    let lost = r.job(id);
+    assert_eq!(lost.state, JobState::NodeFail, "{}", lost.reason);
+    assert!(lost.state.is_final() && lost.ended_at_ms.is_some());
+    assert!(lost.reason.contains("no restarts left"), "{}", lost.reason);
+
+    // With no restart allowed, the first loss ends it.
+    let mut spec = job_spec_no_restarts();
+    spec.nodes = 1;
+    let other = r.submit(spec);
+    r.pass(Policy::Hdrf);
+    let node = r.job(other).alloc.as_ref().expect("placed").nodes[0].0;
+    r.apply(Command::SetMemberState {
+        id: node,
+        state: MemberState::Down,
+    });
+    assert_eq!(r.job(other).state, JobState::NodeFail);
+}
+
+fn job_spec_no_restarts() -> JobSpec {
+    let mut spec = job(DEFAULT_TENANT, 1, 8);
+    spec.max_restarts = 0;
+    spec
+}
+
+#[test]
+fn an_oom_killed_rank_ends_the_job_out_of_memory() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let id = r.submit(job(DEFAULT_TENANT, 2, 4));
+    r.pass(Policy::Hdrf);
+    let alloc = r.job(id).alloc.clone().expect("placed");
+    for (rank, code, oom) in [(1, 137, true), (0, 143, false)] {
+        r.apply(Command::RankExited {
+            job: id,
+            epoch: alloc.epoch,
+            rank,
+            exit_code: code,
+            end: if oom {
+                RankEnd::OomKilled
+            } else {
+                RankEnd::Exited
+            },
+        });
+    }
+    let ended = r.job(id);
+    assert_eq!(ended.state, JobState::OutOfMemory, "{}", ended.reason);
+    assert_eq!(ended.exit_code, Some(137));
+    assert!(
+        ended.reason.contains("OOM killer ended rank 1"),
+        "{}",
+        ended.reason
+    );
+
+    // A rank that still exited 0 did not die of it.
+    let id = r.submit(job(DEFAULT_TENANT, 1, 4));
+    r.pass(Policy::Hdrf);
+    let alloc = r.job(id).alloc.clone().expect("placed");
+    r.apply(Command::RankExited {
+        job: id,
+        epoch: alloc.epoch,
+        rank: 0,
+        exit_code: 0,
+        end: RankEnd::OomKilled,
+    });
+    assert_eq!(r.job(id).state, JobState::Completed);
+}
+
+#[test]
+fn job_states_round_trip_through_their_names() {
+    for state in JobState::ALL {
+        assert_eq!(JobState::parse(state.as_str()), Some(state));
+    }
+    assert_eq!(JobState::NodeFail.as_str(), "node_fail");
+    assert_eq!(JobState::OutOfMemory.as_str(), "out_of_memory");
+}
+
+proptest! {
+    /// The submit check admits a request exactly when enough current
+    /// members each have enough GPUs of one matching model.
+    #[test]
+    fn submit_admits_exactly_what_some_members_could_host(
+        nodes in proptest::collection::vec((0u32..9, 0usize..3, any::<bool>()), 1..6),
+        want_nodes in 1u32..5,
+        want_gpus in 1u32..10,
+        want_model in proptest::option::of(0usize..4),
+    ) {
+        let models = ["H100-80GB", "A100-SXM4-80GB", "L4"];
+        let asked = ["h100", "A100-80GB", "l4", "B200"];
+        let members: Vec<MemberSpec> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, (count, model, _))| member_with(&format!("n{i}"), *count, models[*model], &[]))
+            .collect();
+        let mut r = replica_of(members);
+        for (i, (_, _, down)) in nodes.iter().enumerate() {
+            if *down {
+                r.ledger.members.get_mut(&(i as u64 + 1)).expect("member").state = MemberState::Down;
+            }
+        }
+        let mut spec = job(DEFAULT_TENANT, want_nodes, want_gpus);
+        spec.gpu_model = want_model.map(|m| asked[m].to_string());
+        let hosts = nodes
+            .iter()
+            .filter(|(count, model, _)| {
+                *count >= want_gpus
+                    && spec
+                        .gpu_model
+                        .as_deref()
+                        .is_none_or(|w| crate::sched::gpu_model_matches(w, models[*model]))
+            })
+            .count() as u32;
+        let answer = submit_answer(&mut r, spec);
+        prop_assert_eq!(answer.is_ok(), hosts >= want_nodes, "{:?}", answer);
+    }
+}
+
+#[test]
+fn a_rank_lost_with_its_agent_restarts_like_node_loss() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let mut spec = job(DEFAULT_TENANT, 2, 4);
+    spec.max_restarts = 1;
+    let id = r.submit(spec);
+    let lose = |r: &mut Replica| {
+        r.pass(Policy::Hdrf);
+        let alloc = r.job(id).alloc.clone().expect("placed");
+        for (rank, code, end) in [(1, 137, RankEnd::Lost), (0, 143, RankEnd::Exited)] {
+            r.apply(Command::RankExited {
+                job: id,
+                epoch: alloc.epoch,
+                rank,
+                exit_code: code,
+                end,
+            });
+        }
+    };
+    lose(&mut r);
+    assert_eq!(r.job(id).state, JobState::Requeued, "{}", r.job(id).reason);
+    assert_eq!(r.job(id).restarts, 1);
+    lose(&mut r);
+    assert_eq!(r.job(id).state, JobState::NodeFail, "{}", r.job(id).reason);
 }

@@ -37,6 +37,7 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
             ))
         }
     };
+    let (max_restarts, requeue) = req.restart_policy();
     Ok(JobSpec {
         name: if req.name.is_empty() {
             req.command
@@ -60,7 +61,8 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
         env: req.env.clone(),
         workdir: req.workdir.clone(),
         ckpt_interval_s: req.ckpt_interval_s,
-        max_restarts: req.max_restarts,
+        max_restarts,
+        requeue,
         same,
         max_rtt_ms: req.max_rtt_ms,
         required_labels: req.labels.clone(),
@@ -95,6 +97,8 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
             .collect(),
         epoch: job.alloc.as_ref().map(|a| a.epoch).or(job.last_epoch),
         restarts: job.restarts,
+        max_restarts: job.spec.max_restarts,
+        requeue: job.spec.requeue,
         preemptions: job.preemptions,
         priority: job.spec.priority,
         nodes_requested: job.spec.nodes,
@@ -120,7 +124,8 @@ pub fn jobs(
     let state = match state {
         None => None,
         Some(s) => Some(JobState::parse(s).ok_or_else(|| {
-            format!("unknown job state '{s}' (pending, running, checkpointing, requeued, completed, failed, cancelled, preempted)")
+            let known: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+            format!("unknown job state '{s}' ({})", known.join(", "))
         })?),
     };
     Ok(ledger
@@ -618,7 +623,8 @@ mod tests {
             env: BTreeMap::new(),
             workdir: None,
             ckpt_interval_s: None,
-            max_restarts: 0,
+            max_restarts: Some(0),
+            requeue: false,
             same: Some("rack".into()),
             max_rtt_ms: None,
             labels: BTreeMap::new(),
@@ -634,6 +640,29 @@ mod tests {
             ..req
         };
         assert!(job_spec(&bad).unwrap_err().contains("--same"));
+    }
+
+    #[test]
+    fn restarts_on_rank_failure_only_when_asked_for() {
+        let base = JobSubmitRequest::shell(1, 1, "true");
+        let policy = |max_restarts: Option<u32>, requeue: bool| {
+            let spec = job_spec(&JobSubmitRequest {
+                max_restarts,
+                requeue,
+                ..base.clone()
+            })
+            .expect("valid");
+            (spec.max_restarts, spec.requeue)
+        };
+        // Neither flag: node loss restarts 3 times, a rank's failure never.
+        assert_eq!(
+            policy(None, false),
+            (shoal_sdk::DEFAULT_MAX_RESTARTS, false)
+        );
+        assert_eq!(policy(None, true), (shoal_sdk::DEFAULT_MAX_RESTARTS, true));
+        assert_eq!(policy(Some(2), false), (2, true));
+        assert_eq!(policy(Some(0), false), (0, false));
+        assert_eq!(policy(Some(5), true), (5, true));
     }
 
     #[test]

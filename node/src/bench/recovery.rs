@@ -121,7 +121,7 @@ async fn measure(cluster: &LocalCluster, bytes: u64) -> anyhow::Result<RecoveryR
         .map_err(anyhow::Error::msg)?;
     let client = cluster.client(0);
     let mut req = JobSubmitRequest::shell(2, 1, &script(bytes / 2));
-    req.max_restarts = 3;
+    req.max_restarts = Some(3);
     req.time_limit_s = 3600;
     let id = client
         .submit_job(&req)

@@ -93,7 +93,8 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         env: Default::default(),
         workdir: None,
         ckpt_interval_s: None,
-        max_restarts: 2,
+        max_restarts: Some(2),
+        requeue: false,
         same: Some("rack".into()),
         max_rtt_ms: None,
         labels: Default::default(),
@@ -188,7 +189,7 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
 
     let done = wait(Duration::from_secs(120), || async {
         let job = client.job(id).await.ok()?;
-        matches!(job.state.as_str(), "completed" | "failed" | "cancelled").then_some(job)
+        shoal_sdk::job_state_is_final(&job.state).then_some(job)
     })
     .await
     .ok_or_else(|| anyhow::anyhow!("job {id} did not finish within 120 s"))?;

@@ -45,9 +45,15 @@ pub struct JobArgs {
     /// Send SIGUSR1 (a request to checkpoint) this often
     #[arg(long)]
     pub ckpt_interval: Option<String>,
-    /// Restarts on other nodes when a node of the gang dies
-    #[arg(long, default_value_t = 3)]
-    pub max_restarts: u32,
+    /// Restarts allowed. Without this flag node loss restarts the job up
+    /// to 3 times and a rank's own non-zero exit ends it `failed`; with
+    /// N > 0 a rank's own failure restarts it too (N restarts in all)
+    #[arg(long, value_name = "N")]
+    pub max_restarts: Option<u32>,
+    /// Restart the job when a rank fails on its own (non-zero exit, OOM
+    /// kill), up to --max-restarts (default 3) restarts in all
+    #[arg(long)]
+    pub requeue: bool,
     /// Every node in the same rack, zone or region
     #[arg(long)]
     pub same: Option<String>,
@@ -194,6 +200,7 @@ impl JobArgs {
             workdir,
             ckpt_interval_s,
             max_restarts: self.max_restarts,
+            requeue: self.requeue,
             same: self.same.clone(),
             max_rtt_ms: self.max_rtt_ms,
             labels,
@@ -210,7 +217,8 @@ impl JobArgs {
 pub struct QueueArgs {
     #[arg(long, short = 'A')]
     pub tenant: Option<String>,
-    /// pending, running, checkpointing, requeued, completed, failed, cancelled, preempted
+    /// pending, running, checkpointing, requeued, preempted, completed, failed,
+    /// cancelled, timeout, node_fail, out_of_memory
     #[arg(long, short = 't')]
     pub state: Option<String>,
     /// Only this job
@@ -391,7 +399,7 @@ pub async fn submit(
     // ended without one, e.g. cancelled before it started).
     loop {
         let job = client.job(resp.id).await.map_err(api)?;
-        if matches!(job.state.as_str(), "completed" | "failed" | "cancelled") {
+        if shoal_sdk::job_state_is_final(&job.state) {
             return match job.exit_code {
                 Some(0) if job.state == "completed" => Ok(()),
                 Some(code) if code != 0 => Err(ExitWith(code).into()),
@@ -474,7 +482,7 @@ pub async fn queue(client: &Client, args: &QueueArgs, json: bool) -> anyhow::Res
                 .await
                 .map_err(api)?;
             if !args.all && args.state.is_none() {
-                jobs.retain(|j| !matches!(j.state.as_str(), "completed" | "failed" | "cancelled"));
+                jobs.retain(|j| !shoal_sdk::job_state_is_final(&j.state));
             }
             jobs
         }
@@ -668,7 +676,7 @@ pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::
         if let Some(node) = &source {
             at = print_log_from(node, id, rank, at).await?;
         }
-        let ended = matches!(job.state.as_str(), "completed" | "failed" | "cancelled");
+        let ended = shoal_sdk::job_state_is_final(&job.state);
         if !follow || (ended && started.elapsed() > Duration::from_millis(500)) {
             if ended && follow {
                 // One last read for what was written before the exit.

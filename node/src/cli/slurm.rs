@@ -723,9 +723,12 @@ fn sbatch(args: &[String], warnings: &mut Vec<String>) -> Result<Vec<String>, Re
         argv.push("--wait".into());
     }
     // Slurm runs a batch script once: a script that fails is FAILED, not
-    // run again. Shoal restarts a gang on a rank failure and on a lost node
-    // alike, so restarts are only for --requeue (shoal's default count).
-    if o.requeue != Some(true) {
+    // run again. Without --requeue nothing restarts it; with it, shoal's
+    // --requeue restarts it after a rank failure or a lost node (shoal's
+    // default count).
+    if o.requeue == Some(true) {
+        argv.push("--requeue".into());
+    } else {
         argv.extend(["--max-restarts".to_string(), "0".to_string()]);
     }
     argv.push("--".into());
@@ -1219,6 +1222,7 @@ echo start
         assert_eq!(ok.warnings.len(), 2, "{:?}", ok.warnings);
         assert!(ok.argv.contains(&"--wait".to_string()));
         assert!(!ok.argv.contains(&"--max-restarts".to_string()));
+        assert!(ok.argv.contains(&"--requeue".to_string()));
     }
 
     #[test]

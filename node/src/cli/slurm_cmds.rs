@@ -177,10 +177,10 @@ fn ids(prog: &str, v: &str) -> Result<Vec<u64>, String> {
 
 // ------------------------------------------------------------ job states
 
-/// Slurm's (compact, long) state of a shoal job. A failed job is TIMEOUT
-/// when it hit its time limit and NODE_FAIL when a node of its gang went
-/// down with no restarts left; shoal records nothing that tells an
-/// out-of-memory kill from another failure, so that is FAILED.
+/// Slurm's (compact, long) state of a shoal job: shoal's end states
+/// `timeout`, `node_fail` and `out_of_memory` are Slurm's TIMEOUT,
+/// NODE_FAIL and OUT_OF_MEMORY. (A `failed` job recorded by an older
+/// release is still read by its reason.)
 pub fn slurm_state(job: &JobInfo) -> (&'static str, &'static str) {
     match job.state.as_str() {
         "pending" => ("PD", "PENDING"),
@@ -190,6 +190,9 @@ pub fn slurm_state(job: &JobInfo) -> (&'static str, &'static str) {
         "completed" => ("CD", "COMPLETED"),
         "cancelled" => ("CA", "CANCELLED"),
         "preempted" => ("PR", "PREEMPTED"),
+        "timeout" => ("TO", "TIMEOUT"),
+        "node_fail" => ("NF", "NODE_FAIL"),
+        "out_of_memory" => ("OOM", "OUT_OF_MEMORY"),
         "failed" if job.reason.starts_with("time limit") => ("TO", "TIMEOUT"),
         "failed" if job.reason.contains("went down") => ("NF", "NODE_FAIL"),
         _ => ("F", "FAILED"),
@@ -225,7 +228,7 @@ fn state_code(prog: &str, s: &str) -> Result<Option<&'static str>, String> {
 
 /// Jobs that are not finished: what squeue shows and scancel acts on.
 fn active(job: &JobInfo) -> bool {
-    !matches!(job.state.as_str(), "completed" | "failed" | "cancelled")
+    !shoal_sdk::job_state_is_final(&job.state)
 }
 
 // ------------------------------------------------------------ time
@@ -1572,6 +1575,8 @@ mod tests {
             gpus: Default::default(),
             epoch: None,
             restarts: 0,
+            max_restarts: 0,
+            requeue: false,
             preemptions: 0,
             priority: 0,
             nodes_requested: 1,
@@ -1586,8 +1591,7 @@ mod tests {
             ],
             submitted_at: "2025-12-01T19:58:00.123Z".into(),
             started_at: running.then(|| "2025-12-01T19:58:55Z".into()),
-            ended_at: matches!(state, "completed" | "failed" | "cancelled")
-                .then(|| "2025-12-01T19:59:00Z".into()),
+            ended_at: shoal_sdk::job_state_is_final(state).then(|| "2025-12-01T19:59:00Z".into()),
             exit_code: (state == "completed").then_some(0),
             last_ckpt_step: None,
             mem_bytes: None,
@@ -1757,11 +1761,25 @@ mod tests {
     }
 
     #[test]
+    fn shoal_end_states_have_their_slurm_names() {
+        for (state, code) in [
+            ("timeout", "TIMEOUT"),
+            ("node_fail", "NODE_FAIL"),
+            ("out_of_memory", "OUT_OF_MEMORY"),
+            ("failed", "FAILED"),
+            ("cancelled", "CANCELLED"),
+        ] {
+            assert_eq!(slurm_state(&job(1, "j", "t", state)).1, code, "{state}");
+        }
+        assert!(!active(&job(1, "j", "t", "out_of_memory")));
+    }
+
+    #[test]
     fn sacct_records() {
-        let mut failed = job(6, "t", "nlp", "failed");
-        failed.reason = "time limit reached".into();
+        let mut failed = job(6, "t", "nlp", "timeout");
+        failed.reason = "time limit reached (0:10:00)".into();
         failed.exit_code = Some(143);
-        let mut lost = job(7, "n", "nlp", "failed");
+        let mut lost = job(7, "n", "nlp", "node_fail");
         lost.reason =
             "node n1 went down and the job has no restarts left (--max-restarts 0)".into();
         let mut all = jobs();

@@ -206,6 +206,16 @@ pub fn populated(events: &str) -> Option<bool> {
     })
 }
 
+/// `oom_kill` of `memory.events`.
+pub fn oom_kill_count(memory_events: &str) -> Option<u64> {
+    memory_events
+        .lines()
+        .find_map(|l| match l.split_once(' ')? {
+            ("oom_kill", v) => v.trim().parse().ok(),
+            _ => None,
+        })
+}
+
 /// `usage_usec` of `cpu.stat`.
 pub fn cpu_usage_usec(cpu_stat: &str) -> Option<u64> {
     cpu_stat.lines().find_map(|l| match l.split_once(' ')? {
@@ -309,6 +319,16 @@ pub struct Limits {
 pub struct Usage {
     pub cpu_usec: Option<u64>,
     pub mem_peak_bytes: Option<u64>,
+    /// `oom_kill` of `memory.events`: processes of the rank the kernel's
+    /// OOM killer ended (the cgroup is the rank's own, so any is the rank's).
+    pub oom_kills: Option<u64>,
+}
+
+impl Usage {
+    /// The OOM killer ended a process of the rank.
+    pub fn oom_killed(&self) -> bool {
+        self.oom_kills.is_some_and(|n| n > 0)
+    }
 }
 
 fn read(path: &Path) -> Result<String, CgroupError> {
@@ -652,12 +672,14 @@ impl RankCgroup {
         }
     }
 
-    /// What the rank used (`cpu.stat`, `memory.peak`), where present.
+    /// What the rank used (`cpu.stat`, `memory.peak`) and whether the OOM
+    /// killer struck (`memory.events`), where present.
     pub fn usage(&self) -> Usage {
         let file = |name: &str| std::fs::read_to_string(self.dir.join(name)).ok();
         Usage {
             cpu_usec: file("cpu.stat").as_deref().and_then(cpu_usage_usec),
             mem_peak_bytes: file("memory.peak").and_then(|t| t.trim().parse().ok()),
+            oom_kills: file("memory.events").as_deref().and_then(oom_kill_count),
         }
     }
 
@@ -703,6 +725,23 @@ impl RankCgroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oom_kill_count_is_read_from_memory_events() {
+        let events = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(oom_kill_count(events), Some(1));
+        assert_eq!(oom_kill_count("low 0\nmax 0\n"), None);
+        let usage = Usage {
+            oom_kills: Some(0),
+            ..Usage::default()
+        };
+        assert!(!usage.oom_killed());
+        assert!(Usage {
+            oom_kills: Some(1),
+            ..usage
+        }
+        .oom_killed());
+    }
 
     #[test]
     fn the_cgroup2_mount_is_found_on_pure_and_hybrid_hosts() {

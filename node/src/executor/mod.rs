@@ -45,7 +45,7 @@ use crate::workers::anomaly::EventLog;
 use crate::workers::Worker;
 use plan::{Action, KillWhy, NotLaunched};
 use shoal_consensus::events::{EventSpec, Severity};
-use shoal_consensus::workload::{Job, JobId, StopCause, SELF_FENCE_MS};
+use shoal_consensus::workload::{Job, JobId, RankEnd, StopCause, SELF_FENCE_MS};
 use shoal_consensus::{Command, LedgerResponse, NodeId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::ControlFlow;
@@ -190,6 +190,9 @@ pub struct Executor {
     exited: BTreeMap<RankKey, i32>,
     /// Of those, the ones the leader has applied.
     sent: BTreeSet<RankKey>,
+    /// Of the exits, those that were not plain exits: OOM kills, ranks lost
+    /// with a previous run of this agent.
+    ends: BTreeMap<RankKey, RankEnd>,
     /// The running ranks' process groups and cgroups, shared with the
     /// [`FenceGuard`].
     groups: RankGroups,
@@ -209,6 +212,7 @@ impl Executor {
             ranks: BTreeMap::new(),
             exited: BTreeMap::new(),
             sent: BTreeSet::new(),
+            ends: BTreeMap::new(),
             groups: RankGroups::default(),
             warned: BTreeSet::new(),
             draining: Vec::new(),
@@ -376,6 +380,7 @@ impl Worker for Executor {
                 Action::ReportExit { key, why } => {
                     if why == NotLaunched::LostWithAgent {
                         report_lost(host, &key);
+                        self.ends.insert(key.clone(), RankEnd::Lost);
                     }
                     exited.insert(key, why.code());
                 }
@@ -466,6 +471,7 @@ impl Worker for Executor {
                 code,
                 cpu_s = usage.cpu_usec.map(|u| u as f64 / 1e6),
                 mem_peak_bytes = usage.mem_peak_bytes,
+                oom_killed = usage.oom_killed(),
                 "rank exited"
             );
             // A final checkpoint written during the grace period still counts,
@@ -481,6 +487,9 @@ impl Worker for Executor {
                 record_checkpoint(host, &key, step, dir).await;
             }
             if after.queue_exit {
+                if usage.oom_killed() {
+                    self.ends.insert(key.clone(), RankEnd::OomKilled);
+                }
                 exited.insert(key, code);
             }
         }
@@ -498,6 +507,7 @@ impl Worker for Executor {
                 epoch: key.epoch,
                 rank: key.rank,
                 exit_code: code,
+                end: self.ends.get(&key).copied().unwrap_or_default(),
             };
             match host.ledger.write(cmd).await {
                 Ok(_) => {
@@ -511,6 +521,7 @@ impl Worker for Executor {
         for key in exits.forget {
             exited.remove(&key);
             self.sent.remove(&key);
+            self.ends.remove(&key);
         }
         self.draining.retain(|cg| match cg.try_remove() {
             Ok(gone) => !gone,

@@ -53,7 +53,14 @@ LOG_ROTATIONS_HEADER = "x-shoal-log-rotations"
 #: not against the address they were reached at.
 CLUSTER_SERVER_NAME = "shoal"
 #: Job states after which nothing more happens.
-FINISHED_STATES = ("completed", "failed", "cancelled")
+FINISHED_STATES = (
+    "completed",
+    "failed",
+    "cancelled",
+    "timeout",
+    "node_fail",
+    "out_of_memory",
+)
 
 _ROTATED = b"--- shoal: the log was rotated; from the start of the new file ---\n"
 
@@ -340,7 +347,8 @@ class Client:
         priority: int = 0,
         preemptible: bool = True,
         ckpt_interval: Union[str, int, None] = None,
-        max_restarts: int = 3,
+        max_restarts: Optional[int] = None,
+        requeue: bool = False,
         same: Optional[str] = None,
         max_rtt_ms: Optional[int] = None,
         constraints: Optional[Mapping[str, str]] = None,
@@ -356,8 +364,10 @@ class Client:
         The keywords are the CLI's flags with the CLI's defaults: one node,
         one GPU per node (``gpus_per_node``, or ``gres`` as
         ``gpu[:TYPE]:COUNT``), a time limit of 1 h (``time``: seconds, or a
-        Slurm duration such as ``"30:00"`` or ``"2h"``), three restarts,
-        preemptible, the current directory as the ranks' working directory.
+        Slurm duration such as ``"30:00"`` or ``"2h"``), up to three restarts
+        after node loss and none after a rank's own failure (``max_restarts=N``
+        allows N restarts, also after a rank's failure when N > 0;
+        ``requeue=True`` restarts after a rank's failure too), preemptible, the current directory as the ranks' working directory.
         ``ckpt_interval`` makes Shoal send SIGUSR1 that often. ``mem`` is
         bytes (an int) or a Slurm size (``"16G"``; a bare number is MiB).
         ``constraints`` are labels every node must carry, ``env`` extra
@@ -399,6 +409,7 @@ class Client:
                 max(1, parse_duration(ckpt_interval)) if ckpt_interval is not None else None
             ),
             "max_restarts": max_restarts,
+            "requeue": requeue,
             "same": same,
             "max_rtt_ms": max_rtt_ms,
             "labels": dict(constraints or {}),
@@ -415,7 +426,7 @@ class Client:
         include_finished: bool = False,
     ) -> List[JobInfo]:
         """``shoal queue --json``: jobs, filtered by state and tenant when
-        given. Like the CLI, finished jobs (completed, failed, cancelled)
+        given. Like the CLI, finished jobs (``FINISHED_STATES``)
         are left out unless a ``state`` is asked for or ``include_finished``
         (the CLI's ``--all``)."""
         query = []

@@ -13,8 +13,8 @@ class JobInfo(TypedDict, total=False):
     id: int
     name: str
     tenant: str
-    #: pending, running, checkpointing, requeued, completed, failed,
-    #: cancelled or preempted.
+    #: pending, running, checkpointing, requeued, preempted, or how it
+    #: ended: completed, failed, cancelled, timeout, node_fail, out_of_memory.
     state: str
     #: Why a pending job waits, or how a finished one ended.
     reason: str
@@ -24,6 +24,9 @@ class JobInfo(TypedDict, total=False):
     gpus: Dict[str, List[int]]
     epoch: Optional[int]
     restarts: int
+    #: Restarts the job may have; ``requeue``: a rank's own failure uses them.
+    max_restarts: int
+    requeue: bool
     preemptions: int
     priority: int
     nodes_requested: int
