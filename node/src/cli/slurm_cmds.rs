@@ -103,6 +103,15 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// The next option, for commands that take no positional argument.
+    fn next_option(&mut self) -> Result<Option<(String, Option<String>, String)>, String> {
+        match self.next() {
+            None => Ok(None),
+            Some(Item::Opt(name, inline, shown)) => Ok(Some((name, inline, shown))),
+            Some(Item::Positional(p)) => Err(format!("{}: unexpected argument '{p}'", self.prog)),
+        }
+    }
+
     fn next(&mut self) -> Option<Item> {
         let arg = self.args.pop_front()?;
         if self.positional_only {
@@ -523,11 +532,7 @@ const SQUEUE_FIELDS: &str = "iAjuaTtMlLDRrNbPQSVe";
 pub fn parse_squeue(args: &[String]) -> Result<SqueueOpts, String> {
     let mut o = SqueueOpts::default();
     let mut r = Reader::new("squeue", args);
-    while let Some(item) = r.next() {
-        let (name, inline, shown) = match item {
-            Item::Opt(n, v, s) => (n, v, s),
-            Item::Positional(p) => return Err(format!("squeue: unexpected argument '{p}'")),
-        };
+    while let Some((name, inline, shown)) = r.next_option()? {
         match name.as_str() {
             "u" | "user" => o.users.extend(list(&r.value(inline, &shown)?)),
             "me" => o.me = true,
@@ -816,11 +821,7 @@ const SINFO_FIELDS: &str = "PalDtTNGFERn";
 pub fn parse_sinfo(args: &[String]) -> Result<SinfoOpts, String> {
     let mut o = SinfoOpts::default();
     let mut r = Reader::new("sinfo", args);
-    while let Some(item) = r.next() {
-        let (name, inline, shown) = match item {
-            Item::Opt(n, v, s) => (n, v, s),
-            Item::Positional(p) => return Err(format!("sinfo: unexpected argument '{p}'")),
-        };
+    while let Some((name, inline, shown)) = r.next_option()? {
         match name.as_str() {
             "N" | "Node" => {
                 o.node_oriented = true;
@@ -1087,11 +1088,7 @@ pub fn parse_sacct(args: &[String], now: i64) -> Result<SacctOpts, String> {
     let mut format = None;
     let mut r = Reader::new("sacct", args);
     let when = |v: &str| parse_when(v, now).ok_or_else(|| format!("sacct: invalid time '{v}'"));
-    while let Some(item) = r.next() {
-        let (name, inline, shown) = match item {
-            Item::Opt(n, v, s) => (n, v, s),
-            Item::Positional(p) => return Err(format!("sacct: unexpected argument '{p}'")),
-        };
+    while let Some((name, inline, shown)) = r.next_option()? {
         match name.as_str() {
             "j" | "jobs" => o.jobs.extend(ids("sacct", &r.value(inline, &shown)?)?),
             "u" | "user" => o.users.extend(list(&r.value(inline, &shown)?)),
