@@ -51,8 +51,9 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// progress, retired CAs, what each member trusts); version 7 gave members
 /// their release and the protocol versions they speak; version 8 gave job
 /// specs `requeue`, allocations their OOM-killed ranks, and job states
-/// `timeout`, `node_fail` and `out_of_memory`.
-pub const SNAPSHOT_VERSION: u8 = 8;
+/// `timeout`, `node_fail` and `out_of_memory`; version 9 gave job specs
+/// their tasks per node.
+pub const SNAPSHOT_VERSION: u8 = 9;
 /// Decoding bound for snapshots and log entries.
 pub const MAX_DECODE: u64 = 1 << 30;
 

@@ -382,6 +382,14 @@ pub struct JobSubmitRequest {
     /// CPUs of each rank (`--cpus-per-task`).
     #[serde(default)]
     pub cpus_per_task: Option<u32>,
+    /// Processes per node (`--ntasks-per-node`), sharing the node's GPUs
+    /// equally; absent: one per node.
+    #[serde(default)]
+    pub tasks_per_node: Option<u32>,
+    /// The command is a batch script: once per node, starting its tasks
+    /// with `srun` (`sbatch`).
+    #[serde(default)]
+    pub batch: bool,
 }
 
 impl JobSubmitRequest {
@@ -410,6 +418,8 @@ impl JobSubmitRequest {
             labels: BTreeMap::new(),
             mem_bytes: None,
             cpus_per_task: None,
+            tasks_per_node: None,
+            batch: false,
         }
     }
 }
@@ -504,6 +514,13 @@ pub struct JobInfo {
     /// CPUs of each rank (`--cpus-per-task`), when asked for.
     #[serde(default)]
     pub cpus_per_task: Option<u32>,
+    /// Processes on each node of the gang (`--ntasks-per-node`).
+    #[serde(default = "one_task")]
+    pub tasks_per_node: u32,
+}
+
+fn one_task() -> u32 {
+    1
 }
 
 /// `POST /v1/tenants` (create) and `POST /v1/tenants/{name}` (set).

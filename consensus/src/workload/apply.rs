@@ -1001,6 +1001,16 @@ fn validate_spec(spec: &JobSpec) -> Result<(), String> {
     if spec.cpus_per_task == Some(0) {
         return Err("the CPUs of a rank (--cpus-per-task) must be positive".into());
     }
+    let tasks = spec.tasks_per_node();
+    if tasks > 1024 {
+        return Err(format!("{tasks} tasks per node is not a plausible request"));
+    }
+    if !spec.gpus_per_node.is_multiple_of(tasks) {
+        return Err(format!(
+            "{tasks} tasks per node cannot share {} GPUs per node equally (--ntasks-per-node must divide the GPUs per node)",
+            spec.gpus_per_node
+        ));
+    }
     if !spec.name.is_empty() && spec.name.len() > 128 {
         return Err("job names are at most 128 characters".into());
     }

@@ -270,11 +270,24 @@ pub struct JobSpec {
     /// CPUs of each rank (`--cpus-per-task`): the rank's cgroup `cpu.max`
     /// quota where the node enforces it.
     pub cpus_per_task: Option<u32>,
+    /// Processes per node (`--ntasks-per-node`), each with an equal share
+    /// of the node's GPUs and torchrun's environment for its global rank.
+    /// 0 and 1 both mean one process per node, the node's rank itself.
+    pub tasks_per_node: u32,
+    /// The command is a batch script (`sbatch`): it runs once on every node
+    /// and starts the node's tasks itself with `srun`, instead of the agent
+    /// starting it once per task.
+    pub batch: bool,
 }
 
 impl JobSpec {
     pub fn total_gpus(&self) -> u32 {
         self.nodes.saturating_mul(self.gpus_per_node)
+    }
+
+    /// Processes on each node of the gang (at least one).
+    pub fn tasks_per_node(&self) -> u32 {
+        self.tasks_per_node.max(1)
     }
 
     /// Worst case, used for budget admission.

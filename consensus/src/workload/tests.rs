@@ -446,6 +446,33 @@ fn memory_and_cpus_per_rank_must_be_positive_when_given() {
 }
 
 #[test]
+fn tasks_per_node_must_share_the_gpus_equally() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    r.apply(Command::CreateTenant {
+        name: "vision".into(),
+        limits: limits(None, None, 1),
+    });
+    let mut uneven = job("vision", 1, 4);
+    uneven.tasks_per_node = 3;
+    let refused = r.apply(Command::SubmitJob { spec: uneven });
+    assert!(
+        matches!(&refused, LedgerResponse::Rejected(m) if m.contains("--ntasks-per-node")),
+        "{refused:?}"
+    );
+    let mut absurd = job("vision", 1, 4);
+    absurd.tasks_per_node = 4096;
+    let refused = r.apply(Command::SubmitJob { spec: absurd });
+    assert!(matches!(&refused, LedgerResponse::Rejected(_)), "{refused:?}");
+    let mut even = job("vision", 1, 4);
+    even.tasks_per_node = 2;
+    let id = r.submit(even);
+    assert_eq!(r.job(id).spec.tasks_per_node(), 2);
+    // The default, 0, is one process per node.
+    let id = r.submit(job("vision", 1, 1));
+    assert_eq!(r.job(id).spec.tasks_per_node(), 1);
+}
+
+#[test]
 fn tenant_trees_refuse_cycles() {
     let mut r = Replica::new(&[("n1", "r1", 8)]);
     r.apply(Command::CreateTenant {

@@ -738,6 +738,12 @@ fn spawn_workers(
             cgroups,
             ca_file: rank_ca_file,
             gpus: node.gpus().clone(),
+            task_launcher: cfg
+                .executor
+                .task_launcher
+                .clone()
+                .or_else(|| std::env::current_exe().ok())
+                .unwrap_or_else(|| PathBuf::from("shoal")),
         });
         workers::spawn(
             workers::job_files::JobFiles {

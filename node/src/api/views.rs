@@ -68,6 +68,11 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
         required_labels: req.labels.clone(),
         mem_bytes: req.mem_bytes,
         cpus_per_task: req.cpus_per_task,
+        tasks_per_node: match req.tasks_per_node {
+            Some(0) => return Err("--ntasks-per-node must be positive".into()),
+            t => t.unwrap_or(1),
+        },
+        batch: req.batch,
     })
 }
 
@@ -113,6 +118,7 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
         last_ckpt_step: job.last_ckpt_step,
         mem_bytes: job.spec.mem_bytes,
         cpus_per_task: job.spec.cpus_per_task,
+        tasks_per_node: job.spec.tasks_per_node(),
     }
 }
 
@@ -630,6 +636,8 @@ mod tests {
             labels: BTreeMap::new(),
             mem_bytes: None,
             cpus_per_task: None,
+            tasks_per_node: None,
+            batch: false,
         };
         let spec = job_spec(&req).expect("valid");
         assert_eq!(spec.name, "python3");

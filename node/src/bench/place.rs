@@ -300,6 +300,8 @@ async fn end_to_end(gangs: usize) -> anyhow::Result<EndToEndRow> {
         labels: Default::default(),
         mem_bytes: None,
         cpus_per_task: None,
+        tasks_per_node: None,
+        batch: false,
     };
     let clients = 32;
     let started = Instant::now();

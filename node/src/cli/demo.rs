@@ -100,6 +100,8 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         labels: Default::default(),
         mem_bytes: None,
         cpus_per_task: None,
+        tasks_per_node: None,
+        batch: false,
     };
     let id = client.submit_job(&request).await.map_err(api)?.id;
     t.event(format!(

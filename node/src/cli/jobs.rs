@@ -22,12 +22,25 @@ pub struct JobArgs {
     /// Nodes in the gang
     #[arg(short = 'N', long = "nodes", default_value_t = 1)]
     pub nodes: u32,
-    /// GPUs on every node of the gang
-    #[arg(long, conflicts_with = "gres")]
+    /// GPUs on every node of the gang [default: one per task]
+    #[arg(long, conflicts_with_all = ["gres", "gpus_per_task", "gpus"])]
     pub gpus_per_node: Option<u32>,
     /// gpu[:TYPE]:COUNT (also accelerator[:TYPE]:COUNT), per node
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["gpus_per_task", "gpus"])]
     pub gres: Option<String>,
+    /// [TYPE:]COUNT GPUs for each task
+    #[arg(long, value_name = "[TYPE:]N", conflicts_with = "gpus")]
+    pub gpus_per_task: Option<String>,
+    /// [TYPE:]COUNT GPUs for the whole job, spread evenly over its nodes
+    #[arg(short = 'G', long, value_name = "[TYPE:]N")]
+    pub gpus: Option<String>,
+    /// Processes on each node, each with its share of the node's GPUs and
+    /// torchrun's environment for its own rank [default: 1]
+    #[arg(long, value_name = "N")]
+    pub ntasks_per_node: Option<u32>,
+    /// Processes in all, spread evenly over the nodes
+    #[arg(short = 'n', long, value_name = "N")]
+    pub ntasks: Option<u32>,
     /// Time limit: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]], 90s, 30m, 2h
     #[arg(short = 't', long = "time", default_value = DEFAULT_TIME_LIMIT)]
     pub time: String,
@@ -78,6 +91,10 @@ pub struct JobArgs {
     /// cgroup cpu controller
     #[arg(long, short = 'c')]
     pub cpus_per_task: Option<u32>,
+    /// The command is a batch script: it runs once per node and starts the
+    /// node's tasks itself with `srun` (sbatch's semantics)
+    #[arg(long, hide = true)]
+    pub batch: bool,
     /// The command (after --)
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -157,13 +174,86 @@ fn parse_kv(s: &str, what: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `[TYPE:]COUNT`, as `-G/--gpus` and `--gpus-per-task` take it.
+fn parse_typed_count(flag: &str, s: &str) -> Result<(Option<String>, u32), String> {
+    let (model, count) = match s.rsplit_once(':') {
+        Some((m, c)) if !m.is_empty() => (Some(m.to_string()), c),
+        Some(_) => return Err(format!("invalid {flag} '{s}': use [TYPE:]COUNT")),
+        None => (None, s),
+    };
+    let count = count
+        .parse()
+        .map_err(|_| format!("invalid {flag} '{s}': use [TYPE:]COUNT"))?;
+    Ok((model, count))
+}
+
+/// How a job lays out on each node: its GPU model, GPUs per node and
+/// tasks per node, from whichever of the GPU and task flags were given.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NodeLayout {
+    pub gpu_model: Option<String>,
+    pub gpus_per_node: u32,
+    pub tasks_per_node: u32,
+}
+
 impl JobArgs {
-    pub fn request(&self, command: Vec<String>) -> Result<JobSubmitRequest, String> {
-        let (gpu_model, gpus_per_node) = match (&self.gres, self.gpus_per_node) {
-            (Some(g), _) => parse_gres(g)?,
-            (None, Some(n)) => (None, n),
-            (None, None) => (None, 1),
+    pub fn layout(&self) -> Result<NodeLayout, String> {
+        let nodes = self.nodes;
+        if nodes == 0 {
+            return Err("-N/--nodes must be positive".into());
+        }
+        let tasks_per_node = match (self.ntasks, self.ntasks_per_node) {
+            (_, Some(0)) => return Err("--ntasks-per-node must be positive".into()),
+            (Some(0), _) => return Err("--ntasks must be positive".into()),
+            (Some(n), Some(per)) if u64::from(n) != u64::from(nodes) * u64::from(per) => {
+                return Err(format!(
+                    "--ntasks {n} is not {nodes} node(s) × --ntasks-per-node {per}"
+                ))
+            }
+            (_, Some(per)) => per,
+            (Some(n), None) if !n.is_multiple_of(nodes) => {
+                return Err(format!(
+                    "--ntasks {n} does not divide evenly over {nodes} node(s)"
+                ))
+            }
+            (Some(n), None) => n / nodes,
+            (None, None) => 1,
         };
+        let (gpu_model, gpus_per_node) = if let Some(g) = &self.gres {
+            parse_gres(g)?
+        } else if let Some(n) = self.gpus_per_node {
+            (None, n)
+        } else if let Some(per_task) = &self.gpus_per_task {
+            let (model, count) = parse_typed_count("--gpus-per-task", per_task)?;
+            let per_node = count
+                .checked_mul(tasks_per_node)
+                .ok_or("--gpus-per-task × tasks per node is too large")?;
+            (model, per_node)
+        } else if let Some(total) = &self.gpus {
+            let (model, count) = parse_typed_count("--gpus", total)?;
+            if !count.is_multiple_of(nodes) {
+                return Err(format!(
+                    "--gpus {total} does not divide evenly over {nodes} node(s); use --gpus-per-node"
+                ));
+            }
+            (model, count / nodes)
+        } else {
+            // One GPU per task, as torchrun's one process per GPU expects.
+            (None, tasks_per_node)
+        };
+        Ok(NodeLayout {
+            gpu_model,
+            gpus_per_node,
+            tasks_per_node,
+        })
+    }
+
+    pub fn request(&self, command: Vec<String>) -> Result<JobSubmitRequest, String> {
+        let NodeLayout {
+            gpu_model,
+            gpus_per_node,
+            tasks_per_node,
+        } = self.layout()?;
         let time_limit_s = parse_duration(&self.time)?.as_secs();
         let ckpt_interval_s = self
             .ckpt_interval
@@ -209,6 +299,8 @@ impl JobArgs {
                 Some(0) => return Err("--cpus-per-task must be positive".into()),
                 c => c,
             },
+            tasks_per_node: (tasks_per_node > 1).then_some(tasks_per_node),
+            batch: self.batch,
         })
     }
 }
@@ -369,13 +461,29 @@ fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
     anyhow::anyhow!(e.to_string())
 }
 
+/// What `submit` does once the job is in.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AfterSubmit {
+    /// Print "Submitted batch job N" like sbatch.
+    pub banner: bool,
+    /// Wait for the end and exit with the job's code (sbatch --wait).
+    pub wait: bool,
+    /// Stream the tasks' output until the end, then exit with the job's
+    /// code (srun); `Some(true)`: label each line with its task's rank.
+    pub attach: Option<bool>,
+}
+
 pub async fn submit(
     client: &Client,
     args: &JobArgs,
     json: bool,
-    banner: bool,
-    wait: bool,
+    how: AfterSubmit,
 ) -> anyhow::Result<()> {
+    let AfterSubmit {
+        banner,
+        wait,
+        attach,
+    } = how;
     if args.command.is_empty() {
         anyhow::bail!("a command is required: shoal submit [OPTIONS] -- CMD [ARGS...]");
     }
@@ -383,6 +491,10 @@ pub async fn submit(
         .request(args.command.clone())
         .map_err(anyhow::Error::msg)?;
     let resp = client.submit_job(&req).await.map_err(api)?;
+    if let Some(label) = attach {
+        // srun prints the job's output, not its id.
+        return attach_to(client, resp.id, label).await;
+    }
     if json {
         print_json(&resp)?;
     } else if banner {
@@ -400,13 +512,101 @@ pub async fn submit(
     loop {
         let job = client.job(resp.id).await.map_err(api)?;
         if shoal_sdk::job_state_is_final(&job.state) {
-            return match job.exit_code {
-                Some(0) if job.state == "completed" => Ok(()),
-                Some(code) if code != 0 => Err(ExitWith(code).into()),
-                _ => Err(ExitWith(1).into()),
-            };
+            return job_exit(&job);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// How a job's end becomes the exit of the command that waited for it.
+fn job_exit(job: &JobInfo) -> anyhow::Result<()> {
+    match job.exit_code {
+        Some(0) if job.state == "completed" => Ok(()),
+        Some(code) if code != 0 => Err(ExitWith(code).into()),
+        _ => Err(ExitWith(1).into()),
+    }
+}
+
+/// One line of a node's log as srun shows it: the agent's own lines are
+/// left out; a task's label is kept only with `--label`, and a node that
+/// runs one task gets its rank as the label.
+fn srun_line(line: &[u8], node_rank: u32, per_node: u32, label: bool) -> Option<Vec<u8>> {
+    if line.starts_with(b"--- shoal: ") {
+        return None;
+    }
+    if per_node > 1 {
+        if label {
+            return Some(line.to_vec());
+        }
+        let text = std::str::from_utf8(line).ok();
+        let unlabelled = text
+            .and_then(|t| t.split_once(": "))
+            .filter(|(rank, _)| rank.parse::<u32>().is_ok())
+            .map(|(_, rest)| rest.as_bytes().to_vec());
+        return Some(unlabelled.unwrap_or_else(|| line.to_vec()));
+    }
+    if label {
+        let mut out = format!("{node_rank}: ").into_bytes();
+        out.extend_from_slice(line);
+        return Some(out);
+    }
+    Some(line.to_vec())
+}
+
+/// `srun` outside a job: every node's output, line by line, until the job
+/// ends; then its exit code.
+async fn attach_to(client: &Client, id: u64, label: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut offsets: BTreeMap<u32, (Client, u64, Vec<u8>)> = BTreeMap::new();
+    let mut nodes_by_name: BTreeMap<String, String> = BTreeMap::new();
+    let mut last_pass = false;
+    loop {
+        let job = client.job(id).await.map_err(api)?;
+        let ended = shoal_sdk::job_state_is_final(&job.state);
+        let per_node = job.tasks_per_node.max(1);
+        for (rank, node) in job.nodes.iter().enumerate() {
+            let rank = rank as u32;
+            if offsets.contains_key(&rank) {
+                continue;
+            }
+            if !nodes_by_name.contains_key(node) {
+                for n in client.nodes().await.map_err(api)? {
+                    nodes_by_name.insert(n.name.clone(), n.api_url.clone());
+                }
+            }
+            if let Some(url) = nodes_by_name.get(node) {
+                offsets.insert(rank, (client.at(url.clone()), 0, Vec::new()));
+            }
+        }
+        for (rank, (node, offset, partial)) in offsets.iter_mut() {
+            // A log not there yet (the rank is starting) is read next time.
+            while let Ok(chunk) = node.job_log_chunk(id, *rank, *offset).await {
+                if chunk.bytes.is_empty() {
+                    break;
+                }
+                *offset = chunk.start + chunk.bytes.len() as u64;
+                partial.extend_from_slice(&chunk.bytes);
+                let Some(end) = partial.iter().rposition(|b| *b == b'\n') else {
+                    continue;
+                };
+                let complete: Vec<u8> = partial.drain(..=end).collect();
+                let mut out = std::io::stdout().lock();
+                for line in complete.split_inclusive(|b| *b == b'\n') {
+                    if let Some(shown) = srun_line(line, *rank, per_node, label) {
+                        out.write_all(&shown)?;
+                    }
+                }
+                out.flush()?;
+            }
+        }
+        if last_pass {
+            return job_exit(&job);
+        }
+        // One more read once the job has ended, for its last lines.
+        last_pass = ended;
+        if !ended {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
 
@@ -621,7 +821,13 @@ pub async fn cancel(client: &Client, ids: &[u64], json: bool) -> anyhow::Result<
 /// Prints a rank's log from `offset` to its current end (the API answers
 /// 4 MiB at a time); returns the offset to go on from. After a rotation the
 /// node answers from the new file's start.
-async fn print_log_from(node: &Client, id: u64, rank: u32, at: LogAt) -> anyhow::Result<LogAt> {
+async fn print_log_from(
+    node: &Client,
+    id: u64,
+    rank: u32,
+    at: LogAt,
+    task: &mut TaskLines,
+) -> anyhow::Result<LogAt> {
     use std::io::Write;
     let mut at = at;
     loop {
@@ -636,7 +842,7 @@ async fn print_log_from(node: &Client, id: u64, rank: u32, at: LogAt) -> anyhow:
                 chunk = node.job_log_chunk(id, rank, 0).await.map_err(api)?;
             }
         }
-        std::io::stdout().write_all(&chunk.bytes)?;
+        std::io::stdout().write_all(&task.feed(&chunk.bytes))?;
         std::io::stdout().flush()?;
         at = LogAt {
             offset: chunk.start + chunk.bytes.len() as u64,
@@ -645,6 +851,46 @@ async fn print_log_from(node: &Client, id: u64, rank: u32, at: LogAt) -> anyhow:
         if chunk.bytes.is_empty() {
             return Ok(at);
         }
+    }
+}
+
+/// One task's lines out of its node's log, where a node runs several tasks
+/// and labels their lines with their global rank (`3: ...`); the agent's
+/// own `--- shoal: ...` lines are kept. A line cut between two reads waits
+/// for its end.
+#[derive(Debug, Default)]
+struct TaskLines {
+    /// `"3: "`; None: the whole log (one task per node).
+    label: Option<String>,
+    partial: Vec<u8>,
+}
+
+impl TaskLines {
+    fn new(task: Option<u32>) -> TaskLines {
+        TaskLines {
+            label: task.map(|t| format!("{t}: ")),
+            partial: Vec::new(),
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let Some(label) = &self.label else {
+            return bytes.to_vec();
+        };
+        self.partial.extend_from_slice(bytes);
+        let complete = match self.partial.iter().rposition(|b| *b == b'\n') {
+            Some(end) => self.partial.drain(..=end).collect::<Vec<u8>>(),
+            None => return Vec::new(),
+        };
+        let mut out = Vec::new();
+        for line in complete.split_inclusive(|b| *b == b'\n') {
+            if let Some(rest) = line.strip_prefix(label.as_bytes()) {
+                out.extend_from_slice(rest);
+            } else if line.starts_with(b"--- shoal: ") {
+                out.extend_from_slice(line);
+            }
+        }
+        out
     }
 }
 
@@ -661,10 +907,22 @@ pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::
     let mut at = LogAt::default();
     let mut source: Option<Client> = None;
     let started = Instant::now();
+    let mut task: Option<TaskLines> = None;
     loop {
         let job = client.job(id).await.map_err(api)?;
+        // `rank` is a task's global rank; its node's log has its lines.
+        let per_node = job.tasks_per_node.max(1);
+        let node_rank = rank / per_node;
+        let task = task.get_or_insert_with(|| TaskLines::new((per_node > 1).then_some(rank)));
+        if u64::from(rank) >= u64::from(job.nodes_requested) * u64::from(per_node) {
+            anyhow::bail!(
+                "job {id} has no rank {rank}: it runs {} task(s) on {} node(s)",
+                u64::from(job.nodes_requested) * u64::from(per_node),
+                job.nodes_requested
+            );
+        }
         if source.is_none() {
-            if let Some(node) = job.nodes.get(rank as usize) {
+            if let Some(node) = job.nodes.get(node_rank as usize) {
                 let nodes = client.nodes().await.map_err(api)?;
                 if let Some(info) = nodes.iter().find(|n| &n.name == node) {
                     source = Some(client.at(info.api_url.clone()));
@@ -674,14 +932,14 @@ pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::
             }
         }
         if let Some(node) = &source {
-            at = print_log_from(node, id, rank, at).await?;
+            at = print_log_from(node, id, node_rank, at, task).await?;
         }
         let ended = shoal_sdk::job_state_is_final(&job.state);
         if !follow || (ended && started.elapsed() > Duration::from_millis(500)) {
             if ended && follow {
                 // One last read for what was written before the exit.
                 if let Some(node) = &source {
-                    print_log_from(node, id, rank, at).await?;
+                    print_log_from(node, id, node_rank, at, task).await?;
                 }
             }
             return Ok(());
@@ -979,6 +1237,86 @@ mod tests {
         assert_eq!(parse_gres("gres/gpu:2"), Ok((None, 2)));
         assert!(parse_gres("cpu:4").is_err());
         assert!(parse_gres("gpu:x").is_err());
+    }
+
+    fn layout_of(flags: &str) -> Result<NodeLayout, String> {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            job: JobArgs,
+        }
+        use clap::Parser;
+        let argv = std::iter::once("submit").chain(flags.split_whitespace());
+        Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .job
+            .layout()
+    }
+
+    fn layout(model: Option<&str>, gpus_per_node: u32, tasks_per_node: u32) -> NodeLayout {
+        NodeLayout {
+            gpu_model: model.map(str::to_string),
+            gpus_per_node,
+            tasks_per_node,
+        }
+    }
+
+    #[test]
+    fn tasks_and_gpus_lay_out_per_node() {
+        assert_eq!(layout_of(""), Ok(layout(None, 1, 1)));
+        assert_eq!(layout_of("-N 2 --gpus-per-node 4"), Ok(layout(None, 4, 1)));
+        // One GPU per task unless told otherwise.
+        assert_eq!(layout_of("-N 2 --ntasks-per-node 4"), Ok(layout(None, 4, 4)));
+        assert_eq!(layout_of("-N 2 -n 4"), Ok(layout(None, 2, 2)));
+        assert_eq!(
+            layout_of("-N 2 -n 4 --gpus-per-task H100:2"),
+            Ok(layout(Some("H100"), 4, 2))
+        );
+        assert_eq!(layout_of("-N 2 -G 8"), Ok(layout(None, 4, 1)));
+        assert_eq!(
+            layout_of("-N 2 --gpus a100:8 --ntasks-per-node 2"),
+            Ok(layout(Some("a100"), 4, 2))
+        );
+        assert_eq!(
+            layout_of("--gres gpu:H100:8 --ntasks-per-node 8"),
+            Ok(layout(Some("H100"), 8, 8))
+        );
+        assert_eq!(
+            layout_of("-N 2 -n 4 --ntasks-per-node 2"),
+            Ok(layout(None, 2, 2))
+        );
+        for (bad, says) in [
+            ("-N 2 -n 3", "--ntasks 3"),
+            ("-N 2 -n 6 --ntasks-per-node 2", "--ntasks 6"),
+            ("-N 3 -G 8", "--gpus 8"),
+            ("--ntasks-per-node 0", "--ntasks-per-node"),
+            ("-n 0", "--ntasks"),
+            ("--gpus-per-task x", "--gpus-per-task"),
+            ("--gpus :2", "--gpus"),
+            ("--gpus-per-node 2 --gpus 4", "cannot be used with"),
+            ("--gres gpu:2 --gpus-per-task 1", "cannot be used with"),
+        ] {
+            let err = layout_of(bad).expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn srun_shows_lines_like_slurm() {
+        assert_eq!(srun_line(b"--- shoal: starting ---\n", 0, 1, true), None);
+        assert_eq!(srun_line(b"hi\n", 1, 1, true), Some(b"1: hi\n".to_vec()));
+        assert_eq!(srun_line(b"hi\n", 1, 1, false), Some(b"hi\n".to_vec()));
+        assert_eq!(srun_line(b"3: hi\n", 1, 2, true), Some(b"3: hi\n".to_vec()));
+        assert_eq!(srun_line(b"3: hi\n", 1, 2, false), Some(b"hi\n".to_vec()));
+    }
+
+    #[test]
+    fn a_task_reads_its_own_lines_of_its_node_log() {
+        let mut t = TaskLines::new(Some(3));
+        assert_eq!(t.feed(b"--- shoal: job 1 starting ---\n2: a\n3: b\n3: c"), b"--- shoal: job 1 starting ---\nb\n");
+        assert_eq!(t.feed(b"d\n13: e\n"), b"cd\n");
+        let mut whole = TaskLines::new(None);
+        assert_eq!(whole.feed(b"2: a\npartial"), b"2: a\npartial");
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod login;
 pub mod recovery;
 pub mod slurm;
 pub mod slurm_cmds;
+pub mod srun;
 pub mod tokens;
 
 use crate::agent::{Agent, StartMode};
@@ -160,6 +161,26 @@ enum Cmd {
         /// Wait until the job ends and exit with its exit code (sbatch --wait)
         #[arg(long, hide = true)]
         wait: bool,
+        /// Stream every task's output until the job ends, then exit with
+        /// its exit code (srun outside a job)
+        #[arg(long, hide = true)]
+        attach: bool,
+        /// With --attach: prefix each line with its task's rank (srun --label)
+        #[arg(long, hide = true, requires = "attach")]
+        label: bool,
+    },
+    /// Runs CMD once per task of this rank, each with its own rank and GPUs:
+    /// the agent's launcher for --ntasks-per-node, and `srun` inside a job
+    #[command(hide = true)]
+    ExecTasks {
+        /// Prefix each output line with the task's global rank
+        #[arg(long, short = 'l')]
+        label: bool,
+        /// Tasks on this node [default: the job's]
+        #[arg(long)]
+        ntasks_per_node: Option<u32>,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
     },
     /// The Slurm commands that are more than a translation (squeue,
     /// scancel, sinfo, sacct, scontrol): `shoal slurm NAME -- ARGS`
@@ -411,6 +432,15 @@ pub fn main() -> i32 {
             return code;
         }
     };
+    if let Cmd::ExecTasks {
+        label,
+        ntasks_per_node,
+        command,
+    } = &cli.command
+    {
+        // Before any runtime: a plain process that waits for its tasks.
+        return exec_tasks(*label, *ntasks_per_node, command);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -429,6 +459,27 @@ pub fn main() -> i32 {
         Err(e) => {
             let msg = format!("{e:#}");
             eprintln!("error: {}", msg.lines().next().unwrap_or("unknown error"));
+            1
+        }
+    }
+}
+
+/// `shoal exec-tasks`: this rank's tasks, from the rank's environment.
+fn exec_tasks(label: bool, per_node: Option<u32>, command: &[String]) -> i32 {
+    use crate::executor::tasks;
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let layout = match tasks::NodeTasks::from_env(&env, per_node) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    tasks::survive_group_signals();
+    match tasks::run(&layout, command, label) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
             1
         }
     }
@@ -657,10 +708,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Cmd::Submit { job, banner, wait } => {
-            crate::cli::jobs::submit(&client(&cli)?, job, cli.json, *banner, *wait).await
+        Cmd::Submit {
+            job,
+            banner,
+            wait,
+            attach,
+            label,
+        } => {
+            let how = crate::cli::jobs::AfterSubmit {
+                banner: *banner,
+                wait: *wait,
+                attach: attach.then_some(*label),
+            };
+            crate::cli::jobs::submit(&client(&cli)?, job, cli.json, how).await
         }
         Cmd::Slurm { name, args } => crate::cli::slurm_cmds::run(&client(&cli)?, name, args).await,
+        Cmd::ExecTasks { .. } => Err(anyhow::anyhow!("exec-tasks runs without a runtime")),
         Cmd::Alloc(job) => crate::cli::jobs::alloc(&client(&cli)?, job).await,
         Cmd::Queue(args) => crate::cli::jobs::queue(&client(&cli)?, args, cli.json).await,
         Cmd::Show { job } => crate::cli::jobs::show(&client(&cli)?, *job, cli.json).await,

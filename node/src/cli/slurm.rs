@@ -7,8 +7,9 @@
 //! Slurm's layouts.
 
 /// The names the binary answers to besides `shoal`.
-pub const NAMES: [&str; 9] = [
-    "salloc", "sbatch", "squeue", "scancel", "sinfo", "sacct", "scontrol", "sacctmgr", "ai-cp",
+pub const NAMES: [&str; 10] = [
+    "salloc", "sbatch", "srun", "squeue", "scancel", "sinfo", "sacct", "scontrol", "sacctmgr",
+    "ai-cp",
 ];
 
 /// The names that run as their own command (`shoal slurm NAME -- ARGS`).
@@ -45,8 +46,7 @@ pub fn translate(program: &str, args: &[String]) -> Result<Translation, Refusal>
     let argv = match program {
         "sbatch" => sbatch(args, &mut warnings)?,
         "salloc" => {
-            let mut o = job_flags(program, args, &mut warnings)?;
-            o.resolve_gpus(program)?;
+            let o = job_flags(program, args, &mut warnings)?;
             if o.wrap.is_some() {
                 return Err("salloc: --wrap is an sbatch option".into());
             }
@@ -68,6 +68,10 @@ pub fn translate(program: &str, args: &[String]) -> Result<Translation, Refusal>
             argv.extend(args.iter().cloned());
             argv
         }
+        "srun" => {
+            let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+            super::srun::translate(args, &env, &mut warnings)?
+        }
         "sacctmgr" => sacctmgr(args)?,
         "ai-cp" => ai_cp(args)?,
         other => {
@@ -85,6 +89,10 @@ const JOB_OPTIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     ("nodes", Some("N"), Some("-N")),
     ("gres", None, Some("--gres")),
     ("gpus-per-node", None, Some("--gpus-per-node")),
+    ("gpus-per-task", None, Some("--gpus-per-task")),
+    ("gpus", Some("G"), Some("--gpus")),
+    ("ntasks", Some("n"), Some("--ntasks")),
+    ("ntasks-per-node", None, Some("--ntasks-per-node")),
     ("time", Some("t"), Some("--time")),
     ("job-name", Some("J"), Some("--name")),
     ("account", Some("A"), Some("--tenant")),
@@ -131,8 +139,6 @@ struct JobOptions {
     wrap: Option<String>,
     /// `--requeue` / `--no-requeue`.
     requeue: Option<bool>,
-    /// `-G/--gpus`: GPUs of the whole job, `[TYPE:]N`.
-    gpus: Option<String>,
 }
 
 impl JobOptions {
@@ -148,57 +154,38 @@ impl JobOptions {
         self.append |= later.append;
         self.wrap = later.wrap.or(self.wrap);
         self.requeue = later.requeue.or(self.requeue);
-        self.gpus = later.gpus.or(self.gpus);
         self
     }
+}
 
-    /// `-G/--gpus` (the job's GPUs) as GPUs per node, once the node count
-    /// is known: it must divide evenly.
-    fn resolve_gpus(&mut self, program: &str) -> Result<(), String> {
-        let Some(total) = self.gpus.take() else {
-            return Ok(());
-        };
-        let last = |flag: &str| {
-            self.flags
-                .windows(2)
-                .rev()
-                .find(|w| w[0] == flag)
-                .map(|w| w[1].clone())
-        };
-        if last("--gres").is_some() || last("--gpus-per-node").is_some() {
-            return Err(format!(
-                "{program}: give --gpus or GPUs per node (--gres, --gpus-per-node), not both"
-            ));
-        }
-        let nodes: u32 = match last("-N") {
-            Some(n) => n
-                .parse()
-                .map_err(|_| format!("{program}: --nodes={n} is not a node count"))?,
-            None => 1,
-        };
-        let (model, count) = match total.rsplit_once(':') {
-            Some((m, c)) => (Some(m.to_string()), c),
-            None => (None, total.as_str()),
-        };
-        let count: u32 = count
-            .parse()
-            .map_err(|_| format!("{program}: --gpus={total} is not [TYPE:]COUNT"))?;
-        if nodes == 0 || !count.is_multiple_of(nodes) {
-            return Err(format!(
-                "{program}: --gpus={total} does not divide evenly over {nodes} node(s); use --gpus-per-node"
-            ));
-        }
-        let per_node = count / nodes;
-        match model {
-            Some(m) => self
-                .flags
-                .extend(["--gres".to_string(), format!("gpu:{m}:{per_node}")]),
-            None => self
-                .flags
-                .extend(["--gpus-per-node".to_string(), per_node.to_string()]),
-        }
-        Ok(())
+/// Whether the job option `name` (long when `long`) takes a value.
+pub(crate) fn job_options_taking_values(name: &str, long: bool) -> bool {
+    let long_name = match name {
+        "o" if !long => "output",
+        "e" if !long => "error",
+        other => other,
+    };
+    matches!(long_name, "output" | "error" | "open-mode" | "wrap")
+        || JOB_OPTIONS.iter().any(|(l, short, _)| {
+            if long {
+                name == *l
+            } else {
+                Some(name) == *short
+            }
+        })
+}
+
+/// The shoal flags of job options alone (no command among them).
+pub(crate) fn job_options(
+    program: &str,
+    args: &[String],
+    warnings: &mut Vec<String>,
+) -> Result<Vec<String>, String> {
+    let o = job_flags(program, args, warnings)?;
+    if let Some(extra) = o.command.first() {
+        return Err(format!("{program}: unexpected '{extra}'"));
     }
+    Ok(o.flags)
 }
 
 /// Splits job options from the positional command.
@@ -234,8 +221,6 @@ fn job_flags(
             "e" => "error",
             "n" => "ntasks",
             "G" => "gpus",
-            // One task per node: GPUs per task are GPUs per node.
-            "gpus-per-task" => "gpus-per-node",
             "Q" => "quiet",
             "v" => "verbose",
             other => other,
@@ -266,7 +251,7 @@ fn job_flags(
             }
             _ => {}
         }
-        let known = matches!(long, "wrap" | "ntasks" | "ntasks-per-node" | "gpus")
+        let known = long == "wrap"
             || (program == "sbatch" && matches!(long, "output" | "error" | "open-mode"))
             || JOB_OPTIONS
                 .iter()
@@ -305,10 +290,6 @@ fn job_flags(
                 };
                 continue;
             }
-            "gpus" => {
-                o.gpus = Some(value);
-                continue;
-            }
             "export" => {
                 for item in value.split(',').filter(|i| !i.is_empty()) {
                     match item.split_once('=') {
@@ -337,15 +318,6 @@ fn job_flags(
                             )),
                         },
                     }
-                }
-                continue;
-            }
-            "ntasks" | "ntasks-per-node" => {
-                // One process per node is what a shoal gang runs.
-                if value != "1" {
-                    return Err(format!(
-                        "{program}: {shown}={value} is not supported (shoal runs one task per node)"
-                    ));
                 }
                 continue;
             }
@@ -379,7 +351,7 @@ fn job_flags(
 }
 
 /// `--name=value`, `--name value`, `-N4`, `-N 4`.
-fn split_option(arg: &str) -> (String, Option<String>) {
+pub(crate) fn split_option(arg: &str) -> (String, Option<String>) {
     if let Some(long) = arg.strip_prefix("--") {
         return match long.split_once('=') {
             Some((n, v)) => (n.to_string(), Some(v.to_string())),
@@ -683,8 +655,7 @@ fn sbatch(args: &[String], warnings: &mut Vec<String>) -> Result<Vec<String>, Re
     }
     let command_line_command = cli.command.clone();
     let wrap = cli.wrap.is_some();
-    let mut o = from_script.then(cli);
-    o.resolve_gpus("sbatch")?;
+    let o = from_script.then(cli);
     if wrap && !command_line_command.is_empty() {
         return Err("sbatch: give a batch script or --wrap, not both"
             .to_string()
@@ -716,6 +687,8 @@ fn sbatch(args: &[String], warnings: &mut Vec<String>) -> Result<Vec<String>, Re
         argv.extend(["--env".to_string(), e]);
     }
     argv.extend(o.flags.iter().cloned());
+    // The script runs once per node; its `srun` starts the node's tasks.
+    argv.push("--batch".into());
     if !o.parsable {
         argv.push("--banner".into());
     }
@@ -993,6 +966,7 @@ mod tests {
                 "16G",
                 "--cpus-per-task",
                 "4",
+                "--batch",
                 "--banner",
                 "--max-restarts",
                 "0",
@@ -1044,6 +1018,7 @@ mod tests {
                 "10",
                 "--time",
                 "20",
+                "--batch",
                 "--banner",
                 "--max-restarts",
                 "0",
@@ -1063,6 +1038,7 @@ mod tests {
                 "submit",
                 "--name",
                 "wrap",
+                "--batch",
                 "--max-restarts",
                 "0",
                 "--",
@@ -1200,7 +1176,7 @@ echo start
             "{}",
             err.message
         );
-        for bad in ["--test-only", "--ntasks=4", "-n4", "--array=1-3", "--frob"] {
+        for bad in ["--test-only", "--array=1-3", "--frob"] {
             let err = translate("sbatch", &[bad.into(), "--wrap=true".into()])
                 .err()
                 .unwrap_or_else(|| panic!("{bad} accepted"));
@@ -1245,24 +1221,18 @@ echo start
     }
 
     #[test]
-    fn gpus_of_the_job_become_gpus_per_node() {
+    fn task_and_gpu_options_pass_to_submit() {
         let flags = |args: &str| {
             let argv = t("sbatch", &format!("{args} --wrap=true"));
             let sep = argv.iter().position(|a| a == "--").expect("--");
             argv[4..sep].join(" ")
         };
-        assert!(flags("-N 2 --gpus=8").contains("-N 2 --gpus-per-node 4"));
-        assert!(flags("-G H100:4").contains("--gres gpu:H100:4"));
-        assert!(flags("--gpus-per-task=2").contains("--gpus-per-node 2"));
-        assert!(flags("--gpus-per-task=A100:2").contains("--gres gpu:A100:2"));
-        for bad in ["-N 3 --gpus=8", "--gpus=2 --gres=gpu:2", "--gpus=x"] {
-            let args: Vec<String> = format!("{bad} --wrap=true")
-                .split_whitespace()
-                .map(String::from)
-                .collect();
-            let err = translate("sbatch", &args).err().expect(bad);
-            assert!(err.message.contains("--gpus"), "{}", err.message);
-        }
+        assert!(flags("-N 2 --gpus=8").contains("-N 2 --gpus 8"));
+        assert!(flags("-G H100:4").contains("--gpus H100:4"));
+        assert!(flags("--gpus-per-task=A100:2").contains("--gpus-per-task A100:2"));
+        assert!(flags("-n4").contains("--ntasks 4"));
+        assert!(flags("--ntasks-per-node=2").contains("--ntasks-per-node 2"));
+        assert!(flags("--gpus-per-node=H100:8").contains("--gres gpu:H100:8"));
     }
 
     #[test]

@@ -1593,6 +1593,7 @@ mod tests {
             last_ckpt_step: None,
             mem_bytes: None,
             cpus_per_task: None,
+            tasks_per_node: 1,
         }
     }
 

@@ -33,6 +33,7 @@ pub mod cgroup;
 mod fence;
 mod lease;
 mod plan;
+pub mod tasks;
 
 pub use fence::{FenceGuard, RankFence, RankGroups};
 
@@ -178,6 +179,8 @@ pub struct RankHost {
     pub ca_file: Option<PathBuf>,
     /// This node's GPUs: a rank that fails is first checked for a GPU fault.
     pub gpus: crate::node::gpu::Gpus,
+    /// The `shoal` binary that starts a rank's tasks (`exec-tasks`).
+    pub task_launcher: PathBuf,
 }
 
 /// The executor loop: this node's running ranks and the exits it still has
@@ -618,6 +621,8 @@ struct Assignment {
     reported_exit: bool,
     ckpt_interval: Option<Duration>,
     restore: Option<shoal_consensus::workload::Checkpoint>,
+    /// Times the job was restarted so far (`TORCHELASTIC_RESTART_COUNT`).
+    restarts: u32,
 }
 
 impl Assignment {
@@ -673,6 +678,7 @@ fn assignment(
         reported_exit: alloc.exits.contains_key(&rank),
         ckpt_interval: job.spec.ckpt_interval_s.map(Duration::from_secs),
         restore,
+        restarts: job.restarts,
     }
 }
 
@@ -972,8 +978,13 @@ fn launch(
     // does nothing until it is stopped, so stop and fencing work the same
     // way for allocations as for jobs.
     let idle = ["sleep".to_string(), "infinity".to_string()];
+    let fanned_out;
     let argv = if a.spec.command.is_empty() {
         &idle[..]
+    } else if a.spec.tasks_per_node() > 1 && !a.spec.batch {
+        // Several tasks: the launcher starts them inside this rank.
+        fanned_out = task_launch(&host.task_launcher, &a.spec.command);
+        &fanned_out[..]
     } else {
         &a.spec.command[..]
     };
@@ -1008,7 +1019,10 @@ fn rank_cgroup(
 ) -> Result<(Option<Arc<cgroup::RankCgroup>>, Vec<String>), String> {
     let limits = cgroup::Limits {
         mem_bytes: spec.mem_bytes,
-        cpus: spec.cpus_per_task,
+        // Per task, and the rank's cgroup holds all its tasks.
+        cpus: spec
+            .cpus_per_task
+            .map(|c| c.saturating_mul(spec.tasks_per_node())),
     };
     let Some(cgroups) = &host.cgroups else {
         let mut notes = Vec::new();
@@ -1160,47 +1174,109 @@ fn spawn(
     })
 }
 
-/// The torchrun-compatible environment of INTERFACE.md.
+/// `shoal exec-tasks --label -- COMMAND`: the rank as its node's tasks.
+fn task_launch(launcher: &Path, command: &[String]) -> Vec<String> {
+    let mut argv = vec![
+        launcher.display().to_string(),
+        "exec-tasks".to_string(),
+        "--label".to_string(),
+        "--".to_string(),
+    ];
+    argv.extend(command.iter().cloned());
+    argv
+}
+
+/// The torchrun- and Slurm-compatible environment of INTERFACE.md, for the
+/// node's rank; with several tasks per node the launcher gives each task
+/// its own ranks and GPUs (`tasks::NodeTasks::task_env`).
 fn gang_env(
     host: &RankHost,
     key: &RankKey,
     a: &Assignment,
     ckpt_dir: &Path,
 ) -> Vec<(String, String)> {
-    let master_addr = host
+    let (master_addr, names) = host
         .ledger
         .read()
         .ok()
-        .and_then(|d| {
-            let first = a.world.first()?;
-            let member = d.ledger.members.get(first)?;
-            member
-                .spec
-                .rpc_addr
-                .parse::<std::net::SocketAddr>()
-                .ok()
-                .map(|s| s.ip().to_string())
+        .map(|d| {
+            let member = |id: &NodeId| d.ledger.members.get(id);
+            let master = a.world.first().and_then(member).and_then(|m| {
+                m.spec
+                    .rpc_addr
+                    .parse::<std::net::SocketAddr>()
+                    .ok()
+                    .map(|s| s.ip().to_string())
+            });
+            let names: Vec<String> = a
+                .world
+                .iter()
+                .map(|id| member(id).map_or_else(|| id.to_string(), |m| m.spec.name.clone()))
+                .collect();
+            (master, names)
         })
-        .unwrap_or_else(|| "127.0.0.1".into());
+        .unwrap_or_default();
+    let master_addr = master_addr.unwrap_or_else(|| "127.0.0.1".into());
     let gpus: Vec<String> = a.gpus.iter().map(u32::to_string).collect();
-    let mut env = vec![
+    let nodes = a.world.len() as u32;
+    let per_node = a.spec.tasks_per_node();
+    let layout = tasks::NodeTasks {
+        node_rank: key.rank,
+        nodes,
+        per_node,
+        gpus: gpus.clone(),
+    };
+    let nodelist = tasks::compress_hostlist(&names);
+    let submit_dir = a
+        .spec
+        .env
+        .get("SLURM_SUBMIT_DIR")
+        .cloned()
+        .or_else(|| a.spec.workdir.clone())
+        .unwrap_or_else(|| "/".into());
+    let mut env: Vec<(String, String)> = vec![
         ("SHOAL_JOB_ID".into(), key.job.to_string()),
         ("SHOAL_EPOCH".into(), key.epoch.to_string()),
-        ("RANK".into(), key.rank.to_string()),
         ("NODE_RANK".into(), key.rank.to_string()),
-        ("WORLD_SIZE".into(), a.world.len().to_string()),
-        ("LOCAL_RANK".into(), "0".into()),
-        ("LOCAL_WORLD_SIZE".into(), "1".into()),
+        ("GROUP_RANK".into(), key.rank.to_string()),
+        ("GROUP_WORLD_SIZE".into(), nodes.to_string()),
+        ("ROLE_NAME".into(), "default".into()),
         ("MASTER_ADDR".into(), master_addr),
         (
             "MASTER_PORT".into(),
             (MASTER_PORT_BASE + key.epoch % 1000).to_string(),
         ),
-        ("CUDA_VISIBLE_DEVICES".into(), gpus.join(",")),
+        ("TORCHELASTIC_RUN_ID".into(), key.job.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT".into(), a.restarts.to_string()),
+        (
+            "TORCHELASTIC_MAX_RESTARTS".into(),
+            a.spec.max_restarts.to_string(),
+        ),
+        ("SLURM_JOB_ID".into(), key.job.to_string()),
+        ("SLURM_JOBID".into(), key.job.to_string()),
+        ("SLURM_JOB_NAME".into(), a.spec.name.clone()),
+        ("SLURM_JOB_PARTITION".into(), "shoal".into()),
+        ("SLURM_NNODES".into(), nodes.to_string()),
+        ("SLURM_JOB_NUM_NODES".into(), nodes.to_string()),
+        ("SLURM_NODEID".into(), key.rank.to_string()),
+        ("SLURM_JOB_NODELIST".into(), nodelist.clone()),
+        ("SLURM_NODELIST".into(), nodelist),
+        ("SLURMD_NODENAME".into(), host.local.name.clone()),
+        ("SLURM_GPUS_ON_NODE".into(), gpus.len().to_string()),
+        ("SLURM_SUBMIT_DIR".into(), submit_dir),
+        ("SLURM_RESTART_COUNT".into(), a.restarts.to_string()),
         ("SHOAL_CKPT_DIR".into(), ckpt_dir.display().to_string()),
         ("SHOAL_API".into(), host.local.spec.api_url()),
         ("SHOAL_NODE".into(), host.local.name.clone()),
     ];
+    // Task 0's ranks: what a one-task node runs as, and what the launcher
+    // starts from.
+    env.extend(layout.task_env(0));
+    if per_node > 1 {
+        // The launcher splits them per task.
+        env.retain(|(k, _)| k != "CUDA_VISIBLE_DEVICES");
+        env.push(("CUDA_VISIBLE_DEVICES".into(), gpus.join(",")));
+    }
     if let Some(ca) = &host.ca_file {
         env.push(("SHOAL_CA_FILE".into(), ca.display().to_string()));
     }

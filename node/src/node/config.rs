@@ -222,6 +222,9 @@ pub struct ExecutorTuning {
     /// A finished job's files on this node (logs, its local checkpoint
     /// copies) are removed this long after it ended.
     pub job_retention_s: u64,
+    /// The `shoal` binary that starts a rank's tasks when a job runs
+    /// several per node (`shoal exec-tasks`); default: this agent's binary.
+    pub task_launcher: Option<PathBuf>,
 }
 
 /// `[agent]`.
@@ -301,6 +304,7 @@ impl Default for ExecutorTuning {
             cgroups: CgroupMode::Auto,
             log_max_bytes: 256 << 20,
             job_retention_s: 7 * 24 * 3600,
+            task_launcher: None,
         }
     }
 }
@@ -396,6 +400,7 @@ const ENV_KEYS: &[&str] = &[
     "executor.cgroups",
     "executor.log_max_bytes",
     "executor.job_retention_s",
+    "executor.task_launcher",
     "storage.scrub_interval_s",
     "storage.capacity_bytes",
     "storage.gc_interval_s",
