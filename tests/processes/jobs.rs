@@ -864,3 +864,163 @@ async fn end_states_and_impossible_requests_through_the_cli() {
         "{out}"
     );
 }
+
+/// Tasks per node: `-N 2 --ntasks-per-node 2` starts four processes with
+/// ranks 0–3, one GPU each and distinct `CUDA_VISIBLE_DEVICES`, and Slurm's
+/// and torchrun's variables; `logs --rank R` shows task R's lines; one
+/// failing task fails the job without a restart; a batch script's `srun`
+/// starts the tasks of every node; `srun` outside a job runs one and
+/// streams its labelled output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_per_node_get_their_own_ranks_gpus_and_logs() {
+    let _serial = one_at_a_time();
+    let cluster = Cluster::start(&["r1", "r1"]).await;
+    let client = cluster.client(0);
+    let bin = tempfile::tempdir().expect("tempdir");
+    for name in ["sbatch", "srun"] {
+        std::os::unix::fs::symlink(shoal_bin(), bin.path().join(name)).expect("symlink");
+    }
+    let work = tempfile::tempdir().expect("tempdir");
+    let path = format!("{}:/usr/bin:/bin", bin.path().display());
+    let run = |program: &Path, args: &[&str]| {
+        let out = Command::new(program)
+            .args(args)
+            .current_dir(work.path())
+            .env("SHOAL_API", cluster.nodes[0].api_url())
+            .env("SHOAL_TOKEN", &cluster.token)
+            .env("PATH", &path)
+            .env_remove("SHOAL_JOB_ID")
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let shoal = shoal_bin();
+    let script = "env > \"$SHOAL_CKPT_DIR/../env-$RANK\"; echo \"hello from $RANK\"";
+    let (code, out, err) = run(
+        Path::new(&shoal),
+        &[
+            "submit",
+            "-N",
+            "2",
+            "--ntasks-per-node",
+            "2",
+            "-t",
+            "2",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let id: u64 = out.trim().parse().expect("id");
+    let job = wait_state(&client, id, "completed").await;
+    assert_eq!((job.tasks_per_node, job.gpus_per_node), (2, 2));
+    let mut seen_gpus = Vec::new();
+    for rank in 0..4u32 {
+        let node = &job.nodes[(rank / 2) as usize];
+        let env = read_env(&cluster.job_dir(node, id).join(format!("env-{rank}")));
+        assert_eq!(env["RANK"], rank.to_string());
+        assert_eq!(env["LOCAL_RANK"], (rank % 2).to_string());
+        assert_eq!(env["WORLD_SIZE"], "4");
+        assert_eq!(env["LOCAL_WORLD_SIZE"], "2");
+        assert_eq!(env["GROUP_RANK"], (rank / 2).to_string());
+        assert_eq!(env["SLURM_PROCID"], rank.to_string());
+        assert_eq!(env["SLURM_NTASKS"], "4");
+        assert_eq!(env["SLURM_NNODES"], "2");
+        assert_eq!(env["SLURM_JOB_NODELIST"], "n[1-2]");
+        assert_eq!(env["SLURM_GPUS_ON_NODE"], "2");
+        assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], "0");
+        let gpus = &env["CUDA_VISIBLE_DEVICES"];
+        assert!(
+            !gpus.contains(',') && job.gpus[node].iter().any(|g| g.to_string() == *gpus),
+            "task {rank} sees GPUs {gpus} of {:?}",
+            job.gpus[node]
+        );
+        seen_gpus.push(format!("{node}/{gpus}"));
+    }
+    seen_gpus.sort();
+    seen_gpus.dedup();
+    assert_eq!(seen_gpus.len(), 4, "every task has a GPU of its own");
+    let (code, out, err) = run(Path::new(&shoal), &["logs", &id.to_string(), "--rank", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("hello from 3\n"), "{out}");
+    assert!(!out.contains("hello from 2"), "{out}");
+
+    // One failing task: the others are stopped and the job fails with its
+    // code, not restarted.
+    let (code, out, err) = run(
+        Path::new(&shoal),
+        &[
+            "submit",
+            "-n",
+            "2",
+            "-t",
+            "2",
+            "--",
+            "/bin/sh",
+            "-c",
+            "if [ \"$RANK\" = 1 ]; then exit 5; fi; sleep 120",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let id: u64 = out.trim().parse().expect("id");
+    let job = wait_state(&client, id, "failed").await;
+    assert_eq!((job.exit_code, job.restarts), (Some(5), 0));
+
+    // A batch script runs once per node; its srun starts the node's tasks.
+    std::fs::write(
+        work.path().join("step.sh"),
+        "#!/bin/sh\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=2\n#SBATCH --export=PATH\n\
+         #SBATCH -o step-%N.out\n\
+         srun -l sh -c 'echo \"task $SLURM_PROCID of $SLURM_NTASKS on $SLURMD_NODENAME gpu $CUDA_VISIBLE_DEVICES\"'\n",
+    )
+    .expect("script");
+    let (code, out, err) = run(
+        &bin.path().join("sbatch"),
+        &["--wait", "--parsable", "-t", "2", "step.sh"],
+    );
+    assert_eq!(code, Some(0), "{out} {err}");
+    let mut lines: Vec<String> = ["n1", "n2"]
+        .iter()
+        .flat_map(|n| {
+            std::fs::read_to_string(work.path().join(format!("step-{n}.out")))
+                .unwrap_or_else(|e| panic!("step-{n}.out: {e}"))
+                .lines()
+                .map(|l| l.split(" gpu ").next().unwrap_or(l).to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    lines.sort();
+    let want: Vec<String> = (0..4)
+        .map(|r| format!("{r}: task {r} of 4 on n{}", r / 2 + 1))
+        .collect();
+    let mut want_sorted = want.clone();
+    want_sorted.sort();
+    assert_eq!(lines, want_sorted);
+
+    // srun outside a job: submits, streams every task's output, exits
+    // with the job's code.
+    let (code, out, err) = run(
+        &bin.path().join("srun"),
+        &[
+            "-N",
+            "2",
+            "--ntasks-per-node=2",
+            "-t",
+            "2",
+            "-l",
+            "sh",
+            "-c",
+            "echo r$RANK; exit $((RANK == 3 ? 4 : 0))",
+        ],
+    );
+    assert_eq!(code, Some(4), "{out} {err}");
+    let mut got: Vec<&str> = out.lines().collect();
+    got.sort();
+    assert_eq!(got, ["0: r0", "1: r1", "2: r2", "3: r3"], "{err}");
+}

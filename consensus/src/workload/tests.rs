@@ -462,7 +462,10 @@ fn tasks_per_node_must_share_the_gpus_equally() {
     let mut absurd = job("vision", 1, 4);
     absurd.tasks_per_node = 4096;
     let refused = r.apply(Command::SubmitJob { spec: absurd });
-    assert!(matches!(&refused, LedgerResponse::Rejected(_)), "{refused:?}");
+    assert!(
+        matches!(&refused, LedgerResponse::Rejected(_)),
+        "{refused:?}"
+    );
     let mut even = job("vision", 1, 4);
     even.tasks_per_node = 2;
     let id = r.submit(even);

@@ -1266,7 +1266,10 @@ mod tests {
         assert_eq!(layout_of(""), Ok(layout(None, 1, 1)));
         assert_eq!(layout_of("-N 2 --gpus-per-node 4"), Ok(layout(None, 4, 1)));
         // One GPU per task unless told otherwise.
-        assert_eq!(layout_of("-N 2 --ntasks-per-node 4"), Ok(layout(None, 4, 4)));
+        assert_eq!(
+            layout_of("-N 2 --ntasks-per-node 4"),
+            Ok(layout(None, 4, 4))
+        );
         assert_eq!(layout_of("-N 2 -n 4"), Ok(layout(None, 2, 2)));
         assert_eq!(
             layout_of("-N 2 -n 4 --gpus-per-task H100:2"),
@@ -1313,7 +1316,10 @@ mod tests {
     #[test]
     fn a_task_reads_its_own_lines_of_its_node_log() {
         let mut t = TaskLines::new(Some(3));
-        assert_eq!(t.feed(b"--- shoal: job 1 starting ---\n2: a\n3: b\n3: c"), b"--- shoal: job 1 starting ---\nb\n");
+        assert_eq!(
+            t.feed(b"--- shoal: job 1 starting ---\n2: a\n3: b\n3: c"),
+            b"--- shoal: job 1 starting ---\nb\n"
+        );
         assert_eq!(t.feed(b"d\n13: e\n"), b"cd\n");
         let mut whole = TaskLines::new(None);
         assert_eq!(whole.feed(b"2: a\npartial"), b"2: a\npartial");

@@ -68,7 +68,14 @@ fn split(args: &[String], warnings: &mut Vec<String>) -> Result<Srun, Refusal> {
                     args.get(i).cloned().unwrap_or_default()
                 }
             };
-            warnings.push(format!("srun: ignoring {arg}{}", if value.is_empty() { String::new() } else { format!(" {value}") }));
+            warnings.push(format!(
+                "srun: ignoring {arg}{}",
+                if value.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {value}")
+                }
+            ));
             i += 1;
             continue;
         }
@@ -90,7 +97,11 @@ fn split(args: &[String], warnings: &mut Vec<String>) -> Result<Srun, Refusal> {
 }
 
 /// Inside a rank: the options that shape the step on this node.
-fn step_tasks(job: &[String], env: &BTreeMap<String, String>, warnings: &mut Vec<String>) -> Result<Option<u32>, Refusal> {
+fn step_tasks(
+    job: &[String],
+    env: &BTreeMap<String, String>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<u32>, Refusal> {
     let nodes: u32 = env
         .get("GROUP_WORLD_SIZE")
         .and_then(|v| v.parse().ok())
@@ -184,17 +195,25 @@ mod tests {
     }
 
     fn rank_env() -> BTreeMap<String, String> {
-        [("SHOAL_JOB_ID", "4"), ("GROUP_RANK", "1"), ("GROUP_WORLD_SIZE", "2")]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        [
+            ("SHOAL_JOB_ID", "4"),
+            ("GROUP_RANK", "1"),
+            ("GROUP_WORLD_SIZE", "2"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
     }
 
     #[test]
     fn inside_a_rank_srun_starts_the_node_tasks() {
         let mut w = Vec::new();
-        let argv = translate(&words("-l -n 4 --mpi=pmix python train.py --lr 1"), &rank_env(), &mut w)
-            .expect("translates");
+        let argv = translate(
+            &words("-l -n 4 --mpi=pmix python train.py --lr 1"),
+            &rank_env(),
+            &mut w,
+        )
+        .expect("translates");
         assert_eq!(
             argv,
             words("shoal exec-tasks --label --ntasks-per-node 2 -- python train.py --lr 1")
@@ -203,15 +222,22 @@ mod tests {
         let argv = translate(&words("hostname"), &rank_env(), &mut w).expect("translates");
         assert_eq!(argv, words("shoal exec-tasks -- hostname"));
         for bad in ["-n 3 x", "-N 3 x", "-l", "--ntasks-per-node=0 x"] {
-            assert!(translate(&words(bad), &rank_env(), &mut w).is_err(), "{bad}");
+            assert!(
+                translate(&words(bad), &rank_env(), &mut w).is_err(),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn outside_a_job_srun_submits_and_attaches() {
         let mut w = Vec::new();
-        let argv = translate(&words("-N 2 --ntasks-per-node=2 -t 5 -l hostname"), &BTreeMap::new(), &mut w)
-            .expect("translates");
+        let argv = translate(
+            &words("-N 2 --ntasks-per-node=2 -t 5 -l hostname"),
+            &BTreeMap::new(),
+            &mut w,
+        )
+        .expect("translates");
         assert_eq!(
             argv,
             words("shoal submit -N 2 --ntasks-per-node 2 --time 5 --attach --label -- hostname")

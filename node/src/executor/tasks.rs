@@ -45,9 +45,7 @@ impl NodeTasks {
     ) -> Result<NodeTasks, String> {
         let number = |key: &str, default: Option<u32>| -> Result<u32, String> {
             match env.get(key) {
-                Some(v) => v
-                    .parse()
-                    .map_err(|_| format!("{key}={v} is not a number")),
+                Some(v) => v.parse().map_err(|_| format!("{key}={v} is not a number")),
                 None => default.ok_or_else(|| {
                     format!("{key} is not set: tasks run inside a shoal job's rank")
                 }),
@@ -201,9 +199,10 @@ enum Line {
 }
 
 /// Does nothing: the launcher outlives the SIGTERM and SIGUSR1 the agent
-/// sends to the rank's process group (its tasks get them too) and reports
-/// how the tasks ended. A handler, not SIG_IGN, so tasks start with the
-/// default dispositions (a handler is reset at exec, an ignore is not).
+/// sends to the rank's process group (its tasks, in the same group, get
+/// them directly) and reports how the tasks ended. A handler, not SIG_IGN,
+/// so tasks start with the default dispositions (a handler is reset at
+/// exec, an ignore is not).
 extern "C" fn ignore(_: libc::c_int) {}
 
 pub fn survive_group_signals() {
@@ -266,11 +265,15 @@ pub fn run(layout: &NodeTasks, argv: &[String], label: bool) -> Result<i32, Stri
         };
         if let Some(out) = child.stdout.take() {
             let tx = lines.clone();
-            pumps.push(std::thread::spawn(move || pump(out, |l| Line::Out(rank, l), tx)));
+            pumps.push(std::thread::spawn(move || {
+                pump(out, |l| Line::Out(rank, l), tx)
+            }));
         }
         if let Some(err) = child.stderr.take() {
             let tx = lines.clone();
-            pumps.push(std::thread::spawn(move || pump(err, |l| Line::Err(rank, l), tx)));
+            pumps.push(std::thread::spawn(move || {
+                pump(err, |l| Line::Err(rank, l), tx)
+            }));
         }
         children.push((rank, child));
     }
@@ -288,19 +291,22 @@ pub fn run(layout: &NodeTasks, argv: &[String], label: bool) -> Result<i32, Stri
         }
     });
     let code = wait_all(&mut children);
-    for p in pumps {
-        let _ = p.join();
+    // Output still buffered is printed; a stream that something a task
+    // left behind keeps open is not waited for (the rank's cgroup, where
+    // the node has them, ends such leftovers when the rank exits).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !pumps.iter().all(|p| p.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
     }
-    let _ = printer.join();
+    if pumps.iter().all(|p| p.is_finished()) {
+        let _ = printer.join();
+    }
+    let _ = std::io::stdout().flush();
     Ok(code)
 }
 
 /// Copies lines of `stream` to the printer, each ending in a newline.
-fn pump(
-    stream: impl std::io::Read,
-    wrap: impl Fn(Vec<u8>) -> Line,
-    tx: mpsc::Sender<Line>,
-) {
+fn pump(stream: impl std::io::Read, wrap: impl Fn(Vec<u8>) -> Line, tx: mpsc::Sender<Line>) {
     let mut reader = std::io::BufReader::new(stream);
     loop {
         let mut buf = Vec::new();
@@ -365,7 +371,8 @@ fn wait_all(children: &mut Vec<(u32, Child)>) -> i32 {
 fn signal_all(children: &[(u32, Child)], sig: libc::c_int) {
     for (_, child) in children {
         if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-            // SAFETY: plain syscall on a child we have not reaped.
+            // SAFETY: plain syscall on a child we have not reaped (so its
+            // id is not reused).
             unsafe {
                 libc::kill(pid, sig);
             }
@@ -428,7 +435,12 @@ mod tests {
         ]);
         let l = NodeTasks::from_env(&env, None).expect("layout");
         assert_eq!(l, layout(1, 2, 4, &["0", "1", "2", "3"]));
-        assert_eq!(NodeTasks::from_env(&env, Some(2)).expect("srun -n").per_node, 2);
+        assert_eq!(
+            NodeTasks::from_env(&env, Some(2))
+                .expect("srun -n")
+                .per_node,
+            2
+        );
         for bad in [
             env_of(&[("GROUP_WORLD_SIZE", "2")]),
             env_of(&[("GROUP_RANK", "2"), ("GROUP_WORLD_SIZE", "2")]),
@@ -445,7 +457,10 @@ mod tests {
         let names = |s: &str| s.split(' ').map(str::to_string).collect::<Vec<_>>();
         assert_eq!(compress_hostlist(&names("n1 n2 n3 n7")), "n[1-3,7]");
         assert_eq!(compress_hostlist(&names("n3 n1 n2")), "n[1-3]");
-        assert_eq!(compress_hostlist(&names("gpu01 gpu02 gpu10")), "gpu[01-02,10]");
+        assert_eq!(
+            compress_hostlist(&names("gpu01 gpu02 gpu10")),
+            "gpu[01-02,10]"
+        );
         assert_eq!(compress_hostlist(&names("a1 b1 a2")), "a[1-2],b1");
         assert_eq!(compress_hostlist(&names("login x9")), "login,x9");
         assert_eq!(compress_hostlist(&names("n1 n01")), "n1,n01");
@@ -458,12 +473,7 @@ mod tests {
         let l = layout(0, 1, 3, &[]);
         let script = "if [ \"$LOCAL_RANK\" = 1 ]; then exit 7; fi; sleep 30";
         let started = Instant::now();
-        let code = run(
-            &l,
-            &["/bin/sh".into(), "-c".into(), script.into()],
-            false,
-        )
-        .expect("runs");
+        let code = run(&l, &["/bin/sh".into(), "-c".into(), script.into()], false).expect("runs");
         assert_eq!(code, 7);
         assert!(
             started.elapsed() < Duration::from_secs(20),
