@@ -115,6 +115,7 @@ class StubServerTest(unittest.TestCase):
             workdir="/w",
             mem="16G",
             cpus_per_task=8,
+            tasks_per_node=2,
         )
         self.assertEqual(job, 12)
         sent = json.loads(self.server.seen[-1][4])
@@ -140,8 +141,12 @@ class StubServerTest(unittest.TestCase):
                 "labels": {"zone": "a"},
                 "mem_bytes": 16 << 30,
                 "cpus_per_task": 8,
+                "tasks_per_node": 2,
             },
         )
+        self.client.submit("echo hi", tasks_per_node=4)
+        sent = json.loads(self.server.seen[-1][4])
+        self.assertEqual((sent["gpus_per_node"], sent["tasks_per_node"]), (4, 4))
         self.client.submit("echo hi")
         sent = json.loads(self.server.seen[-1][4])
         self.assertEqual(sent["command"], ["/bin/sh", "-c", "echo hi"])

@@ -356,6 +356,7 @@ class Client:
         workdir: Optional[PathLike] = None,
         mem: Union[str, int, None] = None,
         cpus_per_task: Optional[int] = None,
+        tasks_per_node: Optional[int] = None,
     ) -> int:
         """Submits a job, as ``shoal submit [flags] -- CMD...`` does; returns
         its id.
@@ -371,7 +372,10 @@ class Client:
         ``ckpt_interval`` makes Shoal send SIGUSR1 that often. ``mem`` is
         bytes (an int) or a Slurm size (``"16G"``; a bare number is MiB).
         ``constraints`` are labels every node must carry, ``env`` extra
-        environment for the ranks.
+        environment for the ranks. ``tasks_per_node`` starts that many
+        processes per node, each with its own ``RANK``/``LOCAL_RANK`` and an
+        equal share of the node's GPUs (one GPU per task unless
+        ``gpus_per_node``/``gres`` say otherwise).
         """
         if isinstance(command, str):
             argv = ["/bin/sh", "-c", command]
@@ -385,7 +389,9 @@ class Client:
         if gres is not None:
             model, gpus = parse_gres(gres)
         else:
-            gpus = 1 if gpus_per_node is None else gpus_per_node
+            gpus = (tasks_per_node or 1) if gpus_per_node is None else gpus_per_node
+        if tasks_per_node is not None and tasks_per_node <= 0:
+            raise ShoalError("--ntasks-per-node must be positive")
         if cpus_per_task is not None and cpus_per_task <= 0:
             raise ShoalError("--cpus-per-task must be positive")
         if workdir is None:
@@ -415,6 +421,7 @@ class Client:
             "labels": dict(constraints or {}),
             "mem_bytes": parse_mem(mem) if mem is not None else None,
             "cpus_per_task": cpus_per_task,
+            "tasks_per_node": tasks_per_node,
         }
         return int(self.api_post("/v1/jobs", body)["id"])
 

@@ -42,6 +42,8 @@ class JobInfo(TypedDict, total=False):
     last_ckpt_step: Optional[int]
     mem_bytes: Optional[int]
     cpus_per_task: Optional[int]
+    #: Processes on each node (``--ntasks-per-node``).
+    tasks_per_node: int
 
 
 class CheckpointPartInfo(TypedDict, total=False):
