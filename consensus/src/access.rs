@@ -59,7 +59,7 @@ pub fn authorize(ledger: &Ledger, scope: &str, cmd: &Command) -> Result<(), Refu
             "permission denied: a token of tenant '{scope}' cannot submit jobs for tenant '{}'",
             spec.tenant
         ))),
-        Command::CancelJob { job } => match workload.jobs.get(job) {
+        Command::CancelJob { job } | Command::HoldJob { job, .. } => match workload.jobs.get(job) {
             // Cancelling a job that does not exist fails in apply with its
             // usual message, which a hidden job's answer repeats.
             None => Ok(()),

@@ -274,6 +274,12 @@ pub enum Command {
         trusted: Vec<String>,
         cert_ca: String,
     },
+    /// Holds a waiting job back from the scheduler, or releases it
+    /// (`scontrol hold|release`).
+    HoldJob {
+        job: JobId,
+        hold: bool,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -593,6 +599,7 @@ impl Ledger {
                 Err(reason) => LedgerResponse::Rejected(reason),
             },
             Command::CancelJob { job } => answer(self.workload.cancel(*job, now)),
+            Command::HoldJob { job, hold } => answer(self.workload.hold(*job, *hold)),
             Command::Schedule(plan) => {
                 let validate = !checks.skip_plan_validation;
                 let outcome = self

@@ -360,6 +360,18 @@ impl Client {
             .await
     }
 
+    /// Keeps a waiting job from the scheduler until released (`scontrol hold`).
+    pub async fn hold_job(&self, id: u64) -> Result<WriteResponse, ClientError> {
+        self.post(&format!("/v1/jobs/{id}/hold"), &serde_json::json!({}))
+            .await
+    }
+
+    /// Lets a held job be scheduled again (`scontrol release`).
+    pub async fn release_job(&self, id: u64) -> Result<WriteResponse, ClientError> {
+        self.post(&format!("/v1/jobs/{id}/release"), &serde_json::json!({}))
+            .await
+    }
+
     pub async fn create_tenant(&self, req: &TenantRequest) -> Result<WriteResponse, ClientError> {
         self.post("/v1/tenants", req).await
     }

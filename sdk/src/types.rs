@@ -390,6 +390,10 @@ pub struct JobSubmitRequest {
     /// with `srun` (`sbatch`).
     #[serde(default)]
     pub batch: bool,
+    /// Slurm's `--dependency` list: `afterok:12:13,afterany:14,singleton`
+    /// (kinds after, afterany, afterok, afternotok; all must hold).
+    #[serde(default)]
+    pub dependency: Option<String>,
 }
 
 impl JobSubmitRequest {
@@ -420,6 +424,7 @@ impl JobSubmitRequest {
             cpus_per_task: None,
             tasks_per_node: None,
             batch: false,
+            dependency: None,
         }
     }
 }
@@ -517,6 +522,12 @@ pub struct JobInfo {
     /// Processes on each node of the gang (`--ntasks-per-node`).
     #[serde(default = "one_task")]
     pub tasks_per_node: u32,
+    /// Its `--dependency` list, as Slurm writes it.
+    #[serde(default)]
+    pub dependency: Option<String>,
+    /// Held back from the scheduler (`scontrol hold`).
+    #[serde(default)]
+    pub held: bool,
 }
 
 fn one_task() -> u32 {

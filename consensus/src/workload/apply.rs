@@ -7,7 +7,7 @@ use shoal_sdk::MemberState;
 use super::{
     Allocation, Checkpoint, CkptPart, GpuFault, Job, JobId, JobSpec, JobState, Plan,
     PlannedPlacement, RankEnd, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, Workload,
-    CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES,
+    CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_DEPENDENCIES, MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES,
     MAX_MANIFEST_BYTES, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
 };
 use crate::ledger::{validate_name, Member};
@@ -125,6 +125,21 @@ impl Workload {
             ));
         }
         check_feasible(spec, members)?;
+        if spec.dependencies.len() > MAX_DEPENDENCIES {
+            return Err(format!(
+                "a job may depend on at most {MAX_DEPENDENCIES} jobs, not {}",
+                spec.dependencies.len()
+            ));
+        }
+        for dep in &spec.dependencies {
+            // A job of another tenant is "no job N" too: it is not theirs to see.
+            if !self.jobs.get(&dep.job).is_some_and(|j| j.spec.tenant == spec.tenant) {
+                return Err(format!(
+                    "--dependency: no job {} of tenant '{}'",
+                    dep.job, spec.tenant
+                ));
+            }
+        }
         // A job that could never run is refused now rather than left pending forever.
         for name in self.ancestry(&spec.tenant) {
             let limits = &self.tenants[name].limits;
@@ -164,6 +179,7 @@ impl Workload {
                 spec: spec.clone(),
                 state: JobState::Pending,
                 reason: "waiting for the scheduler".into(),
+                held: false,
                 submitted_at_ms: now_ms,
                 started_at_ms: None,
                 ended_at_ms: None,
@@ -214,6 +230,25 @@ impl Workload {
                 job.reason = "cancelling: waiting for the ranks to exit".into();
             }
         }
+        Ok(())
+    }
+
+    /// `scontrol hold` (a waiting job only) and `release`.
+    pub(crate) fn hold(&mut self, id: JobId, hold: bool) -> Result<(), String> {
+        let job = self
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| format!("no job {id}"))?;
+        if hold && !job.state.is_waiting() {
+            return Err(format!(
+                "job {id} is {}: only a waiting job can be held",
+                job.state
+            ));
+        }
+        if !hold && !job.held {
+            return Err(format!("job {id} is not held"));
+        }
+        job.held = hold;
         Ok(())
     }
 

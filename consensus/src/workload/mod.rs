@@ -65,6 +65,8 @@ pub const CKPT_RETAIN: usize = 3;
 pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
 /// Longest command line (bytes over all arguments and environment) a job may carry.
 pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024;
+/// Most jobs one job may depend on.
+pub const MAX_DEPENDENCIES: usize = 64;
 
 /// A tenant's limits. For `max_gpus` and `gpu_seconds_limit` `None` means
 /// unlimited; for the ledger limits below it means the cluster default
@@ -278,6 +280,148 @@ pub struct JobSpec {
     /// and starts the node's tasks itself with `srun`, instead of the agent
     /// starting it once per task.
     pub batch: bool,
+    /// Jobs this one waits for, all of them (`--dependency`).
+    pub dependencies: Vec<Dependency>,
+    /// At most one job of this name and tenant holds GPUs at a time, in
+    /// submit order (`--dependency=singleton`).
+    pub singleton: bool,
+}
+
+/// What a dependency waits for in the job it names (Slurm's kinds).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DependencyKind {
+    /// The job started (or ended).
+    After,
+    /// The job ended, however.
+    AfterAny,
+    /// The job completed successfully.
+    AfterOk,
+    /// The job ended other than successfully.
+    AfterNotOk,
+}
+
+impl DependencyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DependencyKind::After => "after",
+            DependencyKind::AfterAny => "afterany",
+            DependencyKind::AfterOk => "afterok",
+            DependencyKind::AfterNotOk => "afternotok",
+        }
+    }
+}
+
+/// `--dependency=KIND:JOB`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dependency {
+    pub kind: DependencyKind,
+    pub job: JobId,
+}
+
+/// Where a dependency stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DependencyState {
+    Met,
+    /// Not yet; the sentence says what it waits for.
+    Waiting(String),
+    /// It never can be: the job ended the other way.
+    Never(String),
+}
+
+impl Dependency {
+    /// Slurm's `--dependency` list: `KIND:ID[:ID...]` items and `singleton`,
+    /// separated by commas (all must hold); returns the dependencies and
+    /// whether the job is a singleton. `?` (any of them) is not supported.
+    pub fn parse_list(s: &str) -> Result<(Vec<Dependency>, bool), String> {
+        if s.contains('?') {
+            return Err(format!(
+                "--dependency={s}: '?' (any one of them) is not supported; use ',' (all)"
+            ));
+        }
+        let mut deps = Vec::new();
+        let mut singleton = false;
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            if item == "singleton" {
+                singleton = true;
+                continue;
+            }
+            let mut parts = item.split(':');
+            let kind = match parts.next().unwrap_or_default() {
+                "after" => DependencyKind::After,
+                "afterany" => DependencyKind::AfterAny,
+                "afterok" => DependencyKind::AfterOk,
+                "afternotok" => DependencyKind::AfterNotOk,
+                other => {
+                    return Err(format!(
+                        "--dependency: '{other}' is not after, afterany, afterok, afternotok or singleton"
+                    ))
+                }
+            };
+            let mut any = false;
+            for id in parts {
+                // Slurm's `after:ID+MINUTES` delay is not supported.
+                let job: JobId = id
+                    .parse()
+                    .map_err(|_| format!("--dependency: '{id}' in '{item}' is not a job id"))?;
+                deps.push(Dependency { kind, job });
+                any = true;
+            }
+            if !any {
+                return Err(format!("--dependency: '{item}' names no job"));
+            }
+        }
+        if deps.is_empty() && !singleton {
+            return Err(format!("--dependency={s} names nothing"));
+        }
+        Ok((deps, singleton))
+    }
+
+    /// The list as Slurm writes it.
+    pub fn format_list(deps: &[Dependency], singleton: bool) -> String {
+        let mut items: Vec<String> = deps
+            .iter()
+            .map(|d| format!("{}:{}", d.kind.as_str(), d.job))
+            .collect();
+        if singleton {
+            items.push("singleton".into());
+        }
+        items.join(",")
+    }
+
+    pub fn state(&self, jobs: &BTreeMap<JobId, Job>) -> DependencyState {
+        let kind = self.kind.as_str();
+        // Dropped from the bounded history: it ended long ago.
+        let Some(job) = jobs.get(&self.job) else {
+            return DependencyState::Met;
+        };
+        let ended = job.state.is_final();
+        let ok = job.state == JobState::Completed;
+        let met = match self.kind {
+            DependencyKind::After => ended || job.started_at_ms.is_some(),
+            DependencyKind::AfterAny => ended,
+            DependencyKind::AfterOk => ended && ok,
+            DependencyKind::AfterNotOk => ended && !ok,
+        };
+        if met {
+            DependencyState::Met
+        } else if ended {
+            DependencyState::Never(format!(
+                "dependency never satisfied: job {} ended {} ({kind})",
+                job.id, job.state
+            ))
+        } else {
+            let until = match self.kind {
+                DependencyKind::After => "to start",
+                DependencyKind::AfterAny => "to end",
+                DependencyKind::AfterOk => "to complete",
+                DependencyKind::AfterNotOk => "to fail",
+            };
+            DependencyState::Waiting(format!(
+                "dependency: waiting for job {} {until} ({kind})",
+                job.id
+            ))
+        }
+    }
 }
 
 impl JobSpec {
@@ -404,6 +548,9 @@ pub struct Job {
     pub yields_to: Option<JobId>,
     /// Not placed before this ledger time (the fencing wait after node loss).
     pub not_before_ms: Option<u64>,
+    /// Held by its user or an admin (`scontrol hold`): not scheduled until
+    /// released.
+    pub held: bool,
 }
 
 impl Job {
@@ -415,6 +562,40 @@ impl Job {
             && self
                 .yields_to
                 .is_none_or(|other| !jobs.get(&other).is_some_and(|j| j.state.is_waiting()))
+            && self.user_hold(jobs).is_none()
+    }
+
+    /// Why the job's user keeps it from the scheduler: a hold, a dependency
+    /// not met, or an earlier job of its singleton name; None when nothing
+    /// does.
+    pub fn user_hold(&self, jobs: &BTreeMap<JobId, Job>) -> Option<String> {
+        if self.held {
+            return Some(format!("held (release it with `scontrol release {}`)", self.id));
+        }
+        for dep in &self.spec.dependencies {
+            match dep.state(jobs) {
+                DependencyState::Met => {}
+                DependencyState::Waiting(why) | DependencyState::Never(why) => return Some(why),
+            }
+        }
+        if self.spec.singleton {
+            let same = |j: &&Job| {
+                j.id != self.id
+                    && j.spec.singleton
+                    && j.spec.name == self.spec.name
+                    && j.spec.tenant == self.spec.tenant
+            };
+            // One holding GPUs, or an earlier one still waiting, goes first.
+            if let Some(other) = jobs.values().filter(same).find(|j| {
+                j.alloc.is_some() || (j.state.is_waiting() && j.id < self.id)
+            }) {
+                return Some(format!(
+                    "singleton: job {} of the same name goes first",
+                    other.id
+                ));
+            }
+        }
+        None
     }
 }
 

@@ -1267,3 +1267,105 @@ fn a_rank_lost_with_its_agent_restarts_like_node_loss() {
     lose(&mut r);
     assert_eq!(r.job(id).state, JobState::NodeFail, "{}", r.job(id).reason);
 }
+
+#[test]
+fn dependencies_holds_and_singletons_keep_jobs_from_the_scheduler() {
+    use crate::workload::{Dependency, DependencyKind};
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    r.apply(Command::CreateTenant {
+        name: "vision".into(),
+        limits: limits(None, None, 1),
+    });
+    r.apply(Command::CreateTenant {
+        name: "nlp".into(),
+        limits: limits(None, None, 1),
+    });
+    let first = r.submit(job("vision", 1, 1));
+    let after = |kind, job| Dependency { kind, job };
+    let mut ok = job("vision", 1, 1);
+    ok.dependencies = vec![after(DependencyKind::AfterOk, first)];
+    let on_ok = r.submit(ok);
+    let mut not_ok = job("vision", 1, 1);
+    not_ok.dependencies = vec![after(DependencyKind::AfterNotOk, first)];
+    let on_fail = r.submit(not_ok);
+    let mut started = job("vision", 1, 1);
+    started.dependencies = vec![after(DependencyKind::After, first)];
+    let on_start = r.submit(started);
+    // Another tenant's job cannot be named, nor a job that does not exist.
+    for missing in [first, 999] {
+        let mut other = job("nlp", 1, 1);
+        other.dependencies = vec![after(DependencyKind::AfterAny, missing)];
+        let refused = r.apply(Command::SubmitJob { spec: other });
+        assert!(
+            matches!(&refused, LedgerResponse::Rejected(m) if m.contains(&format!("no job {missing}"))),
+            "{refused:?}"
+        );
+    }
+    r.pass(Policy::Fifo);
+    assert!(r.job(first).alloc.is_some());
+    assert!(r.job(on_ok).state.is_waiting());
+    assert!(r.job(on_ok)
+        .user_hold(&r.ledger.workload.jobs)
+        .is_some_and(|w| w.contains(&format!("job {first} to complete"))));
+    // `after` is met once the job started.
+    r.pass(Policy::Fifo);
+    assert!(r.job(on_start).alloc.is_some());
+    r.exit_all(first, 0);
+    r.pass(Policy::Fifo);
+    assert!(r.job(on_ok).alloc.is_some(), "afterok runs after a success");
+    let never = r.job(on_fail).user_hold(&r.ledger.workload.jobs);
+    assert!(
+        never.as_deref().is_some_and(|w| w.starts_with("dependency never satisfied")),
+        "{never:?}"
+    );
+    assert!(r.job(on_fail).alloc.is_none());
+
+    // Hold and release.
+    let held = r.submit(job("vision", 1, 1));
+    assert_eq!(r.apply(Command::HoldJob { job: held, hold: true }), LedgerResponse::Ok);
+    r.pass(Policy::Fifo);
+    assert!(r.job(held).alloc.is_none() && r.job(held).held);
+    assert!(matches!(
+        r.apply(Command::HoldJob { job: first, hold: true }),
+        LedgerResponse::Rejected(_)
+    ));
+    assert_eq!(r.apply(Command::HoldJob { job: held, hold: false }), LedgerResponse::Ok);
+    r.pass(Policy::Fifo);
+    assert!(r.job(held).alloc.is_some());
+
+    // Singleton: one at a time per name and tenant, in submit order.
+    let mut one = job("vision", 1, 1);
+    one.name = "nightly".into();
+    one.singleton = true;
+    let a = r.submit(one.clone());
+    let b = r.submit(one.clone());
+    let mut other_tenant = one.clone();
+    other_tenant.tenant = "nlp".into();
+    let c = r.submit(other_tenant);
+    r.pass(Policy::Fifo);
+    r.pass(Policy::Fifo);
+    assert!(r.job(a).alloc.is_some() && r.job(c).alloc.is_some());
+    assert!(r.job(b).alloc.is_none());
+    r.exit_all(a, 0);
+    r.pass(Policy::Fifo);
+    assert!(r.job(b).alloc.is_some());
+}
+
+#[test]
+fn dependency_lists_read_like_slurm() {
+    use crate::workload::{Dependency, DependencyKind};
+    let (deps, singleton) = Dependency::parse_list("afterok:3:4,afterany:5,singleton").expect("parses");
+    assert!(singleton);
+    assert_eq!(
+        deps,
+        [
+            Dependency { kind: DependencyKind::AfterOk, job: 3 },
+            Dependency { kind: DependencyKind::AfterOk, job: 4 },
+            Dependency { kind: DependencyKind::AfterAny, job: 5 },
+        ]
+    );
+    assert_eq!(Dependency::format_list(&deps, singleton), "afterok:3,afterok:4,afterany:5,singleton");
+    for bad in ["afterok", "afterok:x", "later:3", "afterok:3?afterany:4", "", "after:3+5"] {
+        assert!(Dependency::parse_list(bad).is_err(), "{bad}");
+    }
+}

@@ -57,6 +57,8 @@ const ADMIN_READS: &[(&str, &str)] = &[
 const TENANT_WRITES: &[(&str, &str)] = &[
     ("POST", "/v1/jobs"),
     ("POST", "/v1/jobs/{id}/cancel"),
+    ("POST", "/v1/jobs/{id}/hold"),
+    ("POST", "/v1/jobs/{id}/release"),
     ("PUT", "/v1/chunks/{id}"),
     ("POST", "/v1/chunks/has"),
     ("POST", "/v1/objects"),
@@ -136,6 +138,8 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs", post(submit_job).get(list_jobs))
         .route("/jobs/{id}", get(show_job))
         .route("/jobs/{id}/cancel", post(cancel_job))
+        .route("/jobs/{id}/hold", post(hold_job))
+        .route("/jobs/{id}/release", post(release_job))
         .route("/jobs/{id}/logs", get(job_logs))
         .route("/jobs/{id}/checkpoints", get(list_checkpoints))
         .route(
@@ -668,6 +672,44 @@ async fn cancel_job(
         &caller,
         "POST /v1/jobs/{id}/cancel",
         Command::CancelJob { job: id },
+        || job_resource(&app, id),
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn hold_job(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    set_hold(app, caller, id, true).await
+}
+
+async fn release_job(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    set_hold(app, caller, id, false).await
+}
+
+async fn set_hold(
+    app: AppState,
+    caller: Caller,
+    id: u64,
+    hold: bool,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let route = if hold {
+        "POST /v1/jobs/{id}/hold"
+    } else {
+        "POST /v1/jobs/{id}/release"
+    };
+    let (_, index) = write_as(
+        &app,
+        &caller,
+        route,
+        Command::HoldJob { job: id, hold },
         || job_resource(&app, id),
     )
     .await?;

@@ -38,6 +38,10 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
         }
     };
     let (max_restarts, requeue) = req.restart_policy();
+    let (dependencies, singleton) = match req.dependency.as_deref() {
+        None | Some("") => (Vec::new(), false),
+        Some(list) => shoal_consensus::workload::Dependency::parse_list(list)?,
+    };
     Ok(JobSpec {
         name: if req.name.is_empty() {
             req.command
@@ -73,6 +77,8 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
             t => t.unwrap_or(1),
         },
         batch: req.batch,
+        dependencies,
+        singleton,
     })
 }
 
@@ -94,7 +100,14 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
         name: job.spec.name.clone(),
         tenant: job.spec.tenant.clone(),
         state: job.state.as_str().to_string(),
-        reason: job.reason.clone(),
+        // What the user set (a hold, a dependency) is why the scheduler has
+        // not looked at it.
+        reason: match job.state.is_waiting() {
+            true => job
+                .user_hold(&ledger.workload.jobs)
+                .unwrap_or_else(|| job.reason.clone()),
+            false => job.reason.clone(),
+        },
         nodes: placed.iter().map(|(n, _)| name_of(*n)).collect(),
         gpus: placed
             .iter()
@@ -119,6 +132,13 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
         mem_bytes: job.spec.mem_bytes,
         cpus_per_task: job.spec.cpus_per_task,
         tasks_per_node: job.spec.tasks_per_node(),
+        dependency: (!job.spec.dependencies.is_empty() || job.spec.singleton).then(|| {
+            shoal_consensus::workload::Dependency::format_list(
+                &job.spec.dependencies,
+                job.spec.singleton,
+            )
+        }),
+        held: job.held,
     }
 }
 
@@ -638,6 +658,7 @@ mod tests {
             cpus_per_task: None,
             tasks_per_node: None,
             batch: false,
+            dependency: None,
         };
         let spec = job_spec(&req).expect("valid");
         assert_eq!(spec.name, "python3");

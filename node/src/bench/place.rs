@@ -302,6 +302,7 @@ async fn end_to_end(gangs: usize) -> anyhow::Result<EndToEndRow> {
         cpus_per_task: None,
         tasks_per_node: None,
         batch: false,
+        dependency: None,
     };
     let clients = 32;
     let started = Instant::now();

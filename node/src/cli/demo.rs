@@ -102,6 +102,7 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         cpus_per_task: None,
         tasks_per_node: None,
         batch: false,
+        dependency: None,
     };
     let id = client.submit_job(&request).await.map_err(api)?.id;
     t.event(format!(

@@ -41,6 +41,11 @@ pub struct JobArgs {
     /// Processes in all, spread evenly over the nodes
     #[arg(short = 'n', long, value_name = "N")]
     pub ntasks: Option<u32>,
+    /// Start only after other jobs: afterok:ID[:ID...], afterany:ID,
+    /// afternotok:ID, after:ID (started), singleton; comma-separated, all
+    /// must hold
+    #[arg(short = 'd', long, value_name = "LIST")]
+    pub dependency: Option<String>,
     /// Time limit: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]], 90s, 30m, 2h
     #[arg(short = 't', long = "time", default_value = DEFAULT_TIME_LIMIT)]
     pub time: String,
@@ -95,6 +100,10 @@ pub struct JobArgs {
     /// node's tasks itself with `srun` (sbatch's semantics)
     #[arg(long, hide = true)]
     pub batch: bool,
+    /// A job array (sbatch --array): 0-15, 1,3,5, 0-15:2, with %N for at
+    /// most N at once
+    #[arg(long, hide = true)]
+    pub array: Option<String>,
     /// The command (after --)
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -301,6 +310,7 @@ impl JobArgs {
             },
             tasks_per_node: (tasks_per_node > 1).then_some(tasks_per_node),
             batch: self.batch,
+            dependency: self.dependency.clone(),
         })
     }
 }
@@ -461,6 +471,96 @@ fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
     anyhow::anyhow!(e.to_string())
 }
 
+/// Most tasks one job array may have.
+pub const MAX_ARRAY_TASKS: usize = 1000;
+
+/// `--array`: the task indices, in order, and the most that may run at
+/// once (`%N`).
+pub fn parse_array(spec: &str) -> Result<(Vec<u32>, Option<usize>), String> {
+    let bad = |why: &str| format!("invalid --array '{spec}': {why}");
+    let (list, throttle) = match spec.split_once('%') {
+        Some((l, t)) => {
+            let t: usize = t.parse().map_err(|_| bad("%N must be a count"))?;
+            if t == 0 {
+                return Err(bad("%N must be positive"));
+            }
+            (l, Some(t))
+        }
+        None => (spec, None),
+    };
+    let mut indices = Vec::new();
+    for item in list.split(',') {
+        let (range, step) = match item.split_once(':') {
+            Some((r, s)) => (r, s.parse::<u32>().map_err(|_| bad("a step must be a count"))?),
+            None => (item, 1),
+        };
+        if step == 0 {
+            return Err(bad("a step must be positive"));
+        }
+        let (lo, hi) = match range.split_once('-') {
+            Some((a, b)) => (a, b),
+            None => (range, range),
+        };
+        let lo: u32 = lo.parse().map_err(|_| bad("use 0-15, 1,3,5 or 0-15:2"))?;
+        let hi: u32 = hi.parse().map_err(|_| bad("use 0-15, 1,3,5 or 0-15:2"))?;
+        if hi < lo {
+            return Err(bad("a range must not run backwards"));
+        }
+        let mut i = lo;
+        while i <= hi {
+            if !indices.contains(&i) {
+                indices.push(i);
+            }
+            if indices.len() > MAX_ARRAY_TASKS {
+                return Err(bad(&format!("at most {MAX_ARRAY_TASKS} tasks")));
+            }
+            i = match i.checked_add(step) {
+                Some(n) => n,
+                None => break,
+            };
+        }
+    }
+    Ok((indices, throttle))
+}
+
+/// The submissions of a job array: one request per index, with Slurm's
+/// array variables; with `%N`, task k waits for task k−N to end, so at
+/// most N run at once. `first` is the id of the first task once known
+/// (`SLURM_ARRAY_JOB_ID`; the first task's own is its job id).
+fn array_task(
+    base: &JobSubmitRequest,
+    indices: &[u32],
+    k: usize,
+    throttle: Option<usize>,
+    ids: &[u64],
+) -> JobSubmitRequest {
+    let mut req = base.clone();
+    let min = indices.iter().min().copied().unwrap_or_default();
+    let max = indices.iter().max().copied().unwrap_or_default();
+    for (key, value) in [
+        ("SLURM_ARRAY_TASK_ID", indices[k].to_string()),
+        ("SLURM_ARRAY_TASK_COUNT", indices.len().to_string()),
+        ("SLURM_ARRAY_TASK_MIN", min.to_string()),
+        ("SLURM_ARRAY_TASK_MAX", max.to_string()),
+    ] {
+        req.env.insert(key.into(), value);
+    }
+    if let Some(first) = ids.first() {
+        req.env
+            .insert("SLURM_ARRAY_JOB_ID".into(), first.to_string());
+    }
+    if let Some(t) = throttle {
+        if k >= t {
+            let wait = format!("afterany:{}", ids[k - t]);
+            req.dependency = Some(match req.dependency.take() {
+                Some(d) if !d.is_empty() => format!("{d},{wait}"),
+                _ => wait,
+            });
+        }
+    }
+    req
+}
+
 /// What `submit` does once the job is in.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AfterSubmit {
@@ -490,6 +590,9 @@ pub async fn submit(
     let req = args
         .request(args.command.clone())
         .map_err(anyhow::Error::msg)?;
+    if let Some(spec) = &args.array {
+        return submit_array(client, &req, spec, json, how).await;
+    }
     let resp = client.submit_job(&req).await.map_err(api)?;
     if let Some(label) = attach {
         // srun prints the job's output, not its id.
@@ -515,6 +618,68 @@ pub async fn submit(
             return job_exit(&job);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// `sbatch --array`: every task or none (a refused task cancels the ones
+/// already in); prints the first task's id, which names the array.
+async fn submit_array(
+    client: &Client,
+    base: &JobSubmitRequest,
+    spec: &str,
+    json: bool,
+    how: AfterSubmit,
+) -> anyhow::Result<()> {
+    let (indices, throttle) = parse_array(spec).map_err(anyhow::Error::msg)?;
+    if how.attach.is_some() {
+        anyhow::bail!("--array cannot be attached to (srun)");
+    }
+    let mut ids: Vec<u64> = Vec::new();
+    for k in 0..indices.len() {
+        let req = array_task(base, &indices, k, throttle, &ids);
+        match client.submit_job(&req).await {
+            Ok(resp) => ids.push(resp.id),
+            Err(e) => {
+                for id in &ids {
+                    let _ = client.cancel_job(*id).await;
+                }
+                anyhow::bail!(
+                    "array task {} was refused, so none was submitted: {e}",
+                    indices[k]
+                );
+            }
+        }
+    }
+    let first = ids.first().copied().unwrap_or_default();
+    if json {
+        print_json(&serde_json::json!({ "id": first, "ids": ids }))?;
+    } else if how.banner {
+        println!("Submitted batch job {first}");
+    } else {
+        println!("{first}");
+    }
+    if !how.wait {
+        return Ok(());
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // Like `sbatch --wait` of an array: the highest exit code of its tasks.
+    let mut worst = 0;
+    for id in ids {
+        loop {
+            let job = client.job(id).await.map_err(api)?;
+            if shoal_sdk::job_state_is_final(&job.state) {
+                if job_exit(&job).is_err() {
+                    worst = worst.max(job.exit_code.filter(|c| *c != 0).unwrap_or(1));
+                }
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    match worst {
+        0 => Ok(()),
+        code => Err(ExitWith(code).into()),
     }
 }
 
@@ -810,6 +975,26 @@ pub async fn cancel(client: &Client, ids: &[u64], json: bool) -> anyhow::Result<
         answers.push(client.cancel_job(*id).await.map_err(api)?);
         if !json {
             println!("job {id} cancelled");
+        }
+    }
+    if json {
+        print_json(&answers)?;
+    }
+    Ok(())
+}
+
+/// `shoal hold|release ID...`.
+pub async fn hold(client: &Client, ids: &[u64], hold: bool, json: bool) -> anyhow::Result<()> {
+    let mut answers = Vec::new();
+    for id in ids {
+        let answer = if hold {
+            client.hold_job(*id).await
+        } else {
+            client.release_job(*id).await
+        };
+        answers.push(answer.map_err(api)?);
+        if !json {
+            println!("job {id} {}", if hold { "held" } else { "released" });
         }
     }
     if json {
@@ -1302,6 +1487,26 @@ mod tests {
             let err = layout_of(bad).expect_err(bad);
             assert!(err.contains(says), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn arrays_read_like_slurm_and_throttle_by_dependencies() {
+        assert_eq!(parse_array("0-3"), Ok((vec![0, 1, 2, 3], None)));
+        assert_eq!(parse_array("1,3,5%2"), Ok((vec![1, 3, 5], Some(2))));
+        assert_eq!(parse_array("0-6:3,1"), Ok((vec![0, 3, 6, 1], None)));
+        for bad in ["", "x", "3-1", "0-3%0", "0-3:0", "0-5000", "1%x"] {
+            assert!(parse_array(bad).is_err(), "{bad}");
+        }
+        let base = JobSubmitRequest::shell(1, 1, "true");
+        let indices = [4, 5, 6];
+        let first = array_task(&base, &indices, 0, Some(2), &[]);
+        assert_eq!(first.env["SLURM_ARRAY_TASK_ID"], "4");
+        assert!(!first.env.contains_key("SLURM_ARRAY_JOB_ID"));
+        assert_eq!(first.dependency, None);
+        let third = array_task(&base, &indices, 2, Some(2), &[10, 11]);
+        assert_eq!(third.env["SLURM_ARRAY_JOB_ID"], "10");
+        assert_eq!(third.env["SLURM_ARRAY_TASK_COUNT"], "3");
+        assert_eq!(third.dependency.as_deref(), Some("afterany:10"));
     }
 
     #[test]

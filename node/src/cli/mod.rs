@@ -201,6 +201,16 @@ enum Cmd {
         #[arg(required = true)]
         jobs: Vec<u64>,
     },
+    /// Keep waiting jobs from the scheduler until released
+    Hold {
+        #[arg(required = true)]
+        jobs: Vec<u64>,
+    },
+    /// Let held jobs be scheduled again
+    Release {
+        #[arg(required = true)]
+        jobs: Vec<u64>,
+    },
     /// A rank's output, from the node that ran it
     Logs {
         job: u64,
@@ -728,6 +738,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Queue(args) => crate::cli::jobs::queue(&client(&cli)?, args, cli.json).await,
         Cmd::Show { job } => crate::cli::jobs::show(&client(&cli)?, *job, cli.json).await,
         Cmd::Cancel { jobs } => crate::cli::jobs::cancel(&client(&cli)?, jobs, cli.json).await,
+        Cmd::Hold { jobs } => crate::cli::jobs::hold(&client(&cli)?, jobs, true, cli.json).await,
+        Cmd::Release { jobs } => {
+            crate::cli::jobs::hold(&client(&cli)?, jobs, false, cli.json).await
+        }
         Cmd::Logs { job, rank, follow } => {
             crate::cli::jobs::logs(&client(&cli)?, *job, *rank, *follow).await
         }

@@ -93,6 +93,8 @@ const JOB_OPTIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     ("gpus", Some("G"), Some("--gpus")),
     ("ntasks", Some("n"), Some("--ntasks")),
     ("ntasks-per-node", None, Some("--ntasks-per-node")),
+    ("dependency", Some("d"), Some("--dependency")),
+    ("array", Some("a"), Some("--array")),
     ("time", Some("t"), Some("--time")),
     ("job-name", Some("J"), Some("--name")),
     ("account", Some("A"), Some("--tenant")),
@@ -121,8 +123,6 @@ const REFUSED: &[(&str, &str)] = &[
     ),
     ("test-only", "the API has no dry-run placement"),
     ("hold", "jobs cannot be held"),
-    ("dependency", "jobs have no dependencies"),
-    ("array", "there are no job arrays"),
 ];
 
 /// What `job_flags` found besides the shoal flags.
@@ -215,7 +215,6 @@ fn job_flags(
         let long = match name.as_str() {
             "W" => "wait",
             "H" => "hold",
-            "d" => "dependency",
             "a" => "array",
             "o" => "output",
             "e" => "error",
@@ -531,7 +530,9 @@ pub fn output_path(pattern: &str, name: &str) -> String {
             continue;
         }
         let var = match chars.next() {
-            Some('j' | 'J' | 'A') => "\"$SHOAL_JOB_ID\"",
+            Some('j' | 'J') => "\"$SHOAL_JOB_ID\"",
+            Some('A') => "\"${SLURM_ARRAY_JOB_ID:-$SHOAL_JOB_ID}\"",
+            Some('a') => "\"${SLURM_ARRAY_TASK_ID:-4294967294}\"",
             Some('u') => "\"$USER\"",
             Some('N') => "\"$SHOAL_NODE\"",
             Some('n' | 't') => "\"$NODE_RANK\"",
@@ -570,7 +571,9 @@ SLURM_JOB_NUM_NODES=\"${SLURM_JOB_NUM_NODES:-$WORLD_SIZE}\" \
 SLURM_NTASKS=\"${SLURM_NTASKS:-$WORLD_SIZE}\" \
 SLURM_NODEID=\"${SLURM_NODEID:-$NODE_RANK}\" \
 SLURM_PROCID=\"${SLURM_PROCID:-$NODE_RANK}\" \
-SLURM_LOCALID=\"${SLURM_LOCALID:-0}\"";
+SLURM_LOCALID=\"${SLURM_LOCALID:-0}\"; \
+if [ -n \"${SLURM_ARRAY_TASK_ID:-}\" ]; then \
+export SLURM_ARRAY_JOB_ID=\"${SLURM_ARRAY_JOB_ID:-$SHOAL_JOB_ID}\"; fi";
 
 /// `inner` under a small `/bin/sh` prelude: Slurm's variables, then its
 /// stdout (and stderr) sent to the `-o`/`-e` files.
@@ -1176,7 +1179,7 @@ echo start
             "{}",
             err.message
         );
-        for bad in ["--test-only", "--array=1-3", "--frob"] {
+        for bad in ["--test-only", "--frob"] {
             let err = translate("sbatch", &[bad.into(), "--wrap=true".into()])
                 .err()
                 .unwrap_or_else(|| panic!("{bad} accepted"));

@@ -1282,6 +1282,8 @@ pub enum Scontrol {
     ShowPartition,
     /// `update NodeName=N[,M] State=DRAIN|RESUME`: drain or return nodes.
     DrainNodes(Vec<String>, bool),
+    /// `hold|release ID[,ID...]`.
+    Hold(Vec<u64>, bool),
 }
 
 pub fn parse_scontrol(args: &[String]) -> Result<(Scontrol, bool), String> {
@@ -1314,6 +1316,21 @@ pub fn parse_scontrol(args: &[String]) -> Result<(Scontrol, bool), String> {
         }
         (Some("show"), None) => return Err("scontrol: show what? (job, node, partition)".into()),
         (Some("update"), _) => scontrol_update(&words[1..])?,
+        (Some(verb @ ("hold" | "release" | "uhold")), _) => {
+            let ids = words[1..]
+                .iter()
+                .flat_map(|w| w.split(','))
+                .filter(|w| !w.is_empty())
+                .map(|w| {
+                    w.parse()
+                        .map_err(|_| format!("scontrol: invalid job id '{w}'"))
+                })
+                .collect::<Result<Vec<u64>, String>>()?;
+            if ids.is_empty() {
+                return Err(format!("scontrol: {verb} needs a job id"));
+            }
+            Scontrol::Hold(ids, verb != "release")
+        }
         (Some(verb), _) => return Err(format!("scontrol: '{verb}' is not supported")),
         (None, _) => return Err("scontrol: give a command (show job ID, show node NAME)".into()),
     };
@@ -1531,6 +1548,16 @@ async fn scontrol(client: &Client, args: &[String]) -> anyhow::Result<()> {
                 client.drain_node(n, drain).await.map_err(api)?;
             }
         }
+        Scontrol::Hold(ids, hold) => {
+            for id in ids {
+                let done = if hold {
+                    client.hold_job(id).await
+                } else {
+                    client.release_job(id).await
+                };
+                done.map_err(api)?;
+            }
+        }
         Scontrol::ShowPartition => {
             let nodes = client.nodes().await.map_err(api)?;
             let names: Vec<&str> = nodes
@@ -1594,6 +1621,8 @@ mod tests {
             mem_bytes: None,
             cpus_per_task: None,
             tasks_per_node: 1,
+            dependency: None,
+            held: false,
         }
     }
 
@@ -1848,7 +1877,16 @@ mod tests {
                 "{err}"
             );
         }
-        for verb in ["hold", "release", "requeue", "suspend"] {
+        assert_eq!(
+            parse_scontrol(&a("hold 3,4")).expect("hold"),
+            (Scontrol::Hold(vec![3, 4], true), false)
+        );
+        assert_eq!(
+            parse_scontrol(&a("release 3")).expect("release"),
+            (Scontrol::Hold(vec![3], false), false)
+        );
+        assert!(parse_scontrol(&a("hold")).is_err());
+        for verb in ["requeue", "suspend"] {
             let err = parse_scontrol(&a(&format!("{verb} 3"))).expect_err(verb);
             assert_eq!(err, format!("scontrol: '{verb}' is not supported"));
         }
