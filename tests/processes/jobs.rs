@@ -1024,3 +1024,111 @@ async fn tasks_per_node_get_their_own_ranks_gpus_and_logs() {
     got.sort();
     assert_eq!(got, ["0: r0", "1: r1", "2: r2", "3: r3"], "{err}");
 }
+
+/// Job arrays, dependencies and holds through the Slurm names: `sbatch
+/// --array=0-3%2` with `%A_%a` output files, `-d afterok`/`afternotok`
+/// after a failing job, `scontrol hold` and `release`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_arrays_dependencies_and_holds() {
+    let _serial = one_at_a_time();
+    let cluster = Cluster::start(&["r1"]).await;
+    let client = cluster.client(0);
+    let bin = tempfile::tempdir().expect("tempdir");
+    for name in ["sbatch", "scontrol", "squeue"] {
+        std::os::unix::fs::symlink(shoal_bin(), bin.path().join(name)).expect("symlink");
+    }
+    let work = tempfile::tempdir().expect("tempdir");
+    let run = |name: &str, args: &[&str]| {
+        let out = Command::new(bin.path().join(name))
+            .args(args)
+            .current_dir(work.path())
+            .env("SHOAL_API", cluster.nodes[0].api_url())
+            .env("SHOAL_TOKEN", &cluster.token)
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let sbatch_id = |args: &[&str]| {
+        let mut all = vec!["--parsable", "-t", "2"];
+        all.extend_from_slice(args);
+        let (code, out, err) = run("sbatch", &all);
+        assert_eq!(code, Some(0), "sbatch {args:?}: {err}");
+        out.trim().parse::<u64>().expect("id")
+    };
+
+    // An array of four, at most two at once.
+    let first = sbatch_id(&[
+        "--array=0-3%2",
+        "-o",
+        "arr-%A_%a.out",
+        "--wrap",
+        "echo \"$SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT\"",
+    ]);
+    let tasks: Vec<JobInfo> = client
+        .jobs(None, None)
+        .await
+        .expect("jobs")
+        .into_iter()
+        .filter(|j| j.id >= first && j.id < first + 4)
+        .collect();
+    assert_eq!(tasks.len(), 4);
+    assert_eq!(tasks[2].dependency, Some(format!("afterany:{first}")));
+    for (i, task) in tasks.iter().enumerate() {
+        wait_state(&client, task.id, "completed").await;
+        let out = std::fs::read_to_string(work.path().join(format!("arr-{first}_{i}.out")))
+            .expect("array output");
+        assert_eq!(out, format!("{first} {i} of 4\n"));
+    }
+
+    // Dependencies on a job that fails.
+    let failing = sbatch_id(&["--wrap", "sleep 5; exit 3"]);
+    let on_ok = sbatch_id(&["-d", &format!("afterok:{failing}"), "--wrap", "true"]);
+    let on_fail = sbatch_id(&[
+        &format!("--dependency=afternotok:{failing}"),
+        "--wrap",
+        "true",
+    ]);
+    let waiting = client.job(on_ok).await.expect("job");
+    assert_eq!(waiting.state, "pending");
+    assert!(
+        waiting
+            .reason
+            .contains(&format!("waiting for job {failing} to complete")),
+        "{}",
+        waiting.reason
+    );
+    wait_state(&client, failing, "failed").await;
+    wait_state(&client, on_fail, "completed").await;
+    let never = client.job(on_ok).await.expect("job");
+    assert_eq!(never.state, "pending");
+    assert!(
+        never.reason.starts_with("dependency never satisfied"),
+        "{}",
+        never.reason
+    );
+    let (code, out, _) = run("squeue", &["-h", "-j", &on_ok.to_string(), "-o", "%t %R"]);
+    assert_eq!(code, Some(0));
+    assert!(out.starts_with("PD (dependency never satisfied"), "{out}");
+    client.cancel_job(on_ok).await.expect("cancel");
+
+    // A held job waits until released, even once its dependency is met.
+    let blocker = sbatch_id(&["--wrap", "sleep 60"]);
+    let held = sbatch_id(&["-d", &format!("afterany:{blocker}"), "--wrap", "true"]);
+    let (code, _, err) = run("scontrol", &["hold", &held.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    client.cancel_job(blocker).await.expect("cancel");
+    wait_state(&client, blocker, "cancelled").await;
+    let job = client.job(held).await.expect("job");
+    assert!(job.held && job.state == "pending", "{job:?}");
+    assert!(job.reason.starts_with("held"), "{}", job.reason);
+    let (code, _, err) = run("scontrol", &["release", &held.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    wait_state(&client, held, "completed").await;
+    let (code, _, err) = run("scontrol", &["hold", &held.to_string()]);
+    assert_eq!(code, Some(1), "a finished job cannot be held");
+    assert!(err.contains("only a waiting job can be held"), "{err}");
+}

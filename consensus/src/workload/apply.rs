@@ -7,8 +7,8 @@ use shoal_sdk::MemberState;
 use super::{
     Allocation, Checkpoint, CkptPart, GpuFault, Job, JobId, JobSpec, JobState, Plan,
     PlannedPlacement, RankEnd, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, Workload,
-    CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_DEPENDENCIES, MAX_FINISHED_JOBS, MAX_JOB_SPEC_BYTES,
-    MAX_MANIFEST_BYTES, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
+    CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_DEPENDENCIES, MAX_FINISHED_JOBS,
+    MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
 };
 use crate::ledger::{validate_name, Member};
 use crate::sched::gpu_model_matches;
@@ -133,7 +133,11 @@ impl Workload {
         }
         for dep in &spec.dependencies {
             // A job of another tenant is "no job N" too: it is not theirs to see.
-            if !self.jobs.get(&dep.job).is_some_and(|j| j.spec.tenant == spec.tenant) {
+            if !self
+                .jobs
+                .get(&dep.job)
+                .is_some_and(|j| j.spec.tenant == spec.tenant)
+            {
                 return Err(format!(
                     "--dependency: no job {} of tenant '{}'",
                     dep.job, spec.tenant

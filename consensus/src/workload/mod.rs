@@ -570,7 +570,10 @@ impl Job {
     /// does.
     pub fn user_hold(&self, jobs: &BTreeMap<JobId, Job>) -> Option<String> {
         if self.held {
-            return Some(format!("held (release it with `scontrol release {}`)", self.id));
+            return Some(format!(
+                "held (release it with `scontrol release {}`)",
+                self.id
+            ));
         }
         for dep in &self.spec.dependencies {
             match dep.state(jobs) {
@@ -586,9 +589,11 @@ impl Job {
                     && j.spec.tenant == self.spec.tenant
             };
             // One holding GPUs, or an earlier one still waiting, goes first.
-            if let Some(other) = jobs.values().filter(same).find(|j| {
-                j.alloc.is_some() || (j.state.is_waiting() && j.id < self.id)
-            }) {
+            if let Some(other) = jobs
+                .values()
+                .filter(same)
+                .find(|j| j.alloc.is_some() || (j.state.is_waiting() && j.id < self.id))
+            {
                 return Some(format!(
                     "singleton: job {} of the same name goes first",
                     other.id

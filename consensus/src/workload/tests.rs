@@ -1304,7 +1304,8 @@ fn dependencies_holds_and_singletons_keep_jobs_from_the_scheduler() {
     r.pass(Policy::Fifo);
     assert!(r.job(first).alloc.is_some());
     assert!(r.job(on_ok).state.is_waiting());
-    assert!(r.job(on_ok)
+    assert!(r
+        .job(on_ok)
         .user_hold(&r.ledger.workload.jobs)
         .is_some_and(|w| w.contains(&format!("job {first} to complete"))));
     // `after` is met once the job started.
@@ -1315,21 +1316,38 @@ fn dependencies_holds_and_singletons_keep_jobs_from_the_scheduler() {
     assert!(r.job(on_ok).alloc.is_some(), "afterok runs after a success");
     let never = r.job(on_fail).user_hold(&r.ledger.workload.jobs);
     assert!(
-        never.as_deref().is_some_and(|w| w.starts_with("dependency never satisfied")),
+        never
+            .as_deref()
+            .is_some_and(|w| w.starts_with("dependency never satisfied")),
         "{never:?}"
     );
     assert!(r.job(on_fail).alloc.is_none());
 
     // Hold and release.
     let held = r.submit(job("vision", 1, 1));
-    assert_eq!(r.apply(Command::HoldJob { job: held, hold: true }), LedgerResponse::Ok);
+    assert_eq!(
+        r.apply(Command::HoldJob {
+            job: held,
+            hold: true
+        }),
+        LedgerResponse::Ok
+    );
     r.pass(Policy::Fifo);
     assert!(r.job(held).alloc.is_none() && r.job(held).held);
     assert!(matches!(
-        r.apply(Command::HoldJob { job: first, hold: true }),
+        r.apply(Command::HoldJob {
+            job: first,
+            hold: true
+        }),
         LedgerResponse::Rejected(_)
     ));
-    assert_eq!(r.apply(Command::HoldJob { job: held, hold: false }), LedgerResponse::Ok);
+    assert_eq!(
+        r.apply(Command::HoldJob {
+            job: held,
+            hold: false
+        }),
+        LedgerResponse::Ok
+    );
     r.pass(Policy::Fifo);
     assert!(r.job(held).alloc.is_some());
 
@@ -1354,18 +1372,38 @@ fn dependencies_holds_and_singletons_keep_jobs_from_the_scheduler() {
 #[test]
 fn dependency_lists_read_like_slurm() {
     use crate::workload::{Dependency, DependencyKind};
-    let (deps, singleton) = Dependency::parse_list("afterok:3:4,afterany:5,singleton").expect("parses");
+    let (deps, singleton) =
+        Dependency::parse_list("afterok:3:4,afterany:5,singleton").expect("parses");
     assert!(singleton);
     assert_eq!(
         deps,
         [
-            Dependency { kind: DependencyKind::AfterOk, job: 3 },
-            Dependency { kind: DependencyKind::AfterOk, job: 4 },
-            Dependency { kind: DependencyKind::AfterAny, job: 5 },
+            Dependency {
+                kind: DependencyKind::AfterOk,
+                job: 3
+            },
+            Dependency {
+                kind: DependencyKind::AfterOk,
+                job: 4
+            },
+            Dependency {
+                kind: DependencyKind::AfterAny,
+                job: 5
+            },
         ]
     );
-    assert_eq!(Dependency::format_list(&deps, singleton), "afterok:3,afterok:4,afterany:5,singleton");
-    for bad in ["afterok", "afterok:x", "later:3", "afterok:3?afterany:4", "", "after:3+5"] {
+    assert_eq!(
+        Dependency::format_list(&deps, singleton),
+        "afterok:3,afterok:4,afterany:5,singleton"
+    );
+    for bad in [
+        "afterok",
+        "afterok:x",
+        "later:3",
+        "afterok:3?afterany:4",
+        "",
+        "after:3+5",
+    ] {
         assert!(Dependency::parse_list(bad).is_err(), "{bad}");
     }
 }

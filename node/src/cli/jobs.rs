@@ -491,7 +491,11 @@ pub fn parse_array(spec: &str) -> Result<(Vec<u32>, Option<usize>), String> {
     let mut indices = Vec::new();
     for item in list.split(',') {
         let (range, step) = match item.split_once(':') {
-            Some((r, s)) => (r, s.parse::<u32>().map_err(|_| bad("a step must be a count"))?),
+            Some((r, s)) => (
+                r,
+                s.parse::<u32>()
+                    .map_err(|_| bad("a step must be a count"))?,
+            ),
             None => (item, 1),
         };
         if step == 0 {
