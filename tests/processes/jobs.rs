@@ -1132,3 +1132,117 @@ async fn slurm_arrays_dependencies_and_holds() {
     assert_eq!(code, Some(1), "a finished job cannot be held");
     assert!(err.contains("only a waiting job can be held"), "{err}");
 }
+
+/// The DDP example needs PyTorch with gloo for the ranks' `python3`
+/// (`/usr/bin/python3` on the ranks' PATH): Debian's python3-torch, which
+/// `.ci/run` installs. Without it the test fails with the reason.
+fn require_torch() {
+    let works = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import torch.distributed as d; assert d.is_gloo_available()",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        works,
+        "this test cannot run here: /usr/bin/python3 has no PyTorch with gloo \
+         (apt-get install python3-torch; .ci/run installs it)"
+    );
+}
+
+fn ddp_request(steps: u32, step_seconds: &str) -> shoal_sdk::JobSubmitRequest {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .expect("repo root");
+    let script = root.join("examples/ddp_train.py").display().to_string();
+    let mut req = shoal_sdk::JobSubmitRequest {
+        command: vec![
+            "/usr/bin/python3".into(),
+            script,
+            "--steps".into(),
+            steps.to_string(),
+            "--ckpt-every".into(),
+            "10".into(),
+            "--step-seconds".into(),
+            step_seconds.into(),
+        ],
+        tasks_per_node: Some(2),
+        max_restarts: Some(2),
+        ..request(2, 2, "")
+    };
+    req.env.insert(
+        "PYTHONPATH".into(),
+        root.join("sdk/python/src").display().to_string(),
+    );
+    req
+}
+
+/// The digest rank 0 printed at the end, and its log, read through `shoal logs`.
+fn final_digest(cluster: &Cluster, client_node: usize, id: u64) -> (String, String) {
+    let out = Command::new(shoal_bin())
+        .args(["logs", &id.to_string(), "--rank", "0"])
+        .env("SHOAL_API", cluster.nodes[client_node].api_url())
+        .env("SHOAL_TOKEN", &cluster.token)
+        .output()
+        .expect("shoal logs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let digest = text
+        .lines()
+        .find_map(|l| l.strip_prefix("final-digest "))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no final digest in rank 0's log: {text}"));
+    (digest, text)
+}
+
+/// examples/ddp_train.py, a PyTorch DDP job of 2 nodes × 2 tasks on CPU
+/// (gloo): killed with its node mid-run, it resumes from its latest
+/// checkpoint on the other nodes and ends with parameters identical, bit
+/// for bit, to an uninterrupted run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pytorch_ddp_job_killed_mid_run_resumes_with_identical_parameters() {
+    require_torch();
+    let _serial = one_at_a_time();
+    let mut cluster = Cluster::start(&["r1", "r1", "r1"]).await;
+    let client = cluster.client(0);
+    let id = client
+        .submit_job(&ddp_request(40, "0"))
+        .await
+        .expect("submit")
+        .id;
+    let done = wait_state(&client, id, "completed").await;
+    assert_eq!(done.restarts, 0);
+    let (reference, _) = final_digest(&cluster, 0, id);
+
+    let id = client
+        .submit_job(&ddp_request(40, "0.3"))
+        .await
+        .expect("submit")
+        .id;
+    let first = wait_for("a committed checkpoint", TIMEOUT, || {
+        let client = client.clone();
+        async move {
+            let job = client.job(id).await.ok()?;
+            (job.state == "running" && job.last_ckpt_step.is_some_and(|s| s >= 10)).then_some(job)
+        }
+    })
+    .await;
+    // The node of ranks 2 and 3 dies with the job half done.
+    let victim = first.nodes[1].clone();
+    let idx: usize = victim[1..].parse::<usize>().expect("node index") - 1;
+    cluster.nodes[idx].kill9();
+    let survivor = (0..3).find(|i| *i != idx).expect("a survivor");
+    let client = cluster.client(survivor);
+    let resumed = wait_state(&client, id, "completed").await;
+    assert_eq!(resumed.restarts, 1, "{resumed:?}");
+    assert!(!resumed.nodes.contains(&victim), "{:?}", resumed.nodes);
+    let (digest, log) = final_digest(&cluster, survivor, id);
+    let from: u64 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("resumed from step "))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the restarted run did not resume: {log}"));
+    assert!(from >= 10, "resumed from step {from}");
+    assert_eq!(digest, reference);
+}
