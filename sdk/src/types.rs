@@ -394,6 +394,10 @@ pub struct JobSubmitRequest {
     /// (kinds after, afterany, afterok, afternotok; all must hold).
     #[serde(default)]
     pub dependency: Option<String>,
+    /// Slurm's `--signal [B:]SIG[@SECS]`: SIG to the ranks SECS (60)
+    /// before the time limit.
+    #[serde(default)]
+    pub signal: Option<String>,
 }
 
 impl JobSubmitRequest {
@@ -425,6 +429,7 @@ impl JobSubmitRequest {
             tasks_per_node: None,
             batch: false,
             dependency: None,
+            signal: None,
         }
     }
 }
@@ -528,6 +533,9 @@ pub struct JobInfo {
     /// Held back from the scheduler (`scontrol hold`).
     #[serde(default)]
     pub held: bool,
+    /// Its `--signal`, as `USR1@300`.
+    #[serde(default)]
+    pub signal: Option<String>,
 }
 
 fn one_task() -> u32 {

@@ -143,6 +143,7 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
         tasks_per_node: None,
         batch: false,
         dependency: None,
+        signal: None,
     };
     let id = clients[0].submit_job(&req).await.expect("submit").id;
     let first = wait_for("a committed checkpoint", TIMEOUT, || {

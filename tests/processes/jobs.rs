@@ -1025,9 +1025,10 @@ async fn tasks_per_node_get_their_own_ranks_gpus_and_logs() {
     assert_eq!(got, ["0: r0", "1: r1", "2: r2", "3: r3"], "{err}");
 }
 
-/// Job arrays, dependencies and holds through the Slurm names: `sbatch
-/// --array=0-3%2` with `%A_%a` output files, `-d afterok`/`afternotok`
-/// after a failing job, `scontrol hold` and `release`.
+/// Job arrays, dependencies, holds and warning signals through the Slurm
+/// names: `sbatch --array=0-3%2` with `%A_%a` output files, `-d
+/// afterok`/`afternotok` after a failing job, `scontrol hold` and
+/// `release`, `--signal=B:USR1@55`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_arrays_dependencies_and_holds() {
     let _serial = one_at_a_time();
@@ -1053,7 +1054,7 @@ async fn slurm_arrays_dependencies_and_holds() {
         )
     };
     let sbatch_id = |args: &[&str]| {
-        let mut all = vec!["--parsable", "-t", "2"];
+        let mut all = vec!["--parsable", "-t", "1"];
         all.extend_from_slice(args);
         let (code, out, err) = run("sbatch", &all);
         assert_eq!(code, Some(0), "sbatch {args:?}: {err}");
@@ -1131,6 +1132,18 @@ async fn slurm_arrays_dependencies_and_holds() {
     let (code, _, err) = run("scontrol", &["hold", &held.to_string()]);
     assert_eq!(code, Some(1), "a finished job cannot be held");
     assert!(err.contains("only a waiting job can be held"), "{err}");
+
+    // --signal: the ranks get SIGUSR1 55 s before a 1-minute limit, and
+    // this one ends cleanly on it.
+    let warned = sbatch_id(&[
+        "--signal=B:USR1@55",
+        "--wrap",
+        "trap 'echo got-usr1; exit 0' USR1; while true; do sleep 0.1; done",
+    ]);
+    let job = wait_state(&client, warned, "completed").await;
+    assert_eq!(job.signal.as_deref(), Some("USR1@55"));
+    let (code, out, _) = run("sbatch", &["--signal=KILL", "--wrap", "true"]);
+    assert_eq!(code, Some(1), "{out}");
 }
 
 /// The DDP example needs PyTorch with gloo for the ranks' `python3`

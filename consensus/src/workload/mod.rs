@@ -285,6 +285,81 @@ pub struct JobSpec {
     /// At most one job of this name and tenant holds GPUs at a time, in
     /// submit order (`--dependency=singleton`).
     pub singleton: bool,
+    /// A signal the ranks get once, this long before the time limit
+    /// (`--signal SIG@SECS`), to checkpoint or wrap up.
+    pub warn_signal: Option<WarnSignal>,
+}
+
+/// `--signal [B:|R:]SIG[@SECS]`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WarnSignal {
+    /// The signal's number.
+    pub signal: i32,
+    pub before_s: u32,
+}
+
+impl WarnSignal {
+    /// The signals a job may ask for, by name and number (Linux numbering;
+    /// never KILL or STOP, which a rank could not act on).
+    const NAMES: [(&'static str, i32); 8] = [
+        ("HUP", 1),
+        ("INT", 2),
+        ("QUIT", 3),
+        ("USR1", 10),
+        ("USR2", 12),
+        ("ALRM", 14),
+        ("TERM", 15),
+        ("CONT", 18),
+    ];
+
+    /// Slurm's form: `USR1@300`, `B:SIGUSR2`, `10@60`; 60 s when `@` is
+    /// absent. `B:` (the batch shell) and `R:` are accepted: a shoal
+    /// batch script is a rank, so both reach every rank.
+    pub fn parse(s: &str) -> Result<WarnSignal, String> {
+        let bad = |why: &str| format!("invalid --signal '{s}': {why}");
+        let body = s
+            .strip_prefix("B:")
+            .or_else(|| s.strip_prefix("R:"))
+            .or_else(|| s.strip_prefix("RB:"))
+            .unwrap_or(s);
+        let (name, secs) = match body.split_once('@') {
+            Some((n, t)) => (
+                n,
+                t.parse::<u32>()
+                    .map_err(|_| bad("the time after @ is seconds"))?,
+            ),
+            None => (body, 60),
+        };
+        if secs > 65_535 {
+            return Err(bad("at most 65535 seconds before the limit"));
+        }
+        let upper = name.to_ascii_uppercase();
+        let upper = upper.strip_prefix("SIG").unwrap_or(&upper);
+        let signal = match upper.parse::<i32>() {
+            Ok(n) => Self::NAMES
+                .iter()
+                .find(|(_, num)| *num == n)
+                .map(|(_, num)| *num),
+            Err(_) => Self::NAMES
+                .iter()
+                .find(|(n, _)| *n == upper)
+                .map(|(_, num)| *num),
+        }
+        .ok_or_else(|| bad("use HUP, INT, QUIT, USR1, USR2, ALRM, TERM or CONT"))?;
+        Ok(WarnSignal {
+            signal,
+            before_s: secs,
+        })
+    }
+
+    /// `USR1@300`.
+    pub fn display(&self) -> String {
+        let name = Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == self.signal)
+            .map_or_else(|| self.signal.to_string(), |(n, _)| (*n).to_string());
+        format!("{name}@{}", self.before_s)
+    }
 }
 
 /// What a dependency waits for in the job it names (Slurm's kinds).

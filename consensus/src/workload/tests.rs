@@ -1407,3 +1407,20 @@ fn dependency_lists_read_like_slurm() {
         assert!(Dependency::parse_list(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn warn_signals_read_like_slurm() {
+    use crate::workload::WarnSignal;
+    let ws = |s: &str| WarnSignal::parse(s).map(|w| (w.signal, w.before_s));
+    assert_eq!(ws("USR1@300"), Ok((10, 300)));
+    assert_eq!(ws("B:SIGUSR2"), Ok((12, 60)));
+    assert_eq!(ws("R:10@5"), Ok((10, 5)));
+    assert_eq!(ws("term@0"), Ok((15, 0)));
+    for bad in ["KILL", "9", "STOP@5", "USR1@x", "", "USR1@99999"] {
+        assert!(WarnSignal::parse(bad).is_err(), "{bad}");
+    }
+    assert_eq!(
+        WarnSignal::parse("SIGUSR1@90").map(|w| w.display()),
+        Ok("USR1@90".into())
+    );
+}

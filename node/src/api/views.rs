@@ -79,6 +79,11 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
         batch: req.batch,
         dependencies,
         singleton,
+        warn_signal: req
+            .signal
+            .as_deref()
+            .map(shoal_consensus::workload::WarnSignal::parse)
+            .transpose()?,
     })
 }
 
@@ -139,6 +144,7 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
             )
         }),
         held: job.held,
+        signal: job.spec.warn_signal.map(|w| w.display()),
     }
 }
 
@@ -659,6 +665,7 @@ mod tests {
             tasks_per_node: None,
             batch: false,
             dependency: None,
+            signal: None,
         };
         let spec = job_spec(&req).expect("valid");
         assert_eq!(spec.name, "python3");

@@ -303,6 +303,7 @@ async fn end_to_end(gangs: usize) -> anyhow::Result<EndToEndRow> {
         tasks_per_node: None,
         batch: false,
         dependency: None,
+        signal: None,
     };
     let clients = 32;
     let started = Instant::now();

@@ -103,6 +103,7 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         tasks_per_node: None,
         batch: false,
         dependency: None,
+        signal: None,
     };
     let id = client.submit_job(&request).await.map_err(api)?.id;
     t.event(format!(

@@ -46,6 +46,10 @@ pub struct JobArgs {
     /// must hold
     #[arg(short = 'd', long, value_name = "LIST")]
     pub dependency: Option<String>,
+    /// Send SIG to the ranks SECS (default 60) before the time limit:
+    /// [B:]SIG[@SECS], e.g. USR1@300
+    #[arg(long, value_name = "SIG@SECS")]
+    pub signal: Option<String>,
     /// Time limit: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]], 90s, 30m, 2h
     #[arg(short = 't', long = "time", default_value = DEFAULT_TIME_LIMIT)]
     pub time: String,
@@ -311,6 +315,7 @@ impl JobArgs {
             tasks_per_node: (tasks_per_node > 1).then_some(tasks_per_node),
             batch: self.batch,
             dependency: self.dependency.clone(),
+            signal: self.signal.clone(),
         })
     }
 }

@@ -95,6 +95,7 @@ const JOB_OPTIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     ("ntasks-per-node", None, Some("--ntasks-per-node")),
     ("dependency", Some("d"), Some("--dependency")),
     ("array", Some("a"), Some("--array")),
+    ("signal", None, Some("--signal")),
     ("time", Some("t"), Some("--time")),
     ("job-name", Some("J"), Some("--name")),
     ("account", Some("A"), Some("--tenant")),
@@ -117,12 +118,8 @@ const IGNORED_SWITCHES: &[&str] = &["exclusive", "quiet", "verbose"];
 /// yet: refused with one `error:` line naming the option, never ignored.
 /// (Anything not in the tables above is refused the same way.)
 const REFUSED: &[(&str, &str)] = &[
-    (
-        "signal",
-        "shoal sends SIGUSR1 every --ckpt-interval and SIGTERM before the time limit",
-    ),
     ("test-only", "the API has no dry-run placement"),
-    ("hold", "jobs cannot be held"),
+    ("hold", "submit it, then hold it with `scontrol hold ID`"),
 ];
 
 /// What `job_flags` found besides the shoal flags.
@@ -1169,15 +1166,22 @@ echo start
         );
         let dir = tempfile::tempdir().expect("tempdir");
         let script = dir.path().join("j.sh");
-        std::fs::write(&script, "#!/bin/sh\n#SBATCH --signal=USR1@90\ntrue\n").expect("write");
+        std::fs::write(&script, "#!/bin/sh\n#SBATCH --hold\ntrue\n").expect("write");
         let err = translate("sbatch", &[script.display().to_string()])
             .err()
             .expect("refused");
         assert_eq!(err.code, 2);
         assert!(
-            err.message.starts_with("sbatch: --signal is not supported"),
+            err.message.starts_with("sbatch: --hold is not supported"),
             "{}",
             err.message
+        );
+        std::fs::write(&script, "#!/bin/sh\n#SBATCH --signal=B:USR1@90\ntrue\n").expect("write");
+        let ok = translate("sbatch", &[script.display().to_string()]).expect("translates");
+        assert!(
+            ok.argv.windows(2).any(|w| w == ["--signal", "B:USR1@90"]),
+            "{:?}",
+            ok.argv
         );
         for bad in ["--test-only", "--frob"] {
             let err = translate("sbatch", &[bad.into(), "--wrap=true".into()])

@@ -1623,6 +1623,7 @@ mod tests {
             tasks_per_node: 1,
             dependency: None,
             held: false,
+            signal: None,
         }
     }
 

@@ -76,6 +76,8 @@ struct RunningRank {
     child: Child,
     term_sent: Option<Instant>,
     last_usr1: Instant,
+    /// Sent the job's `--signal` already.
+    warned: bool,
     ckpt_dir: PathBuf,
     /// The newest step handed to replication (recorded, or on its way).
     reported_step: Option<u64>,
@@ -287,6 +289,7 @@ impl Worker for Executor {
             }
         };
         let now = Instant::now();
+        let wall_ms = crate::node::clock::wall_ms();
         // What the plan decides from: the ledger's asks (and the launch
         // markers of earlier agent runs), the ranks running here, the exits
         // still to report.
@@ -294,7 +297,7 @@ impl Worker for Executor {
             .iter()
             .map(|(key, a)| {
                 let marker = launched_marker(&host.jobs_dir, key).exists();
-                (key.clone(), a.ask(marker))
+                (key.clone(), a.ask(marker, now, wall_ms))
             })
             .collect();
         let running: BTreeMap<RankKey, plan::Running> = ranks
@@ -303,6 +306,7 @@ impl Worker for Executor {
                 let seen = plan::Running {
                     term_sent: rank.term_sent,
                     last_usr1: rank.last_usr1,
+                    warned: rank.warned,
                 };
                 (key.clone(), seen)
             })
@@ -353,6 +357,18 @@ impl Worker for Executor {
                     if let Some(rank) = ranks.get_mut(&key) {
                         signal(&rank.child, libc::SIGUSR1);
                         rank.last_usr1 = Instant::now();
+                    }
+                }
+                Action::Warn { key, signal: sig } => {
+                    if let Some(rank) = ranks.get_mut(&key) {
+                        tracing::info!(
+                            job = key.job,
+                            rank = key.rank,
+                            signal = sig,
+                            "the job's --signal before its time limit"
+                        );
+                        signal(&rank.child, sig);
+                        rank.warned = true;
                     }
                 }
                 Action::Launch { key } => {
@@ -623,17 +639,25 @@ struct Assignment {
     restore: Option<shoal_consensus::workload::Checkpoint>,
     /// Times the job was restarted so far (`TORCHELASTIC_RESTART_COUNT`).
     restarts: u32,
+    /// The job's `--signal` and the ledger time (ms) to send it at.
+    warn: Option<(i32, u64)>,
 }
 
 impl Assignment {
     /// What the plan needs of it; `launch_marker`: a previous run of this
     /// agent launched the rank.
-    fn ask(&self, launch_marker: bool) -> plan::Assigned {
+    fn ask(&self, launch_marker: bool, now: Instant, wall_ms: u64) -> plan::Assigned {
         plan::Assigned {
             stop: self.stop.is_some(),
             reported_exit: self.reported_exit,
             ckpt_interval: self.ckpt_interval,
             launch_marker,
+            warn: self.warn.map(|(signal, at_ms)| {
+                (
+                    signal,
+                    now + Duration::from_millis(at_ms.saturating_sub(wall_ms)),
+                )
+            }),
         }
     }
 }
@@ -679,6 +703,14 @@ fn assignment(
         ckpt_interval: job.spec.ckpt_interval_s.map(Duration::from_secs),
         restore,
         restarts: job.restarts,
+        warn: job.spec.warn_signal.map(|w| {
+            let limit_ms = job.spec.time_limit_s.saturating_mul(1000);
+            let before_ms = u64::from(w.before_s) * 1000;
+            let at = alloc
+                .started_at_ms
+                .saturating_add(limit_ms.saturating_sub(before_ms));
+            (w.signal, at)
+        }),
     }
 }
 
@@ -1163,6 +1195,7 @@ fn spawn(
         child,
         term_sent: None,
         last_usr1: Instant::now(),
+        warned: false,
         ckpt_dir,
         reported_step: None,
         recorded_step: None,

@@ -23,6 +23,9 @@ pub(super) struct Assigned {
     /// A previous run of this agent launched the rank (its marker file
     /// exists), and it died with that run.
     pub launch_marker: bool,
+    /// The signal to send once before the time limit, and when
+    /// (`--signal SIG@SECS`).
+    pub warn: Option<(i32, Instant)>,
 }
 
 /// A rank this node runs.
@@ -32,6 +35,8 @@ pub(super) struct Running {
     pub term_sent: Option<Instant>,
     /// When it was last sent SIGUSR1 (or started).
     pub last_usr1: Instant,
+    /// It was sent the job's `--signal` already.
+    pub warned: bool,
 }
 
 /// Everything a tick's decisions depend on.
@@ -89,6 +94,9 @@ pub(super) enum Action {
     Term { key: RankKey },
     /// SIGUSR1 to the rank's process group: write a checkpoint.
     Usr1 { key: RankKey },
+    /// The job's `--signal` to the rank's process group, once, before its
+    /// time limit.
+    Warn { key: RankKey, signal: i32 },
     /// Restore the checkpoint to resume from, if any, and start the rank.
     Launch { key: RankKey },
     /// Queue the rank's exit for reporting, without launching it.
@@ -184,6 +192,14 @@ pub(super) fn plan(input: &Inputs) -> Vec<Action> {
                         key: key.clone(),
                         why: KillWhy::GraceOver,
                     });
+                }
+                if let Some((signal, at)) = a.warn {
+                    if term_sent.is_none() && !r.warned && now >= at {
+                        out.push(Action::Warn {
+                            key: key.clone(),
+                            signal,
+                        });
+                    }
                 }
                 if let Some(every) = a.ckpt_interval {
                     if term_sent.is_none() && now.saturating_duration_since(r.last_usr1) >= every {
@@ -304,6 +320,7 @@ mod tests {
         Running {
             term_sent: None,
             last_usr1: t,
+            warned: false,
         }
     }
 
@@ -502,6 +519,35 @@ mod tests {
     }
 
     #[test]
+    fn the_job_signal_goes_once_before_the_time_limit() {
+        let t0 = base();
+        let mut warned = Assigned {
+            stop: false,
+            reported_exit: false,
+            ckpt_interval: None,
+            launch_marker: false,
+            warn: Some((libc::SIGUSR2, t0 + secs(10))),
+        };
+        let mut w = World::new()
+            .assign(key(1, 0), warned)
+            .run(key(1, 0), running_since(t0));
+        assert_eq!(w.plan(t0 + secs(9)), vec![]);
+        let warn = vec![Action::Warn {
+            key: key(1, 0),
+            signal: libc::SIGUSR2,
+        }];
+        assert_eq!(w.plan(t0 + secs(10)), warn);
+        w.running.get_mut(&key(1, 0)).unwrap().warned = true;
+        assert_eq!(w.plan(t0 + secs(11)), vec![]);
+        // Not once the rank is stopping.
+        warned.stop = true;
+        let w = World::new()
+            .assign(key(1, 0), warned)
+            .run(key(1, 0), running_since(t0));
+        assert_eq!(w.plan(t0 + secs(10)), vec![Action::Term { key: key(1, 0) }]);
+    }
+
+    #[test]
     fn stop_sends_sigterm_once() {
         let t0 = base();
         let mut w = World::new()
@@ -520,6 +566,7 @@ mod tests {
             Running {
                 term_sent: Some(t0),
                 last_usr1: t0 - secs(100),
+                warned: false,
             },
         );
         let kill = vec![Action::Kill {
@@ -619,6 +666,7 @@ mod tests {
     fn a_launch_marker_from_a_previous_run_reports_it_lost() {
         let marked = Assigned {
             launch_marker: true,
+            warn: None,
             ..Assigned::default()
         };
         let w = World::new().assign(key(1, 0), marked);
@@ -637,6 +685,7 @@ mod tests {
         let both = Assigned {
             stop: true,
             launch_marker: true,
+            warn: None,
             ..Assigned::default()
         };
         let w = World::new().assign(key(1, 0), both);
@@ -668,6 +717,7 @@ mod tests {
             key(1, 0),
             Assigned {
                 launch_marker: true,
+                warn: None,
                 stop: true,
                 ..reported
             },
@@ -783,6 +833,7 @@ mod tests {
             key(1, 0),
             Assigned {
                 launch_marker: true,
+                warn: None,
                 ..Assigned::default()
             },
         )]
@@ -809,6 +860,7 @@ mod tests {
             Assigned {
                 reported_exit: true,
                 launch_marker: true,
+                warn: None,
                 ..Assigned::default()
             },
         )]
@@ -838,6 +890,7 @@ mod tests {
                 reported_exit,
                 ckpt_interval: every.map(Duration::from_millis),
                 launch_marker,
+                warn: None,
             })
     }
 
@@ -860,6 +913,7 @@ mod tests {
                 Action::Kill { key, .. }
                 | Action::Term { key }
                 | Action::Usr1 { key }
+                | Action::Warn { key, .. }
                 | Action::Launch { key }
                 | Action::ReportExit { key, .. } => key,
             }
@@ -887,7 +941,7 @@ mod tests {
             let running: BTreeMap<RankKey, Running> = running
                 .into_iter()
                 .map(|(k, (term, usr1))| {
-                    (k, Running { term_sent: term.map(|t| at(now, t)), last_usr1: at(now, usr1) })
+                    (k, Running { term_sent: term.map(|t| at(now, t)), last_usr1: at(now, usr1), warned: false })
                 })
                 .collect();
             let grace = Duration::from_millis(grace_ms);
@@ -938,6 +992,9 @@ mod tests {
                     Action::Term { .. } => {
                         prop_assert!(running[key].term_sent.is_none());
                         prop_assert!(assigned[key].stop && !fenced);
+                    }
+                    Action::Warn { .. } => {
+                        prop_assert!(running[key].term_sent.is_none() && !running[key].warned);
                     }
                     Action::Usr1 { .. } => {
                         prop_assert!(running[key].term_sent.is_none());

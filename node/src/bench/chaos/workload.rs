@@ -230,6 +230,7 @@ pub async fn job_client(target: Target, log: JobLog, rank_log: PathBuf, nodes: u
                 tasks_per_node: None,
                 batch: false,
                 dependency: None,
+                signal: None,
             };
             match tokio::time::timeout(OP_TIMEOUT, api.submit_job(&req)).await {
                 Ok(Ok(resp)) => log.with(|c| c.acked.push(resp.id)),
