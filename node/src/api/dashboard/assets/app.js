@@ -191,13 +191,14 @@ window.addEventListener("hashchange", () => {
   if (takeTokenFromHash()) start(); else route();
 });
 
-// `#token=T` signs in directly; the fragment never reaches the server,
-// and it is removed from the address bar (and history) at once.
+// `#token=T` signs in directly (`#token=T&/job/7` also opens a page); the
+// fragment never reaches the server, and the token is removed from the
+// address bar (and history) at once.
 function takeTokenFromHash() {
-  const m = location.hash.match(/^#token=([^&]+)/);
+  const m = location.hash.match(/^#token=([^&]+)(?:&(\/.*))?$/);
   if (!m) return false;
   sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
-  history.replaceState(null, "", location.pathname + "#/map");
+  history.replaceState(null, "", location.pathname + "#" + (m[2] || "/map"));
   return true;
 }
 
