@@ -9,7 +9,8 @@
 //! - `nodes`: every node (`NodeInfo`, scoped), when anything about them changed
 //! - `event`: one new entry of the event log, with its id as the SSE id,
 //!   so a reconnecting browser resumes after it (`Last-Event-ID`)
-//! - `telemetry`: GPU load, per-job utilization, coordinates ([`super::telemetry`])
+//! - `telemetry`: GPU load, per-job utilization, coordinates ([`super::telemetry`],
+//!   without the pairwise RTTs), every second
 //! - `problem`: why the feed could not read the cluster this tick
 //!
 //! Memory stays bounded however long a page stays open: the feed computes
@@ -44,8 +45,12 @@ const BACKLOG_EVENTS: usize = 100;
 const MAX_EVENTS_PER_TICK: usize = 200;
 /// Changed jobs sent one by one per tick; more are sent as one `jobs`.
 const MAX_JOB_UPDATES: usize = 50;
-/// The nodes come from the leader: asked every this many ticks.
+/// The nodes (from the leader) and telemetry are sent every this many
+/// ticks: they change more slowly than jobs and make most of the bytes.
 const NODES_EVERY: u64 = 2;
+/// Slots of [`Feed::problems`].
+const LEDGER: usize = 0;
+const NODES: usize = 1;
 
 /// The per-node cap on feeds, shared by every connection.
 #[derive(Clone)]
@@ -96,7 +101,7 @@ pub async fn stream(
         after: resume,
         ticks: 0,
         queue: VecDeque::new(),
-        problem: None,
+        problems: [None, None],
         _permit: permit,
     };
     let events = futures::stream::unfold(feed, Feed::next);
@@ -115,7 +120,9 @@ struct Feed {
     after: Option<u64>,
     ticks: u64,
     queue: VecDeque<Event>,
-    problem: Option<String>,
+    /// What went wrong reading the ledger, and the nodes, last time; the
+    /// client is told when their sum changes.
+    problems: [Option<String>; 2],
     shutdown: tokio::sync::watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
 }
@@ -162,40 +169,52 @@ impl Feed {
                     let ev = json_event("event", e).map(|ev| ev.id(e.id.to_string()));
                     self.queue.extend(ev);
                 }
-                self.set_problem(None);
+                self.set_problem(LEDGER, None);
             }
-            Err(e) => self.set_problem(Some(e)),
+            Err(e) => self.set_problem(LEDGER, Some(e)),
         }
-        let t = telemetry::collect(&self.app, &self.caller);
-        self.queue.extend(json_event("telemetry", &t));
-        if (self.ticks % NODES_EVERY) == 0 {
+        if self.ticks.is_multiple_of(NODES_EVERY) {
+            let t = telemetry::collect(&self.app, &self.caller, false);
+            self.queue.extend(json_event("telemetry", &t));
             match self.app.ledger().nodes().await {
                 Ok(nodes) => {
                     let nodes = match self.app.ledger().read() {
                         Ok(d) => scope::nodes(&d.ledger, &self.caller, nodes),
                         Err(_) => return,
                     };
+                    self.set_problem(NODES, None);
                     if self.nodes.as_ref() != Some(&nodes) {
                         self.queue.extend(json_event("nodes", &nodes));
                         self.nodes = Some(nodes);
                     }
                 }
-                Err(e) => self.set_problem(Some(format!(
-                    "node {} cannot list the nodes: {}",
-                    self.app.name(),
-                    e.message
-                ))),
+                Err(e) => self.set_problem(
+                    NODES,
+                    Some(format!(
+                        "node {} cannot list the nodes: {}",
+                        self.app.name(),
+                        e.message
+                    )),
+                ),
             }
         }
     }
 
-    fn set_problem(&mut self, problem: Option<String>) {
-        if problem != self.problem {
-            let text = problem.clone().unwrap_or_default();
-            self.queue
-                .extend(json_event("problem", &serde_json::json!({ "message": text })));
-            self.problem = problem;
+    fn set_problem(&mut self, slot: usize, problem: Option<String>) {
+        let before = self.problem_text();
+        self.problems[slot] = problem;
+        let now = self.problem_text();
+        if now != before {
+            self.queue.extend(json_event(
+                "problem",
+                &serde_json::json!({ "message": now }),
+            ));
         }
+    }
+
+    fn problem_text(&self) -> String {
+        let all: Vec<&str> = self.problems.iter().flatten().map(String::as_str).collect();
+        all.join("; ")
     }
 
     /// Visible jobs, and the visible events after `self.after` (which
@@ -223,8 +242,11 @@ impl Feed {
         let events = scope::events(&d.ledger, &self.caller, all);
         drop(d);
         if skipped {
-            self.set_problem(Some(
-                "this page fell behind the event log; older events were skipped".into(),
+            // Said once, not kept as a standing problem.
+            let msg = "this page fell behind the event log; older events were skipped";
+            self.queue.extend(json_event(
+                "problem",
+                &serde_json::json!({ "message": msg }),
             ));
         }
         Ok((jobs, events))

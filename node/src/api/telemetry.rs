@@ -57,8 +57,10 @@ pub struct GpuTelemetry {
 }
 
 /// The telemetry `caller` may see, from this node's own state (no leader
-/// involved, so it answers during an election too).
-pub fn collect(app: &Node, caller: &Caller) -> Telemetry {
+/// involved, so it answers during an election too). `pairwise` adds every
+/// pair's RTT (small clusters only): the live stream leaves it out, as it
+/// is most of the bytes and changes slowly.
+pub fn collect(app: &Node, caller: &Caller, pairwise: bool) -> Telemetry {
     let me = app.id();
     let (members, owners, visible) = match app.ledger().read() {
         Ok(d) => {
@@ -91,13 +93,16 @@ pub fn collect(app: &Node, caller: &Caller) -> Telemetry {
         };
     };
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-    let pairwise = members.len() <= PAIRWISE_RTT_MAX_NODES;
+    let pairwise = pairwise && members.len() <= PAIRWISE_RTT_MAX_NODES;
     let nodes = members
         .iter()
         .map(|(id, name)| {
             let advert = view.capacity.get(*id);
             let (load, util) = if *id == me {
-                (Some(crate::node::gpu::mean_load(&samples)), own_util.clone())
+                (
+                    Some(crate::node::gpu::mean_load(&samples)),
+                    own_util.clone(),
+                )
             } else {
                 (
                     advert.map(|a| a.load),
@@ -165,5 +170,5 @@ pub async fn get(
     axum::extract::State(app): axum::extract::State<std::sync::Arc<Node>>,
     axum::Extension(caller): axum::Extension<Caller>,
 ) -> axum::Json<Telemetry> {
-    axum::Json(collect(&app, &caller))
+    axum::Json(collect(&app, &caller, true))
 }

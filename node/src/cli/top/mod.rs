@@ -73,9 +73,8 @@ pub async fn run(client: &Client, args: &TopArgs) -> anyhow::Result<()> {
     enable_raw_mode()?;
     let _guard = TerminalGuard;
     execute!(std::io::stdout(), EnterAlternateScreen)?;
-    let mut terminal = ratatui::Terminal::new(ratatui::backend::CrosstermBackend::new(
-        std::io::stdout(),
-    ))?;
+    let mut terminal =
+        ratatui::Terminal::new(ratatui::backend::CrosstermBackend::new(std::io::stdout()))?;
     let mut snap = Snapshot {
         api: client.base_url().to_string(),
         ..Snapshot::default()
@@ -188,7 +187,8 @@ async fn job_view(
                     tail.partial.clear();
                 }
                 tail.offset = chunk.start + chunk.bytes.len() as u64;
-                tail.partial.push_str(&String::from_utf8_lossy(&chunk.bytes));
+                tail.partial
+                    .push_str(&String::from_utf8_lossy(&chunk.bytes));
                 if let Some(cut) = tail.partial.rfind('\n') {
                     let done: String = tail.partial.drain(..=cut).collect();
                     tail.lines.extend(done.lines().map(str::to_string));

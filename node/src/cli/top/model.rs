@@ -53,7 +53,12 @@ impl Snapshot {
     /// A GPU's utilization: its own sample when the answering node is its
     /// node, else the mean over its job's GPUs on that node.
     pub fn gpu_util(&self, node: &NodeInfo, gpu: &shoal_sdk::GpuInfo) -> Option<f32> {
-        let t = self.telemetry.as_ref()?.nodes.iter().find(|n| n.name == node.name)?;
+        let t = self
+            .telemetry
+            .as_ref()?
+            .nodes
+            .iter()
+            .find(|n| n.name == node.name)?;
         if let Some(s) = t.gpus.iter().find(|g| g.index == gpu.index) {
             return Some(s.util_pct as f32);
         }

@@ -447,8 +447,10 @@ function proximityPage(el) {
   const body = h("div");
   el.append(h("h1", { text: "Proximity" }),
     h("p", { class: "muted", text: "Each node's Vivaldi network coordinate, projected on its two main axes: close dots are close on the network. Hover for estimated RTTs." }), body);
+  // Its own read of /v1/telemetry: the live stream leaves the pairwise
+  // RTTs out.
+  let t = null;
   const draw = () => {
-    const t = state.telemetry;
     const nodes = t ? t.nodes.filter((n) => n.coord_ms && n.coord_ms.length) : [];
     if (nodes.length < 2) { body.replaceChildren(h("p", { class: "muted", text: "Not enough coordinates yet." })); return; }
     const xy = project(nodes.map((n) => n.coord_ms));
@@ -480,10 +482,13 @@ function proximityPage(el) {
     const rows = nodes.map((n) => h("tr", {}, h("td", { text: n.name }), h("td", { text: n.rtt_ms !== null ? `${n.rtt_ms.toFixed(2)} ms` : "–" })));
     body.replaceChildren(svg, scale, h("table", { style: "max-width:30rem" }, h("thead", {}, h("tr", {}, h("th", { text: "Node" }), h("th", { text: `RTT from ${t.node}` }))), h("tbody", {}, rows)));
   };
+  const load = async () => {
+    try { t = await api("/v1/telemetry"); draw(); } catch (e) { body.replaceChildren(h("p", { class: "error", text: e.message })); }
+  };
   draw();
-  let last = 0;
-  const off = onChange((k) => { if (k === "telemetry" && Date.now() - last > 3000) { last = Date.now(); draw(); } });
-  return { stop: off };
+  load();
+  const tick = setInterval(load, 3000);
+  return { stop: () => clearInterval(tick) };
 }
 
 export const pages = { map: mapPage, jobs: jobsPage, job: jobPage, tenants: tenantsPage, events: eventsPage, proximity: proximityPage };
