@@ -3,7 +3,8 @@
 //! agents with 8 simulated GPUs each. Sign in through `#token=`, see the
 //! nodes and GPUs on the map, see a gang placed within 2 s of placement,
 //! see a killed node go down and the job restart, see checkpoint replicas
-//! on the job page, and a tenant token not see another tenant's job.
+//! and the ranks' utilization chart on the job page, the nodes on the
+//! proximity plot, and a tenant token not see another tenant's job.
 //! Without chromium and chromedriver the test fails and says how to get
 //! them (`.ci/run` installs them). On failure a screenshot and the page's
 //! HTML are written to a kept temp dir, named in the panic message.
@@ -331,6 +332,23 @@ async fn scenario(
         "the gang drawn on the job page's map",
         TIMEOUT,
         "return document.querySelectorAll('.node-tile.highlight').length === 2",
+    )
+    .await?;
+    until(
+        b,
+        "the ranks' GPU utilization chart",
+        TIMEOUT,
+        "return !!document.querySelector('#util-chart .uplot')",
+    )
+    .await?;
+    b.goto(&format!("{base}/#/proximity"))
+        .await
+        .map_err(|e| e.to_string())?;
+    until(
+        b,
+        "the nodes on the proximity plot",
+        TIMEOUT,
+        "return document.querySelectorAll('svg.prox circle').length >= 3",
     )
     .await?;
 

@@ -6,7 +6,8 @@
 //! - `hello` (first): `{"node","tenant","token_name"}`
 //! - `jobs` (first, and after many changes): every visible job (`JobInfo`)
 //! - `job`: one job that changed
-//! - `nodes`: every node (`NodeInfo`, scoped), when anything about them changed
+//! - `nodes`: every node (`NodeInfo`, scoped), when their state, drain, GPUs
+//!   or holders changed, and every 10 s
 //! - `event`: one new entry of the event log, with its id as the SSE id,
 //!   so a reconnecting browser resumes after it (`Last-Event-ID`)
 //! - `telemetry`: GPU load, per-job utilization, coordinates ([`super::telemetry`],
@@ -48,6 +49,10 @@ const MAX_JOB_UPDATES: usize = 50;
 /// The nodes (from the leader) and telemetry are sent every this many
 /// ticks: they change more slowly than jobs and make most of the bytes.
 const NODES_EVERY: u64 = 2;
+/// Nodes are sent again after this many ticks even when only their
+/// `last_seen_ms` and `gpu_util` moved (which change all the time and
+/// would otherwise make the nodes most of the stream's bytes).
+const NODES_REFRESH: u64 = 20;
 /// Slots of [`Feed::problems`].
 const LEDGER: usize = 0;
 const NODES: usize = 1;
@@ -98,6 +103,7 @@ pub async fn stream(
         caller,
         jobs: None,
         nodes: None,
+        nodes_sent_at: 0,
         after: resume,
         ticks: 0,
         queue: VecDeque::new(),
@@ -115,7 +121,9 @@ struct Feed {
     caller: Caller,
     /// What the client was last sent; `None` before the first tick.
     jobs: Option<BTreeMap<u64, JobInfo>>,
+    /// The nodes last sent, without what changes all the time ([`shape_of`]).
     nodes: Option<Vec<NodeInfo>>,
+    nodes_sent_at: u64,
     /// The last event id looked at (sent or not visible to the caller).
     after: Option<u64>,
     ticks: u64,
@@ -125,6 +133,17 @@ struct Feed {
     problems: [Option<String>; 2],
     shutdown: tokio::sync::watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
+}
+
+/// A node without the fields that move on every heartbeat: a change of
+/// anything else (state, drain, GPUs, their holders and health) is sent
+/// at once.
+fn shape_of(n: &NodeInfo) -> NodeInfo {
+    NodeInfo {
+        last_seen_ms: None,
+        gpu_util: None,
+        ..n.clone()
+    }
 }
 
 fn json_event<T: serde::Serialize>(name: &str, v: &T) -> Option<Event> {
@@ -183,9 +202,12 @@ impl Feed {
                         Err(_) => return,
                     };
                     self.set_problem(NODES, None);
-                    if self.nodes.as_ref() != Some(&nodes) {
+                    let shape: Vec<NodeInfo> = nodes.iter().map(shape_of).collect();
+                    let stale = self.ticks >= self.nodes_sent_at + NODES_REFRESH;
+                    if self.nodes.as_ref() != Some(&shape) || stale {
                         self.queue.extend(json_event("nodes", &nodes));
-                        self.nodes = Some(nodes);
+                        self.nodes = Some(shape);
+                        self.nodes_sent_at = self.ticks;
                     }
                 }
                 Err(e) => self.set_problem(

@@ -174,7 +174,7 @@ function jobsPage(el) {
   const draw = () => {
     const tenants = [...new Set([...state.jobs.values()].map((j) => j.tenant))].sort();
     const keep = tenant.value;
-    tenant.replaceChildren(h("option", { value: "", text: "all tenants" }), tenants.map((t) => h("option", { value: t, text: t })));
+    tenant.replaceChildren(h("option", { value: "", text: "all tenants" }), ...tenants.map((t) => h("option", { value: t, text: t })));
     tenant.value = tenants.includes(keep) ? keep : "";
     const jobs = [...state.jobs.values()].filter((j) =>
       (!tenant.value || j.tenant === tenant.value) &&
@@ -235,7 +235,7 @@ function jobPage(el, arg) {
   const head = h("div"), gang = h("div"), ranks = h("div", { class: "scroll" }), ckpts = h("div", { class: "scroll" });
   const logPick = h("select", { "aria-label": "Rank" }), logNote = h("p", { class: "muted" });
   const log = h("pre", { class: "log", id: "log", "aria-label": "Log tail" });
-  const events = h("div", { class: "scroll" }), chartHost = h("div", { class: "chart" });
+  const events = h("div", { class: "scroll" }), chartHost = h("div", { class: "chart", id: "util-chart" });
   el.append(head,
     h("div", { class: "grid2" },
       h("div", { class: "card" }, h("h2", { text: "Gang on the map" }), gang),
@@ -255,7 +255,7 @@ function jobPage(el, arg) {
       head.replaceChildren(h("h1", { text: `Job ${id}` }), h("p", { class: "muted", text: missing ? "No such job (or not yours)." : "Loading…" }));
       return;
     }
-    head.replaceChildren(h("h1", {}, text(`Job ${j.id} · ${j.name} `), h("span", { class: `state state-${j.state}`, id: "job-state", text: j.state })),
+    head.replaceChildren(...[h("h1", {}, text(`Job ${j.id} · ${j.name} `), h("span", { class: `state state-${j.state}`, id: "job-state", text: j.state })),
       h("div", { class: "summary" },
         h("span", { text: `tenant ${j.tenant}` }),
         h("span", { text: `${j.nodes_requested} nodes × ${j.gpus_per_node} GPUs` }),
@@ -265,7 +265,7 @@ function jobPage(el, arg) {
         h("span", { text: `running ${fmtDur(runningFor(j))}` }),
         h("span", { text: `last checkpoint ${j.last_ckpt_step ?? "none"}` })),
       j.reason ? h("p", { id: "job-reason", text: (j.state === "pending" || j.state === "requeued" ? "Waiting: " : "") + j.reason }) : null,
-      h("p", { class: "muted", text: j.command.join(" ") }));
+      h("p", { class: "muted", text: j.command.join(" ") })].filter((x) => x));
     const nodes = state.nodes.filter((n) => j.nodes.includes(n.name));
     gang.replaceChildren(nodes.length ? topology(nodes, j) : h("p", { class: "muted", text: "Not placed." }));
     ranks.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, ["Rank", "Node", "GPUs", "GPU %"].map((c) => h("th", { text: c })))),
@@ -367,7 +367,7 @@ function eventsPage(el) {
   const draw = () => {
     const kinds = [...new Set(state.events.map((e) => e.kind))].sort();
     const keep = kind.value;
-    kind.replaceChildren(h("option", { value: "", text: "any kind" }), kinds.map((k) => h("option", { value: k, text: k })));
+    kind.replaceChildren(h("option", { value: "", text: "any kind" }), ...kinds.map((k) => h("option", { value: k, text: k })));
     kind.value = kinds.includes(keep) ? keep : "";
     const needle = q.value.toLowerCase();
     const list = state.events.filter((e) => (!sev.value || e.severity === sev.value) && (!kind.value || e.kind === kind.value) &&
