@@ -105,8 +105,12 @@ function record(t) {
   }
 }
 
+// Each sign-in starts a new generation; an older loop stops at its next turn.
+let streamGen = 0;
+
 async function runStream() {
-  while (token()) {
+  const gen = ++streamGen;
+  while (token() && gen === streamGen) {
     const ctl = new AbortController();
     streamAbort = ctl;
     try {
@@ -137,6 +141,7 @@ async function runStream() {
       }
     } catch (e) {
       if (ctl.signal.aborted) return;
+      console.warn("live stream:", e);
     }
     setLive(false);
     await new Promise((r) => setTimeout(r, 1000));
@@ -151,7 +156,7 @@ export function showProblem(msg) {
 
 function signOut(why) {
   sessionStorage.removeItem(TOKEN_KEY);
-  if (streamAbort) streamAbort.abort();
+  resetState();
   location.hash = "";
   showSignin(why);
 }
@@ -163,7 +168,21 @@ function showSignin(why) {
   document.getElementById("signin-error").textContent = why || "";
 }
 
+// What the previous token was shown is forgotten, so a tenant signing in
+// after an admin in the same tab sees only its own.
+function resetState() {
+  if (streamAbort) streamAbort.abort();
+  lastEventId = null;
+  Object.assign(state, {
+    hello: null, nodes: [], jobs: new Map(), events: [], telemetry: null,
+    util: new Map(), usage: { t: [], series: new Map() },
+  });
+  document.getElementById("who").textContent = "";
+  showProblem("");
+}
+
 function start() {
+  resetState();
   document.getElementById("signin").hidden = true;
   document.getElementById("page").hidden = false;
   document.getElementById("signout").hidden = false;
