@@ -1,5 +1,5 @@
 //! What one frame of `shoal top` shows, as plain data: fetched by the I/O
-//! loop ([`super`]), drawn by [`super::frame`].
+//! loop (the parent module), drawn by the `frame` module.
 
 use crate::api::telemetry::Telemetry;
 use shoal_sdk::{CheckpointInfo, EventInfo, JobInfo, NodeInfo};
