@@ -11,6 +11,7 @@ mod ckpt_durability;
 mod cli;
 mod cluster;
 mod cp;
+mod dashboard;
 mod doctor;
 mod graceful_stop;
 mod https_api;

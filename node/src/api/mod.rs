@@ -10,10 +10,13 @@
 //! user's token allows.
 
 pub mod ca;
+pub mod dashboard;
 pub mod scope;
 pub mod scrape;
 pub mod serve;
 pub mod snapshot;
+pub mod stream;
+pub mod telemetry;
 pub mod tokens;
 pub mod views;
 
@@ -157,11 +160,17 @@ pub fn router(state: AppState) -> Router {
         .route("/events", get(list_events))
         .route("/snapshot", get(snapshot::get_snapshot))
         .route("/debug/gpu-fault", post(gpu_fault))
+        .route("/telemetry", get(telemetry::get))
+        .route(
+            "/stream",
+            get(stream::stream).layer(Extension(stream::StreamLimit::default())),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .nest("/v1", v1)
+        .merge(dashboard::routes())
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,

@@ -36,6 +36,12 @@ pub async fn run(api_addr: Option<SocketAddr>, sim_gpus: Option<String>) -> anyh
     println!("Shoal dev cluster is up: one node, 8 simulated H100 GPUs.");
     println!();
     println!("  API       {}", agent.api_url());
+    // The token rides in the fragment, which the browser never sends.
+    println!(
+        "  dashboard {}/#token={}",
+        agent.api_url().trim_end_matches('/'),
+        boot.admin_token
+    );
     println!("  data dir  {} (removed on exit)", dir.path().display());
     println!("  jobs run as you: a single-user node, not for a shared pool");
     println!();

@@ -16,6 +16,7 @@ pub mod slurm;
 pub mod slurm_cmds;
 pub mod srun;
 pub mod tokens;
+pub mod top;
 
 use crate::agent::{Agent, StartMode};
 use crate::cli::jobs::{ExitWith, JobArgs, QueueArgs, TenantCmd};
@@ -257,6 +258,8 @@ enum Cmd {
     },
     /// Disaster recovery on a stopped node when a majority of voters is lost for good
     Recover(crate::cli::recovery::RecoverArgs),
+    /// A live terminal view: nodes and GPUs, jobs with reasons, events (--job ID: one job)
+    Top(crate::cli::top::TopArgs),
     /// Benchmarks (see docs/BENCHMARKS.md)
     Bench {
         #[command(subcommand)]
@@ -767,6 +770,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::cli::doctor::run(args, &data_dir(&cli), cli.token.as_deref(), cli.json).await
         }
         Cmd::Sim(args) => run_sim(args, cli.json),
+        Cmd::Top(args) => crate::cli::top::run(&client(&cli)?, args).await,
         Cmd::Bench { cmd } => {
             // A chaos run's own report is the point; its nodes' logs of
             // the faults it injects would drown it.

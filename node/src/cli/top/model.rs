@@ -1,0 +1,70 @@
+//! What one frame of `shoal top` shows, as plain data: fetched by the I/O
+//! loop (the parent module), drawn by the `frame` module.
+
+use crate::api::telemetry::Telemetry;
+use shoal_sdk::{CheckpointInfo, EventInfo, JobInfo, NodeInfo};
+
+/// Events kept for the "recent events" pane.
+pub const RECENT_EVENTS: usize = 50;
+/// Log lines kept for `--job`.
+pub const LOG_LINES: usize = 200;
+
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// The API URL, for the title line.
+    pub api: String,
+    pub nodes: Vec<NodeInfo>,
+    pub jobs: Vec<JobInfo>,
+    /// Newest last, at most [`RECENT_EVENTS`].
+    pub events: Vec<EventInfo>,
+    pub telemetry: Option<Telemetry>,
+    /// With `--job`: the job followed.
+    pub job: Option<JobView>,
+    /// Why the last refresh failed, shown in the status line.
+    pub problem: Option<String>,
+    /// Wall-clock milliseconds of the refresh, for running times.
+    pub now_ms: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct JobView {
+    pub job: JobInfo,
+    pub checkpoints: Vec<CheckpointInfo>,
+    pub log_rank: u32,
+    /// The rank's last lines, newest last; `None` when its node's log
+    /// could not be read (the reason is in `log_note`).
+    pub log: Vec<String>,
+    pub log_note: Option<String>,
+}
+
+impl Snapshot {
+    /// Mean utilization (percent) of the GPUs `job` holds on node `name`.
+    pub fn job_util(&self, name: &str, job: u64) -> Option<f32> {
+        self.telemetry
+            .as_ref()?
+            .nodes
+            .iter()
+            .find(|n| n.name == name)?
+            .job_util
+            .get(&job)
+            .copied()
+    }
+
+    /// A GPU's utilization: its own sample when the answering node is its
+    /// node, else the mean over its job's GPUs on that node.
+    pub fn gpu_util(&self, node: &NodeInfo, gpu: &shoal_sdk::GpuInfo) -> Option<f32> {
+        let t = self
+            .telemetry
+            .as_ref()?
+            .nodes
+            .iter()
+            .find(|n| n.name == node.name)?;
+        if let Some(s) = t.gpus.iter().find(|g| g.index == gpu.index) {
+            return Some(s.util_pct as f32);
+        }
+        match gpu.allocated_to {
+            Some(job) => t.job_util.get(&job).copied(),
+            None => Some(0.0),
+        }
+    }
+}

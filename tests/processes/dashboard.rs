@@ -1,0 +1,418 @@
+//! The web dashboard in a real browser: Debian's headless Chromium driven
+//! through chromedriver (WebDriver, with fantoccini) against 4 spawned
+//! agents with 8 simulated GPUs each. Sign in through `#token=`, see the
+//! nodes and GPUs on the map, see a gang placed within 2 s of placement,
+//! see a killed node go down and the job restart, see checkpoint replicas
+//! and the ranks' utilization chart on the job page, the nodes on the
+//! proximity plot, and a tenant token not see another tenant's job.
+//! Without chromium and chromedriver the test fails and says how to get
+//! them (`.ci/run` installs them). On failure a screenshot and the page's
+//! HTML are written to a kept temp dir, named in the panic message.
+
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
+use crate::common;
+
+use common::{free_port, one_at_a_time, sh_job, wait_converged, NodeProc};
+use fantoccini::{Client as Browser, ClientBuilder};
+use shoal_sdk::{ApiTokenCreateRequest, Client, TenantRequest};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn find_tool(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |n| dir.join(n)))
+        .find(|p| p.is_file())
+}
+
+/// chromedriver on a loopback port, stopped on drop.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_driver(driver: &PathBuf) -> Driver {
+    let port = free_port();
+    let child = Command::new(driver)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", driver.display()));
+    let driver = Driver {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    let status = format!("{}/status", driver.url);
+    common::wait_for("chromedriver to listen", TIMEOUT, || {
+        let status = status.clone();
+        async move {
+            let r = reqwest::get(&status).await.ok()?;
+            r.status().is_success().then_some(())
+        }
+    })
+    .await;
+    driver
+}
+
+async fn open_browser(
+    driver: &Driver,
+    chromium: &std::path::Path,
+    profile: &std::path::Path,
+) -> Browser {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": chromium,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", "--window-size=1280,800",
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        }),
+    );
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    ClientBuilder::new(connector)
+        .capabilities(caps)
+        .connect(&driver.url)
+        .await
+        .unwrap_or_else(|e| panic!("chromedriver could not start chromium: {e}"))
+}
+
+/// The page's state as one JSON value, from a script run in the page.
+async fn probe(b: &Browser, script: &str) -> Result<serde_json::Value, String> {
+    b.execute(script, Vec::new())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Waits until `script` (run in the page) returns a truthy value, polling;
+/// returns it, or an error naming `what` and the last value seen.
+async fn until(
+    b: &Browser,
+    what: &str,
+    timeout: Duration,
+    script: &str,
+) -> Result<serde_json::Value, String> {
+    let start = Instant::now();
+    let mut last: serde_json::Value;
+    loop {
+        match probe(b, script).await {
+            Ok(v) if !(v.is_null() || v == false || v == 0 || v == "") => return Ok(v),
+            Ok(v) => last = v,
+            Err(e) => last = serde_json::Value::String(e),
+        }
+        if start.elapsed() > timeout {
+            return Err(format!(
+                "timed out after {timeout:?} waiting for {what} (last: {last})"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn until_api<T, F, Fut>(what: &str, mut check: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if start.elapsed() > TIMEOUT {
+            return Err(format!("timed out after {TIMEOUT:?} waiting for {what}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Keeps a screenshot and the page's HTML; returns where.
+async fn keep_evidence(b: &Browser) -> String {
+    let dir = match tempfile::Builder::new()
+        .prefix("shoal-dashboard-failure-")
+        .tempdir()
+    {
+        Ok(d) => d.keep(),
+        Err(e) => return format!("(no temp dir for a screenshot: {e})"),
+    };
+    if let Ok(png) = b.screenshot().await {
+        let _ = std::fs::write(dir.join("screenshot.png"), png);
+    }
+    if let Ok(html) = b.source().await {
+        let _ = std::fs::write(dir.join("page.html"), html);
+    }
+    dir.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_shows_the_cluster_gang_placement_failover_and_tenant_scope_in_a_browser() {
+    let (Some(chromium), Some(driver)) = (
+        find_tool(&["chromium", "chromium-browser"]),
+        find_tool(&["chromedriver"]),
+    ) else {
+        panic!(
+            "the dashboard test needs Debian's headless Chromium and its WebDriver: \
+             apt-get install -y chromium chromium-driver (.ci/run installs them)"
+        );
+    };
+    let _serial = one_at_a_time();
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut nodes: Vec<NodeProc> = ["r1", "r1", "r2", "r2"]
+        .iter()
+        .enumerate()
+        .map(|(i, rack)| {
+            let label = format!("rack={rack}");
+            let mut n = NodeProc::new(
+                root.path(),
+                &format!("n{}", i + 1),
+                &[label.as_str(), "zone=z1"],
+            );
+            n.sim_gpus = Some("8xH100-80GB".into());
+            n.extra_env
+                .push(("SHOAL_EXECUTOR__STOP_GRACE_S".into(), "5".into()));
+            n
+        })
+        .collect();
+    let admin = common::form_cluster(&mut nodes);
+    wait_converged(&nodes, &admin).await;
+    let api = nodes[0].client(&admin);
+    for t in ["vision", "audio"] {
+        api.create_tenant(&TenantRequest {
+            name: t.into(),
+            ..TenantRequest::default()
+        })
+        .await
+        .expect("tenant");
+    }
+    let vision = api
+        .create_api_token(&ApiTokenCreateRequest {
+            name: Some("vision-dash".into()),
+            tenant: Some("vision".into()),
+            ttl_s: None,
+        })
+        .await
+        .expect("tenant token")
+        .token;
+
+    let driver = start_driver(&driver).await;
+    let profile = tempfile::tempdir().expect("profile dir");
+    let browser = open_browser(&driver, &chromium, profile.path()).await;
+    let outcome = scenario(&browser, &mut nodes, &api, &admin, &vision).await;
+    if let Err(why) = outcome {
+        let kept = keep_evidence(&browser).await;
+        let _ = browser.close().await;
+        panic!("{why}\nscreenshot and page HTML in {kept}");
+    }
+    let _ = browser.close().await;
+}
+
+async fn scenario(
+    b: &Browser,
+    nodes: &mut [NodeProc],
+    api: &Client,
+    admin: &str,
+    vision: &str,
+) -> Result<(), String> {
+    let base = nodes[0].api_url();
+    b.goto(&format!("{base}/#token={admin}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    until(
+        b,
+        "4 nodes and 32 GPUs on the map",
+        TIMEOUT,
+        "return document.querySelectorAll('.node-tile').length === 4 && \
+         document.querySelectorAll('.node-tile .gpu').length === 32 && \
+         document.getElementById('count-gpus').textContent === '32'",
+    )
+    .await?;
+    // The token left the address bar at once.
+    let url = b.current_url().await.map_err(|e| e.to_string())?;
+    if url.as_str().contains("token=") {
+        return Err(format!("the token stayed in the address bar: {url}"));
+    }
+
+    // A gang of 2 nodes × 4 GPUs that checkpoints step 1 and keeps running.
+    let mut req = sh_job(
+        2,
+        4,
+        "echo \"rank $RANK up\"; mkdir -p \"$SHOAL_CKPT_DIR/1\" && touch \"$SHOAL_CKPT_DIR/1/.done\"; sleep 600",
+    );
+    req.tenant = Some("vision".into());
+    req.max_restarts = Some(2);
+    let id = api.submit_job(&req).await.map_err(|e| e.to_string())?.id;
+    let placed = until_api("the gang placed", || async move {
+        let j = api.job(id).await.ok()?;
+        (j.state == "running" && j.nodes.len() == 2).then_some(j)
+    })
+    .await?;
+    let placed_at = Instant::now();
+    until(
+        b,
+        "the gang's 8 GPUs on the map",
+        Duration::from_secs(5),
+        &format!("return document.querySelectorAll('.gpu[data-job=\"{id}\"]').length === 8"),
+    )
+    .await?;
+    let seen = placed_at.elapsed();
+    eprintln!("dashboard: gang {id} on the map {seen:.2?} after the API reported it placed");
+    if seen > Duration::from_secs(2) {
+        return Err(format!("the gang took {seen:?} to appear on the map"));
+    }
+
+    // A committed checkpoint before the node loss, so the restart resumes.
+    until_api("a committed checkpoint", || async move {
+        let c = api.checkpoints(id).await.ok()?;
+        c.iter()
+            .any(|c| c.committed_at.is_some() && c.replicas.len() >= 2)
+            .then_some(())
+    })
+    .await?;
+
+    // Kill a gang node other than n1, which serves the page.
+    let victim = placed
+        .nodes
+        .iter()
+        .find(|n| n.as_str() != "n1")
+        .cloned()
+        .ok_or("the gang has no node but n1")?;
+    let idx: usize = victim[1..].parse::<usize>().map_err(|e| e.to_string())? - 1;
+    nodes[idx].kill9();
+    until(
+        b,
+        "the killed node shown down",
+        TIMEOUT,
+        &format!("return !!document.querySelector('.node-tile[data-node=\"{victim}\"][data-state=\"down\"]')"),
+    )
+    .await?;
+    b.goto(&format!("{base}/#/jobs"))
+        .await
+        .map_err(|e| e.to_string())?;
+    until(
+        b,
+        "the job restarted, on the jobs page",
+        TIMEOUT,
+        &format!(
+            "const r = document.querySelector('tr[data-job=\"{id}\"]'); \
+                  return !!r && r.dataset.restarts === '1' && r.dataset.state === 'running'"
+        ),
+    )
+    .await?;
+    b.goto(&format!("{base}/#/job/{id}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    until(
+        b,
+        "checkpoint replicas on the job page",
+        TIMEOUT,
+        "const r = document.querySelector('#ckpts tr.ckpt'); \
+         return !!r && Number(r.dataset.replicas) >= 2 && \
+                document.getElementById('job-restarts').dataset.restarts === '1'",
+    )
+    .await?;
+    until(
+        b,
+        "the gang drawn on the job page's map",
+        TIMEOUT,
+        "return document.querySelectorAll('.node-tile.highlight').length === 2",
+    )
+    .await?;
+    until(
+        b,
+        "the ranks' GPU utilization chart",
+        TIMEOUT,
+        "return !!document.querySelector('#util-chart .uplot')",
+    )
+    .await?;
+    b.goto(&format!("{base}/#/proximity"))
+        .await
+        .map_err(|e| e.to_string())?;
+    until(
+        b,
+        "the nodes on the proximity plot",
+        TIMEOUT,
+        "return document.querySelectorAll('svg.prox circle').length >= 3",
+    )
+    .await?;
+
+    // Another tenant's job, then the vision token in a fresh page.
+    let mut other = sh_job(1, 1, "sleep 600");
+    other.tenant = Some("audio".into());
+    let other = api.submit_job(&other).await.map_err(|e| e.to_string())?.id;
+    until_api("audio's job running", || async move {
+        (api.job(other).await.ok()?.state == "running").then_some(())
+    })
+    .await?;
+    b.goto("about:blank").await.map_err(|e| e.to_string())?;
+    b.goto(&format!("{base}/#token={vision}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    until(
+        b,
+        "the tenant signed in",
+        TIMEOUT,
+        "return document.getElementById('who').textContent.includes('tenant vision')",
+    )
+    .await?;
+    b.goto(&format!("{base}/#/jobs"))
+        .await
+        .map_err(|e| e.to_string())?;
+    until(
+        b,
+        "vision's job listed for the vision token",
+        TIMEOUT,
+        &format!(
+            "document.getElementById('f-state').value = ''; \
+                  document.getElementById('f-state').dispatchEvent(new Event('change')); \
+                  return !!document.querySelector('tr[data-job=\"{id}\"]')"
+        ),
+    )
+    .await?;
+    let leaked = probe(
+        b,
+        &format!(
+            "return !!document.querySelector('tr[data-job=\"{other}\"]') || \
+             document.body.innerText.includes('audio')"
+        ),
+    )
+    .await?;
+    if leaked != false {
+        return Err(format!("the vision token sees audio's job {other}"));
+    }
+    b.goto(&format!("{base}/#/map"))
+        .await
+        .map_err(|e| e.to_string())?;
+    until(
+        b,
+        "the map for the tenant",
+        TIMEOUT,
+        "return document.querySelectorAll('.node-tile').length === 4",
+    )
+    .await?;
+    let on_map = probe(
+        b,
+        &format!("return document.querySelectorAll('.gpu[data-job=\"{other}\"]').length"),
+    )
+    .await?;
+    if on_map != 0 {
+        return Err(format!("the vision token's map names audio's job {other}"));
+    }
+    Ok(())
+}
