@@ -494,6 +494,10 @@ mod tests {
             last_ckpt_step: Some(40),
             mem_bytes: None,
             cpus_per_task: None,
+            tasks_per_node: 1,
+            dependency: None,
+            held: false,
+            signal: None,
         }
     }
 
