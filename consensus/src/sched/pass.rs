@@ -35,6 +35,7 @@ use super::fairshare::{
     TenantAllocation, TenantTree,
 };
 use super::model::{GangRequest, JobId, NodeId, NodeView, Placement, TopologyTier};
+use super::pending_index::{static_problem, PendingIndex};
 use super::placement::{
     count_feasible_nodes, labels_suffix, model_name, not_enough_nodes, place_indexed, ClusterIndex,
     ClusterShape, Unplaceable, UnplaceableKind,
@@ -683,6 +684,9 @@ pub(crate) struct Pass<'a> {
     /// Explain why valid jobs wait (`pending_reasons`); `invalid:` reasons
     /// are always written.
     waiting_reasons: bool,
+    /// The cache's sorted, validated queue, when the caller kept it up to
+    /// date; see [`PendingIndex`].
+    index: Option<&'a PendingIndex>,
     plan: SchedPlan,
 }
 
@@ -755,8 +759,15 @@ impl<'a> Pass<'a> {
             memo: FailureMemo::default(),
             epoch: 0,
             waiting_reasons: true,
+            index: None,
             plan: SchedPlan::default(),
         }
+    }
+
+    /// Lets the pass read the queue from `index` instead of walking
+    /// `input.pending`, where that decides the same (see `run`).
+    pub fn with_index(&mut self, index: &'a PendingIndex) {
+        self.index = Some(index);
     }
 
     /// Leaves out the reasons of valid waiting jobs; see
@@ -778,6 +789,20 @@ impl<'a> Pass<'a> {
         timed_out.sort_unstable();
         timed_out.dedup();
         self.plan.timed_out = timed_out;
+
+        // FIFO without waiting reasons decides only up to its first blocked
+        // job, so an index that is already sorted and validated lets it
+        // skip the rest of the queue. HDRF orders the whole queue by fair
+        // share, so it still reads it all.
+        let indexed = self.index.filter(|index| {
+            !self.waiting_reasons
+                && self.input.policy == Policy::Fifo
+                && index.usable(self.input.pending.len())
+        });
+        if let Some(index) = indexed {
+            self.run_fifo_indexed(index);
+            return (self.plan, Scratch { jobs: self.jobs });
+        }
 
         let valid = self.validate_pending();
         // Tenants' holdings feed the fair order of two or more jobs and the
@@ -867,40 +892,18 @@ impl<'a> Pass<'a> {
                 .is_some_and(|slot| self.jobs.running[slot])
             {
                 Some(format!("job {} is already running", job.id))
-            } else if request.job != job.id {
-                Some(format!(
-                    "gang request is for job {}, not {}",
-                    request.job, job.id
-                ))
-            } else if request.tenant != job.tenant {
-                Some(format!(
-                    "gang request is for tenant {}, job belongs to {}",
-                    request.tenant, job.tenant
-                ))
-            } else if request.nodes == 0 || request.gpus_per_node == 0 {
-                Some("a gang needs at least one node and one GPU per node".to_string())
-            } else if u64::from(job.gpus)
-                != u64::from(request.nodes) * u64::from(request.gpus_per_node)
-            {
-                Some(format!(
-                    "job asks for {} GPUs but its gang is {} nodes x {} GPUs",
-                    job.gpus, request.nodes, request.gpus_per_node
-                ))
-            } else if request
-                .max_rtt_ms
-                .is_some_and(|limit| limit.is_nan() || limit < 0.0)
-            {
-                Some("max_rtt_ms must be a non-negative number".to_string())
             } else {
-                match self.tree.index_of(&job.tenant) {
-                    None => Some(format!("unknown tenant {}", job.tenant)),
-                    Some(tenant) => {
-                        if let Some(waiting) = self.tenants_waiting.get_mut(tenant) {
-                            *waiting = true;
-                        }
-                        None
+                let tree = &self.tree;
+                let problem = static_problem(job, request, |name| tree.index_of(name).is_some());
+                if problem.is_none() {
+                    if let Some(waiting) = tree
+                        .index_of(&job.tenant)
+                        .and_then(|tenant| self.tenants_waiting.get_mut(tenant))
+                    {
+                        *waiting = true;
                     }
                 }
+                problem
             };
             match problem {
                 Some(problem) => {
@@ -941,6 +944,60 @@ impl<'a> Pass<'a> {
                     self.note(job.id, unplaceable.reason);
                     waiting_behind = Some(format!("fifo: waiting behind job {}", job.id));
                 }
+            }
+        }
+    }
+
+    /// `run_fifo` over `validate_pending`, without waiting reasons, with
+    /// the queue read from the index: the same invalid reasons, the same
+    /// placements, and only the jobs up to the first blocked one visited.
+    fn run_fifo_indexed(&mut self, index: &'a PendingIndex) {
+        let input = self.input;
+        // A pending job that is also running is invalid, and that reason
+        // comes before any other (as in `validate_pending`).
+        let mut running_too: Vec<JobId> = input
+            .running
+            .iter()
+            .map(|job| job.id)
+            .filter(|&id| index.contains(id))
+            .collect();
+        running_too.sort_unstable();
+        running_too.dedup();
+        for position in index.invalid_positions() {
+            let Some((job, request)) = input.pending.get(position) else {
+                continue;
+            };
+            if running_too.binary_search(&job.id).is_ok() {
+                continue;
+            }
+            let tree = &self.tree;
+            if let Some(problem) =
+                static_problem(job, request, |name| tree.index_of(name).is_some())
+            {
+                self.plan
+                    .pending_reasons
+                    .insert(job.id, format!("{INVALID_PREFIX} {problem}"));
+            }
+        }
+        for &id in &running_too {
+            self.plan
+                .pending_reasons
+                .insert(id, format!("{INVALID_PREFIX} job {id} is already running"));
+        }
+        for position in index.fifo_order() {
+            let Some((job, request)) = input.pending.get(position) else {
+                continue;
+            };
+            if running_too.binary_search(&job.id).is_ok() {
+                continue;
+            }
+            // Nothing behind a blocked job starts.
+            if self.admit(job).is_err() {
+                break;
+            }
+            match self.place_in(Area::Free, request, None) {
+                Ok(placement) => self.commit(job, placement),
+                Err(_) => break,
             }
         }
     }
