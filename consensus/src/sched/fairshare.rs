@@ -212,47 +212,106 @@ pub fn order_pending(
     running: &[TenantAllocation],
     pending: &[PendingDemand<'_>],
 ) -> Vec<JobId> {
-    let tree = TenantTree::new(tenants);
-    let mut usage = HdrfUsage::new(&tree, capacity.clone());
-    for allocation in running {
-        if let Some(tenant) = tree.index_of(&allocation.tenant) {
-            usage.charge(tenant, &allocation.resources);
-        }
-    }
-
-    let mut queues: Vec<Vec<&PendingDemand<'_>>> = vec![Vec::new(); tree.len()];
     let mut orphans: Vec<&PendingDemand<'_>> = Vec::new();
+    let mut queues: BTreeMap<&str, Vec<&PendingDemand<'_>>> = BTreeMap::new();
+    let known = TenantTree::new(tenants);
     for demand in pending {
-        match tree.index_of(&demand.job.tenant) {
-            Some(tenant) => queues[tenant].push(demand),
+        match known.index_of(&demand.job.tenant) {
+            Some(_) => queues.entry(&demand.job.tenant).or_default().push(demand),
             None => orphans.push(demand),
         }
     }
-    // Best job last so that `pop` takes it.
-    for queue in &mut queues {
+    let mut order: Vec<JobId> = FairOrder::new(tenants, capacity, running, |name| {
+        let mut queue = queues.remove(name).unwrap_or_default();
+        // Best job last, taken from the back: among listings that compare
+        // equal (a repeated id), the last one listed goes first, as it
+        // always has.
         queue.sort_by(|a, b| job_precedence(b.job, a.job));
-    }
-    let mut subtree_pending = vec![0usize; tree.len()];
-    for (tenant, queue) in queues.iter().enumerate() {
-        for ancestor in tree.self_and_ancestors(tenant) {
-            subtree_pending[ancestor] += queue.len();
-        }
-    }
-
-    let mut order = Vec::with_capacity(pending.len());
-    while let Some(tenant) = usage.pick_leaf(&tree, &queues, &subtree_pending) {
-        let Some(demand) = queues[tenant].pop() else {
-            break;
-        };
-        for ancestor in tree.self_and_ancestors(tenant) {
-            subtree_pending[ancestor] = subtree_pending[ancestor].saturating_sub(1);
-        }
-        usage.charge(tenant, &demand.resources);
-        order.push(demand.job.id);
-    }
+        let len = queue.len();
+        let items: Box<dyn Iterator<Item = (ResourceVector, JobId)> + '_> = Box::new(
+            queue
+                .into_iter()
+                .rev()
+                .map(|demand| (demand.resources.clone(), demand.job.id)),
+        );
+        (len, items)
+    })
+    .collect();
     orphans.sort_by(|a, b| job_precedence(a.job, b.job));
     order.extend(orphans.into_iter().map(|demand| demand.job.id));
     order
+}
+
+/// One tenant's queue for [`FairOrder`]: its length and its items, best
+/// job first, each with the resources it asks for.
+pub(crate) type TenantQueue<'q, T> = (usize, Box<dyn Iterator<Item = (ResourceVector, T)> + 'q>);
+
+/// The HDRF order of [`order_pending`], produced one job at a time, so that
+/// a pass that stops early does not pay for ordering the whole queue.
+/// Progressive filling: the next job is the best of the least-served
+/// tenant's queue, charged to its tenant as it is taken.
+pub(crate) struct FairOrder<'q, T> {
+    tree: TenantTree,
+    usage: HdrfUsage,
+    /// Per tenant: its queue, and the next item taken from it.
+    queues: Vec<Box<dyn Iterator<Item = (ResourceVector, T)> + 'q>>,
+    heads: Vec<Option<(ResourceVector, T)>>,
+    subtree_pending: Vec<usize>,
+}
+
+impl<'q, T> FairOrder<'q, T> {
+    /// `queue_of` gives each tenant's queue by name; it is called once per
+    /// tenant of the tree and must yield exactly the length it reports.
+    pub(crate) fn new(
+        tenants: &[TenantView],
+        capacity: &ResourceVector,
+        running: &[TenantAllocation],
+        mut queue_of: impl FnMut(&str) -> TenantQueue<'q, T>,
+    ) -> Self {
+        let tree = TenantTree::new(tenants);
+        let mut usage = HdrfUsage::new(&tree, capacity.clone());
+        for allocation in running {
+            if let Some(tenant) = tree.index_of(&allocation.tenant) {
+                usage.charge(tenant, &allocation.resources);
+            }
+        }
+        let mut queues = Vec::with_capacity(tree.len());
+        let mut heads = Vec::with_capacity(tree.len());
+        let mut subtree_pending = vec![0usize; tree.len()];
+        for tenant in 0..tree.len() {
+            let (len, mut items) = queue_of(tree.name(tenant));
+            for ancestor in tree.self_and_ancestors(tenant) {
+                subtree_pending[ancestor] += len;
+            }
+            heads.push(items.next());
+            queues.push(items);
+        }
+        FairOrder {
+            tree,
+            usage,
+            queues,
+            heads,
+            subtree_pending,
+        }
+    }
+}
+
+impl<T> Iterator for FairOrder<'_, T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        let heads = &self.heads;
+        let tenant =
+            self.usage
+                .pick_leaf(&self.tree, &|t| heads[t].is_some(), &self.subtree_pending)?;
+        let (resources, item) = self.heads[tenant].take()?;
+        self.heads[tenant] = self.queues[tenant].next();
+        for ancestor in self.tree.self_and_ancestors(tenant) {
+            self.subtree_pending[ancestor] = self.subtree_pending[ancestor].saturating_sub(1);
+        }
+        self.usage.charge(tenant, &resources);
+        Some(item)
+    }
 }
 
 /// Within one tenant: higher effective priority first, then older, then id.
@@ -583,7 +642,7 @@ impl HdrfUsage {
     fn pick_leaf(
         &self,
         tree: &TenantTree,
-        queues: &[Vec<&PendingDemand<'_>>],
+        has_own: &dyn Fn(usize) -> bool,
         subtree_pending: &[usize],
     ) -> Option<usize> {
         let share = |t: usize, usage: &ResourceVector| {
@@ -595,7 +654,7 @@ impl HdrfUsage {
             // (share, own-jobs-first, position) keeps the choice total.
             let mut best: Option<(f64, u8, usize, usize, bool)> = None;
             if let Some(t) = current {
-                if !queues[t].is_empty() {
+                if has_own(t) {
                     best = Some((share(t, &self.own[t]), 0, 0, t, true));
                 }
             }

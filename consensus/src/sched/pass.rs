@@ -31,11 +31,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::fairshare::{
-    order_pending, unknown_tenant, HdrfUsage, PendingDemand, PendingJob, ResourceVector,
+    order_pending, unknown_tenant, FairOrder, HdrfUsage, PendingDemand, PendingJob, ResourceVector,
     TenantAllocation, TenantTree,
 };
 use super::model::{GangRequest, JobId, NodeId, NodeView, Placement, TopologyTier};
-use super::pending_index::{static_problem, PendingIndex};
+use super::pending_index::{static_problem, PendingIndex, ShapeClass};
 use super::placement::{
     count_feasible_nodes, labels_suffix, model_name, not_enough_nodes, place_indexed, ClusterIndex,
     ClusterShape, Unplaceable, UnplaceableKind,
@@ -790,17 +790,15 @@ impl<'a> Pass<'a> {
         timed_out.dedup();
         self.plan.timed_out = timed_out;
 
-        // FIFO without waiting reasons decides only up to its first blocked
-        // job, so an index that is already sorted and validated lets it
-        // skip the rest of the queue. HDRF orders the whole queue by fair
-        // share, so it still reads it all.
-        let indexed = self.index.filter(|index| {
-            !self.waiting_reasons
-                && self.input.policy == Policy::Fifo
-                && index.usable(self.input.pending.len())
-        });
+        // Without waiting reasons, only the jobs that start (and, under
+        // HDRF, the one that gets the reservation) matter, so an index that
+        // is already sorted and validated lets a pass stop once nothing
+        // left in the queue can start.
+        let indexed = self
+            .index
+            .filter(|index| !self.waiting_reasons && index.usable(self.input.pending.len()));
         if let Some(index) = indexed {
-            self.run_fifo_indexed(index);
+            self.run_indexed(index);
             return (self.plan, Scratch { jobs: self.jobs });
         }
 
@@ -948,10 +946,10 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// `run_fifo` over `validate_pending`, without waiting reasons, with
-    /// the queue read from the index: the same invalid reasons, the same
-    /// placements, and only the jobs up to the first blocked one visited.
-    fn run_fifo_indexed(&mut self, index: &'a PendingIndex) {
+    /// `run` over the index instead of `validate_pending`, without waiting
+    /// reasons: the same invalid reasons, the same plan, and only the part
+    /// of the queue visited that can still change it.
+    fn run_indexed(&mut self, index: &'a PendingIndex) {
         let input = self.input;
         // A pending job that is also running is invalid, and that reason
         // comes before any other (as in `validate_pending`).
@@ -984,13 +982,75 @@ impl<'a> Pass<'a> {
                 .pending_reasons
                 .insert(id, format!("{INVALID_PREFIX} job {id} is already running"));
         }
+        // Valid entries the running list makes invalid, by position.
+        let mut excluded: Vec<usize> = running_too
+            .iter()
+            .filter_map(|&id| index.position_of(id))
+            .filter(|&position| index.is_valid(position))
+            .collect();
+        excluded.sort_unstable();
+
+        match input.policy {
+            Policy::Fifo => self.run_fifo_indexed(index, &excluded),
+            Policy::Hdrf | Policy::HdrfPreempt => {
+                let mut excluded_per_tenant: BTreeMap<&str, usize> = BTreeMap::new();
+                for &position in &excluded {
+                    if let Some((job, _)) = input.pending.get(position) {
+                        *excluded_per_tenant.entry(job.tenant.as_str()).or_default() += 1;
+                    }
+                }
+                let waiting_in = |name: &str| {
+                    index
+                        .tenant_len(name)
+                        .saturating_sub(excluded_per_tenant.get(name).copied().unwrap_or(0))
+                };
+                for tenant in 0..self.tree.len() {
+                    let waiting = waiting_in(self.tree.name(tenant)) > 0;
+                    if let Some(flag) = self.tenants_waiting.get_mut(tenant) {
+                        *flag = waiting;
+                    }
+                }
+                let valid = index.valid_len().saturating_sub(excluded.len());
+                let held_by_tenant = if valid > 1 || always_sum_holdings() {
+                    self.tenant_holdings()
+                } else {
+                    Vec::new()
+                };
+                let allocations = self.allocations(&held_by_tenant);
+                let capacity = resources_of(
+                    &self.cluster,
+                    self.capacity_by_model.iter().copied().enumerate(),
+                );
+                let excluded = &excluded;
+                let order = FairOrder::new(&input.tenants, &capacity, &allocations, |name| {
+                    let items = index
+                        .tenant_queue(name)
+                        .filter(move |position| excluded.binary_search(position).is_err())
+                        .filter_map(move |position| {
+                            let (job, request) = input.pending.get(position)?;
+                            let demand =
+                                ResourceVector::gpus(request.gpu_model.as_deref(), job.gpus);
+                            Some((demand, position))
+                        });
+                    (waiting_in(name), Box::new(items))
+                });
+                let entries = order.filter_map(|position| input.pending.get(position));
+                let allow_preemption = input.policy == Policy::HdrfPreempt;
+                self.walk_fair_order(entries, allow_preemption, Some(index));
+            }
+        }
+    }
+
+    /// `run_fifo` without waiting reasons, reading the index's order.
+    fn run_fifo_indexed(&mut self, index: &'a PendingIndex, excluded: &[usize]) {
+        let input = self.input;
         for position in index.fifo_order() {
+            if excluded.binary_search(&position).is_ok() {
+                continue;
+            }
             let Some((job, request)) = input.pending.get(position) else {
                 continue;
             };
-            if running_too.binary_search(&job.id).is_ok() {
-                continue;
-            }
             // Nothing behind a blocked job starts.
             if self.admit(job).is_err() {
                 break;
@@ -1002,6 +1062,92 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// Tenants' holdings as `order_pending` takes them.
+    fn allocations(&self, held_by_tenant: &[ResourceVector]) -> Vec<TenantAllocation> {
+        held_by_tenant
+            .iter()
+            .enumerate()
+            .filter(|(_, resources)| !resources.0.is_empty())
+            .map(|(tenant, resources)| TenantAllocation {
+                tenant: self.tree.name(tenant).to_string(),
+                resources: resources.clone(),
+            })
+            .collect()
+    }
+
+    /// Once a reservation holds, no job is preempted for and GPUs only get
+    /// scarcer, so a job can still start only if some node set has room
+    /// for its shape outside the reservation, or on free GPUs if it ends
+    /// before the reservation's start. True when no job in the index
+    /// (less those this pass placed, `placed`) passes that necessary test:
+    /// the rest of the walk could not change the plan.
+    fn nothing_more_can_start(
+        &self,
+        index: &PendingIndex,
+        reservation: &Reservation,
+        placed: &[(ShapeClass, u64)],
+    ) -> bool {
+        // Per node: usable free GPUs, and those of them outside the
+        // reservation; as "nodes with at least g" counts.
+        let mut free_at_least: Vec<usize> = Vec::new();
+        let mut outside_at_least: Vec<usize> = Vec::new();
+        for position in 0..self.input.nodes.len() {
+            let free = self.free_usable.get(position).copied().unwrap_or(0) as usize;
+            let outside = self
+                .cluster
+                .gpu_range(position)
+                .filter(|&gpu| {
+                    self.holder[gpu] == FREE
+                        && !reservation.reserved.get(gpu).copied().unwrap_or(false)
+                        && self.counts_as_usable(position, gpu)
+                })
+                .count();
+            for (counts, value) in [(&mut free_at_least, free), (&mut outside_at_least, outside)] {
+                if counts.len() <= value {
+                    counts.resize(value + 1, 0);
+                }
+                counts[value] += 1;
+            }
+        }
+        for counts in [&mut free_at_least, &mut outside_at_least] {
+            for value in (1..counts.len()).rev() {
+                counts[value - 1] += counts[value];
+            }
+        }
+        let nodes_with = |counts: &[usize], gpus: u32| -> usize {
+            usize::try_from(gpus)
+                .ok()
+                .and_then(|g| counts.get(g))
+                .copied()
+                .unwrap_or(0)
+        };
+        let now = self.input.now_s;
+        for (shape, limits) in index.shapes() {
+            let (gpus_per_node, nodes) = shape;
+            let nodes = usize::try_from(nodes).unwrap_or(usize::MAX);
+            if nodes_with(&free_at_least, gpus_per_node) < nodes {
+                continue;
+            }
+            // The shortest time limit of this shape not placed already.
+            let shortest = limits.iter().find_map(|(&limit, &count)| {
+                let taken = placed
+                    .iter()
+                    .filter(|&&(s, l)| s == shape && l == limit)
+                    .count();
+                (count as usize > taken).then_some(limit)
+            });
+            let Some(shortest) = shortest else {
+                continue;
+            };
+            if nodes_with(&outside_at_least, gpus_per_node) >= nodes
+                || now.saturating_add(shortest) <= reservation.shadow_s
+            {
+                return false;
+            }
+        }
+        true
+    }
+
     fn run_hdrf(
         &mut self,
         valid: Vec<&'a PendingEntry>,
@@ -1011,15 +1157,7 @@ impl<'a> Pass<'a> {
         let by_id: BTreeMap<JobId, &'a PendingEntry> =
             valid.iter().map(|entry| (entry.0.id, *entry)).collect();
         let order = {
-            let allocations: Vec<TenantAllocation> = held_by_tenant
-                .iter()
-                .enumerate()
-                .filter(|(_, resources)| !resources.0.is_empty())
-                .map(|(tenant, resources)| TenantAllocation {
-                    tenant: self.tree.name(tenant).to_string(),
-                    resources: resources.clone(),
-                })
-                .collect();
+            let allocations = self.allocations(held_by_tenant);
             // One demand vector per (model, size), cloned: formatting the
             // model key per pending job showed up in profiles.
             let mut demand_of: BTreeMap<(Option<&str>, u32), ResourceVector> = BTreeMap::new();
@@ -1042,22 +1180,41 @@ impl<'a> Pass<'a> {
             );
             order_pending(&self.input.tenants, &capacity, &allocations, &demands)
         };
+        let entries = order.into_iter().filter_map(|id| by_id.get(&id).copied());
+        self.walk_fair_order(entries, allow_preemption, None);
+    }
 
+    /// HDRF's walk over the queue in fair order, with EASY backfill behind
+    /// the first job that cannot start. With `index`, the walk stops as
+    /// soon as `nothing_more_can_start` proves the rest would change
+    /// nothing (only when waiting reasons are left out).
+    fn walk_fair_order(
+        &mut self,
+        order: impl Iterator<Item = &'a PendingEntry>,
+        allow_preemption: bool,
+        index: Option<&'a PendingIndex>,
+    ) {
         let now = self.input.now_s;
         let mut reservation: Option<Reservation> = None;
-        for id in order {
-            let Some((job, request)) = by_id.get(&id).copied() else {
-                continue;
-            };
+        // Shapes and time limits placed so far, for the stop test.
+        let mut placed: Vec<(ShapeClass, u64)> = Vec::new();
+        for (job, request) in order {
             if let Err(reason) = self.admit(job) {
                 self.note(job.id, reason);
                 continue;
             }
+            let epoch = self.epoch;
             let Some(held_for_head) = &reservation else {
                 match self.place_in(Area::Free, request, None) {
                     Ok(placement) => self.commit(job, placement),
                     Err(unplaceable) => {
                         if allow_preemption && self.try_preempt(job, request) {
+                            if index.is_some() {
+                                placed.push((
+                                    (request.gpus_per_node, request.nodes),
+                                    job.time_limit_s,
+                                ));
+                            }
                             continue;
                         }
                         reservation = self.reserve(request);
@@ -1072,7 +1229,16 @@ impl<'a> Pass<'a> {
                             ),
                         };
                         self.note(job.id, reason);
+                        if let (Some(index), Some(held)) = (index, &reservation) {
+                            if self.nothing_more_can_start(index, held, &placed) {
+                                break;
+                            }
+                        }
+                        continue;
                     }
+                }
+                if index.is_some() && self.epoch != epoch {
+                    placed.push(((request.gpus_per_node, request.nodes), job.time_limit_s));
                 }
                 continue;
             };
@@ -1101,7 +1267,15 @@ impl<'a> Pass<'a> {
                 }
             };
             match decision {
-                Ok(placement) => self.commit(job, placement),
+                Ok(placement) => {
+                    self.commit(job, placement);
+                    if let (Some(index), Some(held)) = (index, &reservation) {
+                        placed.push(((request.gpus_per_node, request.nodes), job.time_limit_s));
+                        if self.nothing_more_can_start(index, held, &placed) {
+                            break;
+                        }
+                    }
+                }
                 Err(reason) => self.note(job.id, reason),
             }
         }

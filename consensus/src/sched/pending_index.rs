@@ -19,18 +19,30 @@
 //! list is short: one entry per allocation) and whether an id is listed
 //! twice (then the index declines and the pass reads the whole queue).
 
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::fairshare::PendingJob;
 use super::model::{GangRequest, JobId};
 
 type PendingEntry = (PendingJob, GangRequest);
 
+/// A tenant's queue order: higher effective priority first, then older,
+/// then id (`fairshare::job_precedence`); the position last.
+pub(crate) type PrecedenceKey = (Reverse<i64>, u64, JobId, usize);
+
+/// Gang shape of a request: (GPUs per node, nodes).
+pub(crate) type ShapeClass = (u32, u32);
+
 /// What the index remembers of the entry at one position.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Listed {
     id: JobId,
     submitted_seq: u64,
+    tenant: String,
+    precedence: i64,
+    shape: ShapeClass,
+    time_limit_s: u64,
     /// The request can never run, whatever else the pass sees.
     invalid: bool,
 }
@@ -42,10 +54,15 @@ pub(crate) struct PendingIndex {
     at: Vec<Listed>,
     /// Valid entries in FIFO order: (submitted_seq, id, position).
     fifo: BTreeSet<(u64, JobId, usize)>,
+    /// Valid entries per tenant name, in the tenant's queue order.
+    by_tenant: BTreeMap<String, BTreeSet<PrecedenceKey>>,
+    /// Valid entries per gang shape: how many ask for each time limit.
+    /// Lets a pass prove that nothing left in the queue can start.
+    by_shape: BTreeMap<ShapeClass, BTreeMap<u64, u32>>,
     /// Positions of entries that are invalid on their own.
     invalid: BTreeSet<usize>,
-    /// Listings per id, to notice duplicates without a pass over the queue.
-    listings: std::collections::HashMap<JobId, u32>,
+    /// Positions per id, to notice duplicates without a pass over the queue.
+    listings: HashMap<JobId, Vec<usize>>,
     /// Ids listed more than once.
     duplicated: usize,
     /// Sorted, deduplicated tenant names the entries were judged against.
@@ -107,6 +124,8 @@ impl PendingIndex {
     fn rebuild(&mut self, pending: &[PendingEntry], tenant_names: &[String]) {
         self.at.clear();
         self.fifo.clear();
+        self.by_tenant.clear();
+        self.by_shape.clear();
         self.invalid.clear();
         self.listings.clear();
         self.duplicated = 0;
@@ -130,31 +149,45 @@ impl PendingIndex {
         let listed = Listed {
             id: job.id,
             submitted_seq: job.submitted_seq,
+            tenant: job.tenant.clone(),
+            precedence: job.effective_priority(),
+            shape: (request.gpus_per_node, request.nodes),
+            time_limit_s: job.time_limit_s,
             invalid,
         };
-        match self.at.get_mut(position) {
-            Some(slot) => *slot = listed,
-            None => self.at.push(listed),
-        }
         let listings = self.listings.entry(job.id).or_default();
-        *listings += 1;
-        if *listings == 2 {
+        listings.push(position);
+        if listings.len() == 2 {
             self.duplicated += 1;
         }
         if invalid {
             self.invalid.insert(position);
         } else {
             self.fifo.insert((job.submitted_seq, job.id, position));
+            self.by_tenant
+                .entry(listed.tenant.clone())
+                .or_default()
+                .insert(precedence_key(&listed, position));
+            *self
+                .by_shape
+                .entry(listed.shape)
+                .or_default()
+                .entry(listed.time_limit_s)
+                .or_default() += 1;
+        }
+        match self.at.get_mut(position) {
+            Some(slot) => *slot = listed,
+            None => self.at.push(listed),
         }
     }
 
     fn forget(&mut self, position: usize) {
-        let Some(listed) = self.at.get(position).copied() else {
+        let Some(listed) = self.at.get(position).cloned() else {
             return;
         };
         if let Some(listings) = self.listings.get_mut(&listed.id) {
-            *listings -= 1;
-            match *listings {
+            listings.retain(|&p| p != position);
+            match listings.len() {
                 0 => {
                     self.listings.remove(&listed.id);
                 }
@@ -164,9 +197,26 @@ impl PendingIndex {
         }
         if listed.invalid {
             self.invalid.remove(&position);
-        } else {
-            self.fifo
-                .remove(&(listed.submitted_seq, listed.id, position));
+            return;
+        }
+        self.fifo
+            .remove(&(listed.submitted_seq, listed.id, position));
+        if let Some(queue) = self.by_tenant.get_mut(&listed.tenant) {
+            queue.remove(&precedence_key(&listed, position));
+            if queue.is_empty() {
+                self.by_tenant.remove(&listed.tenant);
+            }
+        }
+        if let Some(limits) = self.by_shape.get_mut(&listed.shape) {
+            if let Some(count) = limits.get_mut(&listed.time_limit_s) {
+                *count -= 1;
+                if *count == 0 {
+                    limits.remove(&listed.time_limit_s);
+                }
+            }
+            if limits.is_empty() {
+                self.by_shape.remove(&listed.shape);
+            }
         }
     }
 
@@ -186,6 +236,42 @@ impl PendingIndex {
         self.listings.contains_key(&id)
     }
 
+    /// Where `id` is listed, if exactly once.
+    pub(crate) fn position_of(&self, id: JobId) -> Option<usize> {
+        match self.listings.get(&id).map(Vec::as_slice) {
+            Some(&[position]) => Some(position),
+            _ => None,
+        }
+    }
+
+    /// Valid entries of the tenant named `tenant`, in its queue order.
+    pub(crate) fn tenant_queue(&self, tenant: &str) -> impl Iterator<Item = usize> + '_ {
+        self.by_tenant
+            .get(tenant)
+            .into_iter()
+            .flat_map(|queue| queue.iter().map(|&(_, _, _, position)| position))
+    }
+
+    /// How many valid entries the tenant named `tenant` has.
+    pub(crate) fn tenant_len(&self, tenant: &str) -> usize {
+        self.by_tenant.get(tenant).map_or(0, BTreeSet::len)
+    }
+
+    /// Valid entries per gang shape, with how many ask for each time limit.
+    pub(crate) fn shapes(&self) -> impl Iterator<Item = (ShapeClass, &BTreeMap<u64, u32>)> + '_ {
+        self.by_shape.iter().map(|(&shape, limits)| (shape, limits))
+    }
+
+    /// Whether the entry at `position` is valid on its own.
+    pub(crate) fn is_valid(&self, position: usize) -> bool {
+        self.at.get(position).is_some_and(|listed| !listed.invalid)
+    }
+
+    /// Number of valid entries.
+    pub(crate) fn valid_len(&self) -> usize {
+        self.fifo.len()
+    }
+
     /// Positions of valid entries, oldest submission first.
     pub(crate) fn fifo_order(&self) -> impl Iterator<Item = usize> + '_ {
         self.fifo.iter().map(|&(_, _, position)| position)
@@ -195,6 +281,15 @@ impl PendingIndex {
     pub(crate) fn invalid_positions(&self) -> impl Iterator<Item = usize> + '_ {
         self.invalid.iter().copied()
     }
+}
+
+fn precedence_key(listed: &Listed, position: usize) -> PrecedenceKey {
+    (
+        Reverse(listed.precedence),
+        listed.submitted_seq,
+        listed.id,
+        position,
+    )
 }
 
 /// Why a request can never run, judged on the entry alone: every check of
