@@ -16,6 +16,7 @@
 //! children through a virtual "own jobs" child carrying the tenant's weight.
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -228,11 +229,11 @@ pub fn order_pending(
         // always has.
         queue.sort_by(|a, b| job_precedence(b.job, a.job));
         let len = queue.len();
-        let items: Box<dyn Iterator<Item = (ResourceVector, JobId)> + '_> = Box::new(
+        let items: Box<dyn Iterator<Item = (Rc<ResourceVector>, JobId)> + '_> = Box::new(
             queue
                 .into_iter()
                 .rev()
-                .map(|demand| (demand.resources.clone(), demand.job.id)),
+                .map(|demand| (Rc::new(demand.resources.clone()), demand.job.id)),
         );
         (len, items)
     })
@@ -244,7 +245,10 @@ pub fn order_pending(
 
 /// One tenant's queue for [`FairOrder`]: its length and its items, best
 /// job first, each with the resources it asks for.
-pub(crate) type TenantQueue<'q, T> = (usize, Box<dyn Iterator<Item = (ResourceVector, T)> + 'q>);
+pub(crate) type TenantQueue<'q, T> = (
+    usize,
+    Box<dyn Iterator<Item = (Rc<ResourceVector>, T)> + 'q>,
+);
 
 /// The HDRF order of [`order_pending`], produced one job at a time, so that
 /// a pass that stops early does not pay for ordering the whole queue.
@@ -254,9 +258,13 @@ pub(crate) struct FairOrder<'q, T> {
     tree: TenantTree,
     usage: HdrfUsage,
     /// Per tenant: its queue, and the next item taken from it.
-    queues: Vec<Box<dyn Iterator<Item = (ResourceVector, T)> + 'q>>,
-    heads: Vec<Option<(ResourceVector, T)>>,
+    queues: Vec<Box<dyn Iterator<Item = (Rc<ResourceVector>, T)> + 'q>>,
+    heads: Vec<Option<(Rc<ResourceVector>, T)>>,
     subtree_pending: Vec<usize>,
+    /// Per tenant: `HdrfUsage::weighted_share`, own and subtree, updated
+    /// for the tenants a charge touches: computing every tenant's share at
+    /// every step cost more than the rest of the order.
+    shares: Vec<(f64, f64)>,
 }
 
 impl<'q, T> FairOrder<'q, T> {
@@ -286,12 +294,21 @@ impl<'q, T> FairOrder<'q, T> {
             heads.push(items.next());
             queues.push(items);
         }
+        let shares = (0..tree.len())
+            .map(|t| {
+                (
+                    usage.weighted_share(&tree, t, false),
+                    usage.weighted_share(&tree, t, true),
+                )
+            })
+            .collect();
         FairOrder {
             tree,
             usage,
             queues,
             heads,
             subtree_pending,
+            shares,
         }
     }
 }
@@ -301,15 +318,23 @@ impl<T> Iterator for FairOrder<'_, T> {
 
     fn next(&mut self) -> Option<T> {
         let heads = &self.heads;
-        let tenant =
-            self.usage
-                .pick_leaf(&self.tree, &|t| heads[t].is_some(), &self.subtree_pending)?;
+        let tenant = HdrfUsage::pick_leaf(
+            &self.tree,
+            &self.shares,
+            &|t| heads[t].is_some(),
+            &self.subtree_pending,
+        )?;
         let (resources, item) = self.heads[tenant].take()?;
         self.heads[tenant] = self.queues[tenant].next();
         for ancestor in self.tree.self_and_ancestors(tenant) {
             self.subtree_pending[ancestor] = self.subtree_pending[ancestor].saturating_sub(1);
         }
         self.usage.charge(tenant, &resources);
+        // A charge changes the tenant's own usage and its chain's subtrees.
+        self.shares[tenant].0 = self.usage.weighted_share(&self.tree, tenant, false);
+        for ancestor in self.tree.self_and_ancestors(tenant) {
+            self.shares[ancestor].1 = self.usage.weighted_share(&self.tree, ancestor, true);
+        }
         Some(item)
     }
 }
@@ -637,17 +662,26 @@ impl HdrfUsage {
             .map_or(0.0, |usage| usage.dominant_share(&self.capacity))
     }
 
+    /// Weighted dominant share of the tenant's own jobs (`subtree`
+    /// false) or of its whole subtree, as `pick_leaf` compares them.
+    fn weighted_share(&self, tree: &TenantTree, t: usize, subtree: bool) -> f64 {
+        let usage = if subtree {
+            &self.subtree[t]
+        } else {
+            &self.own[t]
+        };
+        usage.dominant_share(&self.capacity) / tree.weight(t)
+    }
+
     /// Progressive filling step: from the root down, the least-served branch
     /// that still has pending work; ties go to the branch that sorts first.
+    /// `shares` holds `weighted_share` of every tenant, own then subtree.
     fn pick_leaf(
-        &self,
         tree: &TenantTree,
+        shares: &[(f64, f64)],
         has_own: &dyn Fn(usize) -> bool,
         subtree_pending: &[usize],
     ) -> Option<usize> {
-        let share = |t: usize, usage: &ResourceVector| {
-            usage.dominant_share(&self.capacity) / tree.weight(t)
-        };
         let mut level: &[usize] = &tree.roots;
         let mut current: Option<usize> = None;
         for _ in 0..=tree.len() {
@@ -655,20 +689,14 @@ impl HdrfUsage {
             let mut best: Option<(f64, u8, usize, usize, bool)> = None;
             if let Some(t) = current {
                 if has_own(t) {
-                    best = Some((share(t, &self.own[t]), 0, 0, t, true));
+                    best = Some((shares[t].0, 0, 0, t, true));
                 }
             }
             for (position, &child) in level.iter().enumerate() {
                 if subtree_pending[child] == 0 {
                     continue;
                 }
-                let key = (
-                    share(child, &self.subtree[child]),
-                    1,
-                    position,
-                    child,
-                    false,
-                );
+                let key = (shares[child].1, 1, position, child, false);
                 let better = match best {
                     None => true,
                     Some(b) => key

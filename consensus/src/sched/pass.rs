@@ -26,9 +26,11 @@
 //!   once and cloned.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::rc::Rc;
 
 use super::fairshare::{
     order_pending, unknown_tenant, FairOrder, HdrfUsage, PendingDemand, PendingJob, ResourceVector,
@@ -1022,14 +1024,26 @@ impl<'a> Pass<'a> {
                     self.capacity_by_model.iter().copied().enumerate(),
                 );
                 let excluded = &excluded;
+                // One demand vector per (model, size), shared: building one
+                // per job taken from the order showed up in profiles.
+                let demands: RefCell<BTreeMap<(Option<&str>, u32), Rc<ResourceVector>>> =
+                    RefCell::default();
+                let demands = &demands;
                 let order = FairOrder::new(&input.tenants, &capacity, &allocations, |name| {
                     let items = index
                         .tenant_queue(name)
                         .filter(move |position| excluded.binary_search(position).is_err())
                         .filter_map(move |position| {
                             let (job, request) = input.pending.get(position)?;
-                            let demand =
-                                ResourceVector::gpus(request.gpu_model.as_deref(), job.gpus);
+                            let model = request.gpu_model.as_deref();
+                            let demand = Rc::clone(
+                                demands
+                                    .borrow_mut()
+                                    .entry((model, job.gpus))
+                                    .or_insert_with(|| {
+                                        Rc::new(ResourceVector::gpus(model, job.gpus))
+                                    }),
+                            );
                             Some((demand, position))
                         });
                     (waiting_in(name), Box::new(items))
