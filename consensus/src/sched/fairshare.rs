@@ -237,6 +237,7 @@ pub fn order_pending(
         );
         (len, items)
     })
+    .map(|(_, id)| id)
     .collect();
     orphans.sort_by(|a, b| job_precedence(a.job, b.job));
     order.extend(orphans.into_iter().map(|demand| demand.job.id));
@@ -313,10 +314,12 @@ impl<'q, T> FairOrder<'q, T> {
     }
 }
 
+/// Each item comes with its tenant's index in `TenantTree::new` of the
+/// same tenant views, so that the caller need not look the name up again.
 impl<T> Iterator for FairOrder<'_, T> {
-    type Item = T;
+    type Item = (usize, T);
 
-    fn next(&mut self) -> Option<T> {
+    fn next(&mut self) -> Option<(usize, T)> {
         let heads = &self.heads;
         let tenant = HdrfUsage::pick_leaf(
             &self.tree,
@@ -335,7 +338,7 @@ impl<T> Iterator for FairOrder<'_, T> {
         for ancestor in self.tree.self_and_ancestors(tenant) {
             self.shares[ancestor].1 = self.usage.weighted_share(&self.tree, ancestor, true);
         }
-        Some(item)
+        Some((tenant, item))
     }
 }
 

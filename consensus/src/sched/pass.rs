@@ -1048,7 +1048,12 @@ impl<'a> Pass<'a> {
                         });
                     (waiting_in(name), Box::new(items))
                 });
-                let entries = order.filter_map(|position| input.pending.get(position));
+                let entries = order.filter_map(|(tenant, position)| {
+                    input
+                        .pending
+                        .get(position)
+                        .map(|entry| (Some(tenant), entry))
+                });
                 let allow_preemption = input.policy == Policy::HdrfPreempt;
                 self.walk_fair_order(entries, allow_preemption, Some(index));
             }
@@ -1194,7 +1199,9 @@ impl<'a> Pass<'a> {
             );
             order_pending(&self.input.tenants, &capacity, &allocations, &demands)
         };
-        let entries = order.into_iter().filter_map(|id| by_id.get(&id).copied());
+        let entries = order
+            .into_iter()
+            .filter_map(|id| by_id.get(&id).map(|&entry| (None, entry)));
         self.walk_fair_order(entries, allow_preemption, None);
     }
 
@@ -1204,7 +1211,7 @@ impl<'a> Pass<'a> {
     /// nothing (only when waiting reasons are left out).
     fn walk_fair_order(
         &mut self,
-        order: impl Iterator<Item = &'a PendingEntry>,
+        order: impl Iterator<Item = (Option<usize>, &'a PendingEntry)>,
         allow_preemption: bool,
         index: Option<&'a PendingIndex>,
     ) {
@@ -1212,8 +1219,17 @@ impl<'a> Pass<'a> {
         let mut reservation: Option<Reservation> = None;
         // Shapes and time limits placed so far, for the stop test.
         let mut placed: Vec<(ShapeClass, u64)> = Vec::new();
-        for (job, request) in order {
-            if let Err(reason) = self.admit(job) {
+        for (tenant, (job, request)) in order {
+            // The fair order knows the tenant; looking its name up again
+            // was the largest cost of a long walk.
+            let admitted = match tenant {
+                Some(tenant) => self
+                    .tree
+                    .check_quota(tenant, job)
+                    .map_err(|denied| denied.reason),
+                None => self.admit(job),
+            };
+            if let Err(reason) = admitted {
                 self.note(job.id, reason);
                 continue;
             }
