@@ -58,6 +58,9 @@ const FREE: u32 = u32::MAX;
 
 type PendingEntry = (PendingJob, GangRequest);
 
+/// Demand vectors by (model, GPUs), shared by the jobs of a fair order.
+type SharedDemands<'a> = BTreeMap<(Option<&'a str>, u32), Rc<ResourceVector>>;
+
 /// Multiplicative hashing for job ids. Ids come from the consensus log and
 /// are dense integers, for which SipHash is needlessly slow; the maps keyed
 /// by it are only ever probed, never iterated, so their order cannot leak
@@ -1026,8 +1029,7 @@ impl<'a> Pass<'a> {
                 let excluded = &excluded;
                 // One demand vector per (model, size), shared: building one
                 // per job taken from the order showed up in profiles.
-                let demands: RefCell<BTreeMap<(Option<&str>, u32), Rc<ResourceVector>>> =
-                    RefCell::default();
+                let demands: RefCell<SharedDemands<'_>> = RefCell::default();
                 let demands = &demands;
                 let order = FairOrder::new(&input.tenants, &capacity, &allocations, |name| {
                     let items = index
