@@ -579,7 +579,13 @@ struct FailureMemo<'a> {
 impl<'a> FailureMemo<'a> {
     /// The reason `request` cannot be placed in `area`, if an earlier
     /// attempt already proves it.
-    fn known(&self, area: Area, request: &'a GangRequest, epoch: u64) -> Option<Unplaceable> {
+    fn known(
+        &self,
+        area: Area,
+        request: &'a GangRequest,
+        epoch: u64,
+        with_reason: bool,
+    ) -> Option<Unplaceable> {
         let constraints = ShapeConstraints::of(request);
         let areas: &[Area] = match area {
             Area::Free => &[Area::Free],
@@ -612,16 +618,22 @@ impl<'a> FailureMemo<'a> {
         }
         dominating.map(|smaller| Unplaceable {
             kind: smaller.kind,
-            reason: format!(
-                "no room for {} nodes x {} {}{}: even {} x {} does not fit ({})",
-                request.nodes,
-                request.gpus_per_node,
-                model_name(request),
-                labels_suffix(request),
-                smaller.nodes,
-                smaller.gpus_per_node,
-                smaller.reason
-            ),
+            // Only ever shown to people: a pass that drops waiting reasons
+            // skips formatting one per waiting job.
+            reason: if !with_reason {
+                String::new()
+            } else {
+                format!(
+                    "no room for {} nodes x {} {}{}: even {} x {} does not fit ({})",
+                    request.nodes,
+                    request.gpus_per_node,
+                    model_name(request),
+                    labels_suffix(request),
+                    smaller.nodes,
+                    smaller.gpus_per_node,
+                    smaller.reason
+                )
+            },
         })
     }
 
@@ -1338,7 +1350,10 @@ impl<'a> Pass<'a> {
         request: &'a GangRequest,
         reserved: Option<&[bool]>,
     ) -> Result<Placement, Unplaceable> {
-        if let Some(known) = self.memo.known(area, request, self.epoch) {
+        if let Some(known) = self
+            .memo
+            .known(area, request, self.epoch, self.waiting_reasons)
+        {
             return Err(known);
         }
         let holder = &self.holder;
