@@ -71,8 +71,8 @@ use rand_chacha::ChaCha8Rng;
 
 use shoal_consensus::sched::model::{RACK_LABEL, REGION_LABEL, ZONE_LABEL};
 use shoal_consensus::sched::{
-    schedule, GangRequest, GpuView, NodeChanges, NodeView, PendingJob, Policy, RunningJob,
-    SchedCache, SchedInput, SchedPlan, TenantView, TopologyProximity,
+    schedule, GangRequest, GpuView, NodeChanges, NodeView, PendingChanges, PendingJob, Policy,
+    RunningJob, SchedCache, SchedInput, SchedPlan, TenantView, TopologyProximity,
 };
 
 use shoal_consensus::workload::REPLACE_AFTER_NODE_LOSS_MS;
@@ -191,6 +191,9 @@ struct Engine<'t> {
     /// the cache; `node_changed` keeps the list free of repeats.
     changed_nodes: Vec<usize>,
     node_changed: Vec<bool>,
+    /// Positions of `input.pending` written since the last pass (pushed,
+    /// or filled by `swap_remove`), for the cache; repeats are harmless.
+    changed_pending: Vec<usize>,
     jobs: Vec<JobState>,
     /// Position of each job in `input.pending` / `input.running`.
     pending_at: Vec<Option<usize>>,
@@ -310,6 +313,7 @@ impl<'t> Engine<'t> {
             sched_cache: SchedCache::without_waiting_reasons(),
             changed_nodes: Vec::new(),
             node_changed: vec![false; node_count],
+            changed_pending: Vec::new(),
             pending_at: vec![None; jobs.len()],
             running_at: vec![None; jobs.len()],
             jobs,
@@ -510,6 +514,7 @@ impl<'t> Engine<'t> {
             .entry(request.gpus_per_node)
             .or_default() += 1;
         self.pending_at[job] = Some(self.input.pending.len());
+        self.changed_pending.push(self.input.pending.len());
         self.input.pending.push((pending, request));
         self.dirty = true;
     }
@@ -521,6 +526,7 @@ impl<'t> Engine<'t> {
         let (_, request) = self.input.pending.swap_remove(position);
         if let Some((moved, _)) = self.input.pending.get(position) {
             self.pending_at[moved.id as usize] = Some(position);
+            self.changed_pending.push(position);
         }
         if let Some(count) = self.pending_per_node_demand.get_mut(&request.gpus_per_node) {
             *count -= 1;
@@ -543,6 +549,8 @@ impl<'t> Engine<'t> {
             }
             self.dirty = false;
             if self.ledger.is_some() {
+                // Ledger passes read the ledger's own snapshot.
+                self.changed_pending.clear();
                 let (started, stopped_any) = self.ledger_pass();
                 started_any |= started;
                 if !stopped_any {
@@ -553,13 +561,15 @@ impl<'t> Engine<'t> {
             self.refresh_tenant_usage();
             let clock = Instant::now();
             let plan = match self.pass_input {
-                PassInput::Cached => self.sched_cache.schedule(
+                PassInput::Cached => self.sched_cache.schedule_incremental(
                     &self.input,
                     &self.proximity,
                     NodeChanges::Only(&self.changed_nodes),
+                    PendingChanges::Only(&self.changed_pending),
                 ),
                 PassInput::FullRead => schedule(&self.input, &self.proximity),
             };
+            self.changed_pending.clear();
             for node in self.changed_nodes.drain(..) {
                 self.node_changed[node] = false;
             }

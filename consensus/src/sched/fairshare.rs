@@ -16,6 +16,7 @@
 //! children through a virtual "own jobs" child carrying the tenant's weight.
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -212,47 +213,133 @@ pub fn order_pending(
     running: &[TenantAllocation],
     pending: &[PendingDemand<'_>],
 ) -> Vec<JobId> {
-    let tree = TenantTree::new(tenants);
-    let mut usage = HdrfUsage::new(&tree, capacity.clone());
-    for allocation in running {
-        if let Some(tenant) = tree.index_of(&allocation.tenant) {
-            usage.charge(tenant, &allocation.resources);
-        }
-    }
-
-    let mut queues: Vec<Vec<&PendingDemand<'_>>> = vec![Vec::new(); tree.len()];
     let mut orphans: Vec<&PendingDemand<'_>> = Vec::new();
+    let mut queues: BTreeMap<&str, Vec<&PendingDemand<'_>>> = BTreeMap::new();
+    let known = TenantTree::new(tenants);
     for demand in pending {
-        match tree.index_of(&demand.job.tenant) {
-            Some(tenant) => queues[tenant].push(demand),
+        match known.index_of(&demand.job.tenant) {
+            Some(_) => queues.entry(&demand.job.tenant).or_default().push(demand),
             None => orphans.push(demand),
         }
     }
-    // Best job last so that `pop` takes it.
-    for queue in &mut queues {
+    let mut order: Vec<JobId> = FairOrder::new(tenants, capacity, running, |name| {
+        let mut queue = queues.remove(name).unwrap_or_default();
+        // Best job last, taken from the back: among listings that compare
+        // equal (a repeated id), the last one listed goes first, as it
+        // always has.
         queue.sort_by(|a, b| job_precedence(b.job, a.job));
-    }
-    let mut subtree_pending = vec![0usize; tree.len()];
-    for (tenant, queue) in queues.iter().enumerate() {
-        for ancestor in tree.self_and_ancestors(tenant) {
-            subtree_pending[ancestor] += queue.len();
-        }
-    }
-
-    let mut order = Vec::with_capacity(pending.len());
-    while let Some(tenant) = usage.pick_leaf(&tree, &queues, &subtree_pending) {
-        let Some(demand) = queues[tenant].pop() else {
-            break;
-        };
-        for ancestor in tree.self_and_ancestors(tenant) {
-            subtree_pending[ancestor] = subtree_pending[ancestor].saturating_sub(1);
-        }
-        usage.charge(tenant, &demand.resources);
-        order.push(demand.job.id);
-    }
+        let len = queue.len();
+        let items: Box<dyn Iterator<Item = (Rc<ResourceVector>, JobId)> + '_> = Box::new(
+            queue
+                .into_iter()
+                .rev()
+                .map(|demand| (Rc::new(demand.resources.clone()), demand.job.id)),
+        );
+        (len, items)
+    })
+    .map(|(_, id)| id)
+    .collect();
     orphans.sort_by(|a, b| job_precedence(a.job, b.job));
     order.extend(orphans.into_iter().map(|demand| demand.job.id));
     order
+}
+
+/// One tenant's queue for [`FairOrder`]: its length and its items, best
+/// job first, each with the resources it asks for.
+pub(crate) type TenantQueue<'q, T> = (
+    usize,
+    Box<dyn Iterator<Item = (Rc<ResourceVector>, T)> + 'q>,
+);
+
+/// The HDRF order of [`order_pending`], produced one job at a time, so that
+/// a pass that stops early does not pay for ordering the whole queue.
+/// Progressive filling: the next job is the best of the least-served
+/// tenant's queue, charged to its tenant as it is taken.
+pub(crate) struct FairOrder<'q, T> {
+    tree: TenantTree,
+    usage: HdrfUsage,
+    /// Per tenant: its queue, and the next item taken from it.
+    queues: Vec<Box<dyn Iterator<Item = (Rc<ResourceVector>, T)> + 'q>>,
+    heads: Vec<Option<(Rc<ResourceVector>, T)>>,
+    subtree_pending: Vec<usize>,
+    /// Per tenant: `HdrfUsage::weighted_share`, own and subtree, updated
+    /// for the tenants a charge touches: computing every tenant's share at
+    /// every step cost more than the rest of the order.
+    shares: Vec<(f64, f64)>,
+}
+
+impl<'q, T> FairOrder<'q, T> {
+    /// `queue_of` gives each tenant's queue by name; it is called once per
+    /// tenant of the tree and must yield exactly the length it reports.
+    pub(crate) fn new(
+        tenants: &[TenantView],
+        capacity: &ResourceVector,
+        running: &[TenantAllocation],
+        mut queue_of: impl FnMut(&str) -> TenantQueue<'q, T>,
+    ) -> Self {
+        let tree = TenantTree::new(tenants);
+        let mut usage = HdrfUsage::new(&tree, capacity.clone());
+        for allocation in running {
+            if let Some(tenant) = tree.index_of(&allocation.tenant) {
+                usage.charge(tenant, &allocation.resources);
+            }
+        }
+        let mut queues = Vec::with_capacity(tree.len());
+        let mut heads = Vec::with_capacity(tree.len());
+        let mut subtree_pending = vec![0usize; tree.len()];
+        for tenant in 0..tree.len() {
+            let (len, mut items) = queue_of(tree.name(tenant));
+            for ancestor in tree.self_and_ancestors(tenant) {
+                subtree_pending[ancestor] += len;
+            }
+            heads.push(items.next());
+            queues.push(items);
+        }
+        let shares = (0..tree.len())
+            .map(|t| {
+                (
+                    usage.weighted_share(&tree, t, false),
+                    usage.weighted_share(&tree, t, true),
+                )
+            })
+            .collect();
+        FairOrder {
+            tree,
+            usage,
+            queues,
+            heads,
+            subtree_pending,
+            shares,
+        }
+    }
+}
+
+/// Each item comes with its tenant's index in `TenantTree::new` of the
+/// same tenant views, so that the caller need not look the name up again.
+impl<T> Iterator for FairOrder<'_, T> {
+    type Item = (usize, T);
+
+    fn next(&mut self) -> Option<(usize, T)> {
+        let heads = &self.heads;
+        let tenant = HdrfUsage::pick_leaf(
+            &self.tree,
+            &self.shares,
+            &|t| heads[t].is_some(),
+            &self.subtree_pending,
+        )?;
+        let (resources, item) = self.heads[tenant].take()?;
+        self.heads[tenant] = self.queues[tenant].next();
+        for ancestor in self.tree.self_and_ancestors(tenant) {
+            self.subtree_pending[ancestor] = self.subtree_pending[ancestor].saturating_sub(1);
+        }
+        self.usage.charge(tenant, &resources);
+        // A charge changes the tenant's own usage and its chain's subtrees.
+        self.shares[tenant].0 = self.usage.weighted_share(&self.tree, tenant, false);
+        for ancestor in self.tree.self_and_ancestors(tenant) {
+            self.shares[ancestor].1 = self.usage.weighted_share(&self.tree, ancestor, true);
+        }
+        Some((tenant, item))
+    }
 }
 
 /// Within one tenant: higher effective priority first, then older, then id.
@@ -578,38 +665,41 @@ impl HdrfUsage {
             .map_or(0.0, |usage| usage.dominant_share(&self.capacity))
     }
 
+    /// Weighted dominant share of the tenant's own jobs (`subtree`
+    /// false) or of its whole subtree, as `pick_leaf` compares them.
+    fn weighted_share(&self, tree: &TenantTree, t: usize, subtree: bool) -> f64 {
+        let usage = if subtree {
+            &self.subtree[t]
+        } else {
+            &self.own[t]
+        };
+        usage.dominant_share(&self.capacity) / tree.weight(t)
+    }
+
     /// Progressive filling step: from the root down, the least-served branch
     /// that still has pending work; ties go to the branch that sorts first.
+    /// `shares` holds `weighted_share` of every tenant, own then subtree.
     fn pick_leaf(
-        &self,
         tree: &TenantTree,
-        queues: &[Vec<&PendingDemand<'_>>],
+        shares: &[(f64, f64)],
+        has_own: &dyn Fn(usize) -> bool,
         subtree_pending: &[usize],
     ) -> Option<usize> {
-        let share = |t: usize, usage: &ResourceVector| {
-            usage.dominant_share(&self.capacity) / tree.weight(t)
-        };
         let mut level: &[usize] = &tree.roots;
         let mut current: Option<usize> = None;
         for _ in 0..=tree.len() {
             // (share, own-jobs-first, position) keeps the choice total.
             let mut best: Option<(f64, u8, usize, usize, bool)> = None;
             if let Some(t) = current {
-                if !queues[t].is_empty() {
-                    best = Some((share(t, &self.own[t]), 0, 0, t, true));
+                if has_own(t) {
+                    best = Some((shares[t].0, 0, 0, t, true));
                 }
             }
             for (position, &child) in level.iter().enumerate() {
                 if subtree_pending[child] == 0 {
                     continue;
                 }
-                let key = (
-                    share(child, &self.subtree[child]),
-                    1,
-                    position,
-                    child,
-                    false,
-                );
+                let key = (shares[child].1, 1, position, child, false);
                 let better = match best {
                     None => true,
                     Some(b) => key

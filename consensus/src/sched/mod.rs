@@ -51,6 +51,7 @@
 pub mod fairshare;
 pub mod model;
 mod pass;
+mod pending_index;
 pub mod placement;
 pub mod proximity;
 
@@ -249,6 +250,25 @@ pub struct SchedCache {
     scratch: pass::Scratch,
     /// See [`SchedCache::without_waiting_reasons`].
     omit_waiting_reasons: bool,
+    /// The queue, sorted and validated, for
+    /// [`SchedCache::schedule_incremental`].
+    pending: pending_index::PendingIndex,
+    /// Scratch: the tenants' names, sorted, for the index.
+    tenant_names: Vec<String>,
+}
+
+/// Which entries of [`SchedInput::pending`] may differ from the previous
+/// pass run through the same [`SchedCache`].
+#[derive(Clone, Copy, Debug)]
+pub enum PendingChanges<'c> {
+    /// Anything may have changed: the queue is read again.
+    All,
+    /// Only the entries at these positions may have changed (added,
+    /// replaced, or moved there, e.g. by `swap_remove`): every other
+    /// position below the new length holds what it held at the previous
+    /// pass. Positions past the new length are dropped; repeats and
+    /// positions out of range are harmless.
+    Only(&'c [usize]),
 }
 
 impl SchedCache {
@@ -273,6 +293,46 @@ impl SchedCache {
         prox: &dyn Proximity,
         changes: NodeChanges<'_>,
     ) -> SchedPlan {
+        // The caller did not say what changed in the queue.
+        self.pending.forget_all();
+        self.pass(input, prox, changes, false)
+    }
+
+    /// One pass, like [`SchedCache::schedule`], that is also told which
+    /// entries of the queue changed. With a cache made by
+    /// [`SchedCache::without_waiting_reasons`], a FIFO pass then visits the
+    /// queue only up to its first blocked job instead of validating and
+    /// sorting all of it, which made a pass on a long queue cost a walk
+    /// over the whole backlog. Decisions are those of [`schedule`]
+    /// (tested), provided `pending` is truthful.
+    pub fn schedule_incremental(
+        &mut self,
+        input: &SchedInput,
+        prox: &dyn Proximity,
+        nodes: NodeChanges<'_>,
+        pending: PendingChanges<'_>,
+    ) -> SchedPlan {
+        let mut names = std::mem::take(&mut self.tenant_names);
+        names.clear();
+        names.extend(input.tenants.iter().map(|tenant| tenant.name.clone()));
+        names.sort_unstable();
+        names.dedup();
+        let changed = match pending {
+            PendingChanges::All => None,
+            PendingChanges::Only(positions) => Some(positions),
+        };
+        self.pending.sync(&input.pending, &names, changed);
+        self.tenant_names = names;
+        self.pass(input, prox, nodes, true)
+    }
+
+    fn pass(
+        &mut self,
+        input: &SchedInput,
+        prox: &dyn Proximity,
+        changes: NodeChanges<'_>,
+        use_index: bool,
+    ) -> SchedPlan {
         self.sync(&input.nodes, changes);
         match &self.shape {
             Some(shape) => {
@@ -286,6 +346,9 @@ impl SchedCache {
                 );
                 if self.omit_waiting_reasons {
                     pass.omit_waiting_reasons();
+                }
+                if use_index {
+                    pass.with_index(&self.pending);
                 }
                 let (plan, scratch) = pass.run();
                 self.scratch = scratch;

@@ -26,15 +26,18 @@
 //!   once and cloned.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::rc::Rc;
 
 use super::fairshare::{
-    order_pending, unknown_tenant, HdrfUsage, PendingDemand, PendingJob, ResourceVector,
+    order_pending, unknown_tenant, FairOrder, HdrfUsage, PendingDemand, PendingJob, ResourceVector,
     TenantAllocation, TenantTree,
 };
 use super::model::{GangRequest, JobId, NodeId, NodeView, Placement, TopologyTier};
+use super::pending_index::{static_problem, PendingIndex, ShapeClass};
 use super::placement::{
     count_feasible_nodes, labels_suffix, model_name, not_enough_nodes, place_indexed, ClusterIndex,
     ClusterShape, Unplaceable, UnplaceableKind,
@@ -54,6 +57,9 @@ pub(crate) const INVALID_PREFIX: &str = "invalid:";
 const FREE: u32 = u32::MAX;
 
 type PendingEntry = (PendingJob, GangRequest);
+
+/// Demand vectors by (model, GPUs), shared by the jobs of a fair order.
+type SharedDemands<'a> = BTreeMap<(Option<&'a str>, u32), Rc<ResourceVector>>;
 
 /// Multiplicative hashing for job ids. Ids come from the consensus log and
 /// are dense integers, for which SipHash is needlessly slow; the maps keyed
@@ -573,7 +579,13 @@ struct FailureMemo<'a> {
 impl<'a> FailureMemo<'a> {
     /// The reason `request` cannot be placed in `area`, if an earlier
     /// attempt already proves it.
-    fn known(&self, area: Area, request: &'a GangRequest, epoch: u64) -> Option<Unplaceable> {
+    fn known(
+        &self,
+        area: Area,
+        request: &'a GangRequest,
+        epoch: u64,
+        with_reason: bool,
+    ) -> Option<Unplaceable> {
         let constraints = ShapeConstraints::of(request);
         let areas: &[Area] = match area {
             Area::Free => &[Area::Free],
@@ -606,16 +618,22 @@ impl<'a> FailureMemo<'a> {
         }
         dominating.map(|smaller| Unplaceable {
             kind: smaller.kind,
-            reason: format!(
-                "no room for {} nodes x {} {}{}: even {} x {} does not fit ({})",
-                request.nodes,
-                request.gpus_per_node,
-                model_name(request),
-                labels_suffix(request),
-                smaller.nodes,
-                smaller.gpus_per_node,
-                smaller.reason
-            ),
+            // Only ever shown to people: a pass that drops waiting reasons
+            // skips formatting one per waiting job.
+            reason: if !with_reason {
+                String::new()
+            } else {
+                format!(
+                    "no room for {} nodes x {} {}{}: even {} x {} does not fit ({})",
+                    request.nodes,
+                    request.gpus_per_node,
+                    model_name(request),
+                    labels_suffix(request),
+                    smaller.nodes,
+                    smaller.gpus_per_node,
+                    smaller.reason
+                )
+            },
         })
     }
 
@@ -683,6 +701,9 @@ pub(crate) struct Pass<'a> {
     /// Explain why valid jobs wait (`pending_reasons`); `invalid:` reasons
     /// are always written.
     waiting_reasons: bool,
+    /// The cache's sorted, validated queue, when the caller kept it up to
+    /// date; see [`PendingIndex`].
+    index: Option<&'a PendingIndex>,
     plan: SchedPlan,
 }
 
@@ -755,8 +776,15 @@ impl<'a> Pass<'a> {
             memo: FailureMemo::default(),
             epoch: 0,
             waiting_reasons: true,
+            index: None,
             plan: SchedPlan::default(),
         }
+    }
+
+    /// Lets the pass read the queue from `index` instead of walking
+    /// `input.pending`, where that decides the same (see `run`).
+    pub fn with_index(&mut self, index: &'a PendingIndex) {
+        self.index = Some(index);
     }
 
     /// Leaves out the reasons of valid waiting jobs; see
@@ -778,6 +806,18 @@ impl<'a> Pass<'a> {
         timed_out.sort_unstable();
         timed_out.dedup();
         self.plan.timed_out = timed_out;
+
+        // Without waiting reasons, only the jobs that start (and, under
+        // HDRF, the one that gets the reservation) matter, so an index that
+        // is already sorted and validated lets a pass stop once nothing
+        // left in the queue can start.
+        let indexed = self
+            .index
+            .filter(|index| !self.waiting_reasons && index.usable(self.input.pending.len()));
+        if let Some(index) = indexed {
+            self.run_indexed(index);
+            return (self.plan, Scratch { jobs: self.jobs });
+        }
 
         let valid = self.validate_pending();
         // Tenants' holdings feed the fair order of two or more jobs and the
@@ -867,40 +907,18 @@ impl<'a> Pass<'a> {
                 .is_some_and(|slot| self.jobs.running[slot])
             {
                 Some(format!("job {} is already running", job.id))
-            } else if request.job != job.id {
-                Some(format!(
-                    "gang request is for job {}, not {}",
-                    request.job, job.id
-                ))
-            } else if request.tenant != job.tenant {
-                Some(format!(
-                    "gang request is for tenant {}, job belongs to {}",
-                    request.tenant, job.tenant
-                ))
-            } else if request.nodes == 0 || request.gpus_per_node == 0 {
-                Some("a gang needs at least one node and one GPU per node".to_string())
-            } else if u64::from(job.gpus)
-                != u64::from(request.nodes) * u64::from(request.gpus_per_node)
-            {
-                Some(format!(
-                    "job asks for {} GPUs but its gang is {} nodes x {} GPUs",
-                    job.gpus, request.nodes, request.gpus_per_node
-                ))
-            } else if request
-                .max_rtt_ms
-                .is_some_and(|limit| limit.is_nan() || limit < 0.0)
-            {
-                Some("max_rtt_ms must be a non-negative number".to_string())
             } else {
-                match self.tree.index_of(&job.tenant) {
-                    None => Some(format!("unknown tenant {}", job.tenant)),
-                    Some(tenant) => {
-                        if let Some(waiting) = self.tenants_waiting.get_mut(tenant) {
-                            *waiting = true;
-                        }
-                        None
+                let tree = &self.tree;
+                let problem = static_problem(job, request, |name| tree.index_of(name).is_some());
+                if problem.is_none() {
+                    if let Some(waiting) = tree
+                        .index_of(&job.tenant)
+                        .and_then(|tenant| self.tenants_waiting.get_mut(tenant))
+                    {
+                        *waiting = true;
                     }
                 }
+                problem
             };
             match problem {
                 Some(problem) => {
@@ -945,6 +963,224 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// `run` over the index instead of `validate_pending`, without waiting
+    /// reasons: the same invalid reasons, the same plan, and only the part
+    /// of the queue visited that can still change it.
+    fn run_indexed(&mut self, index: &'a PendingIndex) {
+        let input = self.input;
+        // A pending job that is also running is invalid, and that reason
+        // comes before any other (as in `validate_pending`).
+        let mut running_too: Vec<JobId> = input
+            .running
+            .iter()
+            .map(|job| job.id)
+            .filter(|&id| index.contains(id))
+            .collect();
+        running_too.sort_unstable();
+        running_too.dedup();
+        for position in index.invalid_positions() {
+            let Some((job, request)) = input.pending.get(position) else {
+                continue;
+            };
+            if running_too.binary_search(&job.id).is_ok() {
+                continue;
+            }
+            let tree = &self.tree;
+            if let Some(problem) =
+                static_problem(job, request, |name| tree.index_of(name).is_some())
+            {
+                self.plan
+                    .pending_reasons
+                    .insert(job.id, format!("{INVALID_PREFIX} {problem}"));
+            }
+        }
+        for &id in &running_too {
+            self.plan
+                .pending_reasons
+                .insert(id, format!("{INVALID_PREFIX} job {id} is already running"));
+        }
+        // Valid entries the running list makes invalid, by position.
+        let mut excluded: Vec<usize> = running_too
+            .iter()
+            .filter_map(|&id| index.position_of(id))
+            .filter(|&position| index.is_valid(position))
+            .collect();
+        excluded.sort_unstable();
+
+        match input.policy {
+            Policy::Fifo => self.run_fifo_indexed(index, &excluded),
+            Policy::Hdrf | Policy::HdrfPreempt => {
+                let mut excluded_per_tenant: BTreeMap<&str, usize> = BTreeMap::new();
+                for &position in &excluded {
+                    if let Some((job, _)) = input.pending.get(position) {
+                        *excluded_per_tenant.entry(job.tenant.as_str()).or_default() += 1;
+                    }
+                }
+                let waiting_in = |name: &str| {
+                    index
+                        .tenant_len(name)
+                        .saturating_sub(excluded_per_tenant.get(name).copied().unwrap_or(0))
+                };
+                for tenant in 0..self.tree.len() {
+                    let waiting = waiting_in(self.tree.name(tenant)) > 0;
+                    if let Some(flag) = self.tenants_waiting.get_mut(tenant) {
+                        *flag = waiting;
+                    }
+                }
+                let valid = index.valid_len().saturating_sub(excluded.len());
+                let held_by_tenant = if valid > 1 || always_sum_holdings() {
+                    self.tenant_holdings()
+                } else {
+                    Vec::new()
+                };
+                let allocations = self.allocations(&held_by_tenant);
+                let capacity = resources_of(
+                    &self.cluster,
+                    self.capacity_by_model.iter().copied().enumerate(),
+                );
+                let excluded = &excluded;
+                // One demand vector per (model, size), shared: building one
+                // per job taken from the order showed up in profiles.
+                let demands: RefCell<SharedDemands<'_>> = RefCell::default();
+                let demands = &demands;
+                let order = FairOrder::new(&input.tenants, &capacity, &allocations, |name| {
+                    let items = index
+                        .tenant_queue(name)
+                        .filter(move |position| excluded.binary_search(position).is_err())
+                        .filter_map(move |position| {
+                            let (job, request) = input.pending.get(position)?;
+                            let model = request.gpu_model.as_deref();
+                            let demand = Rc::clone(
+                                demands
+                                    .borrow_mut()
+                                    .entry((model, job.gpus))
+                                    .or_insert_with(|| {
+                                        Rc::new(ResourceVector::gpus(model, job.gpus))
+                                    }),
+                            );
+                            Some((demand, position))
+                        });
+                    (waiting_in(name), Box::new(items))
+                });
+                let entries = order.filter_map(|(tenant, position)| {
+                    input
+                        .pending
+                        .get(position)
+                        .map(|entry| (Some(tenant), entry))
+                });
+                let allow_preemption = input.policy == Policy::HdrfPreempt;
+                self.walk_fair_order(entries, allow_preemption, Some(index));
+            }
+        }
+    }
+
+    /// `run_fifo` without waiting reasons, reading the index's order.
+    fn run_fifo_indexed(&mut self, index: &'a PendingIndex, excluded: &[usize]) {
+        let input = self.input;
+        for position in index.fifo_order() {
+            if excluded.binary_search(&position).is_ok() {
+                continue;
+            }
+            let Some((job, request)) = input.pending.get(position) else {
+                continue;
+            };
+            // Nothing behind a blocked job starts.
+            if self.admit(job).is_err() {
+                break;
+            }
+            match self.place_in(Area::Free, request, None) {
+                Ok(placement) => self.commit(job, placement),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Tenants' holdings as `order_pending` takes them.
+    fn allocations(&self, held_by_tenant: &[ResourceVector]) -> Vec<TenantAllocation> {
+        held_by_tenant
+            .iter()
+            .enumerate()
+            .filter(|(_, resources)| !resources.0.is_empty())
+            .map(|(tenant, resources)| TenantAllocation {
+                tenant: self.tree.name(tenant).to_string(),
+                resources: resources.clone(),
+            })
+            .collect()
+    }
+
+    /// Once a reservation holds, no job is preempted for and GPUs only get
+    /// scarcer, so a job can still start only if some node set has room
+    /// for its shape outside the reservation, or on free GPUs if it ends
+    /// before the reservation's start. True when no job in the index
+    /// (less those this pass placed, `placed`) passes that necessary test:
+    /// the rest of the walk could not change the plan.
+    fn nothing_more_can_start(
+        &self,
+        index: &PendingIndex,
+        reservation: &Reservation,
+        placed: &[(ShapeClass, u64)],
+    ) -> bool {
+        // Per node: usable free GPUs, and those of them outside the
+        // reservation; as "nodes with at least g" counts.
+        let mut free_at_least: Vec<usize> = Vec::new();
+        let mut outside_at_least: Vec<usize> = Vec::new();
+        for position in 0..self.input.nodes.len() {
+            let free = self.free_usable.get(position).copied().unwrap_or(0) as usize;
+            let outside = self
+                .cluster
+                .gpu_range(position)
+                .filter(|&gpu| {
+                    self.holder[gpu] == FREE
+                        && !reservation.reserved.get(gpu).copied().unwrap_or(false)
+                        && self.counts_as_usable(position, gpu)
+                })
+                .count();
+            for (counts, value) in [(&mut free_at_least, free), (&mut outside_at_least, outside)] {
+                if counts.len() <= value {
+                    counts.resize(value + 1, 0);
+                }
+                counts[value] += 1;
+            }
+        }
+        for counts in [&mut free_at_least, &mut outside_at_least] {
+            for value in (1..counts.len()).rev() {
+                counts[value - 1] += counts[value];
+            }
+        }
+        let nodes_with = |counts: &[usize], gpus: u32| -> usize {
+            usize::try_from(gpus)
+                .ok()
+                .and_then(|g| counts.get(g))
+                .copied()
+                .unwrap_or(0)
+        };
+        let now = self.input.now_s;
+        for (shape, limits) in index.shapes() {
+            let (gpus_per_node, nodes) = shape;
+            let nodes = usize::try_from(nodes).unwrap_or(usize::MAX);
+            if nodes_with(&free_at_least, gpus_per_node) < nodes {
+                continue;
+            }
+            // The shortest time limit of this shape not placed already.
+            let shortest = limits.iter().find_map(|(&limit, &count)| {
+                let taken = placed
+                    .iter()
+                    .filter(|&&(s, l)| s == shape && l == limit)
+                    .count();
+                (count as usize > taken).then_some(limit)
+            });
+            let Some(shortest) = shortest else {
+                continue;
+            };
+            if nodes_with(&outside_at_least, gpus_per_node) >= nodes
+                || now.saturating_add(shortest) <= reservation.shadow_s
+            {
+                return false;
+            }
+        }
+        true
+    }
+
     fn run_hdrf(
         &mut self,
         valid: Vec<&'a PendingEntry>,
@@ -954,15 +1190,7 @@ impl<'a> Pass<'a> {
         let by_id: BTreeMap<JobId, &'a PendingEntry> =
             valid.iter().map(|entry| (entry.0.id, *entry)).collect();
         let order = {
-            let allocations: Vec<TenantAllocation> = held_by_tenant
-                .iter()
-                .enumerate()
-                .filter(|(_, resources)| !resources.0.is_empty())
-                .map(|(tenant, resources)| TenantAllocation {
-                    tenant: self.tree.name(tenant).to_string(),
-                    resources: resources.clone(),
-                })
-                .collect();
+            let allocations = self.allocations(held_by_tenant);
             // One demand vector per (model, size), cloned: formatting the
             // model key per pending job showed up in profiles.
             let mut demand_of: BTreeMap<(Option<&str>, u32), ResourceVector> = BTreeMap::new();
@@ -985,22 +1213,52 @@ impl<'a> Pass<'a> {
             );
             order_pending(&self.input.tenants, &capacity, &allocations, &demands)
         };
+        let entries = order
+            .into_iter()
+            .filter_map(|id| by_id.get(&id).map(|&entry| (None, entry)));
+        self.walk_fair_order(entries, allow_preemption, None);
+    }
 
+    /// HDRF's walk over the queue in fair order, with EASY backfill behind
+    /// the first job that cannot start. With `index`, the walk stops as
+    /// soon as `nothing_more_can_start` proves the rest would change
+    /// nothing (only when waiting reasons are left out).
+    fn walk_fair_order(
+        &mut self,
+        order: impl Iterator<Item = (Option<usize>, &'a PendingEntry)>,
+        allow_preemption: bool,
+        index: Option<&'a PendingIndex>,
+    ) {
         let now = self.input.now_s;
         let mut reservation: Option<Reservation> = None;
-        for id in order {
-            let Some((job, request)) = by_id.get(&id).copied() else {
-                continue;
+        // Shapes and time limits placed so far, for the stop test.
+        let mut placed: Vec<(ShapeClass, u64)> = Vec::new();
+        for (tenant, (job, request)) in order {
+            // The fair order knows the tenant; looking its name up again
+            // was the largest cost of a long walk.
+            let admitted = match tenant {
+                Some(tenant) => self
+                    .tree
+                    .check_quota(tenant, job)
+                    .map_err(|denied| denied.reason),
+                None => self.admit(job),
             };
-            if let Err(reason) = self.admit(job) {
+            if let Err(reason) = admitted {
                 self.note(job.id, reason);
                 continue;
             }
+            let epoch = self.epoch;
             let Some(held_for_head) = &reservation else {
                 match self.place_in(Area::Free, request, None) {
                     Ok(placement) => self.commit(job, placement),
                     Err(unplaceable) => {
                         if allow_preemption && self.try_preempt(job, request) {
+                            if index.is_some() {
+                                placed.push((
+                                    (request.gpus_per_node, request.nodes),
+                                    job.time_limit_s,
+                                ));
+                            }
                             continue;
                         }
                         reservation = self.reserve(request);
@@ -1015,7 +1273,16 @@ impl<'a> Pass<'a> {
                             ),
                         };
                         self.note(job.id, reason);
+                        if let (Some(index), Some(held)) = (index, &reservation) {
+                            if self.nothing_more_can_start(index, held, &placed) {
+                                break;
+                            }
+                        }
+                        continue;
                     }
+                }
+                if index.is_some() && self.epoch != epoch {
+                    placed.push(((request.gpus_per_node, request.nodes), job.time_limit_s));
                 }
                 continue;
             };
@@ -1044,7 +1311,15 @@ impl<'a> Pass<'a> {
                 }
             };
             match decision {
-                Ok(placement) => self.commit(job, placement),
+                Ok(placement) => {
+                    self.commit(job, placement);
+                    if let (Some(index), Some(held)) = (index, &reservation) {
+                        placed.push(((request.gpus_per_node, request.nodes), job.time_limit_s));
+                        if self.nothing_more_can_start(index, held, &placed) {
+                            break;
+                        }
+                    }
+                }
                 Err(reason) => self.note(job.id, reason),
             }
         }
@@ -1075,7 +1350,10 @@ impl<'a> Pass<'a> {
         request: &'a GangRequest,
         reserved: Option<&[bool]>,
     ) -> Result<Placement, Unplaceable> {
-        if let Some(known) = self.memo.known(area, request, self.epoch) {
+        if let Some(known) = self
+            .memo
+            .known(area, request, self.epoch, self.waiting_reasons)
+        {
             return Err(known);
         }
         let holder = &self.holder;

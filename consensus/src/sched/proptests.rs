@@ -219,6 +219,113 @@ proptest! {
         }
     }
 
+    /// A cache told which queue positions changed must plan what a fresh
+    /// pass plans (less the waiting reasons), whatever the caller does to
+    /// the queue between passes: placed jobs leave by `swap_remove`, jobs
+    /// arrive at the end or replace others in place, invalid requests,
+    /// duplicated ids, jobs listed as pending and running at once, and
+    /// tenants that come and go.
+    #[test]
+    fn incremental_queue_decides_like_fresh_passes(seed in any::<u64>(), policy in policy_strategy()) {
+        let mut input = random_input(seed, policy);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9e0e);
+        let mut terse = SchedCache::without_waiting_reasons();
+        let mut changed_nodes: Vec<usize> = Vec::new();
+        let mut changed: Vec<usize> = Vec::new();
+        let mut next_id = 500;
+        for round in 0..8 {
+            let prox = TopologyProximity::new(&input.nodes);
+            // The straightforward pass: everything read afresh. (Not
+            // `schedule` with its reasons filtered: a duplicate's `invalid:`
+            // reason is overwritten there by its original's waiting reason.)
+            let expected = SchedCache::without_waiting_reasons()
+                .schedule(&input, &prox, NodeChanges::All);
+            let fresh = schedule(&input, &prox);
+            prop_assert_eq!(&expected.placements, &fresh.placements);
+            prop_assert_eq!(&expected.preemptions, &fresh.preemptions);
+            let (nodes, queue) = if round == 0 {
+                (NodeChanges::All, PendingChanges::All)
+            } else {
+                (NodeChanges::Only(&changed_nodes), PendingChanges::Only(&changed))
+            };
+            let planned = terse.schedule_incremental(&input, &prox, nodes, queue);
+            prop_assert_eq!(&planned, &expected, "round {}", round);
+
+            changed.clear();
+            changed_nodes.clear();
+            for placement in &expected.placements {
+                apply(&mut input.nodes, placement);
+                for (node_id, _) in &placement.nodes {
+                    changed_nodes.extend(input.nodes.iter().position(|n| n.id == *node_id));
+                }
+                if let Some(position) = input.pending.iter().position(|(job, _)| job.id == placement.job) {
+                    input.pending.swap_remove(position);
+                    if position < input.pending.len() {
+                        changed.push(position);
+                    }
+                }
+            }
+            // Arrivals at the end.
+            for _ in 0..rng.random_range(0..4) {
+                let tenant = TENANTS[rng.random_range(0..TENANTS.len())].0;
+                let (mut job, request) = pending(
+                    next_id,
+                    tenant,
+                    rng.random_range(1..=3),
+                    rng.random_range(1..=4),
+                    rng.random_range(1..7200),
+                );
+                next_id += 1;
+                job.submitted_seq = rng.random_range(0..1000);
+                match rng.random_range(0..8) {
+                    // Invalid on its own.
+                    0 => job.gpus += 1,
+                    // A duplicate of a queued id.
+                    1 => {
+                        if let Some((queued, _)) = input.pending.first() {
+                            job.id = queued.id;
+                        }
+                    }
+                    // Pending and running at once.
+                    2 => {
+                        if let Some(running) = input.running.first() {
+                            job.id = running.id;
+                        }
+                    }
+                    _ => {}
+                }
+                let mut request = request;
+                request.job = job.id;
+                changed.push(input.pending.len());
+                input.pending.push((job, request));
+            }
+            // A job replaced in place, e.g. requeued with a boost.
+            if !input.pending.is_empty() && rng.random_bool(0.4) {
+                let position = rng.random_range(0..input.pending.len());
+                input.pending[position].0.boost += 1;
+                input.pending[position].0.submitted_seq = rng.random_range(0..1000);
+                changed.push(position);
+            }
+            // A job leaves from the middle (cancelled).
+            if !input.pending.is_empty() && rng.random_bool(0.4) {
+                let position = rng.random_range(0..input.pending.len());
+                input.pending.swap_remove(position);
+                if position < input.pending.len() {
+                    changed.push(position);
+                }
+            }
+            // A tenant appears or disappears: validity changes everywhere.
+            if rng.random_bool(0.15) {
+                if input.tenants.len() > 1 && rng.random_bool(0.5) {
+                    input.tenants.pop();
+                } else {
+                    input.tenants.push(tenant("late", 1.0));
+                }
+            }
+            input.now_s += 60;
+        }
+    }
+
     /// Passes skip summing tenants' holdings when nothing reads them (FIFO,
     /// or at most one job to order without preemption); the plans must be
     /// those of a pass that always sums them.
