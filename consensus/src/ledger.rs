@@ -274,6 +274,15 @@ pub enum Command {
         trusted: Vec<String>,
         cert_ca: String,
     },
+    /// `shoal federation join` (admin): records a peer region and the
+    /// hash of the secret it presents here ([`crate::federation`]).
+    AddPeerRegion {
+        peer: crate::federation::PeerRegion,
+    },
+    /// `shoal federation leave` (admin), or the peer said it leaves.
+    RemovePeerRegion {
+        name: String,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -341,6 +350,10 @@ pub struct Ledger {
     /// The largest leader timestamp applied; time never runs backwards in
     /// the ledger even if a new leader's clock is behind.
     pub clock_ms: u64,
+    /// Peer regions ([`crate::federation`]). Last field on purpose: a
+    /// version 8 snapshot decodes by appending an empty one (see
+    /// `store::decode_snapshot`).
+    pub federation: crate::federation::FederationState,
 }
 
 /// Checks a node name: DNS-label-like so it is safe in paths, labels and
@@ -524,6 +537,8 @@ impl Ledger {
                 answer(self.rotate_api_token(name, hash, now))
             }
             Command::TouchApiToken { id } => answer(self.touch_api_token(id, now)),
+            Command::AddPeerRegion { peer } => answer(self.add_peer_region(peer, now)),
+            Command::RemovePeerRegion { name } => answer(self.remove_peer_region(name)),
             Command::AsTenant { tenant, cmd } => {
                 if matches!(
                     **cmd,

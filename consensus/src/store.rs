@@ -51,8 +51,12 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// progress, retired CAs, what each member trusts); version 7 gave members
 /// their release and the protocol versions they speak; version 8 gave job
 /// specs `requeue`, allocations their OOM-killed ranks, and job states
-/// `timeout`, `node_fail` and `out_of_memory`.
-pub const SNAPSHOT_VERSION: u8 = 8;
+/// `timeout`, `node_fail` and `out_of_memory`; version 9 added the peer
+/// regions (federation) as the ledger's last field, so a version 8
+/// snapshot still decodes ([`decode_snapshot`]).
+pub const SNAPSHOT_VERSION: u8 = 9;
+/// The oldest snapshot version this binary decodes.
+const OLDEST_DECODED_VERSION: u8 = 8;
 /// Decoding bound for snapshots and log entries.
 pub const MAX_DECODE: u64 = 1 << 30;
 
@@ -297,11 +301,18 @@ pub fn encode_snapshot(data: &StateMachineData) -> Result<Vec<u8>, StorageError>
 /// know is a clear error.
 pub fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
     match bytes.split_first() {
-        Some((&SNAPSHOT_VERSION, body)) => {
+        Some((&v, body)) if (OLDEST_DECODED_VERSION..=SNAPSHOT_VERSION).contains(&v) => {
             let mut plain = Vec::new();
             let mut dec = zstd::Decoder::new(body).map_err(read_err)?;
             std::io::Read::read_to_end(&mut std::io::Read::take(&mut dec, MAX_DECODE), &mut plain)
                 .map_err(read_err)?;
+            if v == 8 {
+                // Version 8 ends where version 9's ledger adds its last
+                // field, the peer regions: a version 8 ledger had none.
+                let none =
+                    encode(&crate::federation::FederationState::default()).map_err(read_err)?;
+                plain.extend(none);
+            }
             decode(&plain).map_err(read_err)
         }
         Some((v, _)) if *v > SNAPSHOT_VERSION => Err(read_err(format!(
@@ -543,7 +554,24 @@ mod tests {
 
     #[test]
     fn snapshot_with_unknown_version_is_refused() {
-        let err = decode_snapshot(&[9, 1, 2, 3]).expect_err("must refuse");
-        assert!(err.to_string().contains("version 9"), "{err}");
+        let err = decode_snapshot(&[SNAPSHOT_VERSION + 1, 1, 2, 3]).expect_err("must refuse");
+        let want = format!("version {}", SNAPSHOT_VERSION + 1);
+        assert!(err.to_string().contains(&want), "{err}");
+    }
+
+    /// A version 8 snapshot (the ledger without peer regions) still
+    /// decodes, with no peer regions.
+    #[test]
+    fn version_8_snapshot_decodes_without_peer_regions() {
+        let mut data = StateMachineData::default();
+        data.ledger.clock_ms = 77;
+        data.ledger.attrs.insert("k".into(), "v".into());
+        let full = encode(&data).expect("encode");
+        let none = encode(&crate::federation::FederationState::default()).expect("encode");
+        let v8_plain = &full[..full.len() - none.len()];
+        let mut bytes = vec![8u8];
+        bytes.extend(zstd::encode_all(v8_plain, 3).expect("zstd"));
+        let back = decode_snapshot(&bytes).expect("a version 8 snapshot decodes");
+        assert_eq!(back.ledger, data.ledger);
     }
 }

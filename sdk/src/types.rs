@@ -459,6 +459,10 @@ fn default_true() -> bool {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct JobSubmitResponse {
     pub id: u64,
+    /// The region that took the job, when a peer region forwarded it there
+    /// (`--region R|auto`); absent for a job of the region asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// `shoal show --json` (and each element of `shoal queue --json`).
@@ -504,6 +508,11 @@ pub struct JobInfo {
     /// CPUs of each rank (`--cpus-per-task`), when asked for.
     #[serde(default)]
     pub cpus_per_task: Option<u32>,
+    /// The region the job lives in, set by the CLI for jobs of another
+    /// region (`--region R`, `queue --all-regions`); its id prints as
+    /// `REGION:ID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// `POST /v1/tenants` (create) and `POST /v1/tenants/{name}` (set).
