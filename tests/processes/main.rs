@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod cp;
 mod doctor;
+mod federation;
 mod graceful_stop;
 mod https_api;
 mod install;

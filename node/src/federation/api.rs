@@ -3,7 +3,7 @@
 //! Who may do what: joining and leaving need an admin token of this region
 //! (a tenant token is refused by the API's write list, a peer region's
 //! credential by [`admit_peer`]). A peer region's credential proves which
-//! region calls, not what it may do: it reaches only [`PEER_ROUTES`] (its
+//! region calls, not what it may do: it reaches only [`FORWARDABLE`] and [`PEER_ONLY`] (its
 //! forwarded job commands, this region's summary, and its own leave), and a
 //! request it forwards for a tenant is narrowed to that tenant here, so the
 //! ledger checks ownership and limits at commit exactly as for a tenant
@@ -86,7 +86,7 @@ fn peer_of(app: &Node, caller: &Caller) -> Option<String> {
         .map(|p| p.name.clone())
 }
 
-/// Marks a peer region's credential as such, keeps it to [`PEER_ROUTES`],
+/// Marks a peer region's credential as such, keeps it to [`FORWARDABLE`] and [`PEER_ONLY`],
 /// and narrows it to the tenant it forwards for. Other callers pass as
 /// they are.
 pub fn admit_peer(app: &Node, mut caller: Caller, req: &Request) -> Result<Caller, Response> {
