@@ -10,7 +10,7 @@
 
 use crate::common;
 
-use common::{one_at_a_time, sh_job, shoal_bin, start_cluster, wait_for};
+use common::{one_at_a_time, shoal_bin, start_cluster, wait_for};
 use shoal_sdk::{ApiTokenCreateRequest, JobInfo, RegionInfo, TenantRequest};
 use std::process::Command;
 use std::time::{Duration, Instant};

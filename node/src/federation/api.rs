@@ -181,11 +181,16 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
         Ok(p) => p,
         Err(why) => return error(StatusCode::NOT_FOUND, "not_found", why),
     };
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| parts.uri.path().to_string());
+    // This layer sits in the router nested at `/v1`, where the request's
+    // URI has lost that prefix; the peer serves the same routes under it.
+    let path = format!(
+        "/v1{}",
+        parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or_else(|| parts.uri.path())
+    );
     let request = PeerRequest {
         method: parts.method.clone(),
         path: &path,
