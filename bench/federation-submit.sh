@@ -41,7 +41,7 @@ eu_token=$(cat "$root/eu1/admin.token")
 SHOAL_TOKEN=$us_token "$shoal" --api http://127.0.0.1:27401 \
   federation join http://127.0.0.1:27402 --token "$eu_token" > /dev/null
 
-body='{"name":"bench","nodes":1,"gpus_per_node":0,"time_limit_s":60,"priority":0,"preemptible":true,"command":["true"],"env":{}}'
+body='{"name":"bench","nodes":1,"gpus_per_node":1,"time_limit_s":60,"priority":0,"preemptible":true,"command":["true"],"env":{}}'
 measure() { # label [header]
   local label=$1
   shift
