@@ -10,7 +10,6 @@
 //! - [`workers`]: the periodic loops (housekeeping, scheduler, durability,
 //!   gossip, anomaly detection, webhook);
 //! - [`executor`]: runs this node's ranks;
-//! - [`federation`]: peer regions, their summaries, cross-region forwarding;
 //! - [`ckpt`]: checkpoint replication and restore;
 //! - [`cli`] and [`bench`]: the command line and the benchmarks (chaos
 //!   runs included).
@@ -21,7 +20,6 @@ pub mod bench;
 pub mod ckpt;
 pub mod cli;
 pub mod executor;
-pub mod federation;
 pub mod node;
 pub mod rpc;
 pub mod workers;

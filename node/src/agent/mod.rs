@@ -701,7 +701,7 @@ fn spawn_workers(
         node.shutdown_signal(),
     );
     workers::spawn(
-        crate::federation::worker::SummaryPull { node: node.clone() },
+        crate::workers::federation::SummaryPull { node: node.clone() },
         node.shutdown_signal(),
     );
     workers::spawn(

@@ -10,6 +10,7 @@
 //! user's token allows.
 
 pub mod ca;
+pub mod federation;
 pub mod scope;
 pub mod scrape;
 pub mod serve;
@@ -157,7 +158,7 @@ pub fn router(state: AppState) -> Router {
         // Inside the token check: forwarding needs to know the caller.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
-            crate::federation::api::forward,
+            crate::api::federation::forward,
         ))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -177,9 +178,9 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// `shoal regions`, `shoal federation join|leave` and what peer regions
-/// call ([`crate::federation::api`]).
+/// call ([`crate::api::federation`]).
 fn federation_routes() -> Router<AppState> {
-    use crate::federation::api as fed;
+    use crate::api::federation as fed;
     Router::new()
         .route("/federation/summary", get(fed::summary))
         .route("/federation/regions", get(fed::regions))
@@ -217,7 +218,7 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
         Some(t) => auth::caller_eventually(app.ledger(), t).await,
         None => Err(auth::TokenError::Unknown),
     };
-    let caller = caller.map(|c| crate::federation::api::admit_peer(&app, c, &req));
+    let caller = caller.map(|c| crate::api::federation::admit_peer(&app, c, &req));
     match caller {
         Ok(Err(refused)) => refused,
         Ok(Ok(caller)) => {
@@ -619,7 +620,7 @@ async fn submit_job(
             region: caller
                 .peer_region
                 .as_ref()
-                .map(|_| crate::federation::local_region(&app)),
+                .map(|_| crate::node::federation::local_region(&app)),
         })),
         _ => Err(unexpected()),
     }
@@ -735,7 +736,7 @@ async fn job_logs(
     if caller.peer_region.is_some() && !path.exists() {
         // A peer region cannot reach the node that ran the rank; this one can.
         if let Some(resp) =
-            crate::federation::api::rank_log(&app, &caller, id, q.rank, q.offset).await
+            crate::api::federation::rank_log(&app, &caller, id, q.rank, q.offset).await
         {
             return Ok(resp);
         }

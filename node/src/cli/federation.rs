@@ -1,7 +1,6 @@
 //! `shoal federation join|leave`, `shoal regions`, and the region side of
 //! the job commands (`--region R`, `REGION:ID`, `queue --all-regions`).
 
-use crate::cli::jobs::{queue_of, QueueArgs};
 use clap::Subcommand;
 use shoal_sdk::{Client, FederationJoinRequest, JobInfo, RegionInfo, RegionJobId};
 
@@ -134,22 +133,4 @@ pub fn label(jobs: &mut [JobInfo], region: Option<&str>) {
     for j in jobs {
         j.region = region.map(str::to_string);
     }
-}
-
-/// `queue --all-regions`: this region's jobs, then every peer's that
-/// answers; a peer that does not is named on stderr and left out, so one
-/// lost region never hides the others' queues.
-pub async fn queue_all_regions(client: &Client, args: &QueueArgs) -> anyhow::Result<Vec<JobInfo>> {
-    let mut jobs = queue_of(client, args).await?;
-    let regions = client.regions().await.map_err(api)?;
-    for r in regions.iter().filter(|r| !r.local) {
-        match queue_of(&client.in_region(Some(&r.name)), args).await {
-            Ok(mut theirs) => {
-                label(&mut theirs, Some(&r.name));
-                jobs.extend(theirs);
-            }
-            Err(e) => eprintln!("warning: region {} left out: {e:#}", r.name),
-        }
-    }
-    Ok(jobs)
 }

@@ -488,7 +488,7 @@ pub async fn alloc(client: &Client, args: &JobArgs) -> anyhow::Result<()> {
 
 pub async fn queue(client: &Client, args: &QueueArgs, json: bool) -> anyhow::Result<()> {
     let jobs = if args.all_regions {
-        crate::cli::federation::queue_all_regions(client, args).await?
+        queue_all_regions(client, args).await?
     } else {
         let client = client.in_region(args.region.as_deref());
         let mut jobs = queue_of(&client, args).await?;
@@ -1128,4 +1128,22 @@ mod tests {
         );
         assert_eq!(ledger_columns(None), ["-", "-", "-", "-"]);
     }
+}
+
+/// `queue --all-regions`: this region's jobs, then every peer's that
+/// answers; a peer that does not is named on stderr and left out, so one
+/// lost region never hides the others' queues.
+pub async fn queue_all_regions(client: &Client, args: &QueueArgs) -> anyhow::Result<Vec<JobInfo>> {
+    let mut jobs = queue_of(client, args).await?;
+    let regions = client.regions().await.map_err(api)?;
+    for r in regions.iter().filter(|r| !r.local) {
+        match queue_of(&client.in_region(Some(&r.name)), args).await {
+            Ok(mut theirs) => {
+                crate::cli::federation::label(&mut theirs, Some(&r.name));
+                jobs.extend(theirs);
+            }
+            Err(e) => eprintln!("warning: region {} left out: {e:#}", r.name),
+        }
+    }
+    Ok(jobs)
 }

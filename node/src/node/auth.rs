@@ -33,7 +33,7 @@ pub struct Caller {
     pub tenant: Option<String>,
     pub token: UserToken,
     /// The peer region whose credential this is: the request was forwarded
-    /// from there (`crate::federation::api`), on behalf of its admin or,
+    /// from there (docs/federation.md), on behalf of its admin or,
     /// with `tenant` set, of one of its tenant tokens.
     pub peer_region: Option<String>,
 }

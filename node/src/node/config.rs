@@ -44,7 +44,7 @@ pub struct Config {
     /// then on.
     pub first_start: FirstStart,
     pub agent: AgentTuning,
-    pub federation: crate::federation::config::FederationTuning,
+    pub federation: crate::node::federation::config::FederationTuning,
     /// Lifetime of a join token: the one printed at bootstrap, and
     /// `shoal token create` without `--ttl`.
     pub join_token_ttl_s: u64,

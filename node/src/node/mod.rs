@@ -15,6 +15,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod credentials;
+pub mod federation;
 pub mod gpu;
 pub mod identity;
 pub mod metrics;
@@ -60,7 +61,7 @@ pub struct Node {
     metrics: Arc<Metrics>,
     contacts: ContactTracker,
     token_use: auth::TokenUse,
-    federation: crate::federation::link::Federation,
+    federation: crate::node::federation::link::Federation,
     started: Instant,
     shutdown: watch::Sender<bool>,
 }
@@ -81,8 +82,9 @@ pub struct NodeParts {
 impl Node {
     pub fn new(parts: NodeParts) -> Self {
         let (shutdown, _) = watch::channel(false);
-        let federation =
-            crate::federation::link::Federation::new(parts.cfg.federation.unreachable_after_ms);
+        let federation = crate::node::federation::link::Federation::new(
+            parts.cfg.federation.unreachable_after_ms,
+        );
         Node {
             local: parts.local,
             cfg: parts.cfg,
@@ -150,7 +152,7 @@ impl Node {
     }
 
     /// Peer regions as this node sees them, and its clients to them.
-    pub fn federation(&self) -> &crate::federation::link::Federation {
+    pub fn federation(&self) -> &crate::node::federation::link::Federation {
         &self.federation
     }
 

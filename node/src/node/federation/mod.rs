@@ -1,21 +1,19 @@
 //! Federation across regions (docs/federation.md): a region is one cluster;
 //! peer regions exchange trust bundles once (`shoal federation join`), then
-//! every node pulls each peer's summary ([`worker`]), answers `shoal
+//! every node pulls each peer's summary (`crate::workers::federation`), answers `shoal
 //! regions`, forwards job commands with `--region R|auto` and serves its
-//! own region's summary ([`api`]).
+//! own region's summary (`crate::api::federation`).
 //!
 //! - [`view`]: what this node knows of its peers (pure, `now` passed in);
 //! - [`summary`]: this region's summary from the ledger (pure);
 //! - [`link`]: bounded requests to a peer region's API;
-//! - [`worker`]: the summary pull loop;
-//! - [`api`]: the federation routes and the forwarding layer.
+//! - `crate::workers::federation`: the summary pull loop;
+//! - `crate::api::federation`: the federation routes and the forwarding layer.
 
-pub mod api;
 pub mod config;
 pub mod link;
 pub mod summary;
 pub mod view;
-pub mod worker;
 
 use crate::node::Node;
 use link::{LinkError, PeerTarget};

@@ -9,8 +9,9 @@
 //! ledger checks ownership and limits at commit exactly as for a tenant
 //! token of this region.
 
-use super::link::{PeerRequest, PeerTarget};
 use crate::node::auth::Caller;
+use crate::node::federation as fed;
+use crate::node::federation::link::{PeerRequest, PeerTarget};
 use crate::node::identity;
 use crate::node::Node;
 use axum::body::Body;
@@ -104,7 +105,7 @@ pub fn admit_peer(app: &Node, mut caller: Caller, req: &Request) -> Result<Calle
             ),
         ));
     }
-    if header(req.headers(), REGION_HEADER).is_some_and(|r| r != super::local_region(app)) {
+    if header(req.headers(), REGION_HEADER).is_some_and(|r| r != fed::local_region(app)) {
         return Err(error(
             StatusCode::FORBIDDEN,
             "forbidden",
@@ -124,7 +125,7 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
         return next.run(req).await;
     };
     let caller = req.extensions().get::<Caller>().cloned();
-    let local = super::local_region(&app);
+    let local = fed::local_region(&app);
     if asked == local || caller.as_ref().is_none_or(|c| c.peer_region.is_some()) {
         return next.run(req).await;
     }
@@ -177,7 +178,7 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
     } else {
         asked
     };
-    let peer = match super::peer_named(&app, &region) {
+    let peer = match fed::peer_named(&app, &region) {
         Ok(p) => p,
         Err(why) => return error(StatusCode::NOT_FOUND, "not_found", why),
     };
@@ -197,10 +198,10 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
         body: (!bytes.is_empty()).then(|| bytes.to_vec()),
         tenant: caller.as_ref().and_then(|c| c.tenant.as_deref()),
     };
-    let target = super::target(&app, &peer);
+    let target = fed::target(&app, &peer);
     match app
         .federation()
-        .send(&target, &request, super::request_timeout(&app))
+        .send(&target, &request, fed::request_timeout(&app))
         .await
     {
         Ok(resp) => passthrough(resp),
@@ -216,7 +217,7 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
     }
 }
 
-fn passthrough(resp: super::link::PeerResponse) -> Response {
+fn passthrough(resp: fed::link::PeerResponse) -> Response {
     let mut out = Response::builder()
         .status(StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY));
     for (k, v) in &resp.headers {
@@ -229,7 +230,7 @@ fn passthrough(resp: super::link::PeerResponse) -> Response {
 /// `--region auto`: the region where the job fits soonest, this one on a
 /// tie ([`placement::choose_region`]).
 fn choose_region(app: &Node, job: &JobSubmitRequest) -> Result<String, String> {
-    let local = super::local_summary(app)?;
+    let local = fed::local_summary(app)?;
     let peers = app.federation().tracker().summaries(crate::node::wall_ms());
     let mut candidates = vec![placement::Candidate {
         summary: &local,
@@ -257,7 +258,7 @@ fn choose_region(app: &Node, job: &JobSubmitRequest) -> Result<String, String> {
 
 /// `GET /v1/federation/summary`: this region, for its peers.
 pub async fn summary(State(app): State<Arc<Node>>) -> Response {
-    match super::local_summary(&app) {
+    match fed::local_summary(&app) {
         Ok(s) => Json::<RegionSummary>(s).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e),
     }
@@ -266,18 +267,14 @@ pub async fn summary(State(app): State<Arc<Node>>) -> Response {
 /// `GET /v1/federation/regions` (`shoal regions`): this region, then its
 /// peers as this node last heard them.
 pub async fn regions(State(app): State<Arc<Node>>) -> Response {
-    let local = match super::local_summary(&app) {
+    let local = match fed::local_summary(&app) {
         Ok(s) => s,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e),
     };
     let now = crate::node::wall_ms();
     let tracker = app.federation().tracker();
-    let mut rows: Vec<RegionInfo> = vec![super::view::summary_row(&local, true)];
-    rows.extend(
-        super::peers(&app)
-            .iter()
-            .map(|p| tracker.info(&p.name, now)),
-    );
+    let mut rows: Vec<RegionInfo> = vec![fed::view::summary_row(&local, true)];
+    rows.extend(fed::peers(&app).iter().map(|p| tracker.info(&p.name, now)));
     Json(rows).into_response()
 }
 
@@ -358,8 +355,8 @@ fn record(bundle: &PeerBundle, outbound_secret: String, inbound_token_hash: Stri
 fn refresh_soon(app: &Arc<Node>, region: String) {
     let app = app.clone();
     tokio::spawn(async move {
-        if let Ok(peer) = super::peer_named(&app, &region) {
-            let _ = super::refresh_peer(&app, &peer).await;
+        if let Ok(peer) = fed::peer_named(&app, &region) {
+            let _ = fed::refresh_peer(&app, &peer).await;
         }
     });
 }
@@ -410,7 +407,7 @@ pub async fn join(
     };
     let resp = match app
         .federation()
-        .send(&target, &request, super::request_timeout(&app))
+        .send(&target, &request, fed::request_timeout(&app))
         .await
     {
         Ok(r) => r,
@@ -510,7 +507,7 @@ pub async fn leave(
     if let Err(r) = require_admin(&caller, "federation leave") {
         return r;
     }
-    let peer = match super::peer_named(&app, &region) {
+    let peer = match fed::peer_named(&app, &region) {
         Ok(p) => p,
         Err(why) => return error(StatusCode::NOT_FOUND, "not_found", why),
     };
@@ -523,9 +520,9 @@ pub async fn leave(
     let told = app
         .federation()
         .send(
-            &super::target(&app, &peer),
+            &fed::target(&app, &peer),
             &request,
-            super::request_timeout(&app),
+            fed::request_timeout(&app),
         )
         .await
         .is_ok_and(|r| r.status == 200);
@@ -573,7 +570,7 @@ pub async fn rank_log(
         )
     };
     let target = PeerTarget {
-        region: super::local_region(app),
+        region: fed::local_region(app),
         urls: vec![url],
         ca_pem,
         secret: caller.token.0.clone(),
@@ -588,7 +585,7 @@ pub async fn rank_log(
     };
     let resp = app
         .federation()
-        .send(&target, &request, super::request_timeout(app))
+        .send(&target, &request, fed::request_timeout(app))
         .await
         .ok()?;
     Some(passthrough(resp))

@@ -18,13 +18,13 @@ impl Worker for SummaryPull {
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {
-        let peers = super::peers(&self.node);
+        let peers = crate::node::federation::peers(&self.node);
         let names: Vec<String> = peers.iter().map(|p| p.name.clone()).collect();
         self.node.federation().update(|t| t.retain(&names));
         let pulls = peers.iter().map(|peer| {
             let node = self.node.clone();
             async move {
-                if let Err(e) = super::refresh_peer(&node, peer).await {
+                if let Err(e) = crate::node::federation::refresh_peer(&node, peer).await {
                     tracing::debug!(region = %peer.name, error = %e, "no summary from a peer region");
                 }
             }
