@@ -90,27 +90,27 @@ fn peer_of(app: &Node, caller: &Caller) -> Option<String> {
 /// Marks a peer region's credential as such, keeps it to [`FORWARDABLE`] and [`PEER_ONLY`],
 /// and narrows it to the tenant it forwards for. Other callers pass as
 /// they are.
-pub fn admit_peer(app: &Node, mut caller: Caller, req: &Request) -> Result<Caller, Response> {
+pub fn admit_peer(app: &Node, mut caller: Caller, req: &Request) -> Result<Caller, Box<Response>> {
     let Some(region) = peer_of(app, &caller) else {
         return Ok(caller);
     };
     let (method, route) = route_of(req);
     let key = (method.as_str(), route.as_str());
     if !FORWARDABLE.contains(&key) && !PEER_ONLY.contains(&key) {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::FORBIDDEN,
             "forbidden",
             format!(
                 "permission denied: region {region}'s credential may forward job commands and read the summary, not {method} {route}"
             ),
-        ));
+        )));
     }
     if header(req.headers(), REGION_HEADER).is_some_and(|r| r != fed::local_region(app)) {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::FORBIDDEN,
             "forbidden",
             format!("region {region} forwarded a request for yet another region: requests are forwarded once"),
-        ));
+        )));
     }
     caller.tenant = header(req.headers(), TENANT_HEADER);
     caller.peer_region = Some(region);
@@ -279,28 +279,31 @@ pub async fn regions(State(app): State<Arc<Node>>) -> Response {
 }
 
 /// An admin of this region, not a tenant and not a peer region.
-fn require_admin(caller: &Caller, what: &str) -> Result<(), Response> {
+fn require_admin(caller: &Caller, what: &str) -> Result<(), Box<Response>> {
     if caller.tenant.is_some() || caller.peer_region.is_some() {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::FORBIDDEN,
             "forbidden",
             format!("permission denied: {what} needs an admin token of this region"),
-        ));
+        )));
     }
     Ok(())
 }
 
-fn own_bundle(app: &Node) -> Result<PeerBundle, Response> {
-    let d = app
-        .ledger()
-        .read()
-        .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.message))?;
+fn own_bundle(app: &Node) -> Result<PeerBundle, Box<Response>> {
+    let d = app.ledger().read().map_err(|e| {
+        Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.message,
+        ))
+    })?;
     let cluster = d.ledger.cluster.as_ref().ok_or_else(|| {
-        error(
+        Box::new(error(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
             "the cluster is not bootstrapped yet",
-        )
+        ))
     })?;
     Ok(PeerBundle {
         region: cluster.region.clone(),
@@ -370,7 +373,7 @@ pub async fn join(
     Json(req): Json<FederationJoinRequest>,
 ) -> Response {
     if let Err(r) = require_admin(&caller, "federation join") {
-        return r;
+        return *r;
     }
     let url = req.url.trim_end_matches('/').to_string();
     if url.starts_with("https://") && req.ca_pem.is_none() {
@@ -382,7 +385,7 @@ pub async fn join(
     }
     let bundle = match own_bundle(&app) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let (secret_for_peer, inbound_hash) = identity::new_api_token();
     let body = match serde_json::to_vec(&PeerRegisterRequest {
@@ -466,11 +469,11 @@ pub async fn register(
     Json(req): Json<PeerRegisterRequest>,
 ) -> Response {
     if let Err(r) = require_admin(&caller, "registering a peer region") {
-        return r;
+        return *r;
     }
     let bundle = match own_bundle(&app) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let (secret, inbound_hash) = identity::new_api_token();
     let peer = record(&req.bundle, req.secret, inbound_hash);
@@ -505,7 +508,7 @@ pub async fn leave(
     Path(region): Path<String>,
 ) -> Response {
     if let Err(r) = require_admin(&caller, "federation leave") {
-        return r;
+        return *r;
     }
     let peer = match fed::peer_named(&app, &region) {
         Ok(p) => p,

@@ -220,7 +220,7 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
     };
     let caller = caller.map(|c| crate::api::federation::admit_peer(&app, c, &req));
     match caller {
-        Ok(Err(refused)) => refused,
+        Ok(Err(refused)) => *refused,
         Ok(Ok(caller)) => {
             tokens::note_use(&app, &caller);
             if let Some(tenant) = &caller.tenant {

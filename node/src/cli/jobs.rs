@@ -1009,6 +1009,24 @@ fn format_quota(rows: &[QuotaInfo]) -> String {
     out
 }
 
+/// `queue --all-regions`: this region's jobs, then every peer's that
+/// answers; a peer that does not is named on stderr and left out, so one
+/// lost region never hides the others' queues.
+pub async fn queue_all_regions(client: &Client, args: &QueueArgs) -> anyhow::Result<Vec<JobInfo>> {
+    let mut jobs = queue_of(client, args).await?;
+    let regions = client.regions().await.map_err(api)?;
+    for r in regions.iter().filter(|r| !r.local) {
+        match queue_of(&client.in_region(Some(&r.name)), args).await {
+            Ok(mut theirs) => {
+                crate::cli::federation::label(&mut theirs, Some(&r.name));
+                jobs.extend(theirs);
+            }
+            Err(e) => eprintln!("warning: region {} left out: {e:#}", r.name),
+        }
+    }
+    Ok(jobs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1128,22 +1146,4 @@ mod tests {
         );
         assert_eq!(ledger_columns(None), ["-", "-", "-", "-"]);
     }
-}
-
-/// `queue --all-regions`: this region's jobs, then every peer's that
-/// answers; a peer that does not is named on stderr and left out, so one
-/// lost region never hides the others' queues.
-pub async fn queue_all_regions(client: &Client, args: &QueueArgs) -> anyhow::Result<Vec<JobInfo>> {
-    let mut jobs = queue_of(client, args).await?;
-    let regions = client.regions().await.map_err(api)?;
-    for r in regions.iter().filter(|r| !r.local) {
-        match queue_of(&client.in_region(Some(&r.name)), args).await {
-            Ok(mut theirs) => {
-                crate::cli::federation::label(&mut theirs, Some(&r.name));
-                jobs.extend(theirs);
-            }
-            Err(e) => eprintln!("warning: region {} left out: {e:#}", r.name),
-        }
-    }
-    Ok(jobs)
 }
