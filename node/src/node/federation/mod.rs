@@ -1,14 +1,14 @@
 //! Federation across regions (docs/federation.md): a region is one cluster;
 //! peer regions exchange trust bundles once (`shoal federation join`), then
-//! every node pulls each peer's summary (`crate::workers::federation`), answers `shoal
-//! regions`, forwards job commands with `--region R|auto` and serves its
-//! own region's summary (`crate::api::federation`).
+//! every node pulls each peer's summary (the workers' summary pull loop),
+//! answers `shoal regions`, forwards job commands with `--region R|auto`
+//! and serves its own region's summary (the API's federation routes).
 //!
 //! - [`view`]: what this node knows of its peers (pure, `now` passed in);
 //! - [`summary`]: this region's summary from the ledger (pure);
 //! - [`link`]: bounded requests to a peer region's API;
-//! - `crate::workers::federation`: the summary pull loop;
-//! - `crate::api::federation`: the federation routes and the forwarding layer.
+//! - the summary pull loop and the API's federation routes live with the
+//!   other loops and routes (`workers/federation.rs`, `api/federation.rs`).
 
 pub mod config;
 pub mod link;
