@@ -280,6 +280,15 @@ pub enum Command {
         job: JobId,
         hold: bool,
     },
+    /// `shoal federation join` (admin): records a peer region and the
+    /// hash of the secret it presents here ([`crate::federation`]).
+    AddPeerRegion {
+        peer: crate::federation::PeerRegion,
+    },
+    /// `shoal federation leave` (admin), or the peer said it leaves.
+    RemovePeerRegion {
+        name: String,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -347,6 +356,8 @@ pub struct Ledger {
     /// The largest leader timestamp applied; time never runs backwards in
     /// the ledger even if a new leader's clock is behind.
     pub clock_ms: u64,
+    /// Peer regions ([`crate::federation`]).
+    pub federation: crate::federation::FederationState,
 }
 
 /// Checks a node name: DNS-label-like so it is safe in paths, labels and
@@ -530,6 +541,8 @@ impl Ledger {
                 answer(self.rotate_api_token(name, hash, now))
             }
             Command::TouchApiToken { id } => answer(self.touch_api_token(id, now)),
+            Command::AddPeerRegion { peer } => answer(self.add_peer_region(peer, now)),
+            Command::RemovePeerRegion { name } => answer(self.remove_peer_region(name)),
             Command::AsTenant { tenant, cmd } => {
                 if matches!(
                     **cmd,

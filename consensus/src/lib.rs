@@ -6,6 +6,7 @@
 pub mod access;
 pub mod ca;
 pub mod events;
+pub mod federation;
 pub mod ledger;
 pub mod limits;
 pub mod namespace;

@@ -52,8 +52,11 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// their release and the protocol versions they speak; version 8 gave job
 /// specs `requeue`, allocations their OOM-killed ranks, and job states
 /// `timeout`, `node_fail` and `out_of_memory`; version 9 gave job specs
-/// their tasks per node.
+/// their tasks per node, dependencies and warning signal, jobs their hold,
+/// and the ledger its peer regions (federation).
 pub const SNAPSHOT_VERSION: u8 = 9;
+/// The oldest snapshot version this binary decodes.
+const OLDEST_DECODED_VERSION: u8 = 9;
 /// Decoding bound for snapshots and log entries.
 pub const MAX_DECODE: u64 = 1 << 30;
 
@@ -298,7 +301,7 @@ pub fn encode_snapshot(data: &StateMachineData) -> Result<Vec<u8>, StorageError>
 /// know is a clear error.
 pub fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
     match bytes.split_first() {
-        Some((&SNAPSHOT_VERSION, body)) => {
+        Some((&v, body)) if (OLDEST_DECODED_VERSION..=SNAPSHOT_VERSION).contains(&v) => {
             let mut plain = Vec::new();
             let mut dec = zstd::Decoder::new(body).map_err(read_err)?;
             std::io::Read::read_to_end(&mut std::io::Read::take(&mut dec, MAX_DECODE), &mut plain)
@@ -544,7 +547,9 @@ mod tests {
 
     #[test]
     fn snapshot_with_unknown_version_is_refused() {
-        let err = decode_snapshot(&[9, 1, 2, 3]).expect_err("must refuse");
-        assert!(err.to_string().contains("version 9"), "{err}");
+        let err = decode_snapshot(&[SNAPSHOT_VERSION + 1, 1, 2, 3]).expect_err("must refuse");
+        let want = format!("version {}", SNAPSHOT_VERSION + 1);
+        assert!(err.to_string().contains(&want), "{err}");
     }
 }
+

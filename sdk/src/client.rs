@@ -79,6 +79,9 @@ pub struct Client {
     base: String,
     token: Option<String>,
     http: reqwest::Client,
+    /// Sent as [`crate::REGION_HEADER`]: the node forwards the request to
+    /// that region (`--region R|auto`).
+    region: Option<String>,
 }
 
 impl Client {
@@ -100,7 +103,25 @@ impl Client {
         http: reqwest::Client,
     ) -> Self {
         let base = base.into().trim_end_matches('/').to_string();
-        Client { base, token, http }
+        Client {
+            base,
+            token,
+            http,
+            region: None,
+        }
+    }
+
+    /// The same client, asking the node to run each request in `region`
+    /// (a peer region's name, or [`crate::AUTO_REGION`] for a submission).
+    pub fn in_region(&self, region: Option<&str>) -> Self {
+        let mut c = self.clone();
+        c.region = region.map(str::to_string);
+        c
+    }
+
+    /// The region [`Client::in_region`] asked for.
+    pub fn region(&self) -> Option<&str> {
+        self.region.as_deref()
     }
 
     /// The same credentials and TLS trust, talking to another node. The
@@ -115,7 +136,7 @@ impl Client {
             .token
             .clone()
             .filter(|_| base.starts_with("https://") || local_cluster);
-        Self::with_http(base, token, self.http.clone())
+        Self::with_http(base, token, self.http.clone()).in_region(self.region.as_deref())
     }
 
     fn authorize(
@@ -123,6 +144,10 @@ impl Client {
         req: reqwest::RequestBuilder,
         url: &str,
     ) -> Result<reqwest::RequestBuilder, ClientError> {
+        let req = match &self.region {
+            Some(r) => req.header(crate::REGION_HEADER, r),
+            None => req,
+        };
         match &self.token {
             Some(_) if !may_carry_token(url) => Err(ClientError::ClearText {
                 url: url.to_string(),
@@ -194,6 +219,50 @@ impl Client {
         let url = format!("{}{}", self.base, path);
         let bytes = self.get_raw(self.http.get(&url), &url).await?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// `shoal regions`: this region and its peers, as this node sees them.
+    pub async fn regions(&self) -> Result<Vec<crate::RegionInfo>, ClientError> {
+        self.get("/v1/federation/regions").await
+    }
+
+    /// What this region tells its peers (`GET /v1/federation/summary`).
+    pub async fn region_summary(&self) -> Result<crate::RegionSummary, ClientError> {
+        self.get("/v1/federation/summary").await
+    }
+
+    /// `shoal federation join URL --token T` (admin).
+    pub async fn federation_join(
+        &self,
+        req: &crate::FederationJoinRequest,
+    ) -> Result<crate::FederationJoinResponse, ClientError> {
+        self.post("/v1/federation/join", req).await
+    }
+
+    /// `shoal federation leave REGION` (admin).
+    pub async fn federation_leave(
+        &self,
+        region: &str,
+    ) -> Result<crate::FederationLeaveResponse, ClientError> {
+        self.post(
+            &format!("/v1/federation/regions/{region}/leave"),
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
+    /// A joining region registers itself with this one (admin of this one).
+    pub async fn federation_register(
+        &self,
+        req: &crate::PeerRegisterRequest,
+    ) -> Result<crate::PeerRegisterResponse, ClientError> {
+        self.post("/v1/federation/peers", req).await
+    }
+
+    /// A peer region says it leaves (with the secret this region gave it).
+    pub async fn federation_unregister(&self) -> Result<WriteResponse, ClientError> {
+        self.post("/v1/federation/peers/leave", &serde_json::json!({}))
+            .await
     }
 
     pub async fn status(&self) -> Result<StatusResponse, ClientError> {

@@ -2,6 +2,7 @@
 //! INTERFACE.md promises to scripts) and, behind the default `client`
 //! feature, a small HTTP client. Internal crates take the types only.
 
+pub mod federation;
 pub mod types;
 
 #[cfg(feature = "client")]
@@ -9,6 +10,7 @@ pub mod client;
 #[cfg(feature = "client")]
 pub use client::{Client, ClientError};
 
+pub use federation::*;
 pub use types::*;
 
 /// Response header of `GET /v1/jobs/{id}/logs`: the offset of the first

@@ -479,6 +479,10 @@ fn default_true() -> bool {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct JobSubmitResponse {
     pub id: u64,
+    /// The region that took the job, when a peer region forwarded it there
+    /// (`--region R|auto`); absent for a job of the region asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// `shoal show --json` (and each element of `shoal queue --json`).
@@ -536,6 +540,11 @@ pub struct JobInfo {
     /// Its `--signal`, as `USR1@300`.
     #[serde(default)]
     pub signal: Option<String>,
+    /// The region the job lives in, set by the CLI for jobs of another
+    /// region (`--region R`, `queue --all-regions`); its id prints as
+    /// `REGION:ID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 fn one_task() -> u32 {

@@ -13,6 +13,7 @@ mod cluster;
 mod cp;
 mod dashboard;
 mod doctor;
+mod federation;
 mod graceful_stop;
 mod https_api;
 mod install;

@@ -701,6 +701,10 @@ fn spawn_workers(
         node.shutdown_signal(),
     );
     workers::spawn(
+        crate::workers::federation::SummaryPull { node: node.clone() },
+        node.shutdown_signal(),
+    );
+    workers::spawn(
         Housekeeping::new(
             ledger.clone(),
             node.peers().clone(),

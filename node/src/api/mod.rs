@@ -11,6 +11,7 @@
 
 pub mod ca;
 pub mod dashboard;
+pub mod federation;
 pub mod scope;
 pub mod scrape;
 pub mod serve;
@@ -165,6 +166,12 @@ pub fn router(state: AppState) -> Router {
             "/stream",
             get(stream::stream).layer(Extension(stream::StreamLimit::default())),
         )
+        .merge(federation_routes())
+        // Inside the token check: forwarding needs to know the caller.
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::api::federation::forward,
+        ))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/health", get(health))
@@ -181,6 +188,19 @@ pub fn router(state: AppState) -> Router {
             serve::BODY_READ_TIMEOUT,
         ))
         .with_state(state)
+}
+
+/// `shoal regions`, `shoal federation join|leave` and what peer regions
+/// call ([`crate::api::federation`]).
+fn federation_routes() -> Router<AppState> {
+    use crate::api::federation as fed;
+    Router::new()
+        .route("/federation/summary", get(fed::summary))
+        .route("/federation/regions", get(fed::regions))
+        .route("/federation/join", post(fed::join))
+        .route("/federation/peers", post(fed::register))
+        .route("/federation/peers/leave", post(fed::peer_leaves))
+        .route("/federation/regions/{region}/leave", post(fed::leave))
 }
 
 /// Serves the API on `listener`, over HTTPS with `tls`.
@@ -211,8 +231,10 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
         Some(t) => auth::caller_eventually(app.ledger(), t).await,
         None => Err(auth::TokenError::Unknown),
     };
+    let caller = caller.map(|c| crate::api::federation::admit_peer(&app, c, &req));
     match caller {
-        Ok(caller) => {
+        Ok(Err(refused)) => *refused,
+        Ok(Ok(caller)) => {
             tokens::note_use(&app, &caller);
             if let Some(tenant) = &caller.tenant {
                 let method = req.method().as_str();
@@ -484,7 +506,10 @@ async fn put_attr(
         tokio::spawn(async move { ledger.write_as(&caller.token, cmd).await });
         return Ok(Json(WriteResponse { index: 0 }));
     }
-    let (resp, index) = app.ledger().write_as(&caller.token, cmd).await?;
+    let (resp, index) = app
+        .ledger()
+        .write_as(&caller.token, caller.relayed(cmd))
+        .await?;
     match resp {
         LedgerResponse::Rejected(m) => Err(bad_request(m)),
         LedgerResponse::Denied(m) => Err(forbidden(m)),
@@ -531,7 +556,10 @@ async fn write_or_reject(
     caller: &Caller,
     cmd: Command,
 ) -> Result<(LedgerResponse, u64), ApiError> {
-    let (resp, index) = app.ledger().write_as(&caller.token, cmd).await?;
+    let (resp, index) = app
+        .ledger()
+        .write_as(&caller.token, caller.relayed(cmd))
+        .await?;
     answer_write(resp, index)
 }
 
@@ -546,7 +574,10 @@ async fn write_as(
     cmd: Command,
     resource: impl FnOnce() -> String,
 ) -> Result<(LedgerResponse, u64), ApiError> {
-    let (resp, index) = app.ledger().write_as(&caller.token, cmd).await?;
+    let (resp, index) = app
+        .ledger()
+        .write_as(&caller.token, caller.relayed(cmd))
+        .await?;
     if matches!(resp, LedgerResponse::Hidden(_)) {
         audit_hidden(app, caller, route, StatusCode::CONFLICT, resource());
     }
@@ -596,7 +627,14 @@ async fn submit_job(
     .await?
     .0
     {
-        LedgerResponse::JobId(id) => Ok(Json(JobSubmitResponse { id })),
+        LedgerResponse::JobId(id) => Ok(Json(JobSubmitResponse {
+            id,
+            // A peer region forwarded it: its submitter prints REGION:ID.
+            region: caller
+                .peer_region
+                .as_ref()
+                .map(|_| crate::node::federation::local_region(&app)),
+        })),
         _ => Err(unexpected()),
     }
 }
@@ -746,6 +784,14 @@ async fn job_logs(
         visible_job(&app, &caller, id, "GET /v1/jobs/{id}/logs").await?;
     }
     let path = crate::executor::log_path(&app.config().jobs_dir(), id, q.rank);
+    if caller.peer_region.is_some() && !path.exists() {
+        // A peer region cannot reach the node that ran the rank; this one can.
+        if let Some(resp) =
+            crate::api::federation::rank_log(&app, &caller, id, q.rank, q.offset).await
+        {
+            return Ok(resp);
+        }
+    }
     let mut file = std::fs::File::open(&path).map_err(|_| {
         ApiError(
             StatusCode::NOT_FOUND,

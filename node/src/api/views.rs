@@ -101,6 +101,7 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
         .map(|a| &a.nodes)
         .unwrap_or(&job.last_nodes);
     JobInfo {
+        region: None,
         id: job.id,
         name: job.spec.name.clone(),
         tenant: job.spec.tenant.clone(),

@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 #[derive(Subcommand, Debug)]
 pub enum CkptCmd {
     /// Checkpoints of a job: step, size, replicas, commit time
-    Ls { job: u64 },
+    /// JOB is N, or REGION:N for another region's job
+    Ls { job: shoal_sdk::RegionJobId },
     /// Copy a committed checkpoint (every rank's part) into a new directory
     Restore {
         job: u64,
@@ -33,7 +34,8 @@ fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
 pub async fn run(client: &Client, cmd: &CkptCmd, json: bool) -> anyhow::Result<()> {
     match cmd {
         CkptCmd::Ls { job } => {
-            let list = client.checkpoints(*job).await.map_err(api)?;
+            let (client, id) = crate::cli::federation::job_client(client, job, None);
+            let list = client.checkpoints(id).await.map_err(api)?;
             if json {
                 // INTERFACE.md's fields first; parts (with manifests) stay in the API.
                 let rows: Vec<serde_json::Value> = list

@@ -334,6 +334,12 @@ pub struct QueueArgs {
     /// Include finished jobs (default: only jobs that are waiting or hold GPUs)
     #[arg(long, short = 'a')]
     pub all: bool,
+    /// The queue of this peer region (ids print as REGION:ID)
+    #[arg(long, conflicts_with = "all_regions")]
+    pub region: Option<String>,
+    /// This region's queue and every reachable peer region's, merged
+    #[arg(long)]
+    pub all_regions: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -607,13 +613,20 @@ pub async fn submit(
         // srun prints the job's output, not its id.
         return attach_to(client, resp.id, label).await;
     }
+    let shown = shoal_sdk::RegionJobId {
+        region: resp.region.clone(),
+        id: resp.id,
+    };
     if json {
         print_json(&resp)?;
     } else if banner {
-        println!("Submitted batch job {}", resp.id);
+        println!("Submitted batch job {shown}");
     } else {
-        println!("{}", resp.id);
+        println!("{shown}");
     }
+    // Waiting follows the job where it landed.
+    let asked = client.region().filter(|r| *r != shoal_sdk::AUTO_REGION);
+    let client = &client.in_region(resp.region.as_deref().or(asked));
     if !wait {
         return Ok(());
     }
@@ -848,6 +861,23 @@ pub async fn alloc(client: &Client, args: &JobArgs) -> anyhow::Result<()> {
 }
 
 pub async fn queue(client: &Client, args: &QueueArgs, json: bool) -> anyhow::Result<()> {
+    let jobs = if args.all_regions {
+        queue_all_regions(client, args).await?
+    } else {
+        let client = client.in_region(args.region.as_deref());
+        let mut jobs = queue_of(&client, args).await?;
+        crate::cli::federation::label(&mut jobs, args.region.as_deref());
+        jobs
+    };
+    if json {
+        return print_json(&jobs);
+    }
+    print!("{}", format_queue(&jobs));
+    Ok(())
+}
+
+/// The jobs `args` select in the region `client` asks.
+pub async fn queue_of(client: &Client, args: &QueueArgs) -> anyhow::Result<Vec<JobInfo>> {
     let jobs = match args.job {
         Some(id) => vec![client.job(id).await.map_err(api)?],
         None => {
@@ -861,11 +891,7 @@ pub async fn queue(client: &Client, args: &QueueArgs, json: bool) -> anyhow::Res
             jobs
         }
     };
-    if json {
-        return print_json(&jobs);
-    }
-    print!("{}", format_queue(&jobs));
-    Ok(())
+    Ok(jobs)
 }
 
 pub fn format_queue(jobs: &[JobInfo]) -> String {
@@ -880,9 +906,13 @@ pub fn format_queue(jobs: &[JobInfo]) -> String {
         } else {
             format!("({})", j.reason)
         };
+        let id = match &j.region {
+            Some(r) => format!("{r}:{}", j.id),
+            None => j.id.to_string(),
+        };
         out.push_str(&format!(
             "{:<7}{:<16}{:<12}{:<14}{:>6}{:>6}{:>12}  {}\n",
-            j.id,
+            id,
             truncate(&j.name, 15),
             truncate(&j.tenant, 11),
             j.state,
@@ -918,12 +948,19 @@ fn format_limit(s: u64) -> String {
 }
 
 pub async fn show(client: &Client, id: u64, json: bool) -> anyhow::Result<()> {
-    let job = client.job(id).await.map_err(api)?;
+    let mut job = client.job(id).await.map_err(api)?;
+    job.region = client.region().map(str::to_string);
     if json {
         return print_json(&job);
     }
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-    println!("id:          {}", job.id);
+    println!(
+        "id:          {}",
+        shoal_sdk::RegionJobId {
+            region: job.region.clone(),
+            id: job.id
+        }
+    );
     println!("name:        {}", job.name);
     println!("tenant:      {}", job.tenant);
     println!("state:       {}", job.state);
@@ -1114,6 +1151,11 @@ pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::
                 u64::from(job.nodes_requested) * u64::from(per_node),
                 job.nodes_requested
             );
+        }
+        if source.is_none() && client.region().is_some() {
+            // Another region's rank: the node asked forwards, and that
+            // region fetches the log from the node that ran it.
+            source = Some(client.clone());
         }
         if source.is_none() {
             if let Some(node) = job.nodes.get(node_rank as usize) {
@@ -1417,6 +1459,24 @@ fn format_quota(rows: &[QuotaInfo]) -> String {
     out.push_str("RUNNING, PENDING: the subtree's jobs; ");
     out.push_str(LEDGER_NOTE);
     out
+}
+
+/// `queue --all-regions`: this region's jobs, then every peer's that
+/// answers; a peer that does not is named on stderr and left out, so one
+/// lost region never hides the others' queues.
+pub async fn queue_all_regions(client: &Client, args: &QueueArgs) -> anyhow::Result<Vec<JobInfo>> {
+    let mut jobs = queue_of(client, args).await?;
+    let regions = client.regions().await.map_err(api)?;
+    for r in regions.iter().filter(|r| !r.local) {
+        match queue_of(&client.in_region(Some(&r.name)), args).await {
+            Ok(mut theirs) => {
+                crate::cli::federation::label(&mut theirs, Some(&r.name));
+                jobs.extend(theirs);
+            }
+            Err(e) => eprintln!("warning: region {} left out: {e:#}", r.name),
+        }
+    }
+    Ok(jobs)
 }
 
 #[cfg(test)]

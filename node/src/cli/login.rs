@@ -246,6 +246,23 @@ pub async fn login(
     })
 }
 
+/// The CA of another region's API at `url`, for `shoal federation join`:
+/// the pinned one (`--ca-fingerprint`), else the one it presents (first
+/// use, said on stderr); none for a plain-http loopback URL.
+pub async fn peer_ca(url: &str, pin: Option<&str>) -> anyhow::Result<Option<String>> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| {
+        anyhow::anyhow!("{url} is not a URL ({e}): give e.g. https://10.1.0.5:7070")
+    })?;
+    match parsed.scheme() {
+        "https" => Ok(Some(learn_ca(url, pin, &CliSettings::default()).await?)),
+        "http" if pin.is_none() => Ok(None),
+        "http" => anyhow::bail!("--ca-fingerprint needs an https URL; {url} is plain http"),
+        other => {
+            anyhow::bail!("{url}: the scheme must be https (or http on loopback), not {other}")
+        }
+    }
+}
+
 /// The CA the node at `url` is signed by: the pinned one, else the one the
 /// settings already trust (a changed CA is refused, as ssh refuses a
 /// changed host key), else whatever it presents (said on stderr).

@@ -8,6 +8,7 @@ pub mod demo;
 pub mod dev;
 pub mod doctor;
 pub mod duration;
+pub mod federation;
 pub mod install;
 pub mod jobs;
 pub mod login;
@@ -152,10 +153,13 @@ enum Cmd {
         #[command(subcommand)]
         cmd: NodeCmd,
     },
-    /// Submit a gang job; prints its id alone on stdout
+    /// Submit a gang job; prints its id alone on stdout (REGION:ID when another region took it)
     Submit {
         #[command(flatten)]
         job: JobArgs,
+        /// Submit in this peer region, or `auto`: where the gang fits soonest (this region on a tie)
+        #[arg(long)]
+        region: Option<String>,
         /// Print "Submitted batch job N" like sbatch
         #[arg(long, hide = true)]
         banner: bool,
@@ -195,12 +199,20 @@ enum Cmd {
     Alloc(JobArgs),
     /// Jobs that are waiting or running (-a for finished ones too)
     Queue(QueueArgs),
-    /// One job in detail
-    Show { job: u64 },
-    /// Cancel jobs
+    /// One job in detail (JOB is N, or REGION:N for another region's)
+    Show {
+        job: shoal_sdk::RegionJobId,
+        /// The region of a plain N
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// Cancel jobs (N, or REGION:N for another region's)
     Cancel {
         #[arg(required = true)]
-        jobs: Vec<u64>,
+        jobs: Vec<shoal_sdk::RegionJobId>,
+        /// The region of plain ids
+        #[arg(long)]
+        region: Option<String>,
     },
     /// Keep waiting jobs from the scheduler until released
     Hold {
@@ -212,14 +224,24 @@ enum Cmd {
         #[arg(required = true)]
         jobs: Vec<u64>,
     },
-    /// A rank's output, from the node that ran it
+    /// A rank's output, from the node that ran it (JOB is N or REGION:N)
     Logs {
-        job: u64,
+        job: shoal_sdk::RegionJobId,
+        /// The region of a plain N
+        #[arg(long)]
+        region: Option<String>,
         #[arg(long, default_value_t = 0)]
         rank: u32,
         /// Keep printing until the job ends
         #[arg(short = 'f', long)]
         follow: bool,
+    },
+    /// Regions: this one and its peers, with reachability, WAN RTT, GPUs, queue length
+    Regions,
+    /// Federate regions: `federation join URL --token T`, `federation leave REGION`
+    Federation {
+        #[command(subcommand)]
+        cmd: crate::cli::federation::FederationCmd,
     },
     /// Replicated copy: local ↔ mesh:/path ↔ mesh:/path
     Cp(crate::cli::cp::CpArgs),
@@ -396,6 +418,9 @@ struct AgentArgs {
     /// Simulated GPUs instead of NVML, e.g. 8xH100-80GB or 4xA100-40GB,2xL4
     #[arg(long)]
     sim_gpus: Option<String>,
+    /// Region name recorded at bootstrap (a region is one cluster) [default: default]
+    #[arg(long)]
+    region: Option<String>,
     /// text or json
     #[arg(long)]
     log_format: Option<String>,
@@ -727,26 +752,58 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             wait,
             attach,
             label,
+            region,
         } => {
             let how = crate::cli::jobs::AfterSubmit {
                 banner: *banner,
                 wait: *wait,
                 attach: attach.then_some(*label),
             };
-            crate::cli::jobs::submit(&client(&cli)?, job, cli.json, how).await
+            let c = client(&cli)?.in_region(region.as_deref());
+            crate::cli::jobs::submit(&c, job, cli.json, how).await
         }
         Cmd::Slurm { name, args } => crate::cli::slurm_cmds::run(&client(&cli)?, name, args).await,
         Cmd::ExecTasks { .. } => Err(anyhow::anyhow!("exec-tasks runs without a runtime")),
         Cmd::Alloc(job) => crate::cli::jobs::alloc(&client(&cli)?, job).await,
         Cmd::Queue(args) => crate::cli::jobs::queue(&client(&cli)?, args, cli.json).await,
-        Cmd::Show { job } => crate::cli::jobs::show(&client(&cli)?, *job, cli.json).await,
-        Cmd::Cancel { jobs } => crate::cli::jobs::cancel(&client(&cli)?, jobs, cli.json).await,
         Cmd::Hold { jobs } => crate::cli::jobs::hold(&client(&cli)?, jobs, true, cli.json).await,
         Cmd::Release { jobs } => {
             crate::cli::jobs::hold(&client(&cli)?, jobs, false, cli.json).await
         }
-        Cmd::Logs { job, rank, follow } => {
-            crate::cli::jobs::logs(&client(&cli)?, *job, *rank, *follow).await
+        Cmd::Show { job, region } => {
+            let (c, id) =
+                crate::cli::federation::job_client(&client(&cli)?, job, region.as_deref());
+            crate::cli::jobs::show(&c, id, cli.json).await
+        }
+        Cmd::Cancel { jobs, region } => {
+            let base = client(&cli)?;
+            for job in jobs {
+                let (c, id) = crate::cli::federation::job_client(&base, job, region.as_deref());
+                crate::cli::jobs::cancel(&c, &[id], cli.json).await?;
+            }
+            Ok(())
+        }
+        Cmd::Logs {
+            job,
+            region,
+            rank,
+            follow,
+        } => {
+            let (c, id) =
+                crate::cli::federation::job_client(&client(&cli)?, job, region.as_deref());
+            crate::cli::jobs::logs(&c, id, *rank, *follow).await
+        }
+        Cmd::Regions => crate::cli::federation::regions(&client(&cli)?, cli.json).await,
+        Cmd::Federation { cmd } => {
+            // `--token` is the other region's admin token here; this
+            // region's comes from SHOAL_TOKEN, the login or the data dir.
+            let dir = data_dir(&cli);
+            let local = login::connect(&login::Requested {
+                api: cli.api.as_deref(),
+                token: None,
+                data_dir: &dir,
+            })?;
+            crate::cli::federation::run(&local, cmd, cli.token.as_deref(), cli.json).await
         }
         Cmd::Tenant { cmd } => crate::cli::jobs::tenant(&client(&cli)?, cmd, cli.json).await,
         Cmd::Cp(args) => crate::cli::cp::cp(&client(&cli)?, args, cli.json).await,
@@ -896,6 +953,9 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
     }
     if let Some(s) = &args.sim_gpus {
         cfg.sim_gpus = Some(s.clone());
+    }
+    if let Some(r) = &args.region {
+        cfg.region = r.clone();
     }
     if let Some(f) = &args.log_format {
         cfg.log_format = f.clone();

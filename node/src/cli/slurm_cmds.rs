@@ -1586,6 +1586,7 @@ mod tests {
     fn job(id: u64, name: &str, tenant: &str, state: &str) -> JobInfo {
         let running = state != "pending";
         JobInfo {
+            region: None,
             id,
             name: name.into(),
             tenant: tenant.into(),

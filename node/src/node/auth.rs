@@ -32,9 +32,24 @@ pub struct Caller {
     pub name: String,
     pub tenant: Option<String>,
     pub token: UserToken,
+    /// The peer region whose credential this is: the request was forwarded
+    /// from there (docs/federation.md), on behalf of its admin or,
+    /// with `tenant` set, of one of its tenant tokens.
+    pub peer_region: Option<String>,
 }
 
 impl Caller {
+    /// `cmd` as this node relays it to the leader. The leader resolves the
+    /// token again and scopes a tenant token's command itself; a peer
+    /// region's credential is not tenant-scoped, so a request it forwarded
+    /// for a tenant is scoped here, and the ledger checks it at commit.
+    pub fn relayed(&self, cmd: Command) -> Command {
+        match (&self.peer_region, &self.tenant) {
+            (Some(_), Some(_)) => self.scoped(cmd),
+            _ => cmd,
+        }
+    }
+
     /// `cmd` as this caller may send it: a tenant token's writes are checked
     /// by the ledger at commit.
     pub fn scoped(&self, cmd: Command) -> Command {
@@ -72,6 +87,7 @@ pub fn resolve(ledger: &LedgerClient, token: &str) -> Result<Caller, TokenError>
             name: t.name.clone(),
             tenant: t.tenant.clone(),
             token: UserToken(token.to_string()),
+            peer_region: None,
         })
         .map_err(TokenError::Refused)
 }

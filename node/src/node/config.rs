@@ -44,6 +44,7 @@ pub struct Config {
     /// then on.
     pub first_start: FirstStart,
     pub agent: AgentTuning,
+    pub federation: crate::node::federation::config::FederationTuning,
     /// Lifetime of a join token: the one printed at bootstrap, and
     /// `shoal token create` without `--ttl`.
     pub join_token_ttl_s: u64,
@@ -55,6 +56,11 @@ pub struct Config {
     /// where the kernel has no netem. Set with `SHOAL_TEST_INJECT_RTT=n2=20,n3=40`.
     #[serde(skip)]
     pub test_inject_rtt: BTreeMap<String, std::time::Duration>,
+    /// Test only: extra round-trip time added to every request towards
+    /// the named peer regions (`region -> duration`), to emulate a WAN on
+    /// one machine. Set with `SHOAL_TEST_INJECT_WAN=eu-1=50`.
+    #[serde(skip)]
+    pub test_inject_wan: BTreeMap<String, std::time::Duration>,
     /// Test only: the fault plan shared by the nodes of an in-process
     /// cluster ([`crate::rpc::faults`]). When set, the node's Raft and chunk
     /// transports and its forwarded ledger requests ask it for a verdict
@@ -358,9 +364,11 @@ impl Default for Config {
             metrics: MetricsTuning::default(),
             first_start: FirstStart::default(),
             agent: AgentTuning::default(),
+            federation: Default::default(),
             join_token_ttl_s: 3600,
             cert_lifetime_s: shoal_mesh::tls::DEFAULT_NODE_CERT_LIFETIME.as_secs(),
             test_inject_rtt: BTreeMap::new(),
+            test_inject_wan: BTreeMap::new(),
             test_faults: None,
             test_chaos: None,
         }
@@ -412,6 +420,9 @@ const ENV_KEYS: &[&str] = &[
     "anomaly.webhook_url",
     "metrics.tenant_labels",
     "agent.shutdown",
+    "federation.summary_interval_ms",
+    "federation.request_timeout_ms",
+    "federation.unreachable_after_ms",
     "first_start.bootstrap",
     "first_start.join",
     "first_start.join_token_file",
@@ -498,11 +509,18 @@ impl Config {
         if let Some(spec) = env.get("SHOAL_TEST_INJECT_RTT") {
             cfg.test_inject_rtt = crate::node::peers::parse_injected_rtt(spec)?;
         }
+        if let Some(spec) = env.get("SHOAL_TEST_INJECT_WAN") {
+            cfg.test_inject_wan = crate::node::peers::parse_injected_rtt(spec)
+                .map_err(|e| format!("SHOAL_TEST_INJECT_WAN: {e}"))?;
+        }
         cfg.validate()?;
         Ok(cfg)
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        shoal_consensus::federation::validate_region_name(&self.region)
+            .map_err(|e| format!("region: {e}"))?;
+        self.federation.validate()?;
         if self.raft.election_timeout_min_ms <= self.raft.heartbeat_ms * 2 {
             return Err(format!(
                 "raft.election_timeout_min_ms ({}) must exceed twice raft.heartbeat_ms ({})",

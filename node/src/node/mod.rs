@@ -15,6 +15,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod credentials;
+pub mod federation;
 pub mod gpu;
 pub mod identity;
 pub mod metrics;
@@ -60,6 +61,7 @@ pub struct Node {
     metrics: Arc<Metrics>,
     contacts: ContactTracker,
     token_use: auth::TokenUse,
+    federation: crate::node::federation::link::Federation,
     started: Instant,
     shutdown: watch::Sender<bool>,
 }
@@ -80,6 +82,9 @@ pub struct NodeParts {
 impl Node {
     pub fn new(parts: NodeParts) -> Self {
         let (shutdown, _) = watch::channel(false);
+        let federation = crate::node::federation::link::Federation::new(
+            parts.cfg.federation.unreachable_after_ms,
+        );
         Node {
             local: parts.local,
             cfg: parts.cfg,
@@ -91,6 +96,7 @@ impl Node {
             metrics: parts.metrics,
             contacts: parts.contacts,
             token_use: auth::TokenUse::default(),
+            federation,
             started: Instant::now(),
             shutdown,
         }
@@ -143,6 +149,11 @@ impl Node {
     /// When this node saw each API token used (`shoal token api ls`).
     pub fn token_use(&self) -> &auth::TokenUse {
         &self.token_use
+    }
+
+    /// Peer regions as this node sees them, and its clients to them.
+    pub fn federation(&self) -> &crate::node::federation::link::Federation {
+        &self.federation
     }
 
     pub fn started(&self) -> Instant {

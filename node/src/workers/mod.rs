@@ -7,6 +7,7 @@ pub mod ca_custody;
 pub mod ca_rotation;
 pub mod cert_renewal;
 pub mod durability;
+pub mod federation;
 pub mod gossip;
 pub mod gpu_health;
 pub mod job_files;

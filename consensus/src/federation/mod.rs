@@ -1,0 +1,350 @@
+//! Federation in the ledger: the peer regions this region trusts.
+//!
+//! A region is one cluster. Federating two regions records, in each one's
+//! ledger, the other's name, cluster CA, API addresses and two secrets: the
+//! one this region presents when it calls the peer, and the hash of the one
+//! the peer presents here (kept as an API token named `region-<peer>`, so
+//! the usual token lookup finds it and `shoal token api ls` shows it). What
+//! a peer's credential may do is decided by the API, not by the token: it
+//! proves which region calls, and only the forwarding routes accept it.
+//! Nothing of a peer's own ledger is replicated here; summaries and
+//! forwarded commands travel over the API (docs/federation.md).
+//!
+//! [`placement`] and [`shares`] are pure functions over region summaries.
+
+pub mod placement;
+pub mod shares;
+
+use crate::ledger::Ledger;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Most peer regions one region records.
+pub const MAX_PEERS: usize = 64;
+/// Most API URLs recorded per peer.
+pub const MAX_PEER_URLS: usize = 64;
+/// Longest API URL recorded.
+pub const MAX_URL: usize = 256;
+/// Largest CA certificate (PEM) recorded.
+pub const MAX_CA_PEM: usize = 16 * 1024;
+/// Longest region name: a DNS label short enough that `region-<name>`
+/// is a valid token name.
+pub const MAX_REGION_NAME: usize = 48;
+
+/// A peer region as this region knows it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PeerRegion {
+    pub name: String,
+    pub cluster_id: String,
+    /// The peer's cluster CA: its API certificates must chain to it.
+    pub ca_cert_pem: String,
+    /// The peer's API URLs at the time of the join; the summaries it sends
+    /// keep the nodes' in-memory list current.
+    pub api_urls: Vec<String>,
+    /// The secret this region presents to the peer. It is in the ledger in
+    /// clear because every node of this region must be able to call the
+    /// peer; the peer holds only its hash, and `federation leave` (or
+    /// revoking `region-<us>` there) ends it.
+    pub outbound_secret: String,
+    /// The hash of the secret the peer presents here (an API token).
+    pub inbound_token_hash: String,
+    pub joined_at_ms: u64,
+}
+
+impl PeerRegion {
+    /// The name of the API token the peer's secret is kept as.
+    pub fn token_name(&self) -> String {
+        token_name(&self.name)
+    }
+}
+
+/// The API token name of peer region `region`'s inbound secret.
+pub fn token_name(region: &str) -> String {
+    format!("region-{region}")
+}
+
+/// The peer regions of this region.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct FederationState {
+    pub peers: BTreeMap<String, PeerRegion>,
+}
+
+impl FederationState {
+    /// The peer region whose inbound secret has hash `hash`.
+    pub fn peer_by_token_hash(&self, hash: &str) -> Option<&PeerRegion> {
+        self.peers.values().find(|p| p.inbound_token_hash == hash)
+    }
+}
+
+/// Checks a region name: a DNS label, so it is safe in job ids
+/// (`REGION:ID`), token names, URLs and metrics; never `auto`.
+pub fn validate_region_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_REGION_NAME {
+        return Err(format!(
+            "region names are 1-{MAX_REGION_NAME} characters, got {}",
+            name.len()
+        ));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        || name.starts_with('-')
+    {
+        return Err(format!(
+            "region name '{name}' may only contain lowercase letters, digits and '-' (not first)"
+        ));
+    }
+    if name == shoal_sdk::AUTO_REGION {
+        return Err("'auto' is not a region name: `--region auto` lets Shoal choose".into());
+    }
+    Ok(())
+}
+
+fn validate_peer(peer: &PeerRegion) -> Result<(), String> {
+    validate_region_name(&peer.name)?;
+    if peer.api_urls.is_empty() || peer.api_urls.len() > MAX_PEER_URLS {
+        return Err(format!(
+            "a peer region needs 1-{MAX_PEER_URLS} API URLs, got {}",
+            peer.api_urls.len()
+        ));
+    }
+    if let Some(url) = peer
+        .api_urls
+        .iter()
+        .find(|u| u.len() > MAX_URL || !(u.starts_with("https://") || u.starts_with("http://")))
+    {
+        return Err(format!(
+            "'{url}' is not an http(s) URL of at most {MAX_URL} bytes"
+        ));
+    }
+    if peer.ca_cert_pem.is_empty() || peer.ca_cert_pem.len() > MAX_CA_PEM {
+        return Err(format!(
+            "a peer region's CA must be 1-{MAX_CA_PEM} bytes of PEM"
+        ));
+    }
+    if peer.outbound_secret.is_empty() || peer.inbound_token_hash.is_empty() {
+        return Err("a peer region needs both secrets".into());
+    }
+    if peer.cluster_id.is_empty() || peer.cluster_id.len() > MAX_URL {
+        return Err("a peer region needs its cluster id".into());
+    }
+    Ok(())
+}
+
+impl Ledger {
+    /// `Command::AddPeerRegion`: records (or replaces, on a repeated join)
+    /// the peer and its inbound secret.
+    pub(crate) fn add_peer_region(&mut self, peer: &PeerRegion, now: u64) -> Result<(), String> {
+        validate_peer(peer)?;
+        let own = self.cluster.as_ref().map(|c| c.region.as_str());
+        if own == Some(peer.name.as_str()) {
+            return Err(format!(
+                "the peer region is named '{}' like this one: regions need distinct names (`shoal agent --bootstrap --region NAME`)",
+                peer.name
+            ));
+        }
+        let known = self.federation.peers.contains_key(&peer.name);
+        if !known && self.federation.peers.len() >= MAX_PEERS {
+            return Err(format!(
+                "this region federates with {MAX_PEERS} regions already"
+            ));
+        }
+        let previous = self.federation.peers.get(&peer.name).cloned();
+        if let Some(old) = &previous {
+            self.api_tokens.remove(&old.inbound_token_hash);
+        }
+        if let Err(e) = self.create_api_token(
+            &peer.inbound_token_hash,
+            &peer.token_name(),
+            &None,
+            None,
+            now,
+        ) {
+            // Leave the ledger as it was: the old record keeps working.
+            if let Some(old) = previous {
+                self.api_tokens.insert(
+                    old.inbound_token_hash.clone(),
+                    crate::tokens::ApiToken::new(
+                        &old.inbound_token_hash,
+                        old.token_name(),
+                        None,
+                        None,
+                        old.joined_at_ms,
+                    ),
+                );
+            }
+            return Err(e);
+        }
+        let mut peer = peer.clone();
+        peer.joined_at_ms = now;
+        self.federation.peers.insert(peer.name.clone(), peer);
+        Ok(())
+    }
+
+    /// `Command::RemovePeerRegion`: forgets the peer; its secret stops
+    /// working here in the same entry.
+    pub(crate) fn remove_peer_region(&mut self, name: &str) -> Result<(), String> {
+        match self.federation.peers.remove(name) {
+            Some(peer) => {
+                self.api_tokens.remove(&peer.inbound_token_hash);
+                Ok(())
+            }
+            None => Err(format!("no peer region named '{name}'")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Command, LedgerRequest, LedgerResponse, MemberSpec};
+
+    fn ledger(region: &str) -> Ledger {
+        let mut l = Ledger::new();
+        let r = l.apply(
+            1,
+            &LedgerRequest {
+                now_ms: 1,
+                cmd: Command::Bootstrap {
+                    cluster_id: "c1".into(),
+                    region: region.into(),
+                    ca_cert_pem: "ca".into(),
+                    admin_token_hash: "admin-hash".into(),
+                    first_member: 1,
+                    spec: MemberSpec::default(),
+                },
+            },
+        );
+        assert_eq!(r, LedgerResponse::NodeId(1));
+        l
+    }
+
+    fn peer(name: &str, hash: &str) -> PeerRegion {
+        PeerRegion {
+            name: name.into(),
+            cluster_id: format!("{name}-cluster"),
+            ca_cert_pem: "-----BEGIN CERTIFICATE-----".into(),
+            api_urls: vec!["https://10.1.0.1:7070".into()],
+            outbound_secret: "out".into(),
+            inbound_token_hash: hash.into(),
+            joined_at_ms: 0,
+        }
+    }
+
+    fn apply(l: &mut Ledger, cmd: Command) -> LedgerResponse {
+        l.apply(2, &LedgerRequest { now_ms: 10, cmd })
+    }
+
+    #[test]
+    fn adding_a_peer_records_it_and_its_token() {
+        let mut l = ledger("us-1");
+        let r = apply(
+            &mut l,
+            Command::AddPeerRegion {
+                peer: peer("eu-1", "h1"),
+            },
+        );
+        assert_eq!(r, LedgerResponse::Ok);
+        assert_eq!(l.federation.peers["eu-1"].joined_at_ms, 10);
+        assert_eq!(l.api_tokens["h1"].name, "region-eu-1");
+        assert_eq!(
+            l.federation
+                .peer_by_token_hash("h1")
+                .map(|p| p.name.as_str()),
+            Some("eu-1")
+        );
+    }
+
+    #[test]
+    fn a_repeated_join_replaces_the_secret() {
+        let mut l = ledger("us-1");
+        apply(
+            &mut l,
+            Command::AddPeerRegion {
+                peer: peer("eu-1", "h1"),
+            },
+        );
+        let r = apply(
+            &mut l,
+            Command::AddPeerRegion {
+                peer: peer("eu-1", "h2"),
+            },
+        );
+        assert_eq!(r, LedgerResponse::Ok);
+        assert!(
+            !l.api_tokens.contains_key("h1"),
+            "the old secret must stop working"
+        );
+        assert!(l.api_tokens.contains_key("h2"));
+        assert_eq!(l.federation.peers.len(), 1);
+    }
+
+    #[test]
+    fn a_peer_with_this_regions_name_is_refused() {
+        let mut l = ledger("default");
+        let r = apply(
+            &mut l,
+            Command::AddPeerRegion {
+                peer: peer("default", "h1"),
+            },
+        );
+        assert!(matches!(r, LedgerResponse::Rejected(m) if m.contains("distinct names")));
+        assert!(l.federation.peers.is_empty());
+        assert!(!l.api_tokens.contains_key("h1"));
+    }
+
+    #[test]
+    fn removing_a_peer_revokes_its_secret() {
+        let mut l = ledger("us-1");
+        apply(
+            &mut l,
+            Command::AddPeerRegion {
+                peer: peer("eu-1", "h1"),
+            },
+        );
+        let r = apply(
+            &mut l,
+            Command::RemovePeerRegion {
+                name: "eu-1".into(),
+            },
+        );
+        assert_eq!(r, LedgerResponse::Ok);
+        assert!(l.federation.peers.is_empty());
+        assert!(!l.api_tokens.contains_key("h1"));
+        let again = apply(
+            &mut l,
+            Command::RemovePeerRegion {
+                name: "eu-1".into(),
+            },
+        );
+        assert!(matches!(again, LedgerResponse::Rejected(_)));
+    }
+
+    #[test]
+    fn a_tenant_may_not_federate() {
+        let mut l = ledger("us-1");
+        let r = apply(
+            &mut l,
+            Command::AsTenant {
+                tenant: "t".into(),
+                cmd: Box::new(Command::AddPeerRegion {
+                    peer: peer("eu-1", "h1"),
+                }),
+            },
+        );
+        assert!(
+            matches!(r, LedgerResponse::Denied(_) | LedgerResponse::Rejected(_)),
+            "{r:?}"
+        );
+        assert!(l.federation.peers.is_empty());
+    }
+
+    #[test]
+    fn region_names_are_dns_labels_and_never_auto() {
+        assert!(validate_region_name("eu-1").is_ok());
+        assert!(validate_region_name("default").is_ok());
+        for bad in ["", "auto", "EU", "eu:1", "-eu", "eu_1", &"x".repeat(64)] {
+            assert!(validate_region_name(bad).is_err(), "{bad}");
+        }
+    }
+}

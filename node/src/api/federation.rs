@@ -1,0 +1,595 @@
+//! The federation routes and the forwarding layer of the API.
+//!
+//! Who may do what: joining and leaving need an admin token of this region
+//! (a tenant token is refused by the API's write list, a peer region's
+//! credential by [`admit_peer`]). A peer region's credential proves which
+//! region calls, not what it may do: it reaches only [`FORWARDABLE`] and [`PEER_ONLY`] (its
+//! forwarded job commands, this region's summary, and its own leave), and a
+//! request it forwards for a tenant is narrowed to that tenant here, so the
+//! ledger checks ownership and limits at commit exactly as for a tenant
+//! token of this region.
+
+use crate::node::auth::Caller;
+use crate::node::federation as fed;
+use crate::node::federation::link::{PeerRequest, PeerTarget};
+use crate::node::identity;
+use crate::node::Node;
+use axum::body::Body;
+use axum::extract::{MatchedPath, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use shoal_consensus::federation::{placement, PeerRegion};
+use shoal_consensus::{Command, LedgerResponse};
+use shoal_sdk::{
+    ApiErrorBody, FederationJoinRequest, FederationJoinResponse, FederationLeaveResponse,
+    JobSubmitRequest, PeerBundle, PeerRegisterRequest, PeerRegisterResponse, RegionInfo,
+    RegionSummary, WriteResponse, AUTO_REGION, REGION_HEADER, TENANT_HEADER,
+};
+use std::sync::Arc;
+
+/// The job commands `--region R` forwards to another region.
+pub const FORWARDABLE: &[(&str, &str)] = &[
+    ("POST", "/v1/jobs"),
+    ("GET", "/v1/jobs"),
+    ("GET", "/v1/jobs/{id}"),
+    ("POST", "/v1/jobs/{id}/cancel"),
+    ("GET", "/v1/jobs/{id}/logs"),
+    ("GET", "/v1/jobs/{id}/checkpoints"),
+];
+
+/// What a peer region's credential reaches besides [`FORWARDABLE`].
+const PEER_ONLY: &[(&str, &str)] = &[
+    ("GET", "/v1/federation/summary"),
+    ("POST", "/v1/federation/peers/leave"),
+];
+
+/// Largest forwarded request body (a job submission).
+const MAX_FORWARDED_BODY: usize = 1 << 20;
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(ApiErrorBody {
+            code: code.into(),
+            message: message.into(),
+        }),
+    )
+        .into_response()
+}
+
+fn route_of(req: &Request) -> (String, String) {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    (req.method().as_str().to_string(), route)
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// The peer region whose credential `caller` holds, if any.
+fn peer_of(app: &Node, caller: &Caller) -> Option<String> {
+    let d = app.ledger().read().ok()?;
+    d.ledger
+        .federation
+        .peers
+        .values()
+        .find(|p| shoal_consensus::tokens::token_id(&p.inbound_token_hash) == caller.id)
+        .map(|p| p.name.clone())
+}
+
+/// Marks a peer region's credential as such, keeps it to [`FORWARDABLE`] and [`PEER_ONLY`],
+/// and narrows it to the tenant it forwards for. Other callers pass as
+/// they are.
+pub fn admit_peer(app: &Node, mut caller: Caller, req: &Request) -> Result<Caller, Box<Response>> {
+    let Some(region) = peer_of(app, &caller) else {
+        return Ok(caller);
+    };
+    let (method, route) = route_of(req);
+    let key = (method.as_str(), route.as_str());
+    if !FORWARDABLE.contains(&key) && !PEER_ONLY.contains(&key) {
+        return Err(Box::new(error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "permission denied: region {region}'s credential may forward job commands and read the summary, not {method} {route}"
+            ),
+        )));
+    }
+    if header(req.headers(), REGION_HEADER).is_some_and(|r| r != fed::local_region(app)) {
+        return Err(Box::new(error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("region {region} forwarded a request for yet another region: requests are forwarded once"),
+        )));
+    }
+    caller.tenant = header(req.headers(), TENANT_HEADER);
+    caller.peer_region = Some(region);
+    Ok(caller)
+}
+
+/// The forwarding layer: a request with [`REGION_HEADER`] naming another
+/// region (or `auto` on a submission) is sent there and its answer passed
+/// back as it came; everything else runs here.
+pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> Response {
+    let Some(asked) = header(req.headers(), REGION_HEADER) else {
+        return next.run(req).await;
+    };
+    let caller = req.extensions().get::<Caller>().cloned();
+    let local = fed::local_region(&app);
+    if asked == local || caller.as_ref().is_none_or(|c| c.peer_region.is_some()) {
+        return next.run(req).await;
+    }
+    let (method, route) = route_of(&req);
+    if !FORWARDABLE.contains(&(method.as_str(), route.as_str())) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            format!("--region applies to job commands (submit, queue, show, cancel, logs); {method} {route} runs in this region"),
+        );
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_FORWARDED_BODY).await {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid",
+                format!("cannot read the request: {e}"),
+            )
+        }
+    };
+    let region = if asked == AUTO_REGION {
+        if (method.as_str(), route.as_str()) != ("POST", "/v1/jobs") {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid",
+                "--region auto is for submissions; name the region of an existing job",
+            );
+        }
+        let job: JobSubmitRequest = match serde_json::from_slice(&bytes) {
+            Ok(j) => j,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid",
+                    format!("not a job submission: {e}"),
+                )
+            }
+        };
+        match choose_region(&app, &job) {
+            Ok(r) if r == local => {
+                return next
+                    .run(Request::from_parts(parts, Body::from(bytes)))
+                    .await;
+            }
+            Ok(r) => r,
+            Err(why) => return error(StatusCode::CONFLICT, "rejected", why),
+        }
+    } else {
+        asked
+    };
+    let peer = match fed::peer_named(&app, &region) {
+        Ok(p) => p,
+        Err(why) => return error(StatusCode::NOT_FOUND, "not_found", why),
+    };
+    // This layer sits in the router nested at `/v1`, where the request's
+    // URI has lost that prefix; the peer serves the same routes under it.
+    let path = format!(
+        "/v1{}",
+        parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or_else(|| parts.uri.path())
+    );
+    let request = PeerRequest {
+        method: parts.method.clone(),
+        path: &path,
+        body: (!bytes.is_empty()).then(|| bytes.to_vec()),
+        tenant: caller.as_ref().and_then(|c| c.tenant.as_deref()),
+    };
+    let target = fed::target(&app, &peer);
+    match app
+        .federation()
+        .send(&target, &request, fed::request_timeout(&app))
+        .await
+    {
+        Ok(resp) => passthrough(resp),
+        Err(e) => {
+            app.federation()
+                .update(|t| t.record_failure(&region, e.to_string()));
+            error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "region_unreachable",
+                e.to_string(),
+            )
+        }
+    }
+}
+
+fn passthrough(resp: fed::link::PeerResponse) -> Response {
+    let mut out = Response::builder()
+        .status(StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY));
+    for (k, v) in &resp.headers {
+        out = out.header(k, v);
+    }
+    out.body(Body::from(resp.body))
+        .unwrap_or_else(|e| error(StatusCode::BAD_GATEWAY, "internal", e.to_string()))
+}
+
+/// `--region auto`: the region where the job fits soonest, this one on a
+/// tie ([`placement::choose_region`]).
+fn choose_region(app: &Node, job: &JobSubmitRequest) -> Result<String, String> {
+    let local = fed::local_summary(app)?;
+    let peers = app.federation().tracker().summaries(crate::node::wall_ms());
+    let mut candidates = vec![placement::Candidate {
+        summary: &local,
+        local: true,
+        reachable: true,
+        rtt_ms: None,
+    }];
+    candidates.extend(
+        peers
+            .iter()
+            .map(|(s, reachable, rtt)| placement::Candidate {
+                summary: s,
+                local: false,
+                reachable: *reachable,
+                rtt_ms: *rtt,
+            }),
+    );
+    let gang = placement::GangDemand {
+        nodes: job.nodes,
+        gpus_per_node: job.gpus_per_node,
+        model: job.gpu_model.clone(),
+    };
+    placement::choose_region(&gang, &candidates)
+}
+
+/// `GET /v1/federation/summary`: this region, for its peers.
+pub async fn summary(State(app): State<Arc<Node>>) -> Response {
+    match fed::local_summary(&app) {
+        Ok(s) => Json::<RegionSummary>(s).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e),
+    }
+}
+
+/// `GET /v1/federation/regions` (`shoal regions`): this region, then its
+/// peers as this node last heard them.
+pub async fn regions(State(app): State<Arc<Node>>) -> Response {
+    let local = match fed::local_summary(&app) {
+        Ok(s) => s,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e),
+    };
+    let now = crate::node::wall_ms();
+    let tracker = app.federation().tracker();
+    let mut rows: Vec<RegionInfo> = vec![fed::view::summary_row(&local, true)];
+    rows.extend(fed::peers(&app).iter().map(|p| tracker.info(&p.name, now)));
+    Json(rows).into_response()
+}
+
+/// An admin of this region, not a tenant and not a peer region.
+fn require_admin(caller: &Caller, what: &str) -> Result<(), Box<Response>> {
+    if caller.tenant.is_some() || caller.peer_region.is_some() {
+        return Err(Box::new(error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("permission denied: {what} needs an admin token of this region"),
+        )));
+    }
+    Ok(())
+}
+
+fn own_bundle(app: &Node) -> Result<PeerBundle, Box<Response>> {
+    let d = app.ledger().read().map_err(|e| {
+        Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.message,
+        ))
+    })?;
+    let cluster = d.ledger.cluster.as_ref().ok_or_else(|| {
+        Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the cluster is not bootstrapped yet",
+        ))
+    })?;
+    Ok(PeerBundle {
+        region: cluster.region.clone(),
+        cluster_id: cluster.cluster_id.clone(),
+        ca_cert_pem: cluster.ca_cert_pem.clone(),
+        api_urls: d
+            .ledger
+            .active_members()
+            .filter(|m| m.state == shoal_sdk::MemberState::Alive)
+            .map(|m| m.spec.api_url())
+            .take(shoal_consensus::federation::MAX_PEER_URLS)
+            .collect(),
+    })
+}
+
+/// Commits `cmd` with the caller's token; a refusal is answered as the
+/// ledger phrased it.
+async fn commit(app: &Node, caller: &Caller, cmd: Command) -> Result<u64, Response> {
+    match app.ledger().write_as(&caller.token, cmd).await {
+        Ok((LedgerResponse::Ok, index)) => Ok(index),
+        Ok((LedgerResponse::Rejected(m) | LedgerResponse::Hidden(m), _)) => {
+            Err(error(StatusCode::CONFLICT, "rejected", m))
+        }
+        Ok((LedgerResponse::Denied(m), _)) => Err(error(StatusCode::FORBIDDEN, "forbidden", m)),
+        Ok(_) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "unexpected answer from the ledger",
+        )),
+        Err(e) => Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.message,
+        )),
+    }
+}
+
+fn record(bundle: &PeerBundle, outbound_secret: String, inbound_token_hash: String) -> PeerRegion {
+    PeerRegion {
+        name: bundle.region.clone(),
+        cluster_id: bundle.cluster_id.clone(),
+        ca_cert_pem: bundle.ca_cert_pem.clone(),
+        api_urls: bundle.api_urls.clone(),
+        outbound_secret,
+        inbound_token_hash,
+        joined_at_ms: 0,
+    }
+}
+
+/// Pulls the new peer's summary at once, so `shoal regions` shows it
+/// without waiting for the next round.
+fn refresh_soon(app: &Arc<Node>, region: String) {
+    let app = app.clone();
+    tokio::spawn(async move {
+        if let Ok(peer) = fed::peer_named(&app, &region) {
+            let _ = fed::refresh_peer(&app, &peer).await;
+        }
+    });
+}
+
+/// `POST /v1/federation/join` (`shoal federation join URL --token T`):
+/// registers this region with the one at `url` (admin there, proven by
+/// `token`), then records it here.
+pub async fn join(
+    State(app): State<Arc<Node>>,
+    Extension(caller): Extension<Caller>,
+    Json(req): Json<FederationJoinRequest>,
+) -> Response {
+    if let Err(r) = require_admin(&caller, "federation join") {
+        return *r;
+    }
+    let url = req.url.trim_end_matches('/').to_string();
+    if url.starts_with("https://") && req.ca_pem.is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            format!("{url} is https: the join needs the CA it must chain to"),
+        );
+    }
+    let bundle = match own_bundle(&app) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let (secret_for_peer, inbound_hash) = identity::new_api_token();
+    let body = match serde_json::to_vec(&PeerRegisterRequest {
+        bundle: bundle.clone(),
+        secret: secret_for_peer,
+    }) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+    };
+    let target = PeerTarget {
+        region: format!("at {url}"),
+        urls: vec![url.clone()],
+        ca_pem: req.ca_pem.clone().unwrap_or_default(),
+        secret: req.token.clone(),
+        wan_delay: Default::default(),
+    };
+    let request = PeerRequest {
+        method: reqwest::Method::POST,
+        path: "/v1/federation/peers",
+        body: Some(body),
+        tenant: None,
+    };
+    let resp = match app
+        .federation()
+        .send(&target, &request, fed::request_timeout(&app))
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "region_unreachable",
+                e.to_string(),
+            )
+        }
+    };
+    if resp.status != 200 {
+        let why = serde_json::from_slice::<ApiErrorBody>(&resp.body)
+            .map(|b| b.message)
+            .unwrap_or_else(|_| format!("HTTP {}", resp.status));
+        let status = if resp.status == 401 || resp.status == 403 {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::BAD_GATEWAY
+        };
+        return error(
+            status,
+            "rejected",
+            format!("the region at {url} refused the join: {why}"),
+        );
+    }
+    let answer: PeerRegisterResponse = match serde_json::from_slice(&resp.body) {
+        Ok(a) => a,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_GATEWAY,
+                "internal",
+                format!("{url} answered the join with no bundle: {e}"),
+            )
+        }
+    };
+    let peer = record(&answer.bundle, answer.secret, inbound_hash);
+    let name = peer.name.clone();
+    if let Err(r) = commit(&app, &caller, Command::AddPeerRegion { peer }).await {
+        return r;
+    }
+    refresh_soon(&app, name.clone());
+    Json(FederationJoinResponse {
+        region: name,
+        cluster_id: answer.bundle.cluster_id,
+    })
+    .into_response()
+}
+
+/// `POST /v1/federation/peers` (admin of this region): a joining region
+/// registers itself; the answer is this region's bundle and the secret the
+/// joiner presents from now on.
+pub async fn register(
+    State(app): State<Arc<Node>>,
+    Extension(caller): Extension<Caller>,
+    Json(req): Json<PeerRegisterRequest>,
+) -> Response {
+    if let Err(r) = require_admin(&caller, "registering a peer region") {
+        return *r;
+    }
+    let bundle = match own_bundle(&app) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let (secret, inbound_hash) = identity::new_api_token();
+    let peer = record(&req.bundle, req.secret, inbound_hash);
+    let name = peer.name.clone();
+    if let Err(r) = commit(&app, &caller, Command::AddPeerRegion { peer }).await {
+        return r;
+    }
+    refresh_soon(&app, name);
+    Json(PeerRegisterResponse { bundle, secret }).into_response()
+}
+
+/// `POST /v1/federation/peers/leave`: the calling peer region leaves.
+pub async fn peer_leaves(
+    State(app): State<Arc<Node>>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    let Some(region) = caller.peer_region.clone() else {
+        return error(StatusCode::FORBIDDEN, "forbidden", "only a peer region's credential says it leaves; an admin runs `shoal federation leave REGION`");
+    };
+    match commit(&app, &caller, Command::RemovePeerRegion { name: region }).await {
+        Ok(index) => Json(WriteResponse { index }).into_response(),
+        Err(r) => r,
+    }
+}
+
+/// `POST /v1/federation/regions/{region}/leave` (`shoal federation leave
+/// REGION`, admin): tells the peer (bounded; an unreachable one is
+/// forgotten anyway) and forgets it here.
+pub async fn leave(
+    State(app): State<Arc<Node>>,
+    Extension(caller): Extension<Caller>,
+    Path(region): Path<String>,
+) -> Response {
+    if let Err(r) = require_admin(&caller, "federation leave") {
+        return *r;
+    }
+    let peer = match fed::peer_named(&app, &region) {
+        Ok(p) => p,
+        Err(why) => return error(StatusCode::NOT_FOUND, "not_found", why),
+    };
+    let request = PeerRequest {
+        method: reqwest::Method::POST,
+        path: "/v1/federation/peers/leave",
+        body: Some(b"{}".to_vec()),
+        tenant: None,
+    };
+    let told = app
+        .federation()
+        .send(
+            &fed::target(&app, &peer),
+            &request,
+            fed::request_timeout(&app),
+        )
+        .await
+        .is_ok_and(|r| r.status == 200);
+    match commit(
+        &app,
+        &caller,
+        Command::RemovePeerRegion {
+            name: region.clone(),
+        },
+    )
+    .await
+    {
+        Ok(index) => Json(FederationLeaveResponse {
+            region,
+            peer_told: told,
+            index,
+        })
+        .into_response(),
+        Err(r) => r,
+    }
+}
+
+/// A forwarded `logs` request for a rank this node did not run: fetched
+/// from the member that ran it (a peer region reaches only some node of
+/// this one). `None` when this node is that member or none is known.
+pub async fn rank_log(
+    app: &Node,
+    caller: &Caller,
+    id: u64,
+    rank: u32,
+    offset: u64,
+) -> Option<Response> {
+    let (url, ca_pem) = {
+        let d = app.ledger().read().ok()?;
+        let job = d.ledger.workload.jobs.get(&id)?;
+        let info = crate::api::views::job_info(&d.ledger, job);
+        let name = info.nodes.get(rank as usize)?;
+        let member = d.ledger.member_by_name_or_id(name)?;
+        if member.id == app.id() {
+            return None;
+        }
+        (
+            member.spec.api_url(),
+            d.ledger.cluster.as_ref()?.ca_cert_pem.clone(),
+        )
+    };
+    let target = PeerTarget {
+        region: fed::local_region(app),
+        urls: vec![url],
+        ca_pem,
+        secret: caller.token.0.clone(),
+        wan_delay: Default::default(),
+    };
+    let path = format!("/v1/jobs/{id}/logs?rank={rank}&offset={offset}");
+    let request = PeerRequest {
+        method: reqwest::Method::GET,
+        path: &path,
+        body: None,
+        tenant: caller.tenant.as_deref(),
+    };
+    let resp = app
+        .federation()
+        .send(&target, &request, fed::request_timeout(app))
+        .await
+        .ok()?;
+    Some(passthrough(resp))
+}

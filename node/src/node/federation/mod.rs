@@ -1,0 +1,151 @@
+//! Federation across regions (docs/federation.md): a region is one cluster;
+//! peer regions exchange trust bundles once (`shoal federation join`), then
+//! every node pulls each peer's summary (the workers' summary pull loop),
+//! answers `shoal regions`, forwards job commands with `--region R|auto`
+//! and serves its own region's summary (the API's federation routes).
+//!
+//! - [`view`]: what this node knows of its peers (pure, `now` passed in);
+//! - [`summary`]: this region's summary from the ledger (pure);
+//! - [`link`]: bounded requests to a peer region's API;
+//! - the summary pull loop and the API's federation routes live with the
+//!   other loops and routes (`workers/federation.rs`, `api/federation.rs`).
+
+pub mod config;
+pub mod link;
+pub mod summary;
+pub mod view;
+
+use crate::node::Node;
+use link::{LinkError, PeerTarget};
+use shoal_consensus::federation::PeerRegion;
+use shoal_sdk::RegionSummary;
+use std::time::Duration;
+
+/// This node's region: the ledger's (fixed at bootstrap), else the
+/// configured one before the ledger has it.
+pub fn local_region(node: &Node) -> String {
+    node.ledger()
+        .read()
+        .ok()
+        .and_then(|d| d.ledger.cluster.as_ref().map(|c| c.region.clone()))
+        .unwrap_or_else(|| node.config().region.clone())
+}
+
+/// The peer regions in this node's ledger.
+pub fn peers(node: &Node) -> Vec<PeerRegion> {
+    node.ledger()
+        .read()
+        .map(|d| d.ledger.federation.peers.values().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// How to reach `peer`: the addresses its latest summary named (else the
+/// ones recorded at the join), its CA and this region's secret.
+pub fn target(node: &Node, peer: &PeerRegion) -> PeerTarget {
+    let urls = node.federation().tracker().urls(&peer.name, &peer.api_urls);
+    PeerTarget {
+        region: peer.name.clone(),
+        urls,
+        ca_pem: peer.ca_cert_pem.clone(),
+        secret: peer.outbound_secret.clone(),
+        wan_delay: node
+            .config()
+            .test_inject_wan
+            .get(&peer.name)
+            .copied()
+            .unwrap_or_default(),
+    }
+}
+
+/// The peer region named `region`, or the error a caller should see.
+pub fn peer_named(node: &Node, region: &str) -> Result<PeerRegion, String> {
+    peers(node)
+        .into_iter()
+        .find(|p| p.name == region)
+        .ok_or_else(|| {
+            format!("no peer region named '{region}' (`shoal regions` lists this region's peers)")
+        })
+}
+
+/// The longest one cross-region request may take.
+pub fn request_timeout(node: &Node) -> Duration {
+    Duration::from_millis(node.config().federation.request_timeout_ms)
+}
+
+/// This region's summary as this node's replica of the ledger has it.
+pub fn local_summary(node: &Node) -> Result<RegionSummary, String> {
+    let coordinates = match node.peers().lock() {
+        Ok(view) => {
+            let ids: Vec<_> = node
+                .ledger()
+                .read()
+                .map(|d| d.ledger.active_members().map(|m| m.id).collect())
+                .unwrap_or_default();
+            ids.into_iter()
+                .filter_map(|id| view.coordinate_of(id, node.id()))
+                .map(|c| (c.vec, c.height))
+                .collect()
+        }
+        Err(_) => Vec::new(),
+    };
+    let d = node.ledger().read().map_err(|e| e.message)?;
+    let ctx = summary::SummaryContext {
+        ledger_index: d.last_applied.map(|l| l.index).unwrap_or_default(),
+        now_ms: crate::node::wall_ms(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        coordinates,
+    };
+    Ok(summary::region_summary(&d.ledger, &ctx))
+}
+
+/// Asks `peer` for its summary and records the answer (or the failure) in
+/// this node's tracker.
+pub async fn refresh_peer(node: &Node, peer: &PeerRegion) -> Result<(), LinkError> {
+    let target = target(node, peer);
+    let req = link::PeerRequest {
+        method: reqwest::Method::GET,
+        path: "/v1/federation/summary",
+        body: None,
+        tenant: None,
+    };
+    let outcome = node
+        .federation()
+        .send(&target, &req, request_timeout(node))
+        .await
+        .and_then(|resp| {
+            let fail = |detail: String| LinkError::Setup {
+                region: peer.name.clone(),
+                detail,
+            };
+            if resp.status != 200 {
+                return Err(fail(format!(
+                    "{} answered HTTP {}: {}",
+                    resp.url,
+                    resp.status,
+                    String::from_utf8_lossy(&resp.body)
+                )));
+            }
+            let summary: RegionSummary = serde_json::from_slice(&resp.body)
+                .map_err(|e| fail(format!("{} sent no summary: {e}", resp.url)))?;
+            if summary.region != peer.name {
+                return Err(fail(format!(
+                    "{} answers for region '{}', not '{}'",
+                    resp.url, summary.region, peer.name
+                )));
+            }
+            Ok((summary, resp.rtt))
+        });
+    let now = crate::node::wall_ms();
+    match outcome {
+        Ok((summary, rtt)) => {
+            node.federation()
+                .update(|t| t.record_summary(&peer.name, summary, rtt.as_secs_f64() * 1000.0, now));
+            Ok(())
+        }
+        Err(e) => {
+            node.federation()
+                .update(|t| t.record_failure(&peer.name, e.to_string()));
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! Federation: the JSON types regions exchange and `shoal regions` prints.
+//! A region is one Shoal cluster (its own Raft group, ledger and CA); peer
+//! regions know each other's CA and API addresses and forward job commands
+//! to each other over their HTTPS APIs (docs/federation.md).
+
+use serde::{Deserialize, Serialize};
+
+/// Request header: run this request in the named region (`auto`: the node
+/// picks the region where the job fits soonest; only on submissions).
+pub const REGION_HEADER: &str = "x-shoal-region";
+/// Request header a peer region sets when it forwards a tenant-scoped
+/// caller's request: the receiving region narrows the peer's credential to
+/// this tenant, so a forwarded request never does more than the caller's
+/// own token allowed in its home region.
+pub const TENANT_HEADER: &str = "x-shoal-forwarded-tenant";
+/// The `--region` value that lets the node choose.
+pub const AUTO_REGION: &str = "auto";
+/// The region of a cluster bootstrapped without `--region`.
+pub const DEFAULT_REGION: &str = "default";
+
+/// Accelerators of one model in a region.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct GpuModelCapacity {
+    pub model: String,
+    pub total: u32,
+    pub free: u32,
+    /// Free GPUs of this model on each node that has any, largest first:
+    /// what placement across regions needs to know whether a gang of N
+    /// nodes × G GPUs fits now (bounded, see [`MAX_SUMMARY_NODES`]).
+    #[serde(default)]
+    pub free_per_node: Vec<u32>,
+}
+
+/// Most nodes listed per model in a summary: a summary stays a few KiB
+/// however large the region.
+pub const MAX_SUMMARY_NODES: usize = 1024;
+
+/// What a region tells its peers about itself (`GET /v1/federation/summary`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RegionSummary {
+    pub region: String,
+    pub cluster_id: String,
+    /// The release of the node that answered.
+    pub version: String,
+    /// When the answering node made it (its wall clock, ms since the epoch).
+    pub generated_at_ms: u64,
+    /// The ledger index the summary reflects: a peer keeps the newest.
+    pub ledger_index: u64,
+    pub gpus: Vec<GpuModelCapacity>,
+    pub pending_jobs: u32,
+    /// GPUs the pending jobs ask for in total.
+    pub pending_gpus: u64,
+    pub running_jobs: u32,
+    /// Centroid of the region's nodes' Vivaldi coordinates (seconds;
+    /// Euclidean part, then height), when any are known.
+    pub centroid: Option<Vec<f64>>,
+    /// API URLs of the region's alive members: where a peer sends
+    /// forwarded commands next.
+    pub api_urls: Vec<String>,
+}
+
+impl RegionSummary {
+    pub fn gpus_total(&self) -> u32 {
+        self.gpus.iter().map(|g| g.total).sum()
+    }
+
+    pub fn gpus_free(&self) -> u32 {
+        self.gpus.iter().map(|g| g.free).sum()
+    }
+}
+
+/// GPUs of one model in `shoal regions`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct GpuModelCount {
+    pub model: String,
+    pub total: u32,
+    pub free: u32,
+}
+
+/// One row of `shoal regions --json`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RegionInfo {
+    pub name: String,
+    /// The region of the node that answered.
+    pub local: bool,
+    pub reachable: bool,
+    /// Round trip of the last summary request (none for the local region).
+    pub rtt_ms: Option<f64>,
+    pub gpus_total: u32,
+    pub gpus_free: u32,
+    pub gpus: Vec<GpuModelCount>,
+    /// Queue length: jobs waiting to be placed.
+    pub pending: u32,
+    pub running: u32,
+    /// When the summary shown was made (RFC 3339), and how old it is.
+    pub last_summary_at: Option<String>,
+    pub last_summary_age_ms: Option<u64>,
+    pub version: Option<String>,
+    /// Why the region is unreachable (its last failed request).
+    pub error: Option<String>,
+}
+
+/// What one region tells another about itself when they federate.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PeerBundle {
+    pub region: String,
+    pub cluster_id: String,
+    /// The region's cluster CA (PEM): its nodes' API certificates chain to it.
+    pub ca_cert_pem: String,
+    pub api_urls: Vec<String>,
+}
+
+/// `POST /v1/federation/join` (admin): federate this region with the one
+/// at `url`, proving admin there with `token`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct FederationJoinRequest {
+    pub url: String,
+    pub token: String,
+    /// The peer's CA as the CLI learned it (pinned or first use); required
+    /// for an https URL.
+    pub ca_pem: Option<String>,
+}
+
+/// Answer to a join: the peer region's name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct FederationJoinResponse {
+    pub region: String,
+    pub cluster_id: String,
+}
+
+/// `POST /v1/federation/peers` (admin of the receiving region): the joining
+/// region's bundle and the secret the receiver uses to call it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PeerRegisterRequest {
+    pub bundle: PeerBundle,
+    pub secret: String,
+}
+
+/// The receiver's bundle and the secret the joiner uses to call it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PeerRegisterResponse {
+    pub bundle: PeerBundle,
+    pub secret: String,
+}
+
+/// Answer to `shoal federation leave`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct FederationLeaveResponse {
+    pub region: String,
+    /// Whether the peer region was told (it drops this region too).
+    pub peer_told: bool,
+    pub index: u64,
+}
+
+/// A job id as commands accept it: `42` (the region asked, else the local
+/// one) or `eu-1:42` (job 42 of region eu-1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionJobId {
+    pub region: Option<String>,
+    pub id: u64,
+}
+
+impl std::str::FromStr for RegionJobId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (region, id) = match s.rsplit_once(':') {
+            Some((r, id)) if !r.is_empty() => (Some(r.to_string()), id),
+            Some(_) => return Err(format!("'{s}' names no region before ':'")),
+            None => (None, s),
+        };
+        let id = id
+            .parse()
+            .map_err(|_| format!("'{s}' is not a job id (N or REGION:N)"))?;
+        Ok(RegionJobId { region, id })
+    }
+}
+
+impl std::fmt::Display for RegionJobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.region {
+            Some(r) => write!(f, "{r}:{}", self.id),
+            None => write!(f, "{}", self.id),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_parse_with_and_without_region() {
+        let plain: RegionJobId = "42".parse().expect("plain");
+        assert_eq!(
+            plain,
+            RegionJobId {
+                region: None,
+                id: 42
+            }
+        );
+        let remote: RegionJobId = "eu-1:42".parse().expect("remote");
+        assert_eq!(remote.region.as_deref(), Some("eu-1"));
+        assert_eq!(remote.to_string(), "eu-1:42");
+        assert!(":42".parse::<RegionJobId>().is_err());
+        assert!("eu-1:x".parse::<RegionJobId>().is_err());
+        assert!("".parse::<RegionJobId>().is_err());
+    }
+}

@@ -1,0 +1,345 @@
+//! Two regions of spawned agents (us-1: one node, eu-1: two nodes, 4
+//! simulated GPUs each): federation join (admin on both sides; a tenant
+//! token is refused), `regions` converging, `submit --region auto` landing
+//! where the capacity is, every job command forwarded with `REGION:ID`,
+//! then eu-1 cut off: local work goes on, cross-region commands fail fast
+//! naming the region, and the summaries mark it unreachable.
+
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
+use crate::common;
+
+use common::{one_at_a_time, shoal_bin, start_cluster, wait_for};
+use shoal_sdk::{ApiTokenCreateRequest, JobInfo, RegionInfo, TenantRequest};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Summaries every 300 ms; a region silent for 3 s is unreachable; one
+/// cross-region request gets 2 s.
+fn region_env(region: &str) -> Vec<(String, String)> {
+    [
+        ("SHOAL_REGION", region),
+        ("SHOAL_FEDERATION__SUMMARY_INTERVAL_MS", "300"),
+        ("SHOAL_FEDERATION__UNREACHABLE_AFTER_MS", "3000"),
+        ("SHOAL_FEDERATION__REQUEST_TIMEOUT_MS", "2000"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// `shoal ARGS` against `api` with `token` as this region's credential.
+fn shoal(args: &[&str], api: &str, token: &str) -> (i32, String, String) {
+    let out = Command::new(shoal_bin())
+        .env_remove("SHOAL_API")
+        .env("SHOAL_TOKEN", token)
+        .arg("--api")
+        .arg(api)
+        .args(args)
+        .output()
+        .expect("run shoal");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    )
+}
+
+fn ok(args: &[&str], api: &str, token: &str) -> String {
+    let (code, out, err) = shoal(args, api, token);
+    assert_eq!(code, 0, "shoal {args:?} failed: {err}");
+    out
+}
+
+fn regions(api: &str, token: &str) -> Vec<RegionInfo> {
+    serde_json::from_str(&ok(&["--json", "regions"], api, token)).expect("regions JSON")
+}
+
+async fn wait_region(
+    api: &str,
+    token: &str,
+    name: &str,
+    what: &str,
+    want: impl Fn(&RegionInfo) -> bool,
+) {
+    wait_for(what, Duration::from_secs(60), || {
+        let rows = regions(api, token);
+        let hit = rows.iter().any(|r| r.name == name && want(r));
+        async move { hit.then_some(()) }
+    })
+    .await;
+}
+
+fn show(api: &str, token: &str, job: &str) -> JobInfo {
+    serde_json::from_str(&ok(&["--json", "show", job], api, token)).expect("show JSON")
+}
+
+async fn wait_job(api: &str, token: &str, job: &str, state: &str) {
+    wait_for(
+        &format!("job {job} {state}"),
+        Duration::from_secs(60),
+        || {
+            let s = show(api, token, job).state;
+            async move { (s == state).then_some(()) }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_region() {
+    let _serial = one_at_a_time();
+    let root = tempfile::tempdir().expect("tempdir");
+    let (us, us_token) = start_cluster(root.path(), &["us1"], |_| region_env("us-1")).await;
+    let (mut eu, eu_token) =
+        start_cluster(root.path(), &["eu1", "eu2"], |_| region_env("eu-1")).await;
+    let (us_api, eu_api) = (us[0].api_url(), eu[0].api_url());
+
+    // A tenant token may neither join nor leave.
+    let admin = us[0].client(&us_token);
+    admin
+        .create_tenant(&TenantRequest {
+            name: "vision".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("tenant");
+    let tenant_token = admin
+        .create_api_token(&ApiTokenCreateRequest {
+            name: Some("vision-bot".into()),
+            tenant: Some("vision".into()),
+            ttl_s: None,
+        })
+        .await
+        .expect("tenant token")
+        .token;
+    let (code, _, err) = shoal(
+        &["federation", "join", &eu_api, "--token", &eu_token],
+        &us_api,
+        &tenant_token,
+    );
+    assert_eq!(code, 1, "a tenant token must not join: {err}");
+    assert!(err.starts_with("error: ") && err.contains("admin"), "{err}");
+    let (code, _, err) = shoal(&["federation", "leave", "eu-1"], &us_api, &tenant_token);
+    assert_eq!(code, 1, "a tenant token must not leave: {err}");
+    // Nor does a wrong token of the other region open it.
+    let (code, _, err) = shoal(
+        &["federation", "join", &eu_api, "--token", "sa1.not-a-token"],
+        &us_api,
+        &us_token,
+    );
+    assert_eq!(code, 1, "a bad peer token must be refused: {err}");
+    assert!(err.contains("refused the join"), "{err}");
+
+    // Admin on both sides: the regions federate and see each other.
+    let joined = ok(
+        &["federation", "join", &eu_api, "--token", &eu_token],
+        &us_api,
+        &us_token,
+    );
+    assert!(joined.contains("region eu-1"), "{joined}");
+    let started = Instant::now();
+    wait_region(
+        &us_api,
+        &us_token,
+        "eu-1",
+        "us-1 to see eu-1's 8 GPUs",
+        |r| r.reachable && r.gpus_total == 8 && r.rtt_ms.is_some(),
+    )
+    .await;
+    wait_region(
+        &eu_api,
+        &eu_token,
+        "us-1",
+        "eu-1 to see us-1's 4 GPUs",
+        |r| r.reachable && r.gpus_total == 4,
+    )
+    .await;
+    eprintln!("regions converged {:?} after the join", started.elapsed());
+    let local = regions(&us_api, &us_token);
+    assert!(
+        local.iter().any(|r| r.name == "us-1" && r.local),
+        "{local:?}"
+    );
+
+    // auto with room here: the job stays here (a plain id).
+    let here = ok(
+        &[
+            "submit",
+            "--region",
+            "auto",
+            "-N",
+            "1",
+            "--gpus-per-node",
+            "4",
+            "--",
+            "sleep",
+            "600",
+        ],
+        &us_api,
+        &us_token,
+    );
+    let here_id: u64 = here
+        .parse()
+        .unwrap_or_else(|_| panic!("a plain local id, got {here}"));
+    wait_job(&us_api, &us_token, &here_id.to_string(), "running").await;
+    // us-1 is full now: auto sends the next 4-GPU gang to eu-1.
+    let there = ok(
+        &[
+            "submit",
+            "--region",
+            "auto",
+            "-N",
+            "1",
+            "--gpus-per-node",
+            "4",
+            "--",
+            "sh",
+            "-c",
+            "echo hello-from-eu; sleep 600",
+        ],
+        &us_api,
+        &us_token,
+    );
+    assert!(
+        there.starts_with("eu-1:"),
+        "auto must place in eu-1, got {there}"
+    );
+    wait_job(&us_api, &us_token, &there, "running").await;
+    let info = show(&us_api, &us_token, &there);
+    assert_eq!(info.region.as_deref(), Some("eu-1"));
+    assert!(info.nodes[0].starts_with("eu"), "{info:?}");
+
+    // Every job command, forwarded.
+    let explicit = ok(
+        &[
+            "submit",
+            "--region",
+            "eu-1",
+            "-N",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--",
+            "true",
+        ],
+        &us_api,
+        &us_token,
+    );
+    assert!(explicit.starts_with("eu-1:"), "{explicit}");
+    let queue: Vec<JobInfo> = serde_json::from_str(&ok(
+        &["--json", "queue", "-a", "--region", "eu-1"],
+        &us_api,
+        &us_token,
+    ))
+    .expect("queue JSON");
+    let there_id: u64 = there["eu-1:".len()..].parse().expect("id");
+    assert!(
+        queue
+            .iter()
+            .any(|j| j.id == there_id && j.region.as_deref() == Some("eu-1")),
+        "{queue:?}"
+    );
+    let merged: Vec<JobInfo> = serde_json::from_str(&ok(
+        &["--json", "queue", "--all-regions"],
+        &us_api,
+        &us_token,
+    ))
+    .expect("merged queue JSON");
+    assert!(
+        merged.iter().any(|j| j.id == here_id && j.region.is_none()),
+        "{merged:?}"
+    );
+    assert!(
+        merged
+            .iter()
+            .any(|j| j.id == there_id && j.region.as_deref() == Some("eu-1")),
+        "{merged:?}"
+    );
+    wait_for("the forwarded log", Duration::from_secs(30), || {
+        let (code, out, _) = shoal(&["logs", &there], &us_api, &us_token);
+        async move { (code == 0 && out.contains("hello-from-eu")).then_some(()) }
+    })
+    .await;
+    ok(&["--json", "ckpt", "ls", &there], &us_api, &us_token);
+    ok(&["cancel", &there], &us_api, &us_token);
+    wait_job(&us_api, &us_token, &there, "cancelled").await;
+    // The tenant token's forwarded requests stay within its tenant.
+    let (code, _, err) = shoal(&["show", &there], &us_api, &tenant_token);
+    assert_eq!(
+        code, 1,
+        "another tenant's job must stay hidden across regions: {err}"
+    );
+
+    // eu-1 is lost: its agents die.
+    for n in eu.iter_mut() {
+        n.kill9();
+    }
+    let t0 = Instant::now();
+    let (code, _, err) = shoal(&["show", &there], &us_api, &us_token);
+    let took = t0.elapsed();
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.starts_with("error: region eu-1 did not answer"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(took < Duration::from_secs(10), "the failure took {took:?}");
+    let (code, _, err) = shoal(
+        &[
+            "submit",
+            "--region",
+            "eu-1",
+            "-N",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--",
+            "true",
+        ],
+        &us_api,
+        &us_token,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("region eu-1"), "{err}");
+    wait_region(
+        &us_api,
+        &us_token,
+        "eu-1",
+        "us-1 to mark eu-1 unreachable",
+        |r| !r.reachable,
+    )
+    .await;
+    // Local work goes on, `auto` included: it never picks the lost region.
+    ok(&["cancel", &here_id.to_string()], &us_api, &us_token);
+    wait_job(&us_api, &us_token, &here_id.to_string(), "cancelled").await;
+    let after = ok(
+        &[
+            "submit",
+            "--region",
+            "auto",
+            "-N",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--",
+            "true",
+        ],
+        &us_api,
+        &us_token,
+    );
+    let after_id: u64 = after
+        .parse()
+        .unwrap_or_else(|_| panic!("a local id, got {after}"));
+    wait_job(&us_api, &us_token, &after_id.to_string(), "completed").await;
+    let (code, _, err) = shoal(&["--json", "queue", "--all-regions"], &us_api, &us_token);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("region eu-1 left out"), "{err}");
+
+    // Leaving a lost region still forgets it here.
+    let left = ok(&["federation", "leave", "eu-1"], &us_api, &us_token);
+    assert!(left.contains("left region eu-1"), "{left}");
+    let rows = regions(&us_api, &us_token);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+}
