@@ -552,4 +552,3 @@ mod tests {
         assert!(err.to_string().contains(&want), "{err}");
     }
 }
-

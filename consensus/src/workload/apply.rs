@@ -133,10 +133,10 @@ impl Workload {
         }
         for dep in &spec.dependencies {
             // A job of another tenant is "no job N" too: it is not theirs to see.
-            if !self
+            if self
                 .jobs
                 .get(&dep.job)
-                .is_some_and(|j| j.spec.tenant == spec.tenant)
+                .is_none_or(|j| j.spec.tenant != spec.tenant)
             {
                 return Err(format!(
                     "--dependency: no job {} of tenant '{}'",

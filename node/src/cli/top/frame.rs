@@ -498,6 +498,7 @@ mod tests {
             dependency: None,
             held: false,
             signal: None,
+            region: None,
         }
     }
 
