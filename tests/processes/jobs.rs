@@ -950,6 +950,15 @@ async fn tasks_per_node_get_their_own_ranks_gpus_and_logs() {
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("hello from 3\n"), "{out}");
     assert!(!out.contains("hello from 2"), "{out}");
+    // Any node serves any rank's log, relayed from the node that ran it.
+    let other = if job.nodes[1] == "n1" { 1 } else { 0 };
+    let relayed = cluster
+        .client(other)
+        .job_log_chunk(id, 1, 0)
+        .await
+        .expect("a log relayed by a node that did not run the rank");
+    let text = String::from_utf8_lossy(&relayed.bytes);
+    assert!(text.contains("2: hello from 2\n"), "{text}");
 
     // One failing task: the others are stopped and the job fails with its
     // code, not restarted.

@@ -772,7 +772,8 @@ struct LogQuery {
     offset: u64,
 }
 
-/// A rank's log as this node has it; the CLI asks the node that ran the rank.
+/// A rank's log: from this node's files, else relayed from the member that
+/// ran the rank (the CLI asks that member directly).
 async fn job_logs(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -784,8 +785,11 @@ async fn job_logs(
         visible_job(&app, &caller, id, "GET /v1/jobs/{id}/logs").await?;
     }
     let path = crate::executor::log_path(&app.config().jobs_dir(), id, q.rank);
-    if caller.peer_region.is_some() && !path.exists() {
-        // A peer region cannot reach the node that ran the rank; this one can.
+    if !path.exists() {
+        // Ran on another member: this node fetches it from there, with the
+        // caller's own credential (so that member scopes it the same way),
+        // for a peer region, which reaches only some node of this one, and
+        // for the dashboard, which talks to the node serving it.
         if let Some(resp) =
             crate::api::federation::rank_log(&app, &caller, id, q.rank, q.offset).await
         {

@@ -304,21 +304,13 @@ function jobPage(el, arg) {
     }
   };
 
-  // A rank's log is kept by the node that ran it; this node serves the
-  // ranks it ran.
+  // A rank's log is kept by the node that ran it; the node serving this
+  // page relays it from there.
   const loadLog = async () => {
     const j = state.jobs.get(id);
     if (!j || !j.nodes.length) return;
     const rank = Number(logPick.value || 0);
     if (logAt.rank !== rank) logAt = { rank, offset: 0, text: "" };
-    const here = state.hello && state.hello.node;
-    const at = j.nodes[rank];
-    if (here && at !== here) {
-      const n = state.nodes.find((x) => x.name === at);
-      logNote.textContent = `Rank ${rank} ran on ${at}; its log is served by that node's dashboard${n ? " (" + n.api_url + ")" : ""} or \`shoal logs ${id} --rank ${rank}\`.`;
-      log.textContent = "";
-      return;
-    }
     logNote.textContent = "";
     try {
       const resp = await fetch(`/v1/jobs/${id}/logs?rank=${rank}&offset=${logAt.offset}`, { headers: { Authorization: `Bearer ${sessionStorage.getItem("shoal.token")}` } });
