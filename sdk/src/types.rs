@@ -480,8 +480,10 @@ fn default_true() -> bool {
 pub struct JobSubmitResponse {
     pub id: u64,
     /// The region that took the job, when a peer region forwarded it there
-    /// (`--region R|auto`); absent for a job of the region asked.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// (`--region R|auto`); null for a job of the region asked. Never
+    /// skipped when null: answers also travel between nodes in bincode,
+    /// which has no field names to tell a missing field.
+    #[serde(default)]
     pub region: Option<String>,
 }
 
@@ -542,8 +544,8 @@ pub struct JobInfo {
     pub signal: Option<String>,
     /// The region the job lives in, set by the CLI for jobs of another
     /// region (`--region R`, `queue --all-regions`); its id prints as
-    /// `REGION:ID`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `REGION:ID`. Never skipped when null (see `JobSubmitResponse`).
+    #[serde(default)]
     pub region: Option<String>,
 }
 

@@ -710,9 +710,12 @@ sleep 60
     let (code, out, err) = run("scontrol", &["show", "node", "n1"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("State=MIXED"), "{out}");
-    let (code, _, err) = run("scontrol", &["hold", &id.to_string()]);
+    let (code, _, err) = run("scontrol", &["requeue", &id.to_string()]);
     assert_eq!(code, Some(2));
-    assert_eq!(err.trim(), "error: scontrol: 'hold' is not supported");
+    assert_eq!(err.trim(), "error: scontrol: 'requeue' is not supported");
+    let (code, _, err) = run("scontrol", &["hold", &id.to_string()]);
+    assert_eq!(code, Some(1), "a running job cannot be held");
+    assert!(err.contains("only a waiting job can be held"), "{err}");
 
     let (code, _, err) = run("scancel", &["-n", "my job"]);
     assert_eq!(code, Some(0), "{err}");

@@ -449,7 +449,12 @@ pub fn main() -> i32 {
         .unwrap_or("shoal")
         .to_string();
     if crate::cli::slurm::NAMES.contains(&program.as_str()) {
-        match crate::cli::slurm::translate(&program, &argv[1..]) {
+        let translated = if program == "srun" {
+            crate::cli::srun::translate_here(&argv[1..])
+        } else {
+            crate::cli::slurm::translate(&program, &argv[1..])
+        };
+        match translated {
             Ok(t) => {
                 for w in t.warnings {
                     eprintln!("{w}");

@@ -68,10 +68,6 @@ pub fn translate(program: &str, args: &[String]) -> Result<Translation, Refusal>
             argv.extend(args.iter().cloned());
             argv
         }
-        "srun" => {
-            let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
-            super::srun::translate(args, &env, &mut warnings)?
-        }
         "sacctmgr" => sacctmgr(args)?,
         "ai-cp" => ai_cp(args)?,
         other => {

@@ -154,6 +154,14 @@ fn step_tasks(
     Ok(per_node)
 }
 
+/// `srun ARGS` as run here: with this process's environment.
+pub fn translate_here(args: &[String]) -> Result<super::slurm::Translation, Refusal> {
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let mut warnings = Vec::new();
+    let argv = translate(args, &env, &mut warnings)?;
+    Ok(super::slurm::Translation { argv, warnings })
+}
+
 /// The `shoal` command line `srun ARGS` becomes, given the caller's
 /// environment (`SHOAL_JOB_ID` and `GROUP_RANK` set: inside a rank).
 pub fn translate(
