@@ -287,6 +287,16 @@ mod tests {
             panic!("b's job refused")
         };
         let missing = b_job + 100;
+        // Holding is refused the same way, and holds nothing.
+        let hold = Command::HoldJob {
+            job: b_job,
+            hold: true,
+        };
+        assert_eq!(
+            as_tenant(&mut l, "a", hold),
+            LedgerResponse::Hidden(format!("no job {b_job}"))
+        );
+        assert!(!l.workload.jobs[&b_job].held);
         let hidden = as_tenant(&mut l, "a", Command::CancelJob { job: b_job });
         let absent = as_tenant(&mut l, "a", Command::CancelJob { job: missing });
         assert_eq!(hidden, LedgerResponse::Hidden(format!("no job {b_job}")));
