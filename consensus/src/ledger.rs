@@ -66,7 +66,8 @@ pub struct MemberSpec {
     /// per rank) or `none`.
     pub isolation: String,
     /// The cgroup controllers it enforces for ranks (`memory`, `cpu`,
-    /// `pids`); empty under `cgroup`: accounting and kill only.
+    /// `pids`, and `devices` for the GPU device fence); empty under
+    /// `cgroup`: accounting and kill only.
     pub isolation_controllers: Vec<String>,
     /// The release the node runs (its crate version).
     pub version: String,

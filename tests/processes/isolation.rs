@@ -178,6 +178,28 @@ fn cgroup2_mount() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// The cgroup2 mount, after checking that this test runs as root and can
+/// create cgroups there; panics with the reason otherwise.
+fn root_with_cgroup2() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root: the agent creates a cgroup per rank"
+    );
+    let mount = cgroup2_mount()
+        .expect("this test needs a cgroup v2 hierarchy (no cgroup2 mount in /proc/self/mounts)");
+    let probe = mount.join(format!("shoal-test-probe-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&probe) {
+        panic!(
+            "this test needs a writable cgroup v2 hierarchy: cannot create {}: {e}",
+            probe.display()
+        );
+    }
+    std::fs::remove_dir(&probe).expect("remove the probe cgroup");
+    mount
+}
+
 /// The processes whose command line contains `marker`.
 fn processes_with(marker: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -203,22 +225,7 @@ fn cgroup_of(mount: &std::path::Path, pid: u32) -> Option<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_kills_every_process_of_the_rank_even_an_escaped_one() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root: the agent creates a cgroup per rank"
-    );
-    let mount = cgroup2_mount()
-        .expect("this test needs a cgroup v2 hierarchy (no cgroup2 mount in /proc/self/mounts)");
-    let probe = mount.join(format!("shoal-test-probe-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir(&probe) {
-        panic!(
-            "this test needs a writable cgroup v2 hierarchy: cannot create {}: {e}",
-            probe.display()
-        );
-    }
-    std::fs::remove_dir(&probe).expect("remove the probe cgroup");
+    let mount = root_with_cgroup2();
     let _serial = common::one_at_a_time();
     let root = tempfile::tempdir().expect("tempdir");
     let mut node = NodeProc::new(root.path(), "n1", &[]);
@@ -320,4 +327,160 @@ async fn a_cancel_kills_every_process_of_the_rank_even_an_escaped_one() {
         }
     })
     .await;
+}
+
+/// Device nodes standing for a host's GPUs (`/dev/nvidiaN`, 195:N, and
+/// `nvidiactl`, 195:255), world-readable as the driver makes them, in a
+/// directory of `/dev` (which, unlike many temp dirs, allows device nodes);
+/// removed on drop. With no NVIDIA driver an open that the fence lets
+/// through fails with ENXIO, one it stops with EPERM.
+struct FakeGpuNodes {
+    dir: PathBuf,
+}
+
+impl FakeGpuNodes {
+    fn new(gpus: u32) -> FakeGpuNodes {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = PathBuf::from(format!("/dev/shoal-test-gpus-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).expect("create the device dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let nodes = (0..gpus)
+            .map(|i| (format!("nvidia{i}"), i))
+            .chain([("nvidiactl".to_string(), 255)]);
+        for (name, minor) in nodes {
+            let path = dir.join(name);
+            let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path");
+            // SAFETY: a valid NUL-terminated path; makedev has no preconditions.
+            let rc = unsafe {
+                libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(195, minor))
+            };
+            assert_eq!(
+                rc,
+                0,
+                "mknod {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        }
+        FakeGpuNodes { dir }
+    }
+}
+
+impl Drop for FakeGpuNodes {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_opens_only_its_own_gpus_device_nodes() {
+    root_with_cgroup2();
+    let _serial = common::one_at_a_time();
+    let nodes = FakeGpuNodes::new(4);
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut node = NodeProc::new(root.path(), "n1", &[]);
+    node.bootstrap();
+    let token = node.admin_token();
+    let admin = node.client(&token);
+    let out = std::process::Command::new(shoal_bin())
+        .args([
+            "--api",
+            &node.api_url(),
+            "--token",
+            &token,
+            "nodes",
+            "--json",
+        ])
+        .output()
+        .expect("shoal nodes");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let controllers = listed[0]["isolation_controllers"].to_string();
+    assert!(
+        controllers.contains("\"devices\""),
+        "the node does not fence GPU device nodes ({controllers}); agent log:\n{}",
+        node.log()
+    );
+
+    // Two jobs of two GPUs each, running side by side: each tries every
+    // GPU node of the host.
+    let probe = root.path().join("try_gpus.py");
+    std::fs::write(
+        &probe,
+        "import errno, os, sys\n\
+         for name in sorted(os.listdir(sys.argv[1])):\n\
+         \x20   try:\n\
+         \x20       os.close(os.open(os.path.join(sys.argv[1], name), os.O_RDWR))\n\
+         \x20       print(name, 'opened')\n\
+         \x20   except OSError as e:\n\
+         \x20       print(name, errno.errorcode.get(e.errno, e.errno))\n",
+    )
+    .expect("write the probe");
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let script = format!(
+        "echo visible=$CUDA_VISIBLE_DEVICES; python3 {} {}; echo done; sleep 600",
+        probe.display(),
+        nodes.dir.display()
+    );
+    let mut seen = Vec::new();
+    let mut jobs = Vec::new();
+    for _ in 0..2 {
+        let job = admin
+            .submit_job(&JobSubmitRequest::shell(1, 2, &script))
+            .await
+            .expect("submit")
+            .id;
+        jobs.push(job);
+        let log = wait_for("the rank to try every GPU node", TIMEOUT, || {
+            let admin = admin.clone();
+            async move {
+                let bytes = admin.job_log(job, 0, 0).await.ok()?;
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                text.contains("\ndone").then_some(text)
+            }
+        })
+        .await;
+        let visible: Vec<String> = log
+            .lines()
+            .find_map(|l| l.strip_prefix("visible="))
+            .unwrap_or_default()
+            .split(',')
+            .map(str::to_string)
+            .collect();
+        assert_eq!(visible.len(), 2, "{log}");
+        for gpu in 0..4 {
+            let line = log
+                .lines()
+                .find(|l| l.starts_with(&format!("nvidia{gpu} ")))
+                .unwrap_or_else(|| panic!("no line for nvidia{gpu}:\n{log}"));
+            if visible.contains(&gpu.to_string()) {
+                assert!(
+                    !line.ends_with("EPERM") && !line.ends_with("EACCES"),
+                    "its own GPU was fenced off: {line}\n{log}"
+                );
+            } else {
+                assert!(
+                    line.ends_with("EPERM"),
+                    "another GPU's node was not fenced: {line}\n{log}"
+                );
+            }
+        }
+        let ctl = log
+            .lines()
+            .find(|l| l.starts_with("nvidiactl "))
+            .unwrap_or_default();
+        assert!(
+            !ctl.ends_with("EPERM"),
+            "the control node must stay open: {ctl}\n{log}"
+        );
+        seen.extend(visible);
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 4, "the two jobs shared a GPU: {seen:?}");
+    for job in jobs {
+        admin.cancel_job(job).await.expect("cancel");
+    }
 }

@@ -79,6 +79,9 @@ pub struct Controllers {
     pub memory: bool,
     pub cpu: bool,
     pub pids: bool,
+    /// The GPU device fence ([`super::gpu_fence`]): a BPF program, not a
+    /// controller file, so [`Controllers::parse`] never sets it.
+    pub devices: bool,
 }
 
 impl Controllers {
@@ -103,6 +106,7 @@ impl Controllers {
             (self.memory, "memory"),
             (self.cpu, "cpu"),
             (self.pids, "pids"),
+            (self.devices, "devices"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -401,7 +405,15 @@ impl RankCgroups {
             write(&leaf.join("cgroup.procs"), &std::process::id().to_string())?;
             tracing::info!(cgroup = %leaf.display(), "moved the agent into a leaf of its delegated cgroup");
         }
-        RankCgroups::under(&place.parent, agent)
+        let mut cgroups = RankCgroups::under(&place.parent, agent)?;
+        match super::gpu_fence::probe(&cgroups.dir) {
+            Ok(()) => cgroups.controllers.devices = true,
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cannot fence GPU device nodes here (no cgroup-device BPF): a rank can open every GPU its user may open"
+            ),
+        }
+        Ok(cgroups)
     }
 
     /// Creates `<parent>/shoal-ranks/<agent>` (kept when present) and
@@ -435,6 +447,7 @@ impl RankCgroups {
             memory: self.controllers.memory && given.memory,
             cpu: self.controllers.cpu && given.cpu,
             pids: self.controllers.pids && given.pids,
+            devices: self.controllers.devices,
         };
         Ok(())
     }
@@ -782,7 +795,8 @@ mod tests {
             Controllers {
                 memory: true,
                 cpu: true,
-                pids: true
+                pids: true,
+                devices: false
             }
         );
         assert_eq!(c.names(), ["memory", "cpu", "pids"]);
@@ -791,7 +805,8 @@ mod tests {
             Controllers {
                 memory: true,
                 cpu: false,
-                pids: true
+                pids: true,
+                devices: false
             }
         );
         assert_eq!(Controllers::parse("hugetlb\n"), Controllers::default());

@@ -31,6 +31,7 @@
 pub mod account;
 pub mod cgroup;
 mod fence;
+pub mod gpu_fence;
 mod lease;
 mod plan;
 pub mod tasks;
@@ -990,7 +991,9 @@ fn launch(
         .try_clone()
         .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
     mark_launched(&jobs_dir, key)?;
-    let (cgroup, unenforced) = rank_cgroup(host, key, &a.spec)?;
+    let mut fences = rank_cgroup(host, key, &a.spec, &a.gpus)?;
+    fences.lease = lease;
+    let cgroup = fences.cgroup.clone();
     {
         use std::io::Write;
         let _ = writeln!(
@@ -998,7 +1001,7 @@ fn launch(
             "--- shoal: job {} epoch {} rank {} starting on {} ---",
             key.job, key.epoch, key.rank, host.local.name
         );
-        for note in &unenforced {
+        for note in &fences.unenforced {
             let _ = writeln!(
                 out,
                 "--- shoal: not enforced on {}: {note} ---",
@@ -1020,11 +1023,6 @@ fn launch(
     } else {
         &a.spec.command[..]
     };
-    let fences = Fences {
-        cgroup: cgroup.clone(),
-        unenforced,
-        lease,
-    };
     let launched = spawn(host, key, a, argv, (out, err), account, ckpt_dir, fences);
     if launched.is_err() {
         if let Some(cg) = cgroup {
@@ -1040,15 +1038,19 @@ struct Fences {
     cgroup: Option<Arc<cgroup::RankCgroup>>,
     unenforced: Vec<String>,
     lease: Option<Arc<lease::FenceLease>>,
+    /// Only the rank's GPUs' device nodes open ([`gpu_fence`]).
+    gpus_fenced: bool,
 }
 
-/// Creates the rank's cgroup with the job's limits, where the node has
-/// cgroups; the limits it cannot enforce come back as sentences.
+/// Creates the rank's cgroup with the job's limits and its GPU fence,
+/// where the node has cgroups; the limits it cannot enforce come back as
+/// sentences (the lease is the caller's to add).
 fn rank_cgroup(
     host: &RankHost,
     key: &RankKey,
     spec: &shoal_consensus::workload::JobSpec,
-) -> Result<(Option<Arc<cgroup::RankCgroup>>, Vec<String>), String> {
+    gpus: &[u32],
+) -> Result<Fences, String> {
     let limits = cgroup::Limits {
         mem_bytes: spec.mem_bytes,
         // Per task, and the rank's cgroup holds all its tasks.
@@ -1068,13 +1070,36 @@ fn rank_cgroup(
                 "--cpus-per-task {cpus}: this node has no cgroups (isolation: none)"
             ));
         }
-        return Ok((None, notes));
+        return Ok(Fences {
+            cgroup: None,
+            unenforced: notes,
+            lease: None,
+            gpus_fenced: false,
+        });
     };
     let name = cgroup::rank_name(key.job, key.rank, key.epoch);
     let (cg, notes) = cgroups
         .create(&name, limits)
         .map_err(|e| format!("cannot create the rank's cgroup: {e}"))?;
-    Ok((Some(Arc::new(cg)), notes))
+    let fenced = cgroups.controllers().devices;
+    if fenced {
+        // Before anything runs in it: the rank never sees another GPU.
+        let by_index = host.gpus.device_minors();
+        let minors = gpus
+            .iter()
+            .filter_map(|g| by_index.get(g).copied())
+            .collect();
+        if let Err(e) = gpu_fence::attach(cg.dir(), &minors) {
+            let _ = std::fs::remove_dir(cg.dir());
+            return Err(format!("cannot fence the rank's GPUs: {e}"));
+        }
+    }
+    Ok(Fences {
+        cgroup: Some(Arc::new(cg)),
+        unenforced: notes,
+        lease: None,
+        gpus_fenced: fenced,
+    })
 }
 
 /// The environment a rank starts with, built from scratch: nothing of the
@@ -1121,7 +1146,7 @@ fn spawn(
     cmd.args(args)
         .env_clear()
         .envs(base_env(account))
-        .envs(gang_env(host, key, a, &ckpt_dir))
+        .envs(gang_env(host, key, a, &ckpt_dir, fences.gpus_fenced))
         .envs(&a.spec.env)
         .stdin(std::process::Stdio::null())
         .stdout(out)
@@ -1207,6 +1232,22 @@ fn spawn(
     })
 }
 
+/// `CUDA_VISIBLE_DEVICES` for the rank's GPUs: their node indices, or —
+/// behind the device fence on real GPUs, where CUDA numbers only the GPUs
+/// the rank can open, so a node index would name the wrong one or none —
+/// their UUIDs, which name each GPU whatever CUDA's numbering.
+fn visible_devices(gpus: &[u32], inventory: &[shoal_sdk::GpuInfo], by_uuid: bool) -> Vec<String> {
+    gpus.iter()
+        .map(|g| {
+            inventory
+                .iter()
+                .find(|info| info.index == *g && !info.uuid.is_empty())
+                .filter(|_| by_uuid)
+                .map_or_else(|| g.to_string(), |info| info.uuid.clone())
+        })
+        .collect()
+}
+
 /// `shoal exec-tasks --label -- COMMAND`: the rank as its node's tasks.
 fn task_launch(launcher: &Path, command: &[String]) -> Vec<String> {
     let mut argv = vec![
@@ -1227,6 +1268,7 @@ fn gang_env(
     key: &RankKey,
     a: &Assignment,
     ckpt_dir: &Path,
+    gpus_fenced: bool,
 ) -> Vec<(String, String)> {
     let (master_addr, names) = host
         .ledger
@@ -1250,7 +1292,11 @@ fn gang_env(
         })
         .unwrap_or_default();
     let master_addr = master_addr.unwrap_or_else(|| "127.0.0.1".into());
-    let gpus: Vec<String> = a.gpus.iter().map(u32::to_string).collect();
+    let gpus = visible_devices(
+        &a.gpus,
+        &host.local.spec.gpus,
+        gpus_fenced && host.gpus.real(),
+    );
     let nodes = a.world.len() as u32;
     let per_node = a.spec.tasks_per_node();
     let layout = tasks::NodeTasks {
@@ -1359,4 +1405,41 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(255)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::visible_devices;
+
+    fn gpu(index: u32, uuid: &str) -> shoal_sdk::GpuInfo {
+        shoal_sdk::GpuInfo {
+            index,
+            model: "H100-80GB".into(),
+            memory_mb: 81_920,
+            uuid: uuid.into(),
+            allocated_to: None,
+            numa_node: None,
+            nvlink_peers: Vec::new(),
+            mig_enabled: false,
+            health: String::new(),
+            health_reason: None,
+        }
+    }
+
+    #[test]
+    fn fenced_real_gpus_are_named_by_uuid_others_by_index() {
+        let inventory = [
+            gpu(0, "GPU-aa"),
+            gpu(1, "GPU-bb"),
+            gpu(2, ""),
+            gpu(3, "GPU-dd"),
+        ];
+        assert_eq!(visible_devices(&[1, 3], &inventory, false), ["1", "3"]);
+        assert_eq!(
+            visible_devices(&[3, 1], &inventory, true),
+            ["GPU-dd", "GPU-bb"]
+        );
+        // No UUID known (or not in the inventory): the index, never nothing.
+        assert_eq!(visible_devices(&[2, 7], &inventory, true), ["2", "7"]);
+    }
 }

@@ -42,6 +42,14 @@ pub trait GpuSource: Send {
     /// Reads every GPU now. A GPU that cannot be read is left out.
     fn sample(&mut self) -> Vec<GpuSample>;
     fn kind(&self) -> &'static str;
+    /// Each GPU's `/dev/nvidiaN` minor, by index, for the device fence. A
+    /// simulated GPU stands for `/dev/nvidia<index>`.
+    fn device_minors(&self) -> std::collections::BTreeMap<u32, u32> {
+        self.inventory()
+            .iter()
+            .map(|g| (g.index, g.index))
+            .collect()
+    }
     /// Which GPUs jobs hold now. Simulated GPUs work hard while held, so
     /// dashboards and detectors see what a real cluster would show; real
     /// GPUs report what they do and ignore this.
@@ -129,6 +137,23 @@ impl Gpus {
     /// Mean utilisation of the last samples, 0..1 (0 without GPUs).
     pub fn load(&self) -> f32 {
         mean_load(&self.latest())
+    }
+
+    /// Each GPU's `/dev/nvidiaN` minor, by index (none without a source).
+    pub fn device_minors(&self) -> std::collections::BTreeMap<u32, u32> {
+        self.lock()
+            .source
+            .as_ref()
+            .map(|s| s.device_minors())
+            .unwrap_or_default()
+    }
+
+    /// Whether the GPUs are real (NVML), so CUDA sees them.
+    pub fn real(&self) -> bool {
+        self.lock()
+            .source
+            .as_ref()
+            .is_some_and(|s| s.kind() == "nvml")
     }
 
     /// The injector of simulated GPUs; `None` for real ones.

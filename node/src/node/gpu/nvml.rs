@@ -18,6 +18,8 @@ const MAX_NVLINKS: u32 = 18;
 pub struct NvmlGpus {
     nvml: Nvml,
     inventory: Vec<GpuInfo>,
+    /// `/dev/nvidiaN` minors by index (NVML's index is not the minor).
+    minors: BTreeMap<u32, u32>,
     /// The last critical XID of each GPU (by index), from NVML's events.
     xids: Arc<Mutex<BTreeMap<u32, u64>>>,
 }
@@ -84,10 +86,19 @@ impl NvmlGpus {
             .map_err(|e| format!("cannot count devices: {e}"))?;
         let mut bus_ids = Vec::new();
         let mut inventory = Vec::new();
+        let mut minors = BTreeMap::new();
         for index in 0..count {
             let Ok(dev) = nvml.device_by_index(index) else {
                 continue;
             };
+            match dev.minor_number() {
+                Ok(minor) => {
+                    minors.insert(index, minor);
+                }
+                Err(e) => {
+                    tracing::warn!(gpu = index, error = %e, "no device minor: ranks cannot be given this GPU's /dev node")
+                }
+            }
             bus_ids.push((index, dev.pci_info().map(|p| p.bus_id).unwrap_or_default()));
             let memory_mb = dev
                 .memory_info()
@@ -133,6 +144,7 @@ impl NvmlGpus {
         Ok(NvmlGpus {
             nvml,
             inventory,
+            minors,
             xids,
         })
     }
@@ -145,6 +157,10 @@ impl GpuSource for NvmlGpus {
 
     fn kind(&self) -> &'static str {
         "nvml"
+    }
+
+    fn device_minors(&self) -> BTreeMap<u32, u32> {
+        self.minors.clone()
     }
 
     fn sample(&mut self) -> Vec<GpuSample> {
