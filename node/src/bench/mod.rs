@@ -9,6 +9,7 @@ pub mod data;
 pub mod gossip;
 pub mod place;
 pub mod recovery;
+pub mod submit;
 
 use crate::agent::testkit::LocalCluster;
 use clap::Subcommand;
@@ -107,6 +108,15 @@ pub enum BenchCmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// What a user waits for: gang submit → placed → ranks started, and one-GPU jobs/s end to end
+    Submit {
+        /// 2 × 4-GPU gangs, submitted one at a time
+        #[arg(long, default_value_t = 50)]
+        gangs: usize,
+        /// One-GPU jobs running `true`, from 16 concurrent clients (0 skips it)
+        #[arg(long, default_value_t = 500)]
+        jobs: usize,
+    },
     /// Gang placement: pure decisions/s and p99, one full pass, and placements/s through Raft
     Place {
         #[arg(long, default_value_t = 4096)]
@@ -185,6 +195,15 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                     summary.seeds - summary.passed,
                     summary.seeds
                 );
+            }
+            Ok(())
+        }
+        BenchCmd::Submit { gangs, jobs } => {
+            let report = crate::bench::submit::run(*gangs, *jobs).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                crate::bench::submit::print(&report);
             }
             Ok(())
         }

@@ -259,6 +259,12 @@ impl Worker for Executor {
         TICK
     }
 
+    /// New allocations launch, and stops are signalled, as soon as this
+    /// node applies them; a rank's exit is reported as soon as it exits.
+    fn wakeup(&self) -> crate::workers::Wakeup {
+        crate::workers::Wakeup::on_apply(self.host.ledger.applied_watch()).and_child_exits()
+    }
+
     async fn stop(&mut self) {
         for rank in self.ranks.values() {
             rank.kill();
@@ -516,22 +522,30 @@ impl Worker for Executor {
         // Report exits; keep retrying until the ledger has them or the
         // allocation is gone.
         let exits = plan::exit_reports(exited, &self.sent, &asks);
-        for (key, code) in exits.report {
-            if code != 0 {
-                if let Some(a) = assigned.get(&key) {
+        for (key, code) in &exits.report {
+            if *code != 0 {
+                if let Some(a) = assigned.get(key) {
                     report_gpu_faults(host, &a.gpus).await;
                 }
             }
+        }
+        // All at once: the batcher commits concurrent writes as one entry,
+        // so a wave of ends costs one round trip, not one per rank.
+        let ends = &self.ends;
+        let writes = exits.report.iter().map(|(key, code)| {
             let cmd = Command::RankExited {
                 job: key.job,
                 epoch: key.epoch,
                 rank: key.rank,
-                exit_code: code,
-                end: self.ends.get(&key).copied().unwrap_or_default(),
+                exit_code: *code,
+                end: ends.get(key).copied().unwrap_or_default(),
             };
-            match host.ledger.write(cmd).await {
+            async move { (key, host.ledger.write(cmd).await) }
+        });
+        for (key, written) in futures::future::join_all(writes).await {
+            match written {
                 Ok(_) => {
-                    self.sent.insert(key);
+                    self.sent.insert(key.clone());
                 }
                 Err(e) => {
                     tracing::debug!(job = key.job, error = %e.message, "could not report a rank exit yet")

@@ -29,6 +29,31 @@ pub trait LeaderService: Send + Sync + 'static {
 
 pub type RaftWatch = watch::Receiver<RaftMetrics<NodeId, BasicNode>>;
 
+/// Changes of this node's applied index, for loops that act on what the
+/// ledger says as soon as it says it (Raft's other metrics, such as a
+/// leader's quorum acknowledgements, change far more often and are skipped).
+pub struct AppliedWatch {
+    rx: RaftWatch,
+    last: Option<openraft::LogId<NodeId>>,
+}
+
+impl AppliedWatch {
+    /// Returns once an entry was applied since the last return; never, once
+    /// Raft has shut down.
+    pub async fn changed(&mut self) {
+        loop {
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            let applied = self.rx.borrow_and_update().last_applied;
+            if applied != self.last {
+                self.last = applied;
+                return;
+            }
+        }
+    }
+}
+
 /// A cheap handle on this node's ledger and its route to the leader.
 #[derive(Clone)]
 pub struct LedgerClient {
@@ -100,6 +125,13 @@ impl LedgerClient {
     /// The Raft state as this node sees it; changes on every apply.
     pub fn raft_metrics(&self) -> RaftWatch {
         self.shared.raft.metrics()
+    }
+
+    /// Wakes on every change of this node's applied index.
+    pub fn applied_watch(&self) -> AppliedWatch {
+        let rx = self.raft_metrics();
+        let last = rx.borrow().last_applied;
+        AppliedWatch { rx, last }
     }
 
     pub fn raft(&self) -> &Raft {

@@ -44,6 +44,11 @@ impl Worker for Scheduler {
         self.period
     }
 
+    /// A pass as soon as a submit, an end or a node change is applied.
+    fn wakeup(&self) -> super::Wakeup {
+        super::Wakeup::on_apply(self.ledger.applied_watch())
+    }
+
     async fn tick(&mut self) -> ControlFlow<()> {
         if self.ledger.is_leader() {
             if let Err(e) = self.pass().await {
