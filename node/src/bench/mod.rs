@@ -123,8 +123,8 @@ pub enum BenchCmd {
         nodes: u64,
         #[arg(long, default_value_t = 10_000)]
         jobs: usize,
-        /// Three-node gangs for the end-to-end run on 3 voters, at most 1024 (0 skips it)
-        #[arg(long, default_value_t = 1000)]
+        /// Three-node gangs for the end-to-end run on 3 voters, at most 512 (0 skips it)
+        #[arg(long, default_value_t = 500)]
         e2e_gangs: usize,
     },
 }
