@@ -403,6 +403,14 @@ impl Client {
         self.post("/v1/jobs", req).await
     }
 
+    /// Where and when `req` would start; nothing is submitted (`--test-only`).
+    pub async fn test_job(
+        &self,
+        req: &JobSubmitRequest,
+    ) -> Result<crate::JobTestOnlyResponse, ClientError> {
+        self.post("/v1/jobs/test-only", req).await
+    }
+
     /// Jobs, filtered by tenant and state when given.
     pub async fn jobs(
         &self,

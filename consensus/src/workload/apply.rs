@@ -8,7 +8,8 @@ use super::{
     Allocation, Checkpoint, CkptPart, GpuFault, Job, JobId, JobSpec, JobState, Plan,
     PlannedPlacement, RankEnd, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, Workload,
     CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_DEPENDENCIES, MAX_FINISHED_JOBS,
-    MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
+    MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES, MAX_NAMED_NODES, REPLACE_AFTER_NODE_LOSS_MS,
+    STOP_DEADLINE_MS,
 };
 use crate::ledger::{validate_name, Member};
 use crate::sched::gpu_model_matches;
@@ -117,6 +118,44 @@ impl Workload {
         members: &BTreeMap<NodeId, Member>,
         now_ms: u64,
     ) -> Result<JobId, String> {
+        self.check_submit(spec, members)?;
+        let id = self.next_job_id.max(1);
+        self.next_job_id = id + 1;
+        self.jobs.insert(
+            id,
+            Job {
+                id,
+                spec: spec.clone(),
+                state: JobState::Pending,
+                reason: "waiting for the scheduler".into(),
+                held: spec.submit_held,
+                submitted_at_ms: now_ms,
+                started_at_ms: None,
+                ended_at_ms: None,
+                exit_code: None,
+                restarts: 0,
+                preemptions: 0,
+                alloc: None,
+                last_nodes: Vec::new(),
+                last_epoch: None,
+                last_ckpt_step: None,
+                last_ckpt_at_ms: None,
+                waiting_for: Vec::new(),
+                yields_to: None,
+                not_before_ms: None,
+            },
+        );
+        self.forget_old_jobs();
+        Ok(id)
+    }
+
+    /// Every check [`Workload::submit`] makes, changing nothing: whether
+    /// the job would be accepted now (`--test-only`).
+    pub fn check_submit(
+        &self,
+        spec: &JobSpec,
+        members: &BTreeMap<NodeId, Member>,
+    ) -> Result<(), String> {
         validate_spec(spec)?;
         if !self.tenants.contains_key(&spec.tenant) {
             return Err(format!(
@@ -124,6 +163,7 @@ impl Workload {
                 spec.tenant
             ));
         }
+        check_node_choice(spec, members)?;
         check_feasible(spec, members)?;
         if spec.dependencies.len() > MAX_DEPENDENCIES {
             return Err(format!(
@@ -174,34 +214,7 @@ impl Workload {
                 }
             }
         }
-        let id = self.next_job_id.max(1);
-        self.next_job_id = id + 1;
-        self.jobs.insert(
-            id,
-            Job {
-                id,
-                spec: spec.clone(),
-                state: JobState::Pending,
-                reason: "waiting for the scheduler".into(),
-                held: false,
-                submitted_at_ms: now_ms,
-                started_at_ms: None,
-                ended_at_ms: None,
-                exit_code: None,
-                restarts: 0,
-                preemptions: 0,
-                alloc: None,
-                last_nodes: Vec::new(),
-                last_epoch: None,
-                last_ckpt_step: None,
-                last_ckpt_at_ms: None,
-                waiting_for: Vec::new(),
-                yields_to: None,
-                not_before_ms: None,
-            },
-        );
-        self.forget_old_jobs();
-        Ok(id)
+        Ok(())
     }
 
     pub(crate) fn cancel(&mut self, id: JobId, now_ms: u64) -> Result<(), String> {
@@ -301,18 +314,25 @@ impl Workload {
         }
         let mut outcome = PlanOutcome::default();
         let mut busy = self.busy_gpus();
+        // Per node with GPUs in use: whether an exclusive job holds it.
+        let mut used = self.used_nodes();
         for placement in &plan.placements {
             let verdict = if validate {
-                self.validate_placement(placement, members, &busy, now_ms)
+                self.validate_placement(placement, members, &busy, &used, now_ms)
             } else {
                 Ok(())
             };
             match verdict {
                 Ok(()) => {
+                    let exclusive = self
+                        .jobs
+                        .get(&placement.job)
+                        .is_some_and(|job| job.spec.choice.exclusive);
                     for (node, gpus) in &placement.nodes {
                         for gpu in gpus {
                             busy.insert((*node, *gpu));
                         }
+                        *used.entry(*node).or_default() |= exclusive;
                     }
                     self.start(placement, epoch, now_ms);
                     outcome.started.push(placement.job);
@@ -348,11 +368,24 @@ impl Workload {
             .collect()
     }
 
+    /// Nodes on which some job holds GPUs, each with whether one of those
+    /// jobs took it whole (`--exclusive`).
+    fn used_nodes(&self) -> BTreeMap<NodeId, bool> {
+        let mut used: BTreeMap<NodeId, bool> = BTreeMap::new();
+        for (job, alloc) in self.holding() {
+            for (node, _) in &alloc.nodes {
+                *used.entry(*node).or_default() |= job.spec.choice.exclusive;
+            }
+        }
+        used
+    }
+
     fn validate_placement(
         &self,
         placement: &PlannedPlacement,
         members: &BTreeMap<NodeId, Member>,
         busy: &BTreeSet<(NodeId, u32)>,
+        used: &BTreeMap<NodeId, bool>,
         now_ms: u64,
     ) -> Result<(), String> {
         let job = self
@@ -389,6 +422,29 @@ impl Workload {
             }
             if self.drained.contains(node) {
                 return Err(format!("node {} is drained", member.spec.name));
+            }
+            if !spec.choice.allows(*node) {
+                let flag = if spec.choice.only.is_empty() {
+                    "in --exclude"
+                } else {
+                    "not in --nodelist"
+                };
+                return Err(format!("node {} is {flag}", member.spec.name));
+            }
+            match used.get(node) {
+                Some(true) => {
+                    return Err(format!(
+                        "node {} is held whole by an exclusive job",
+                        member.spec.name
+                    ))
+                }
+                Some(false) if spec.choice.exclusive => {
+                    return Err(format!(
+                        "node {} is partly in use; an exclusive job needs it whole",
+                        member.spec.name
+                    ))
+                }
+                _ => {}
             }
             if gpus.len() != spec.gpus_per_node as usize {
                 return Err(format!(
@@ -1087,7 +1143,7 @@ pub(crate) fn check_feasible(
 ) -> Result<(), String> {
     let current: Vec<&Member> = members
         .values()
-        .filter(|m| m.state != MemberState::Left)
+        .filter(|m| m.state != MemberState::Left && spec.choice.allows(m.id))
         .collect();
     if current.is_empty() {
         return Ok(());
@@ -1139,11 +1195,16 @@ pub(crate) fn check_feasible(
             }
         }
     }
-    let where_ = if spec.required_labels.is_empty() {
+    let mut where_ = if spec.required_labels.is_empty() {
         String::new()
     } else {
         format!(" labelled {}", labels())
     };
+    if !spec.choice.only.is_empty() {
+        where_.push_str(" in --nodelist");
+    } else if !spec.choice.exclude.is_empty() {
+        where_.push_str(" outside --exclude");
+    }
     if labelled == 0 {
         let what = if spec.required_labels.len() == 1 {
             "label"
@@ -1189,6 +1250,45 @@ pub(crate) fn check_feasible(
             spec.nodes,
             spec.gpus_per_node,
             current.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The nodes a job names (`--nodelist`, `--exclude`) must be members; a
+/// nodelist names the whole gang, and no node is both listed and excluded.
+fn check_node_choice(spec: &JobSpec, members: &BTreeMap<NodeId, Member>) -> Result<(), String> {
+    let choice = &spec.choice;
+    for (flag, ids) in [("--nodelist", &choice.only), ("--exclude", &choice.exclude)] {
+        if ids.len() > MAX_NAMED_NODES {
+            return Err(format!(
+                "{flag} names {} nodes; at most {MAX_NAMED_NODES}",
+                ids.len()
+            ));
+        }
+        if !ids.windows(2).all(|w| w[0] < w[1]) {
+            return Err(format!("{flag}: node ids must be sorted and distinct"));
+        }
+        if let Some(id) = ids
+            .iter()
+            .find(|id| members.get(id).is_none_or(|m| m.state == MemberState::Left))
+        {
+            return Err(format!("{flag}: node {id} is not a member of the cluster"));
+        }
+    }
+    if let Some(id) = choice.only.iter().find(|id| !choice.allows(**id)) {
+        let name = members
+            .get(id)
+            .map_or(id.to_string(), |m| m.spec.name.clone());
+        return Err(format!(
+            "node {name} is both in --nodelist and in --exclude"
+        ));
+    }
+    let listed = choice.only.len();
+    if listed > 0 && listed != spec.nodes as usize {
+        return Err(format!(
+            "--nodelist names {listed} node(s) but the job asks for {} (-N): a job runs on exactly the nodes listed",
+            spec.nodes
         ));
     }
     Ok(())

@@ -37,9 +37,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::sched::model::JobId;
-use crate::sched::TopologyTier;
+use crate::sched::{NodeChoice, TopologyTier};
 use crate::types::NodeId;
-pub use view::{tenant_views, SchedSnapshot};
+pub use view::{tenant_views, trial_start, SchedSnapshot, TrialStart, TRIAL_JOB};
 
 /// The tenant every cluster starts with, used when a job names none.
 pub const DEFAULT_TENANT: &str = "default";
@@ -65,6 +65,8 @@ pub const CKPT_RETAIN: usize = 3;
 pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
 /// Longest command line (bytes over all arguments and environment) a job may carry.
 pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024;
+/// Nodes a job may name in `--nodelist` or in `--exclude`.
+pub const MAX_NAMED_NODES: usize = 4096;
 /// Most jobs one job may depend on.
 pub const MAX_DEPENDENCIES: usize = 64;
 
@@ -288,6 +290,12 @@ pub struct JobSpec {
     /// A signal the ranks get once, this long before the time limit
     /// (`--signal SIG@SECS`), to checkpoint or wrap up.
     pub warn_signal: Option<WarnSignal>,
+    /// Which nodes the job may use (`-w/--nodelist`, `-x/--exclude`) and
+    /// whether it takes them whole (`--exclusive`). A nodelist names every
+    /// node of the gang: its length is `nodes`.
+    pub choice: NodeChoice,
+    /// Submitted held (`sbatch -H/--hold`): it waits for `scontrol release`.
+    pub submit_held: bool,
 }
 
 /// `--signal [B:|R:]SIG[@SECS]`.

@@ -60,6 +60,7 @@ const ADMIN_READS: &[(&str, &str)] = &[
 /// admin-only until someone decides otherwise.
 const TENANT_WRITES: &[(&str, &str)] = &[
     ("POST", "/v1/jobs"),
+    ("POST", "/v1/jobs/test-only"),
     ("POST", "/v1/jobs/{id}/cancel"),
     ("POST", "/v1/jobs/{id}/hold"),
     ("POST", "/v1/jobs/{id}/release"),
@@ -140,6 +141,7 @@ pub fn router(state: AppState) -> Router {
         .route("/ca", get(ca::status))
         .route("/ca/rotate", post(ca::rotate))
         .route("/jobs", post(submit_job).get(list_jobs))
+        .route("/jobs/test-only", post(test_job))
         .route("/jobs/{id}", get(show_job))
         .route("/jobs/{id}/cancel", post(cancel_job))
         .route("/jobs/{id}/hold", post(hold_job))
@@ -616,7 +618,8 @@ async fn submit_job(
     if req.tenant.is_none() {
         req.tenant = caller.tenant.clone();
     }
-    let spec = views::job_spec(&req).map_err(bad_request)?;
+    let mut spec = views::job_spec(&req).map_err(bad_request)?;
+    spec.choice = views::node_choice(&app.ledger().read()?.ledger, &req).map_err(bad_request)?;
     match write_as(
         &app,
         &caller,
@@ -637,6 +640,49 @@ async fn submit_job(
         })),
         _ => Err(unexpected()),
     }
+}
+
+/// `--test-only`: where and when the job would start, from this node's
+/// replica of the ledger; nothing is written. A tenant token may ask only
+/// about its own tenant's jobs, as it may only submit those.
+async fn test_job(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(mut req): Json<JobSubmitRequest>,
+) -> Result<Json<shoal_sdk::JobTestOnlyResponse>, ApiError> {
+    if req.tenant.is_none() {
+        req.tenant = caller.tenant.clone();
+    }
+    let mut spec = views::job_spec(&req).map_err(bad_request)?;
+    let data = app.ledger().read()?;
+    let ledger = &data.ledger;
+    if let Some(scope) = scope::scope(&caller) {
+        if !scope::sees_tenant(ledger, &caller, &spec.tenant) {
+            return Err(forbidden(format!(
+                "permission denied: a token of tenant '{scope}' cannot submit jobs for tenant '{}'",
+                spec.tenant
+            )));
+        }
+    }
+    spec.choice = views::node_choice(ledger, &req).map_err(bad_request)?;
+    let now_ms = crate::node::wall_ms();
+    let trial = shoal_consensus::workload::trial_start(
+        ledger,
+        &spec,
+        now_ms,
+        app.config().scheduler.policy,
+        None,
+    )
+    .map_err(|message| {
+        ApiError(
+            StatusCode::CONFLICT,
+            ApiErrorBody {
+                code: "rejected".into(),
+                message,
+            },
+        )
+    })?;
+    Ok(Json(views::test_only(ledger, &trial, now_ms)))
 }
 
 #[derive(serde::Deserialize)]

@@ -89,6 +89,8 @@ const JOB_OPTIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     ("gpus", Some("G"), Some("--gpus")),
     ("ntasks", Some("n"), Some("--ntasks")),
     ("ntasks-per-node", None, Some("--ntasks-per-node")),
+    ("nodelist", Some("w"), Some("--nodelist")),
+    ("exclude", Some("x"), Some("--exclude")),
     ("dependency", Some("d"), Some("--dependency")),
     ("array", Some("a"), Some("--array")),
     ("signal", None, Some("--signal")),
@@ -108,15 +110,13 @@ const JOB_OPTIONS: &[(&str, Option<&str>, Option<&str>)] = &[
 ];
 
 /// Flags without a value that are accepted with a warning.
-const IGNORED_SWITCHES: &[&str] = &["exclusive", "quiet", "verbose"];
+const IGNORED_SWITCHES: &[&str] = &["quiet", "verbose"];
 
-/// Options that would change what the job does and that shoal cannot honour
-/// yet: refused with one `error:` line naming the option, never ignored.
-/// (Anything not in the tables above is refused the same way.)
-const REFUSED: &[(&str, &str)] = &[
-    ("test-only", "the API has no dry-run placement"),
-    ("hold", "submit it, then hold it with `scontrol hold ID`"),
-];
+/// Flags without a value that become the shoal flag of the same name.
+const SWITCHES: &[&str] = &["exclusive", "hold", "test-only"];
+
+/// Anything not in the tables above is refused with one `error:` line
+/// naming the option, never ignored.
 
 /// What `job_flags` found besides the shoal flags.
 #[derive(Debug, Default)]
@@ -217,9 +217,6 @@ fn job_flags(
             "v" => "verbose",
             other => other,
         };
-        if let Some((_, why)) = REFUSED.iter().find(|(l, _)| *l == long) {
-            return Err(format!("{program}: {shown} is not supported ({why})"));
-        }
         match long {
             "parsable" if program == "sbatch" => {
                 o.parsable = true;
@@ -233,6 +230,11 @@ fn job_flags(
             }
             "requeue" | "no-requeue" if program == "sbatch" => {
                 o.requeue = Some(long == "requeue");
+                i += 1;
+                continue;
+            }
+            s if SWITCHES.contains(&s) && inline.is_none() => {
+                o.flags.push(format!("--{s}"));
                 i += 1;
                 continue;
             }
@@ -1162,16 +1164,21 @@ echo start
         );
         let dir = tempfile::tempdir().expect("tempdir");
         let script = dir.path().join("j.sh");
-        std::fs::write(&script, "#!/bin/sh\n#SBATCH --hold\ntrue\n").expect("write");
-        let err = translate("sbatch", &[script.display().to_string()])
+        std::fs::write(
+            &script,
+            "#!/bin/sh\n#SBATCH -H -w n[1-2] -x n3\n#SBATCH --exclusive --test-only\ntrue\n",
+        )
+        .expect("write");
+        let ok = translate("sbatch", &[script.display().to_string()]).expect("translates");
+        for flag in ["--hold", "--exclusive", "--test-only"] {
+            assert!(ok.argv.contains(&flag.to_string()), "{flag}: {:?}", ok.argv);
+        }
+        assert!(ok.argv.windows(2).any(|w| w == ["--nodelist", "n[1-2]"]));
+        assert!(ok.argv.windows(2).any(|w| w == ["--exclude", "n3"]));
+        let err = translate("sbatch", &["--exclusive=user".into(), "--wrap=true".into()])
             .err()
             .expect("refused");
-        assert_eq!(err.code, 2);
-        assert!(
-            err.message.starts_with("sbatch: --hold is not supported"),
-            "{}",
-            err.message
-        );
+        assert_eq!(err.message.lines().count(), 1, "{}", err.message);
         std::fs::write(&script, "#!/bin/sh\n#SBATCH --signal=B:USR1@90\ntrue\n").expect("write");
         let ok = translate("sbatch", &[script.display().to_string()]).expect("translates");
         assert!(
@@ -1179,7 +1186,7 @@ echo start
             "{:?}",
             ok.argv
         );
-        for bad in ["--test-only", "--frob"] {
+        for bad in ["--frob"] {
             let err = translate("sbatch", &[bad.into(), "--wrap=true".into()])
                 .err()
                 .unwrap_or_else(|| panic!("{bad} accepted"));
@@ -1198,7 +1205,8 @@ echo start
             ],
         )
         .expect("accepted");
-        assert_eq!(ok.warnings.len(), 2, "{:?}", ok.warnings);
+        assert_eq!(ok.warnings.len(), 1, "{:?}", ok.warnings);
+        assert!(ok.argv.contains(&"--exclusive".to_string()));
         assert!(ok.argv.contains(&"--wait".to_string()));
         assert!(!ok.argv.contains(&"--max-restarts".to_string()));
         assert!(ok.argv.contains(&"--requeue".to_string()));

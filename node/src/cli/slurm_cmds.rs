@@ -1418,6 +1418,12 @@ pub fn scontrol_job(j: &JobInfo, now: i64, oneliner: bool) -> String {
             opt_time(j.ended_at.as_deref(), "Unknown")
         ),
         format!("Partition={PARTITION}"),
+        format!(
+            "ReqNodeList={} ExcNodeList={} OverSubscribe={}",
+            j.nodelist.as_deref().unwrap_or("(null)"),
+            j.exclude.as_deref().unwrap_or("(null)"),
+            if j.exclusive { "NO" } else { "OK" }
+        ),
         format!("NodeList={nodelist}"),
         format!(
             "NumNodes={} NumTasks={} CPUs/Task={}",
@@ -1625,6 +1631,9 @@ mod tests {
             dependency: None,
             held: false,
             signal: None,
+            nodelist: None,
+            exclude: None,
+            exclusive: false,
         }
     }
 
