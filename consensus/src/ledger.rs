@@ -280,6 +280,23 @@ pub enum Command {
         job: JobId,
         hold: bool,
     },
+    /// Sends `signal` to every rank of a running job, which goes on
+    /// running (`scancel --signal`).
+    SignalJob {
+        job: JobId,
+        signal: i32,
+    },
+    /// Stops a running job and puts it back in the queue, from its latest
+    /// checkpoint (`scontrol requeue`); not counted as a restart.
+    RequeueJob {
+        job: JobId,
+    },
+    /// A new time limit for a job that has not ended (`scontrol update
+    /// JobId=N TimeLimit=T`); a tenant token may only lower it.
+    SetTimeLimit {
+        job: JobId,
+        time_limit_s: u64,
+    },
     /// `shoal federation join` (admin): records a peer region and the
     /// hash of the secret it presents here ([`crate::federation`]).
     AddPeerRegion {
@@ -613,6 +630,11 @@ impl Ledger {
             },
             Command::CancelJob { job } => answer(self.workload.cancel(*job, now)),
             Command::HoldJob { job, hold } => answer(self.workload.hold(*job, *hold)),
+            Command::SignalJob { job, signal } => answer(self.workload.signal(*job, *signal)),
+            Command::RequeueJob { job } => answer(self.workload.requeue(*job, now)),
+            Command::SetTimeLimit { job, time_limit_s } => {
+                answer(self.workload.set_time_limit(*job, *time_limit_s))
+            }
             Command::Schedule(plan) => {
                 let validate = !checks.skip_plan_validation;
                 let outcome = self

@@ -167,9 +167,12 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::RotateApiToken { .. } => "revoke or rotate tokens",
         Command::PutAttr { .. } => "set cluster attributes",
         Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "manage tenants",
-        Command::SubmitJob { .. } | Command::CancelJob { .. } | Command::HoldJob { .. } => {
-            "submit, hold or cancel jobs"
-        }
+        Command::SubmitJob { .. }
+        | Command::CancelJob { .. }
+        | Command::HoldJob { .. }
+        | Command::SignalJob { .. }
+        | Command::RequeueJob { .. }
+        | Command::SetTimeLimit { .. } => "submit, hold, signal, requeue, change or cancel jobs",
         Command::Schedule(_) | Command::ReleaseJob { .. } => "schedule",
         Command::PutObject { .. } | Command::RemoveObject { .. } => "write mesh:/ objects",
         Command::SetDrain { .. } => "drain nodes",

@@ -437,6 +437,38 @@ impl Client {
             .await
     }
 
+    /// Sends `signal` (`USR1`, `SIGTERM`, `10`) to every rank of a running
+    /// job, which goes on running (`scancel --signal`).
+    pub async fn signal_job(&self, id: u64, signal: &str) -> Result<WriteResponse, ClientError> {
+        self.post(
+            &format!("/v1/jobs/{id}/signal"),
+            &crate::JobSignalRequest {
+                signal: signal.to_string(),
+            },
+        )
+        .await
+    }
+
+    /// Stops a running job and queues it again (`scontrol requeue`).
+    pub async fn requeue_job(&self, id: u64) -> Result<WriteResponse, ClientError> {
+        self.post(&format!("/v1/jobs/{id}/requeue"), &serde_json::json!({}))
+            .await
+    }
+
+    /// A new time limit for a job that has not ended (`scontrol update
+    /// JobId=N TimeLimit=T`); a tenant token may only lower it.
+    pub async fn set_time_limit(
+        &self,
+        id: u64,
+        time_limit_s: u64,
+    ) -> Result<WriteResponse, ClientError> {
+        self.post(
+            &format!("/v1/jobs/{id}/time-limit"),
+            &crate::JobTimeLimitRequest { time_limit_s },
+        )
+        .await
+    }
+
     /// Keeps a waiting job from the scheduler until released (`scontrol hold`).
     pub async fn hold_job(&self, id: u64) -> Result<WriteResponse, ClientError> {
         self.post(&format!("/v1/jobs/{id}/hold"), &serde_json::json!({}))

@@ -504,6 +504,20 @@ pub struct JobSubmitResponse {
     pub region: Option<String>,
 }
 
+/// `POST /v1/jobs/{id}/signal`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct JobSignalRequest {
+    /// A name (`USR1`, `SIGUSR1`) or number: HUP, INT, QUIT, USR1, USR2,
+    /// ALRM, TERM or CONT.
+    pub signal: String,
+}
+
+/// `POST /v1/jobs/{id}/time-limit`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct JobTimeLimitRequest {
+    pub time_limit_s: u64,
+}
+
 /// `POST /v1/jobs/test-only` (`shoal submit --test-only`, `sbatch
 /// --test-only`): where and when a job would start; nothing is submitted.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -151,6 +151,7 @@ impl Replica {
             exits: BTreeMap::new(),
             oom_killed: Default::default(),
             stop: None,
+            signals: Vec::new(),
         });
     }
 

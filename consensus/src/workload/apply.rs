@@ -6,10 +6,10 @@ use shoal_sdk::MemberState;
 
 use super::{
     Allocation, Checkpoint, CkptPart, GpuFault, Job, JobId, JobSpec, JobState, Plan,
-    PlannedPlacement, RankEnd, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, Workload,
-    CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_DEPENDENCIES, MAX_FINISHED_JOBS,
-    MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES, MAX_NAMED_NODES, REPLACE_AFTER_NODE_LOSS_MS,
-    STOP_DEADLINE_MS,
+    PlannedPlacement, RankEnd, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, WarnSignal,
+    Workload, CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_DEPENDENCIES,
+    MAX_FINISHED_JOBS, MAX_JOB_SIGNALS, MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES, MAX_NAMED_NODES,
+    REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
 };
 use crate::ledger::{validate_name, Member};
 use crate::sched::gpu_model_matches;
@@ -266,6 +266,90 @@ impl Workload {
             return Err(format!("job {id} is not held"));
         }
         job.held = hold;
+        Ok(())
+    }
+
+    /// `scancel --signal`: every rank of the running job gets `signal`.
+    pub(crate) fn signal(&mut self, id: JobId, signal: i32) -> Result<(), String> {
+        if !WarnSignal::NAMES.iter().any(|(_, n)| *n == signal) {
+            return Err(format!(
+                "signal {signal} cannot be sent to a job: use HUP, INT, QUIT, USR1, USR2, ALRM, TERM or CONT"
+            ));
+        }
+        let job = self
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| format!("no job {id}"))?;
+        let state = job.state;
+        let alloc = job
+            .alloc
+            .as_mut()
+            .filter(|a| a.stop.is_none())
+            .ok_or_else(|| format!("job {id} is {state}: only a running job can be signalled"))?;
+        if alloc.signals.len() >= MAX_JOB_SIGNALS {
+            return Err(format!(
+                "job {id} has been sent {MAX_JOB_SIGNALS} signals already; no more are recorded"
+            ));
+        }
+        alloc.signals.push(signal);
+        Ok(())
+    }
+
+    /// `scontrol requeue`: a running job stops and waits in the queue again.
+    pub(crate) fn requeue(&mut self, id: JobId, now_ms: u64) -> Result<(), String> {
+        let job = self.jobs.get(&id).ok_or_else(|| format!("no job {id}"))?;
+        if job.alloc.as_ref().is_none_or(|a| a.stop.is_some()) {
+            return Err(format!(
+                "job {id} is {}: only a running job can be requeued",
+                job.state
+            ));
+        }
+        self.request_stop(id, StopCause::Requeued, now_ms);
+        Ok(())
+    }
+
+    /// `scontrol update JobId=N TimeLimit=T` for a job that has not ended.
+    /// A running job past its new limit is stopped by the next pass.
+    pub(crate) fn set_time_limit(&mut self, id: JobId, time_limit_s: u64) -> Result<(), String> {
+        if time_limit_s == 0 {
+            return Err("the time limit must be positive".into());
+        }
+        let job = self.jobs.get(&id).ok_or_else(|| format!("no job {id}"))?;
+        if job.state.is_final() {
+            return Err(format!("job {id} has already ended ({})", job.state));
+        }
+        let mut spec = job.spec.clone();
+        let extra = time_limit_s.saturating_sub(spec.time_limit_s);
+        // More time commits more of the budget: it must still be there. A
+        // running job's worst case is committed already; a waiting job's
+        // is not yet.
+        spec.time_limit_s = if job.alloc.is_some() {
+            extra
+        } else {
+            time_limit_s
+        };
+        if extra > 0 {
+            for name in self.ancestry(&job.spec.tenant) {
+                if let Some(limit) = self.tenants[name].limits.gpu_seconds_limit {
+                    let committed: u64 = self
+                        .subtree(name)
+                        .iter()
+                        .map(|t| self.committed_gpu_seconds(t))
+                        .sum();
+                    if committed.saturating_add(spec.gpu_seconds_needed()) > limit {
+                        return Err(format!(
+                            "budget: {name} has {:.1} GPU-hours uncommitted; {} s more for job {id} needs {:.1}",
+                            limit.saturating_sub(committed) as f64 / 3600.0,
+                            extra,
+                            spec.gpu_seconds_needed() as f64 / 3600.0
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.spec.time_limit_s = time_limit_s;
+        }
         Ok(())
     }
 
@@ -549,6 +633,7 @@ impl Workload {
                 exits: BTreeMap::new(),
                 oom_killed: BTreeSet::new(),
                 stop: None,
+                signals: Vec::new(),
             });
         }
     }
@@ -584,6 +669,7 @@ impl Workload {
             StopCause::NodeLost => {
                 job.reason = "a rank was lost with its node's agent: stopping the others".into()
             }
+            StopCause::Requeued => job.reason = "requeue asked: stopping the ranks".into(),
         }
     }
 
@@ -838,6 +924,10 @@ impl Workload {
             Some(StopCause::Drained) => {
                 job.state = JobState::Requeued;
                 job.reason = "requeued: a node of the gang was drained".into();
+            }
+            Some(StopCause::Requeued) => {
+                job.state = JobState::Requeued;
+                job.reason = "requeued (scontrol requeue)".into();
             }
             Some(StopCause::GpuFailed) => {
                 job.state = JobState::Requeued;

@@ -67,6 +67,8 @@ pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
 pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024;
 /// Nodes a job may name in `--nodelist` or in `--exclude`.
 pub const MAX_NAMED_NODES: usize = 4096;
+/// Most `scancel --signal`s one allocation records.
+pub const MAX_JOB_SIGNALS: usize = 64;
 /// Most jobs one job may depend on.
 pub const MAX_DEPENDENCIES: usize = 64;
 
@@ -309,7 +311,7 @@ pub struct WarnSignal {
 impl WarnSignal {
     /// The signals a job may ask for, by name and number (Linux numbering;
     /// never KILL or STOP, which a rank could not act on).
-    const NAMES: [(&'static str, i32); 8] = [
+    pub(crate) const NAMES: [(&'static str, i32); 8] = [
         ("HUP", 1),
         ("INT", 2),
         ("QUIT", 3),
@@ -551,6 +553,8 @@ pub enum StopCause {
     GpuFailed,
     /// A rank died with its node's agent: restart like node loss.
     NodeLost,
+    /// `scontrol requeue`: back to the queue, not counted as a restart.
+    Requeued,
 }
 
 /// Why a GPU takes no work: found faulty by its own node (an uncorrectable
@@ -580,6 +584,9 @@ pub struct Allocation {
     /// count rose while they ran).
     pub oom_killed: std::collections::BTreeSet<u32>,
     pub stop: Option<Stop>,
+    /// Signals asked for with `scancel --signal`, in order; each agent
+    /// sends its ranks the ones that arrive while they run.
+    pub signals: Vec<i32>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -1730,3 +1730,113 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn signals_requeues_and_time_limits_of_a_running_job() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let id = r.submit(job(DEFAULT_TENANT, 1, 1));
+    // Only a running job can be signalled or requeued.
+    for cmd in [
+        Command::SignalJob {
+            job: id,
+            signal: 10,
+        },
+        Command::RequeueJob { job: id },
+    ] {
+        let LedgerResponse::Rejected(why) = r.apply(cmd) else {
+            panic!("a pending job was signalled or requeued")
+        };
+        assert!(why.contains("only a running job"), "{why}");
+    }
+    r.pass(Policy::Fifo);
+    assert_eq!(
+        r.apply(Command::SignalJob {
+            job: id,
+            signal: 10
+        }),
+        LedgerResponse::Ok
+    );
+    assert_eq!(
+        r.apply(Command::SignalJob {
+            job: id,
+            signal: 15
+        }),
+        LedgerResponse::Ok
+    );
+    let LedgerResponse::Rejected(why) = r.apply(Command::SignalJob { job: id, signal: 9 }) else {
+        panic!("SIGKILL accepted")
+    };
+    assert!(why.contains("cannot be sent"), "{why}");
+    let alloc = r.job(id).alloc.clone().expect("running");
+    assert_eq!(alloc.signals, vec![10, 15]);
+    assert_eq!(
+        r.job(id).state,
+        JobState::Running,
+        "a signal does not stop it"
+    );
+    // A shorter limit; the job keeps its GPUs until the pass sees it is over.
+    assert_eq!(
+        r.apply(Command::SetTimeLimit {
+            job: id,
+            time_limit_s: 30,
+        }),
+        LedgerResponse::Ok
+    );
+    assert_eq!(r.job(id).spec.time_limit_s, 30);
+    let LedgerResponse::Rejected(why) = r.apply(Command::SetTimeLimit {
+        job: id,
+        time_limit_s: 0,
+    }) else {
+        panic!("a zero limit accepted")
+    };
+    assert!(why.contains("positive"), "{why}");
+    // Requeued: stopped, back in the queue with a new epoch, no restart used.
+    assert_eq!(r.apply(Command::RequeueJob { job: id }), LedgerResponse::Ok);
+    r.exit_all(id, 143);
+    assert_eq!(r.job(id).state, JobState::Requeued);
+    assert_eq!(r.job(id).restarts, 0);
+    r.pass(Policy::Fifo);
+    let again = r.job(id).alloc.clone().expect("running again");
+    assert!(again.epoch > alloc.epoch);
+    assert!(again.signals.is_empty(), "signals belong to one allocation");
+    r.now_ms += 31_000;
+    r.pass(Policy::Fifo);
+    assert!(
+        r.job(id).reason.contains("time limit"),
+        "{}",
+        r.job(id).reason
+    );
+    r.exit_all(id, 143);
+    assert_eq!(r.job(id).state, JobState::Timeout);
+    let LedgerResponse::Rejected(why) = r.apply(Command::SetTimeLimit {
+        job: id,
+        time_limit_s: 60,
+    }) else {
+        panic!("an ended job's limit changed")
+    };
+    assert!(why.contains("already ended"), "{why}");
+}
+
+#[test]
+fn a_longer_time_limit_must_fit_the_budget() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    r.apply(Command::CreateTenant {
+        name: "vision".into(),
+        limits: limits(None, Some(2), 1),
+    });
+    let id = r.submit(job("vision", 1, 1));
+    let LedgerResponse::Rejected(why) = r.apply(Command::SetTimeLimit {
+        job: id,
+        time_limit_s: 3 * 3600,
+    }) else {
+        panic!("a limit past the budget accepted")
+    };
+    assert!(why.starts_with("budget: vision"), "{why}");
+    assert_eq!(
+        r.apply(Command::SetTimeLimit {
+            job: id,
+            time_limit_s: 3600 + 1800,
+        }),
+        LedgerResponse::Ok
+    );
+}

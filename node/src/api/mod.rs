@@ -63,6 +63,9 @@ const TENANT_WRITES: &[(&str, &str)] = &[
     ("POST", "/v1/jobs/test-only"),
     ("POST", "/v1/jobs/{id}/cancel"),
     ("POST", "/v1/jobs/{id}/hold"),
+    ("POST", "/v1/jobs/{id}/signal"),
+    ("POST", "/v1/jobs/{id}/requeue"),
+    ("POST", "/v1/jobs/{id}/time-limit"),
     ("POST", "/v1/jobs/{id}/release"),
     ("PUT", "/v1/chunks/{id}"),
     ("POST", "/v1/chunks/has"),
@@ -145,6 +148,9 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}", get(show_job))
         .route("/jobs/{id}/cancel", post(cancel_job))
         .route("/jobs/{id}/hold", post(hold_job))
+        .route("/jobs/{id}/signal", post(signal_job))
+        .route("/jobs/{id}/requeue", post(requeue_job))
+        .route("/jobs/{id}/time-limit", post(set_time_limit))
         .route("/jobs/{id}/release", post(release_job))
         .route("/jobs/{id}/logs", get(job_logs))
         .route("/jobs/{id}/checkpoints", get(list_checkpoints))
@@ -765,6 +771,62 @@ async fn cancel_job(
         &caller,
         "POST /v1/jobs/{id}/cancel",
         Command::CancelJob { job: id },
+        || job_resource(&app, id),
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn signal_job(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+    Json(req): Json<shoal_sdk::JobSignalRequest>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let signal = shoal_consensus::workload::WarnSignal::parse(&req.signal)
+        .map_err(|e| bad_request(e.replace("--signal", "signal")))?
+        .signal;
+    let (_, index) = write_as(
+        &app,
+        &caller,
+        "POST /v1/jobs/{id}/signal",
+        Command::SignalJob { job: id, signal },
+        || job_resource(&app, id),
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn requeue_job(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_as(
+        &app,
+        &caller,
+        "POST /v1/jobs/{id}/requeue",
+        Command::RequeueJob { job: id },
+        || job_resource(&app, id),
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn set_time_limit(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+    Json(req): Json<shoal_sdk::JobTimeLimitRequest>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_as(
+        &app,
+        &caller,
+        "POST /v1/jobs/{id}/time-limit",
+        Command::SetTimeLimit {
+            job: id,
+            time_limit_s: req.time_limit_s,
+        },
         || job_resource(&app, id),
     )
     .await?;

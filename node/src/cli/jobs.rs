@@ -1129,6 +1129,36 @@ pub async fn cancel(client: &Client, ids: &[u64], json: bool) -> anyhow::Result<
     Ok(())
 }
 
+/// `shoal cancel --signal SIG ID...`, `scancel --signal`.
+pub async fn signal(client: &Client, ids: &[u64], sig: &str, json: bool) -> anyhow::Result<()> {
+    let mut answers = Vec::new();
+    for id in ids {
+        answers.push(client.signal_job(*id, sig).await.map_err(api)?);
+        if !json {
+            println!("job {id} sent {sig}");
+        }
+    }
+    if json {
+        print_json(&answers)?;
+    }
+    Ok(())
+}
+
+/// `shoal requeue ID...`, `scontrol requeue`.
+pub async fn requeue(client: &Client, ids: &[u64], json: bool) -> anyhow::Result<()> {
+    let mut answers = Vec::new();
+    for id in ids {
+        answers.push(client.requeue_job(*id).await.map_err(api)?);
+        if !json {
+            println!("job {id} requeued");
+        }
+    }
+    if json {
+        print_json(&answers)?;
+    }
+    Ok(())
+}
+
 /// `shoal hold|release ID...`.
 pub async fn hold(client: &Client, ids: &[u64], hold: bool, json: bool) -> anyhow::Result<()> {
     let mut answers = Vec::new();

@@ -213,6 +213,15 @@ enum Cmd {
         /// The region of plain ids
         #[arg(long)]
         region: Option<String>,
+        /// Send this signal to every rank instead (USR1, TERM, 10...); the
+        /// jobs go on running
+        #[arg(short = 's', long, value_name = "SIG")]
+        signal: Option<String>,
+    },
+    /// Stop running jobs and queue them again, from their latest checkpoint
+    Requeue {
+        #[arg(required = true)]
+        jobs: Vec<u64>,
     },
     /// Keep waiting jobs from the scheduler until released
     Hold {
@@ -780,11 +789,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 crate::cli::federation::job_client(&client(&cli)?, job, region.as_deref());
             crate::cli::jobs::show(&c, id, cli.json).await
         }
-        Cmd::Cancel { jobs, region } => {
+        Cmd::Requeue { jobs } => crate::cli::jobs::requeue(&client(&cli)?, jobs, cli.json).await,
+        Cmd::Cancel {
+            jobs,
+            region,
+            signal,
+        } => {
             let base = client(&cli)?;
             for job in jobs {
                 let (c, id) = crate::cli::federation::job_client(&base, job, region.as_deref());
-                crate::cli::jobs::cancel(&c, &[id], cli.json).await?;
+                match signal {
+                    Some(sig) => crate::cli::jobs::signal(&c, &[id], sig, cli.json).await?,
+                    None => crate::cli::jobs::cancel(&c, &[id], cli.json).await?,
+                }
             }
             Ok(())
         }

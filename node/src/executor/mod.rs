@@ -78,6 +78,9 @@ struct RunningRank {
     last_usr1: Instant,
     /// Sent the job's `--signal` already.
     warned: bool,
+    /// How many of the allocation's `scancel --signal`s it has had (those
+    /// asked for before it started are not sent).
+    signals_sent: usize,
     ckpt_dir: PathBuf,
     /// The newest step handed to replication (recorded, or on its way).
     reported_step: Option<u64>,
@@ -322,6 +325,22 @@ impl Worker for Executor {
                 "no contact with a majority of the voters for {} ms; killing this node's ranks",
                 SELF_FENCE_MS
             );
+        }
+        // `scancel --signal`: each new one to every rank here, in order.
+        for (key, rank) in ranks.iter_mut() {
+            let Some(a) = assigned.get(key) else {
+                continue;
+            };
+            for &sig in a.signals.iter().skip(rank.signals_sent) {
+                tracing::info!(
+                    job = key.job,
+                    rank = key.rank,
+                    signal = sig,
+                    "signal asked for the job"
+                );
+                signal(&rank.child, sig);
+            }
+            rank.signals_sent = rank.signals_sent.max(a.signals.len());
         }
         let actions = plan::plan(&plan::Inputs {
             assigned: &asks,
@@ -641,6 +660,8 @@ struct Assignment {
     restarts: u32,
     /// The job's `--signal` and the ledger time (ms) to send it at.
     warn: Option<(i32, u64)>,
+    /// `scancel --signal`s so far, in order.
+    signals: Vec<i32>,
 }
 
 impl Assignment {
@@ -703,6 +724,7 @@ fn assignment(
         ckpt_interval: job.spec.ckpt_interval_s.map(Duration::from_secs),
         restore,
         restarts: job.restarts,
+        signals: alloc.signals.clone(),
         warn: job.spec.warn_signal.map(|w| {
             let limit_ms = job.spec.time_limit_s.saturating_mul(1000);
             let before_ms = u64::from(w.before_s) * 1000;
@@ -1196,6 +1218,7 @@ fn spawn(
         term_sent: None,
         last_usr1: Instant::now(),
         warned: false,
+        signals_sent: a.signals.len(),
         ckpt_dir,
         reported_step: None,
         recorded_step: None,
