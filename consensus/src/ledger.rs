@@ -286,6 +286,13 @@ pub enum Command {
         job: JobId,
         signal: i32,
     },
+    /// The rendezvous port rank 0's agent found free on its node for this
+    /// allocation (`MASTER_PORT` of every rank); the first one recorded stays.
+    SetMasterPort {
+        job: JobId,
+        epoch: u64,
+        port: u16,
+    },
     /// Stops a running job and puts it back in the queue, from its latest
     /// checkpoint (`scontrol requeue`); not counted as a restart.
     RequeueJob {
@@ -632,6 +639,9 @@ impl Ledger {
             Command::HoldJob { job, hold } => answer(self.workload.hold(*job, *hold)),
             Command::SignalJob { job, signal } => answer(self.workload.signal(*job, *signal)),
             Command::RequeueJob { job } => answer(self.workload.requeue(*job, now)),
+            Command::SetMasterPort { job, epoch, port } => {
+                answer(self.workload.set_master_port(*job, *epoch, *port))
+            }
             Command::SetTimeLimit { job, time_limit_s } => {
                 answer(self.workload.set_time_limit(*job, *time_limit_s))
             }

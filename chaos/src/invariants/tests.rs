@@ -152,6 +152,7 @@ impl Replica {
             oom_killed: Default::default(),
             stop: None,
             signals: Vec::new(),
+            master_port: None,
         });
     }
 

@@ -295,6 +295,30 @@ impl Workload {
         Ok(())
     }
 
+    /// Rank 0's agent found `port` free on its node for allocation `epoch`.
+    pub(crate) fn set_master_port(
+        &mut self,
+        id: JobId,
+        epoch: u64,
+        port: u16,
+    ) -> Result<(), String> {
+        let alloc = self
+            .jobs
+            .get_mut(&id)
+            .and_then(|job| job.alloc.as_mut())
+            .filter(|a| a.epoch == epoch)
+            .ok_or_else(|| format!("job {id} holds no allocation of epoch {epoch}"))?;
+        match alloc.master_port {
+            Some(have) if have != port => Err(format!(
+                "job {id} epoch {epoch} has master port {have} already"
+            )),
+            _ => {
+                alloc.master_port = Some(port);
+                Ok(())
+            }
+        }
+    }
+
     /// `scontrol requeue`: a running job stops and waits in the queue again.
     pub(crate) fn requeue(&mut self, id: JobId, now_ms: u64) -> Result<(), String> {
         let job = self.jobs.get(&id).ok_or_else(|| format!("no job {id}"))?;
@@ -634,6 +658,7 @@ impl Workload {
                 oom_killed: BTreeSet::new(),
                 stop: None,
                 signals: Vec::new(),
+                master_port: None,
             });
         }
     }
@@ -1233,10 +1258,17 @@ pub(crate) fn check_feasible(
 ) -> Result<(), String> {
     let current: Vec<&Member> = members
         .values()
-        .filter(|m| m.state != MemberState::Left && spec.choice.allows(m.id))
+        .filter(|m| m.state != MemberState::Left)
         .collect();
     if current.is_empty() {
         return Ok(());
+    }
+    let current: Vec<&Member> = current
+        .into_iter()
+        .filter(|m| spec.choice.allows(m.id))
+        .collect();
+    if current.is_empty() {
+        return Err("no node of the cluster is outside --exclude".into());
     }
     let labels = || {
         spec.required_labels

@@ -587,6 +587,9 @@ pub struct Allocation {
     /// Signals asked for with `scancel --signal`, in order; each agent
     /// sends its ranks the ones that arrive while they run.
     pub signals: Vec<i32>,
+    /// `MASTER_PORT`: chosen free on rank 0's node by its agent; the ranks
+    /// start once it is known.
+    pub master_port: Option<u16>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -1544,6 +1544,17 @@ fn a_nodelist_pins_the_gang_and_an_exclude_keeps_it_off() {
     let why = refusal(
         &mut r,
         JobSpec {
+            choice: choice(vec![], vec![n1, n2, n3], false),
+            ..job(DEFAULT_TENANT, 1, 1)
+        },
+    );
+    assert!(
+        why.contains("no node of the cluster is outside --exclude"),
+        "{why}"
+    );
+    let why = refusal(
+        &mut r,
+        JobSpec {
             choice: NodeChoice {
                 only: vec![n2, n1],
                 ..NodeChoice::default()
@@ -1838,5 +1849,36 @@ fn a_longer_time_limit_must_fit_the_budget() {
             time_limit_s: 3600 + 1800,
         }),
         LedgerResponse::Ok
+    );
+}
+
+#[test]
+fn the_first_master_port_recorded_stays() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let id = r.submit(job(DEFAULT_TENANT, 1, 1));
+    let set = |epoch, port| Command::SetMasterPort {
+        job: id,
+        epoch,
+        port,
+    };
+    assert!(matches!(
+        r.apply(set(1, 29_500)),
+        LedgerResponse::Rejected(_)
+    ));
+    r.pass(Policy::Fifo);
+    let epoch = r.job(id).alloc.as_ref().expect("running").epoch;
+    assert!(matches!(
+        r.apply(set(epoch + 1, 29_500)),
+        LedgerResponse::Rejected(_)
+    ));
+    assert_eq!(r.apply(set(epoch, 29_501)), LedgerResponse::Ok);
+    assert_eq!(r.apply(set(epoch, 29_501)), LedgerResponse::Ok);
+    let LedgerResponse::Rejected(why) = r.apply(set(epoch, 29_502)) else {
+        panic!("a second port replaced the first")
+    };
+    assert!(why.contains("has master port 29501 already"), "{why}");
+    assert_eq!(
+        r.job(id).alloc.as_ref().and_then(|a| a.master_port),
+        Some(29_501)
     );
 }
