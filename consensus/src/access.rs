@@ -131,6 +131,7 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::TouchApiToken { .. } => "managing tokens",
         Command::PutAttr { .. } => "setting cluster attributes",
         Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "managing tenants",
+        Command::SetUser { .. } => "managing users",
         Command::SetDrain { .. } => "draining nodes",
         Command::SetGpuFault { .. } => "draining GPUs",
         Command::StartCaRotation { .. } | Command::AdvanceCaRotation { .. } => {
@@ -283,6 +284,20 @@ mod tests {
         assert!(
             err.message()
                 .contains("mesh:/b/data belongs to another tenant"),
+            "{err:?}"
+        );
+        let err = authorize(
+            &l,
+            "a",
+            &Command::SetUser {
+                name: "alice".into(),
+                tenant: Some("a".into()),
+            },
+        )
+        .unwrap_err();
+        assert!(
+            err.message()
+                .contains("managing users needs an admin token"),
             "{err:?}"
         );
         let err = authorize(&l, "a", &Command::SetDrain { id: 1, drain: true }).unwrap_err();

@@ -286,6 +286,12 @@ pub enum Command {
         job: JobId,
         signal: i32,
     },
+    /// Maps a user name to a tenant (`sacctmgr add user NAME
+    /// account=TENANT`), or removes the name (`tenant: None`).
+    SetUser {
+        name: String,
+        tenant: Option<String>,
+    },
     /// The rendezvous port rank 0's agent found free on its node for this
     /// allocation (`MASTER_PORT` of every rank); the first one recorded stays.
     SetMasterPort {
@@ -639,6 +645,9 @@ impl Ledger {
             Command::HoldJob { job, hold } => answer(self.workload.hold(*job, *hold)),
             Command::SignalJob { job, signal } => answer(self.workload.signal(*job, *signal)),
             Command::RequeueJob { job } => answer(self.workload.requeue(*job, now)),
+            Command::SetUser { name, tenant } => {
+                answer(self.workload.set_user(name, tenant.as_deref()))
+            }
             Command::SetMasterPort { job, epoch, port } => {
                 answer(self.workload.set_master_port(*job, *epoch, *port))
             }

@@ -54,7 +54,8 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// `timeout`, `node_fail` and `out_of_memory`; version 9 gave job specs
 /// their tasks per node, dependencies and warning signal, jobs their hold,
 /// and the ledger its peer regions (federation); version 10 gave job specs
-/// their node choice (nodelist, exclude, exclusive) and a hold at submit.
+/// their node choice (nodelist, exclude, exclusive) and a hold at submit,
+/// allocations their signals and master port, and the workload its users.
 pub const SNAPSHOT_VERSION: u8 = 10;
 /// The oldest snapshot version this binary decodes.
 const OLDEST_DECODED_VERSION: u8 = 10;

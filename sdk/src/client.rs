@@ -449,6 +449,28 @@ impl Client {
         .await
     }
 
+    /// User names and their tenants (`sacctmgr list user`); a tenant token
+    /// sees those of its own tenants.
+    pub async fn users(&self) -> Result<Vec<crate::UserInfo>, ClientError> {
+        self.get("/v1/users").await
+    }
+
+    /// Maps `name` to `tenant`, or removes it with `None` (admin).
+    pub async fn set_user(
+        &self,
+        name: &str,
+        tenant: Option<&str>,
+    ) -> Result<WriteResponse, ClientError> {
+        self.post(
+            "/v1/users",
+            &crate::UserInfo {
+                name: name.to_string(),
+                tenant: tenant.map(str::to_string),
+            },
+        )
+        .await
+    }
+
     /// Stops a running job and queues it again (`scontrol requeue`).
     pub async fn requeue_job(&self, id: u64) -> Result<WriteResponse, ClientError> {
         self.post(&format!("/v1/jobs/{id}/requeue"), &serde_json::json!({}))

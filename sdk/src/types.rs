@@ -504,6 +504,15 @@ pub struct JobSubmitResponse {
     pub region: Option<String>,
 }
 
+/// A Slurm user name and the tenant (account) it stands for
+/// (`sacctmgr list user`); also `POST /v1/users`, where a null tenant
+/// removes the name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct UserInfo {
+    pub name: String,
+    pub tenant: Option<String>,
+}
+
 /// `POST /v1/jobs/{id}/signal`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct JobSignalRequest {

@@ -9,7 +9,7 @@ use super::{
     PlannedPlacement, RankEnd, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, WarnSignal,
     Workload, CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_DEPENDENCIES,
     MAX_FINISHED_JOBS, MAX_JOB_SIGNALS, MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES, MAX_NAMED_NODES,
-    REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
+    MAX_USERS, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
 };
 use crate::ledger::{validate_name, Member};
 use crate::sched::gpu_model_matches;
@@ -292,6 +292,37 @@ impl Workload {
             ));
         }
         alloc.signals.push(signal);
+        Ok(())
+    }
+
+    /// `sacctmgr add user NAME account=TENANT` (`Some`) or `delete user`.
+    pub(crate) fn set_user(&mut self, name: &str, tenant: Option<&str>) -> Result<(), String> {
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !valid {
+            return Err(format!(
+                "invalid user name '{name}': 1-64 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        match tenant {
+            Some(tenant) => {
+                if !self.tenants.contains_key(tenant) {
+                    return Err(format!("no tenant (account) named '{tenant}'"));
+                }
+                if !self.users.contains_key(name) && self.users.len() >= MAX_USERS {
+                    return Err(format!("at most {MAX_USERS} users may be mapped"));
+                }
+                self.users.insert(name.to_string(), tenant.to_string());
+            }
+            None => {
+                self.users
+                    .remove(name)
+                    .ok_or_else(|| format!("no user named '{name}'"))?;
+            }
+        }
         Ok(())
     }
 

@@ -69,6 +69,8 @@ pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024;
 pub const MAX_NAMED_NODES: usize = 4096;
 /// Most `scancel --signal`s one allocation records.
 pub const MAX_JOB_SIGNALS: usize = 64;
+/// Most user names `sacctmgr add user` may map to tenants.
+pub const MAX_USERS: usize = 10_000;
 /// Most jobs one job may depend on.
 pub const MAX_DEPENDENCIES: usize = 64;
 
@@ -776,6 +778,9 @@ pub struct Workload {
     pub drained: std::collections::BTreeSet<NodeId>,
     /// GPUs that take no work, by node and GPU index.
     pub gpu_faults: BTreeMap<NodeId, BTreeMap<u32, GpuFault>>,
+    /// Slurm user names and the tenant each stands for (`sacctmgr add user
+    /// NAME account=TENANT`), so that `squeue -u NAME` finds its jobs.
+    pub users: BTreeMap<String, String>,
 }
 
 impl Workload {

@@ -1882,3 +1882,33 @@ fn the_first_master_port_recorded_stays() {
         Some(29_501)
     );
 }
+
+#[test]
+fn users_map_to_tenants() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let set = |name: &str, tenant: Option<&str>| Command::SetUser {
+        name: name.into(),
+        tenant: tenant.map(str::to_string),
+    };
+    assert_eq!(
+        r.apply(set("alice", Some(DEFAULT_TENANT))),
+        LedgerResponse::Ok
+    );
+    assert_eq!(
+        r.ledger.workload.users.get("alice").map(String::as_str),
+        Some(DEFAULT_TENANT)
+    );
+    for (cmd, why) in [
+        (set("bob", Some("nope")), "no tenant (account) named 'nope'"),
+        (set("a b", Some(DEFAULT_TENANT)), "invalid user name"),
+        (set("", Some(DEFAULT_TENANT)), "invalid user name"),
+        (set("carol", None), "no user named 'carol'"),
+    ] {
+        let LedgerResponse::Rejected(got) = r.apply(cmd) else {
+            panic!("accepted: {why}")
+        };
+        assert!(got.contains(why), "{got}");
+    }
+    assert_eq!(r.apply(set("alice", None)), LedgerResponse::Ok);
+    assert!(r.ledger.workload.users.is_empty());
+}

@@ -164,6 +164,7 @@ pub fn router(state: AppState) -> Router {
         .route("/objects", post(put_object).get(list_objects))
         .route("/objects/rm", post(remove_object))
         .route("/tenants", post(create_tenant).get(list_tenants))
+        .route("/users", post(set_user).get(list_users))
         .route("/tenants/{name}", post(set_tenant))
         .route("/quota", get(quota))
         .route("/events", get(list_events))
@@ -689,6 +690,45 @@ async fn test_job(
         )
     })?;
     Ok(Json(views::test_only(ledger, &trial, now_ms)))
+}
+
+/// `sacctmgr list user`: the names this caller's tenants stand behind.
+async fn list_users(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<shoal_sdk::UserInfo>>, ApiError> {
+    let data = app.ledger().read()?;
+    let ledger = &data.ledger;
+    Ok(Json(
+        ledger
+            .workload
+            .users
+            .iter()
+            .filter(|(_, tenant)| scope::sees_tenant(ledger, &caller, tenant))
+            .map(|(name, tenant)| shoal_sdk::UserInfo {
+                name: name.clone(),
+                tenant: Some(tenant.clone()),
+            })
+            .collect(),
+    ))
+}
+
+/// `sacctmgr add|delete user` (admin: not a tenant write).
+async fn set_user(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(req): Json<shoal_sdk::UserInfo>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_or_reject(
+        &app,
+        &caller,
+        Command::SetUser {
+            name: req.name,
+            tenant: req.tenant,
+        },
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
 }
 
 #[derive(serde::Deserialize)]

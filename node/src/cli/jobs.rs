@@ -1159,6 +1159,66 @@ pub async fn requeue(client: &Client, ids: &[u64], json: bool) -> anyhow::Result
     Ok(())
 }
 
+#[derive(Subcommand, Debug)]
+pub enum UserCmd {
+    /// User names and their tenants
+    Ls,
+    /// Map a user name to a tenant (admin)
+    Add {
+        name: String,
+        #[arg(long, short = 'A')]
+        tenant: String,
+    },
+    /// Remove a user name (admin)
+    Rm { name: String },
+}
+
+/// `shoal user ls|add|rm`, `sacctmgr list|add|delete user`.
+pub async fn user(client: &Client, cmd: &UserCmd, json: bool) -> anyhow::Result<()> {
+    match cmd {
+        UserCmd::Ls => {
+            let users = client.users().await.map_err(api)?;
+            if json {
+                return print_json(&users);
+            }
+            println!("{:<20} TENANT", "USER");
+            for u in users {
+                println!("{:<20} {}", u.name, u.tenant.unwrap_or_default());
+            }
+        }
+        UserCmd::Add { name, tenant } => {
+            let w = client.set_user(name, Some(tenant)).await.map_err(api)?;
+            if json {
+                return print_json(&w);
+            }
+            println!("user {name} is tenant {tenant}");
+        }
+        UserCmd::Rm { name } => {
+            let w = client.set_user(name, None).await.map_err(api)?;
+            if json {
+                return print_json(&w);
+            }
+            println!("user {name} removed");
+        }
+    }
+    Ok(())
+}
+
+/// Tenants that `names` (Slurm user names, `-u`) stand for: a mapped
+/// user's tenant, else the name itself (a tenant).
+pub fn tenants_of_users(names: &[String], users: &[shoal_sdk::UserInfo]) -> Vec<String> {
+    names
+        .iter()
+        .map(|n| {
+            users
+                .iter()
+                .find(|u| &u.name == n)
+                .and_then(|u| u.tenant.clone())
+                .unwrap_or_else(|| n.clone())
+        })
+        .collect()
+}
+
 /// `shoal hold|release ID...`.
 pub async fn hold(client: &Client, ids: &[u64], hold: bool, json: bool) -> anyhow::Result<()> {
     let mut answers = Vec::new();

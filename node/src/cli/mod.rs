@@ -273,6 +273,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: TenantCmd,
     },
+    /// Slurm user names and the tenant each stands for (`squeue -u NAME`)
+    User {
+        #[command(subcommand)]
+        cmd: crate::cli::jobs::UserCmd,
+    },
     /// GPU and GPU-hour usage against each tenant's limits
     Quota {
         #[arg(long)]
@@ -828,6 +833,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::cli::federation::run(&local, cmd, cli.token.as_deref(), cli.json).await
         }
         Cmd::Tenant { cmd } => crate::cli::jobs::tenant(&client(&cli)?, cmd, cli.json).await,
+        Cmd::User { cmd } => crate::cli::jobs::user(&client(&cli)?, cmd, cli.json).await,
         Cmd::Cp(args) => crate::cli::cp::cp(&client(&cli)?, args, cli.json).await,
         Cmd::Ls { path } => crate::cli::cp::ls(&client(&cli)?, path, cli.json).await,
         Cmd::Stat { path } => crate::cli::cp::stat(&client(&cli)?, path, cli.json).await,

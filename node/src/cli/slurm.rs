@@ -786,6 +786,9 @@ fn sacctmgr(args: &[String]) -> Result<Vec<String>, String> {
         }
     };
     let mut argv = vec!["shoal".to_string()];
+    if entity == "user" || entity == "users" {
+        return sacctmgr_user(&verb, &words[2..], json);
+    }
     match verb.as_str() {
         "show" | "list" => {
             if entity.starts_with("assoc") {
@@ -851,6 +854,45 @@ fn sacctmgr(args: &[String]) -> Result<Vec<String>, String> {
     };
     argv.extend(["tenant".to_string(), action.to_string(), name]);
     argv.extend(flags);
+    if json {
+        argv.push("--json".into());
+    }
+    Ok(argv)
+}
+
+/// `sacctmgr list|show user`, `add|create user NAME account=TENANT`,
+/// `delete|remove user NAME` as `shoal user ls|add|rm`.
+fn sacctmgr_user(verb: &str, words: &[&str], json: bool) -> Result<Vec<String>, String> {
+    let mut name = None;
+    let mut account = None;
+    for word in words {
+        if word.eq_ignore_ascii_case("where") || word.eq_ignore_ascii_case("set") {
+            continue;
+        }
+        match word.split_once('=') {
+            Some((k, v)) => match k.to_ascii_lowercase().as_str() {
+                "name" | "names" | "user" | "users" => name = Some(v.to_string()),
+                "account" | "accounts" | "defaultaccount" => account = Some(v.to_string()),
+                other => return Err(format!("sacctmgr: user '{other}' is not supported")),
+            },
+            None if name.is_none() => name = Some(word.to_string()),
+            None => return Err(format!("sacctmgr: unexpected '{word}'")),
+        }
+    }
+    let mut argv = vec!["shoal".to_string(), "user".to_string()];
+    match verb {
+        "show" | "list" => argv.push("ls".into()),
+        "add" | "create" => {
+            let name = name.ok_or("sacctmgr: add user needs a name")?;
+            let account = account.ok_or("sacctmgr: add user needs account=TENANT")?;
+            argv.extend(["add".to_string(), name, "--tenant".to_string(), account]);
+        }
+        "delete" | "remove" => {
+            let name = name.ok_or("sacctmgr: delete user needs a name")?;
+            argv.extend(["rm".to_string(), name]);
+        }
+        other => return Err(format!("sacctmgr: '{other} user' is not supported")),
+    }
     if json {
         argv.push("--json".into());
     }
@@ -1290,6 +1332,25 @@ echo start
             ]
         );
         assert_eq!(t("sacctmgr", "show assoc"), ["shoal", "quota"]);
+        assert_eq!(
+            t("sacctmgr", "-i add user alice account=vision"),
+            ["shoal", "user", "add", "alice", "--tenant", "vision"]
+        );
+        assert_eq!(
+            t("sacctmgr", "delete user where name=alice"),
+            ["shoal", "user", "rm", "alice"]
+        );
+        assert_eq!(t("sacctmgr", "list users"), ["shoal", "user", "ls"]);
+        for bad in [
+            "add user alice",
+            "add user account=x",
+            "modify user alice",
+            "add user a qos=x",
+        ] {
+            let words: Vec<String> = bad.split(' ').map(str::to_string).collect();
+            let err = translate("sacctmgr", &words).err().expect(bad);
+            assert!(err.message.starts_with("sacctmgr: "), "{}", err.message);
+        }
         assert!(translate("sacctmgr", &["delete".into(), "account".into()]).is_err());
     }
 

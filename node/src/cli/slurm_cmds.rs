@@ -31,7 +31,8 @@ fn now_s() -> i64 {
 pub async fn run(client: &Client, name: &str, args: &[String]) -> anyhow::Result<()> {
     match name {
         "squeue" => {
-            let o = parse_squeue(args).map_err(|e| usage_error(&e))?;
+            let mut o = parse_squeue(args).map_err(|e| usage_error(&e))?;
+            o.users = resolve_users(client, &o.users).await;
             let jobs = client.jobs(None, None).await.map_err(api)?;
             if o.json {
                 let jobs: Vec<JobInfo> = squeue_select(&o, jobs, &my_tenant());
@@ -51,7 +52,8 @@ pub async fn run(client: &Client, name: &str, args: &[String]) -> anyhow::Result
             Ok(())
         }
         "sacct" => {
-            let o = parse_sacct(args, now_s()).map_err(|e| usage_error(&e))?;
+            let mut o = parse_sacct(args, now_s()).map_err(|e| usage_error(&e))?;
+            o.users = resolve_users(client, &o.users).await;
             let jobs = client.jobs(None, None).await.map_err(api)?;
             let jobs = sacct_select(&o, jobs);
             if o.json {
@@ -68,6 +70,17 @@ pub async fn run(client: &Client, name: &str, args: &[String]) -> anyhow::Result
 }
 
 /// A usage error: printed as one `error:` line by the caller; exit 2.
+/// `-u` names as tenants: a user mapped with `sacctmgr add user` stands
+/// for its tenant; any other name is taken as a tenant (as before users
+/// existed, and when the server cannot list them).
+async fn resolve_users(client: &Client, names: &[String]) -> Vec<String> {
+    if names.is_empty() {
+        return Vec::new();
+    }
+    let users = client.users().await.unwrap_or_default();
+    super::jobs::tenants_of_users(names, &users)
+}
+
 fn usage_error(msg: &str) -> anyhow::Error {
     eprintln!("error: {msg}");
     super::jobs::ExitWith(2).into()
@@ -797,7 +810,8 @@ pub fn scancel_select(o: &ScancelOpts, jobs: &[JobInfo], me: &str) -> Vec<u64> {
 }
 
 async fn scancel(client: &Client, args: &[String]) -> anyhow::Result<()> {
-    let o = parse_scancel(args).map_err(|e| usage_error(&e))?;
+    let mut o = parse_scancel(args).map_err(|e| usage_error(&e))?;
+    o.users = resolve_users(client, &o.users).await;
     let targets = if o.filtered() {
         let jobs = client.jobs(None, None).await.map_err(api)?;
         scancel_select(&o, &jobs, &my_tenant())
