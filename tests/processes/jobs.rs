@@ -1360,7 +1360,10 @@ async fn slurm_scancel_signal_requeue_and_time_limit() {
     let _serial = one_at_a_time();
     let cluster = Cluster::start(&["r1"]).await;
     let client = cluster.client(0);
-    let tools = SlurmTools::new(&cluster, &["sbatch", "scancel", "scontrol"]);
+    let tools = SlurmTools::new(
+        &cluster,
+        &["sbatch", "scancel", "scontrol", "squeue", "sacctmgr"],
+    );
     let id = tools.sbatch(&[
         "-t",
         "5",
@@ -1402,6 +1405,35 @@ async fn slurm_scancel_signal_requeue_and_time_limit() {
         let err = refused.expect_err("another tenant's job");
         assert!(err.to_string().contains(&format!("no job {id}")), "{err}");
     }
+
+    // Users: an admin maps them; a tenant token sees its own, maps none.
+    let (code, _, err) = tools.run(
+        "sacctmgr",
+        &["-i", "add", "user", "alice", "account=default"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    client
+        .set_user("vic", Some("vision"))
+        .await
+        .expect("admin maps vic");
+    let err = vision
+        .set_user("mallory", Some("vision"))
+        .await
+        .expect_err("a tenant token maps users");
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    let seen: Vec<String> = vision
+        .users()
+        .await
+        .expect("users")
+        .into_iter()
+        .map(|u| u.name)
+        .collect();
+    assert_eq!(seen, vec!["vic".to_string()]);
+    let (code, out, err) = tools.run("squeue", &["-h", "-u", "alice", "-o", "%i %u"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, format!("{id} default\n"));
+    let (_, out, _) = tools.run("squeue", &["-h", "-u", "vic", "-o", "%i"]);
+    assert_eq!(out, "", "vic's tenant has no jobs");
 
     // scancel --signal: the ranks get it and the job goes on running.
     let (code, _, err) = tools.run("scancel", &["--signal=USR1", &id.to_string()]);
