@@ -691,12 +691,15 @@ sleep 60
     assert_eq!(code, Some(0));
     assert!(out.starts_with("             JOBID PARTITION"), "{out}");
 
-    let (code, _, err) = run("scancel", &["--signal=USR1", &id.to_string()]);
+    // A signal is not a cancel (the signal itself: the scancel test below).
+    let (code, _, err) = run("scancel", &["--batch", "--signal=USR1", &id.to_string()]);
     assert_eq!(code, Some(2));
     assert!(
-        err.starts_with("error: scancel: --signal is not supported"),
+        err.starts_with("error: scancel: --batch is not supported"),
         "{err}"
     );
+    let (code, _, err) = run("scancel", &["--signal=CONT", &id.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
     assert_eq!(client.job(id).await.expect("job").state, "running");
 
     let (code, out, err) = run("scontrol", &["show", "job", &id.to_string()]);
@@ -710,9 +713,9 @@ sleep 60
     let (code, out, err) = run("scontrol", &["show", "node", "n1"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("State=MIXED"), "{out}");
-    let (code, _, err) = run("scontrol", &["requeue", &id.to_string()]);
+    let (code, _, err) = run("scontrol", &["suspend", &id.to_string()]);
     assert_eq!(code, Some(2));
-    assert_eq!(err.trim(), "error: scontrol: 'requeue' is not supported");
+    assert_eq!(err.trim(), "error: scontrol: 'suspend' is not supported");
     let (code, _, err) = run("scontrol", &["hold", &id.to_string()]);
     assert_eq!(code, Some(1), "a running job cannot be held");
     assert!(err.contains("only a waiting job can be held"), "{err}");
