@@ -59,7 +59,23 @@ pub fn authorize(ledger: &Ledger, scope: &str, cmd: &Command) -> Result<(), Refu
             "permission denied: a token of tenant '{scope}' cannot submit jobs for tenant '{}'",
             spec.tenant
         ))),
-        Command::CancelJob { job } | Command::HoldJob { job, .. } => match workload.jobs.get(job) {
+        Command::SetTimeLimit { job, time_limit_s } => match workload.jobs.get(job) {
+            None => Ok(()),
+            Some(j) if !covers(workload, scope, &j.spec.tenant) => {
+                Err(Refusal::Hidden(format!("no job {job}")))
+            }
+            // Slurm's rule: a user may lower a limit; raising it is an
+            // operator's decision (it commits more of the budget).
+            Some(j) if *time_limit_s > j.spec.time_limit_s => Err(Refusal::Denied(format!(
+                "permission denied: only an admin token may raise a job's time limit (job {job} has {} s)",
+                j.spec.time_limit_s
+            ))),
+            Some(_) => Ok(()),
+        },
+        Command::CancelJob { job }
+        | Command::HoldJob { job, .. }
+        | Command::SignalJob { job, .. }
+        | Command::RequeueJob { job } => match workload.jobs.get(job) {
             // Cancelling a job that does not exist fails in apply with its
             // usual message, which a hidden job's answer repeats.
             None => Ok(()),
@@ -115,6 +131,7 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::TouchApiToken { .. } => "managing tokens",
         Command::PutAttr { .. } => "setting cluster attributes",
         Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "managing tenants",
+        Command::SetUser { .. } => "managing users",
         Command::SetDrain { .. } => "draining nodes",
         Command::SetGpuFault { .. } => "draining GPUs",
         Command::StartCaRotation { .. } | Command::AdvanceCaRotation { .. } => {
@@ -269,6 +286,20 @@ mod tests {
                 .contains("mesh:/b/data belongs to another tenant"),
             "{err:?}"
         );
+        let err = authorize(
+            &l,
+            "a",
+            &Command::SetUser {
+                name: "alice".into(),
+                tenant: Some("a".into()),
+            },
+        )
+        .unwrap_err();
+        assert!(
+            err.message()
+                .contains("managing users needs an admin token"),
+            "{err:?}"
+        );
         let err = authorize(&l, "a", &Command::SetDrain { id: 1, drain: true }).unwrap_err();
         assert!(
             err.message()
@@ -297,6 +328,47 @@ mod tests {
             LedgerResponse::Hidden(format!("no job {b_job}"))
         );
         assert!(!l.workload.jobs[&b_job].held);
+        // So are signals, requeues and new time limits, which change nothing.
+        for cmd in [
+            Command::SignalJob {
+                job: b_job,
+                signal: 10,
+            },
+            Command::RequeueJob { job: b_job },
+            Command::SetTimeLimit {
+                job: b_job,
+                time_limit_s: 30,
+            },
+        ] {
+            assert_eq!(
+                as_tenant(&mut l, "a", cmd),
+                LedgerResponse::Hidden(format!("no job {b_job}"))
+            );
+        }
+        assert_eq!(l.workload.jobs[&b_job].spec.time_limit_s, 60);
+        // Its owner may lower the limit but not raise it; an admin may.
+        let raise = Command::SetTimeLimit {
+            job: b_job,
+            time_limit_s: 600,
+        };
+        let LedgerResponse::Denied(why) = as_tenant(&mut l, "b", raise.clone()) else {
+            panic!("a tenant raised its own limit")
+        };
+        assert!(why.contains("only an admin token may raise"), "{why}");
+        let lower = Command::SetTimeLimit {
+            job: b_job,
+            time_limit_s: 30,
+        };
+        assert_eq!(as_tenant(&mut l, "b", lower), LedgerResponse::Ok);
+        let index = l.clock_ms + 1;
+        l.apply(
+            index,
+            &LedgerRequest {
+                now_ms: index,
+                cmd: raise,
+            },
+        );
+        assert_eq!(l.workload.jobs[&b_job].spec.time_limit_s, 600);
         let hidden = as_tenant(&mut l, "a", Command::CancelJob { job: b_job });
         let absent = as_tenant(&mut l, "a", Command::CancelJob { job: missing });
         assert_eq!(hidden, LedgerResponse::Hidden(format!("no job {b_job}")));

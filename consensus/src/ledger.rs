@@ -281,6 +281,36 @@ pub enum Command {
         job: JobId,
         hold: bool,
     },
+    /// Sends `signal` to every rank of a running job, which goes on
+    /// running (`scancel --signal`).
+    SignalJob {
+        job: JobId,
+        signal: i32,
+    },
+    /// Maps a user name to a tenant (`sacctmgr add user NAME
+    /// account=TENANT`), or removes the name (`tenant: None`).
+    SetUser {
+        name: String,
+        tenant: Option<String>,
+    },
+    /// The rendezvous port rank 0's agent found free on its node for this
+    /// allocation (`MASTER_PORT` of every rank); the first one recorded stays.
+    SetMasterPort {
+        job: JobId,
+        epoch: u64,
+        port: u16,
+    },
+    /// Stops a running job and puts it back in the queue, from its latest
+    /// checkpoint (`scontrol requeue`); not counted as a restart.
+    RequeueJob {
+        job: JobId,
+    },
+    /// A new time limit for a job that has not ended (`scontrol update
+    /// JobId=N TimeLimit=T`); a tenant token may only lower it.
+    SetTimeLimit {
+        job: JobId,
+        time_limit_s: u64,
+    },
     /// `shoal federation join` (admin): records a peer region and the
     /// hash of the secret it presents here ([`crate::federation`]).
     AddPeerRegion {
@@ -614,6 +644,17 @@ impl Ledger {
             },
             Command::CancelJob { job } => answer(self.workload.cancel(*job, now)),
             Command::HoldJob { job, hold } => answer(self.workload.hold(*job, *hold)),
+            Command::SignalJob { job, signal } => answer(self.workload.signal(*job, *signal)),
+            Command::RequeueJob { job } => answer(self.workload.requeue(*job, now)),
+            Command::SetUser { name, tenant } => {
+                answer(self.workload.set_user(name, tenant.as_deref()))
+            }
+            Command::SetMasterPort { job, epoch, port } => {
+                answer(self.workload.set_master_port(*job, *epoch, *port))
+            }
+            Command::SetTimeLimit { job, time_limit_s } => {
+                answer(self.workload.set_time_limit(*job, *time_limit_s))
+            }
             Command::Schedule(plan) => {
                 let validate = !checks.skip_plan_validation;
                 let outcome = self

@@ -58,6 +58,14 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
                 "report for rank {rank} of job {job}: it runs elsewhere"
             )),
         },
+        // Only rank 0's node chooses the port its rank listens on.
+        Command::SetMasterPort { job, epoch, .. } => match allocation(ledger, *job, *epoch) {
+            None => Ok(()),
+            Some(alloc) if rank_node(alloc, 0) == Some(node) => Ok(()),
+            Some(_) => refuse(&format!(
+                "choose the master port of job {job}: its rank 0 runs elsewhere"
+            )),
+        },
         Command::SetCheckpointHolders {
             job, step, rank, ..
         } => {
@@ -167,9 +175,12 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::RotateApiToken { .. } => "revoke or rotate tokens",
         Command::PutAttr { .. } => "set cluster attributes",
         Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "manage tenants",
-        Command::SubmitJob { .. } | Command::CancelJob { .. } | Command::HoldJob { .. } => {
-            "submit, hold or cancel jobs"
-        }
+        Command::SubmitJob { .. }
+        | Command::CancelJob { .. }
+        | Command::HoldJob { .. }
+        | Command::SignalJob { .. }
+        | Command::RequeueJob { .. }
+        | Command::SetTimeLimit { .. } => "submit, hold, signal, requeue, change or cancel jobs",
         Command::Schedule(_) | Command::ReleaseJob { .. } => "schedule",
         Command::PutObject { .. } | Command::RemoveObject { .. } => "write mesh:/ objects",
         Command::SetDrain { .. } => "drain nodes",
@@ -344,6 +355,28 @@ mod tests {
                 .any(|m| m.contains(&format!("node {bystander}")) && m.contains("rank 0")),
             "{audit:?}"
         );
+    }
+
+    #[test]
+    fn only_rank_0s_node_chooses_the_master_port() {
+        let (mut r, job) = Replica::with_a_running_job();
+        let (epoch, runner, bystander) = r.placement(job);
+        let set = Command::SetMasterPort {
+            job,
+            epoch,
+            port: 29_401,
+        };
+        let forged = r.as_node(bystander, set.clone());
+        assert!(denied(&forged), "{forged:?}");
+        let port = |r: &Replica| {
+            r.ledger.workload.jobs[&job]
+                .alloc
+                .as_ref()
+                .and_then(|a| a.master_port)
+        };
+        assert_eq!(port(&r), None);
+        assert_eq!(r.as_node(runner, set), LedgerResponse::Ok);
+        assert_eq!(port(&r), Some(29_401));
     }
 
     #[test]

@@ -53,10 +53,12 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// specs `requeue`, allocations their OOM-killed ranks, and job states
 /// `timeout`, `node_fail` and `out_of_memory`; version 9 gave job specs
 /// their tasks per node, dependencies and warning signal, jobs their hold,
-/// and the ledger its peer regions (federation).
-pub const SNAPSHOT_VERSION: u8 = 9;
+/// and the ledger its peer regions (federation); version 10 gave job specs
+/// their node choice (nodelist, exclude, exclusive) and a hold at submit,
+/// allocations their signals and master port, and the workload its users.
+pub const SNAPSHOT_VERSION: u8 = 10;
 /// The oldest snapshot version this binary decodes.
-const OLDEST_DECODED_VERSION: u8 = 9;
+const OLDEST_DECODED_VERSION: u8 = 10;
 /// Decoding bound for snapshots and log entries.
 pub const MAX_DECODE: u64 = 1 << 30;
 

@@ -403,6 +403,14 @@ impl Client {
         self.post("/v1/jobs", req).await
     }
 
+    /// Where and when `req` would start; nothing is submitted (`--test-only`).
+    pub async fn test_job(
+        &self,
+        req: &JobSubmitRequest,
+    ) -> Result<crate::JobTestOnlyResponse, ClientError> {
+        self.post("/v1/jobs/test-only", req).await
+    }
+
     /// Jobs, filtered by tenant and state when given.
     pub async fn jobs(
         &self,
@@ -427,6 +435,60 @@ impl Client {
     pub async fn cancel_job(&self, id: u64) -> Result<WriteResponse, ClientError> {
         self.post(&format!("/v1/jobs/{id}/cancel"), &serde_json::json!({}))
             .await
+    }
+
+    /// Sends `signal` (`USR1`, `SIGTERM`, `10`) to every rank of a running
+    /// job, which goes on running (`scancel --signal`).
+    pub async fn signal_job(&self, id: u64, signal: &str) -> Result<WriteResponse, ClientError> {
+        self.post(
+            &format!("/v1/jobs/{id}/signal"),
+            &crate::JobSignalRequest {
+                signal: signal.to_string(),
+            },
+        )
+        .await
+    }
+
+    /// User names and their tenants (`sacctmgr list user`); a tenant token
+    /// sees those of its own tenants.
+    pub async fn users(&self) -> Result<Vec<crate::UserInfo>, ClientError> {
+        self.get("/v1/users").await
+    }
+
+    /// Maps `name` to `tenant`, or removes it with `None` (admin).
+    pub async fn set_user(
+        &self,
+        name: &str,
+        tenant: Option<&str>,
+    ) -> Result<WriteResponse, ClientError> {
+        self.post(
+            "/v1/users",
+            &crate::UserInfo {
+                name: name.to_string(),
+                tenant: tenant.map(str::to_string),
+            },
+        )
+        .await
+    }
+
+    /// Stops a running job and queues it again (`scontrol requeue`).
+    pub async fn requeue_job(&self, id: u64) -> Result<WriteResponse, ClientError> {
+        self.post(&format!("/v1/jobs/{id}/requeue"), &serde_json::json!({}))
+            .await
+    }
+
+    /// A new time limit for a job that has not ended (`scontrol update
+    /// JobId=N TimeLimit=T`); a tenant token may only lower it.
+    pub async fn set_time_limit(
+        &self,
+        id: u64,
+        time_limit_s: u64,
+    ) -> Result<WriteResponse, ClientError> {
+        self.post(
+            &format!("/v1/jobs/{id}/time-limit"),
+            &crate::JobTimeLimitRequest { time_limit_s },
+        )
+        .await
     }
 
     /// Keeps a waiting job from the scheduler until released (`scontrol hold`).

@@ -398,6 +398,19 @@ pub struct JobSubmitRequest {
     /// before the time limit.
     #[serde(default)]
     pub signal: Option<String>,
+    /// Slurm host list (`n[1-3],gpu7`) of the nodes the job runs on, all of
+    /// them (`-w/--nodelist`); their count is the job's node count.
+    #[serde(default)]
+    pub nodelist: Option<String>,
+    /// Host list of nodes the job never runs on (`-x/--exclude`).
+    #[serde(default)]
+    pub exclude: Option<String>,
+    /// Whole nodes: none shared with another job (`--exclusive`).
+    #[serde(default)]
+    pub exclusive: bool,
+    /// Submitted held, until `scontrol release` (`sbatch -H/--hold`).
+    #[serde(default)]
+    pub hold: bool,
 }
 
 impl JobSubmitRequest {
@@ -430,6 +443,10 @@ impl JobSubmitRequest {
             batch: false,
             dependency: None,
             signal: None,
+            nodelist: None,
+            exclude: None,
+            exclusive: false,
+            hold: false,
         }
     }
 }
@@ -487,6 +504,48 @@ pub struct JobSubmitResponse {
     pub region: Option<String>,
 }
 
+/// A Slurm user name and the tenant (account) it stands for
+/// (`sacctmgr list user`); also `POST /v1/users`, where a null tenant
+/// removes the name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct UserInfo {
+    pub name: String,
+    pub tenant: Option<String>,
+}
+
+/// `POST /v1/jobs/{id}/signal`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct JobSignalRequest {
+    /// A name (`USR1`, `SIGUSR1`) or number: HUP, INT, QUIT, USR1, USR2,
+    /// ALRM, TERM or CONT.
+    pub signal: String,
+}
+
+/// `POST /v1/jobs/{id}/time-limit`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct JobTimeLimitRequest {
+    pub time_limit_s: u64,
+}
+
+/// `POST /v1/jobs/test-only` (`shoal submit --test-only`, `sbatch
+/// --test-only`): where and when a job would start; nothing is submitted.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct JobTestOnlyResponse {
+    /// Seconds from now: 0 when it would start at the next scheduling
+    /// pass; later when the running jobs run to their time limits and
+    /// nothing else arrives; null when no such time is known (it is held,
+    /// waits for its dependencies, or does not fit even then).
+    pub start_in_s: Option<u64>,
+    /// That time, RFC 3339 UTC.
+    pub start_at: Option<String>,
+    /// Its nodes then, in rank order (empty when not known).
+    pub nodes: Vec<String>,
+    /// The same, as a compressed host list.
+    pub nodelist: String,
+    /// Why it would not start now.
+    pub reason: Option<String>,
+}
+
 /// `shoal show --json` (and each element of `shoal queue --json`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct JobInfo {
@@ -542,6 +601,15 @@ pub struct JobInfo {
     /// Its `--signal`, as `USR1@300`.
     #[serde(default)]
     pub signal: Option<String>,
+    /// The nodes it must run on (`--nodelist`), as a compressed host list.
+    #[serde(default)]
+    pub nodelist: Option<String>,
+    /// The nodes it must not run on (`--exclude`), as a compressed host list.
+    #[serde(default)]
+    pub exclude: Option<String>,
+    /// It takes its nodes whole (`--exclusive`).
+    #[serde(default)]
+    pub exclusive: bool,
     /// The region the job lives in, set by the CLI for jobs of another
     /// region (`--region R`, `queue --all-regions`); its id prints as
     /// `REGION:ID`. Never skipped when null (see `JobSubmitResponse`).

@@ -507,6 +507,7 @@ impl<'t> Engine<'t> {
             same: None,
             max_rtt_ms: None,
             required_labels: BTreeMap::new(),
+            choice: Default::default(),
         };
         self.pending_gpus_by_tenant[state.tenant] += u64::from(gpus);
         *self

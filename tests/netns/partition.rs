@@ -144,6 +144,10 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
         batch: false,
         dependency: None,
         signal: None,
+        nodelist: None,
+        exclude: None,
+        exclusive: false,
+        hold: false,
     };
     let id = clients[0].submit_job(&req).await.expect("submit").id;
     let first = wait_for("a committed checkpoint", TIMEOUT, || {

@@ -691,12 +691,15 @@ sleep 60
     assert_eq!(code, Some(0));
     assert!(out.starts_with("             JOBID PARTITION"), "{out}");
 
-    let (code, _, err) = run("scancel", &["--signal=USR1", &id.to_string()]);
+    // A signal is not a cancel (the signal itself: the scancel test below).
+    let (code, _, err) = run("scancel", &["--batch", "--signal=USR1", &id.to_string()]);
     assert_eq!(code, Some(2));
     assert!(
-        err.starts_with("error: scancel: --signal is not supported"),
+        err.starts_with("error: scancel: --batch is not supported"),
         "{err}"
     );
+    let (code, _, err) = run("scancel", &["--signal=CONT", &id.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
     assert_eq!(client.job(id).await.expect("job").state, "running");
 
     let (code, out, err) = run("scontrol", &["show", "job", &id.to_string()]);
@@ -710,9 +713,9 @@ sleep 60
     let (code, out, err) = run("scontrol", &["show", "node", "n1"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("State=MIXED"), "{out}");
-    let (code, _, err) = run("scontrol", &["requeue", &id.to_string()]);
+    let (code, _, err) = run("scontrol", &["suspend", &id.to_string()]);
     assert_eq!(code, Some(2));
-    assert_eq!(err.trim(), "error: scontrol: 'requeue' is not supported");
+    assert_eq!(err.trim(), "error: scontrol: 'suspend' is not supported");
     let (code, _, err) = run("scontrol", &["hold", &id.to_string()]);
     assert_eq!(code, Some(1), "a running job cannot be held");
     assert!(err.contains("only a waiting job can be held"), "{err}");
@@ -1156,6 +1159,328 @@ async fn slurm_arrays_dependencies_and_holds() {
     assert_eq!(job.signal.as_deref(), Some("USR1@55"));
     let (code, out, _) = run("sbatch", &["--signal=KILL", "--wrap", "true"]);
     assert_eq!(code, Some(1), "{out}");
+}
+
+/// Slurm's command names as symlinks to the binary, run against one node
+/// of a cluster from a working directory of their own.
+struct SlurmTools {
+    bin: tempfile::TempDir,
+    work: tempfile::TempDir,
+    api: String,
+    token: String,
+}
+
+impl SlurmTools {
+    fn new(cluster: &Cluster, names: &[&str]) -> SlurmTools {
+        let bin = tempfile::tempdir().expect("tempdir");
+        for name in names {
+            std::os::unix::fs::symlink(shoal_bin(), bin.path().join(name)).expect("symlink");
+        }
+        SlurmTools {
+            bin,
+            work: tempfile::tempdir().expect("tempdir"),
+            api: cluster.nodes[0].api_url(),
+            token: cluster.token.clone(),
+        }
+    }
+
+    /// (exit code, stdout, stderr) of `name args...` (`shoal` for the binary itself).
+    fn run(&self, name: &str, args: &[&str]) -> (Option<i32>, String, String) {
+        let program = match name {
+            "shoal" => PathBuf::from(shoal_bin()),
+            other => self.bin.path().join(other),
+        };
+        let out = Command::new(program)
+            .args(args)
+            .current_dir(self.work.path())
+            .env("SHOAL_API", &self.api)
+            .env("SHOAL_TOKEN", &self.token)
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    }
+
+    /// The id `sbatch --parsable -t 1 args...` prints.
+    fn sbatch(&self, args: &[&str]) -> u64 {
+        let mut all = vec!["--parsable", "-t", "1"];
+        all.extend_from_slice(args);
+        let (code, out, err) = self.run("sbatch", &all);
+        assert_eq!(code, Some(0), "sbatch {args:?}: {err}");
+        out.trim().parse::<u64>().expect("id")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_nodelist_exclusive_test_only_and_hold() {
+    let _serial = one_at_a_time();
+    let cluster = Cluster::start(&["r1", "r1"]).await;
+    let client = cluster.client(0);
+    let tools = SlurmTools::new(&cluster, &["sbatch", "scontrol", "squeue"]);
+
+    // -w pins the gang, -x keeps it off; a name no node has is refused.
+    let pinned = tools.sbatch(&["-t", "5", "-w", "n2", "--wrap", "sleep 300"]);
+    let job = wait_state(&client, pinned, "running").await;
+    assert_eq!(job.nodes, vec!["n2".to_string()]);
+    assert_eq!(job.nodelist.as_deref(), Some("n2"));
+    let away = tools.sbatch(&[
+        "-t",
+        "5",
+        "-x",
+        "n[2]",
+        "--gres=gpu:1",
+        "--wrap",
+        "sleep 300",
+    ]);
+    let job = wait_state(&client, away, "running").await;
+    assert_eq!(job.nodes, vec!["n1".to_string()]);
+    let (code, _, err) = tools.run("sbatch", &["-w", "n[1-3]", "--wrap", "true"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no node named 'n3'"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let (code, _, err) = tools.run("sbatch", &["-x", "n[1-2]", "--wrap", "true"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("outside --exclude"), "{err}");
+
+    // --test-only: where and when; nothing is submitted.
+    let before = client.jobs(None, None).await.expect("jobs").len();
+    let (code, out, err) = tools.run(
+        "shoal",
+        &[
+            "--json",
+            "submit",
+            "--test-only",
+            "--gres",
+            "gpu:3",
+            "-w",
+            "n1",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let trial: shoal_sdk::JobTestOnlyResponse = serde_json::from_str(&out).expect("json");
+    assert_eq!(
+        (trial.start_in_s, trial.nodelist.as_str()),
+        (Some(0), "n1"),
+        "{trial:?}"
+    );
+    // Four GPUs on n1 only once `away` reaches its 5-minute limit.
+    let (code, out, err) = tools.run(
+        "sbatch",
+        &["-w", "n1", "--gres=gpu:4", "--test-only", "--wrap", "true"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with("sbatch: Job to start at ") && out.contains(" on nodes n1 in partition"),
+        "{out}"
+    );
+    let (code, out, _) = tools.run(
+        "shoal",
+        &[
+            "submit",
+            "--test-only",
+            "-w",
+            "n1",
+            "--gres=gpu:4",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code, Some(0));
+    assert!(out.starts_with("would start in "), "{out}");
+    assert_eq!(client.jobs(None, None).await.expect("jobs").len(), before);
+
+    // Both nodes are partly used: an exclusive job waits, and says why.
+    let whole = tools.sbatch(&["--exclusive", "--wrap", "true"]);
+    assert!(client.job(whole).await.expect("job").exclusive);
+    wait_for("the exclusive job's reason", TIMEOUT, || {
+        let client = client.clone();
+        async move {
+            let job = client.job(whole).await.ok()?;
+            job.reason.contains("whole (--exclusive)").then_some(())
+        }
+    })
+    .await;
+    let (_, out, _) = tools.run("squeue", &["-h", "-j", &whole.to_string(), "-o", "%t %R"]);
+    assert!(
+        out.starts_with("PD (") && out.contains("--exclusive"),
+        "{out}"
+    );
+
+    // A tenant token asks only about its own tenant's jobs.
+    client
+        .create_tenant(&TenantRequest {
+            name: "vision".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("tenant");
+    let token = client
+        .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
+            name: Some("vision-bot".into()),
+            tenant: Some("vision".into()),
+            ttl_s: None,
+        })
+        .await
+        .expect("tenant token")
+        .token;
+    let vision = cluster.nodes[0].client(&token);
+    let own = vision
+        .test_job(&request(1, 1, "true"))
+        .await
+        .expect("own tenant");
+    assert!(own.start_in_s.is_some(), "{own:?}");
+    let other = vision
+        .test_job(&shoal_sdk::JobSubmitRequest {
+            tenant: Some("default".into()),
+            ..request(1, 1, "true")
+        })
+        .await
+        .expect_err("another tenant");
+    assert!(other.to_string().contains("permission denied"), "{other}");
+
+    // -H: submitted held, it runs only once released; the exclusive job
+    // gets a whole node once the others end.
+    let held = tools.sbatch(&["-H", "--wrap", "true"]);
+    let job = client.job(held).await.expect("job");
+    assert!(job.held && job.state == "pending", "{job:?}");
+    for id in [pinned, away] {
+        client.cancel_job(id).await.expect("cancel");
+    }
+    wait_state(&client, whole, "completed").await;
+    assert_eq!(client.job(held).await.expect("job").state, "pending");
+    let (code, _, err) = tools.run("scontrol", &["release", &held.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    wait_state(&client, held, "completed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_scancel_signal_requeue_and_time_limit() {
+    let _serial = one_at_a_time();
+    let cluster = Cluster::start(&["r1"]).await;
+    let client = cluster.client(0);
+    let tools = SlurmTools::new(
+        &cluster,
+        &["sbatch", "scancel", "scontrol", "squeue", "sacctmgr"],
+    );
+    let id = tools.sbatch(&[
+        "-t",
+        "5",
+        "--wrap",
+        "trap 'echo got-usr1 >> sig.txt' USR1; touch ready; while true; do sleep 0.1; done",
+    ]);
+    let job = wait_state(&client, id, "running").await;
+    let ready = tools.work.path().join("ready");
+    wait_for("the script's trap", TIMEOUT, || {
+        let ready = ready.clone();
+        async move { ready.exists().then_some(()) }
+    })
+    .await;
+
+    // A tenant token cannot touch another tenant's job: it is "no job N".
+    client
+        .create_tenant(&TenantRequest {
+            name: "vision".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("tenant");
+    let token = client
+        .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
+            name: Some("vision-bot".into()),
+            tenant: Some("vision".into()),
+            ttl_s: None,
+        })
+        .await
+        .expect("tenant token")
+        .token;
+    let vision = cluster.nodes[0].client(&token);
+    let refusals = [
+        vision.signal_job(id, "USR1").await.map(|_| ()),
+        vision.requeue_job(id).await.map(|_| ()),
+        vision.set_time_limit(id, 60).await.map(|_| ()),
+    ];
+    for refused in refusals {
+        let err = refused.expect_err("another tenant's job");
+        assert!(err.to_string().contains(&format!("no job {id}")), "{err}");
+    }
+
+    // Users: an admin maps them; a tenant token sees its own, maps none.
+    let (code, _, err) = tools.run(
+        "sacctmgr",
+        &["-i", "add", "user", "alice", "account=default"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    client
+        .set_user("vic", Some("vision"))
+        .await
+        .expect("admin maps vic");
+    let err = vision
+        .set_user("mallory", Some("vision"))
+        .await
+        .expect_err("a tenant token maps users");
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    let seen: Vec<String> = vision
+        .users()
+        .await
+        .expect("users")
+        .into_iter()
+        .map(|u| u.name)
+        .collect();
+    assert_eq!(seen, vec!["vic".to_string()]);
+    let (code, out, err) = tools.run("squeue", &["-h", "-u", "alice", "-o", "%i %u"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, format!("{id} default\n"));
+    let (_, out, _) = tools.run("squeue", &["-h", "-u", "vic", "-o", "%i"]);
+    assert_eq!(out, "", "vic's tenant has no jobs");
+
+    // scancel --signal: the ranks get it and the job goes on running.
+    let (code, _, err) = tools.run("scancel", &["--signal=USR1", &id.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    let sig = tools.work.path().join("sig.txt");
+    wait_for("SIGUSR1 in the script", TIMEOUT, || {
+        let sig = sig.clone();
+        async move {
+            std::fs::read_to_string(&sig)
+                .ok()
+                .filter(|s| s.contains("got-usr1"))
+        }
+    })
+    .await;
+    assert_eq!(client.job(id).await.expect("job").state, "running");
+    let (code, _, err) = tools.run("scancel", &["--signal=KILL", &id.to_string()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let (code, _, err) = tools.run("shoal", &["cancel", "--signal", "USR2", &id.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+
+    // scontrol update JobId=N TimeLimit=T.
+    let (code, _, err) = tools.run(
+        "scontrol",
+        &["update", &format!("JobId={id}"), "TimeLimit=10"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(client.job(id).await.expect("job").time_limit_s, 600);
+
+    // scontrol requeue: stopped, queued, running again under a new
+    // epoch, no restart used.
+    let (code, _, err) = tools.run("scontrol", &["requeue", &id.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    let again = wait_for("the requeued job running again", TIMEOUT, || {
+        let client = client.clone();
+        async move {
+            let j = client.job(id).await.ok()?;
+            (j.state == "running" && j.epoch != job.epoch).then_some(j)
+        }
+    })
+    .await;
+    assert_eq!(again.restarts, 0);
+    client.cancel_job(id).await.expect("cancel");
+    wait_state(&client, id, "cancelled").await;
 }
 
 /// The DDP example needs PyTorch with gloo for the ranks' `python3`

@@ -151,6 +151,8 @@ impl Replica {
             exits: BTreeMap::new(),
             oom_killed: Default::default(),
             stop: None,
+            signals: Vec::new(),
+            master_port: None,
         });
     }
 

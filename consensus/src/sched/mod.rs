@@ -73,7 +73,8 @@ pub use fairshare::{
     TenantAllocation, TenantView,
 };
 pub use model::{
-    gpu_model_matches, GangRequest, GpuView, JobId, NodeId, NodeView, Placement, TopologyTier,
+    gpu_model_matches, GangRequest, GpuView, JobId, NodeChoice, NodeId, NodeView, Placement,
+    TopologyTier,
 };
 use placement::ClusterShape;
 pub use placement::{place_gang, Placer, Unplaceable, UnplaceableKind};

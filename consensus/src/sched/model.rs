@@ -84,6 +84,44 @@ pub struct GangRequest {
     /// Hard constraint on the gang's diameter (largest pairwise RTT).
     pub max_rtt_ms: Option<f64>,
     pub required_labels: BTreeMap<String, String>,
+    /// Which nodes the gang may use (`--nodelist`, `--exclude`,
+    /// `--exclusive`); the default is any node, shared.
+    #[serde(default)]
+    pub choice: NodeChoice,
+}
+
+/// A gang's say in which nodes host it, beyond its GPUs and labels.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NodeChoice {
+    /// Only these nodes, sorted and distinct (`-w/--nodelist`); empty: any.
+    pub only: Vec<NodeId>,
+    /// Never these nodes, sorted and distinct (`-x/--exclude`).
+    pub exclude: Vec<NodeId>,
+    /// Whole nodes (`--exclusive`): only nodes none of whose GPUs is in
+    /// use, and no other job is placed on them while the gang holds them.
+    pub exclusive: bool,
+}
+
+impl NodeChoice {
+    /// Whether the gang may be placed on `node` at all (its GPUs aside).
+    pub fn allows(&self, node: NodeId) -> bool {
+        (self.only.is_empty() || self.only.binary_search(&node).is_ok())
+            && self.exclude.binary_search(&node).is_err()
+    }
+
+    /// Any node, shared: what a gang without these options gets.
+    pub fn is_default(&self) -> bool {
+        self.only.is_empty() && self.exclude.is_empty() && !self.exclusive
+    }
+
+    /// Sorts and dedups the lists, so [`NodeChoice::allows`] may search them.
+    pub fn normalized(mut self) -> Self {
+        self.only.sort_unstable();
+        self.only.dedup();
+        self.exclude.sort_unstable();
+        self.exclude.dedup();
+        self
+    }
 }
 
 impl GangRequest {

@@ -36,7 +36,7 @@ use super::fairshare::{
     order_pending, unknown_tenant, FairOrder, HdrfUsage, PendingDemand, PendingJob, ResourceVector,
     TenantAllocation, TenantTree,
 };
-use super::model::{GangRequest, JobId, NodeId, NodeView, Placement, TopologyTier};
+use super::model::{GangRequest, JobId, NodeChoice, NodeId, NodeView, Placement, TopologyTier};
 use super::pending_index::{static_problem, PendingIndex, ShapeClass};
 use super::placement::{
     count_feasible_nodes, labels_suffix, model_name, not_enough_nodes, place_indexed, ClusterIndex,
@@ -536,6 +536,7 @@ struct ShapeConstraints<'a> {
     /// Bit pattern: validated requests never carry NaN.
     max_rtt_bits: Option<u64>,
     labels: &'a BTreeMap<String, String>,
+    choice: &'a NodeChoice,
 }
 
 impl<'a> ShapeConstraints<'a> {
@@ -545,6 +546,7 @@ impl<'a> ShapeConstraints<'a> {
             same: request.same,
             max_rtt_bits: request.max_rtt_ms.map(f64::to_bits),
             labels: &request.required_labels,
+            choice: &request.choice,
         }
     }
 }
@@ -954,7 +956,7 @@ impl<'a> Pass<'a> {
                 continue;
             }
             match self.place_in(Area::Free, request, None) {
-                Ok(placement) => self.commit(job, placement),
+                Ok(placement) => self.commit(job, placement, request.choice.exclusive),
                 Err(unplaceable) => {
                     self.note(job.id, unplaceable.reason);
                     waiting_behind = Some(format!("fifo: waiting behind job {}", job.id));
@@ -1089,7 +1091,7 @@ impl<'a> Pass<'a> {
                 break;
             }
             match self.place_in(Area::Free, request, None) {
-                Ok(placement) => self.commit(job, placement),
+                Ok(placement) => self.commit(job, placement, request.choice.exclusive),
                 Err(_) => break,
             }
         }
@@ -1250,7 +1252,7 @@ impl<'a> Pass<'a> {
             let epoch = self.epoch;
             let Some(held_for_head) = &reservation else {
                 match self.place_in(Area::Free, request, None) {
-                    Ok(placement) => self.commit(job, placement),
+                    Ok(placement) => self.commit(job, placement, request.choice.exclusive),
                     Err(unplaceable) => {
                         if allow_preemption && self.try_preempt(job, request) {
                             if index.is_some() {
@@ -1312,7 +1314,7 @@ impl<'a> Pass<'a> {
             };
             match decision {
                 Ok(placement) => {
-                    self.commit(job, placement);
+                    self.commit(job, placement, request.choice.exclusive);
                     if let (Some(index), Some(held)) = (index, &reservation) {
                         placed.push(((request.gpus_per_node, request.nodes), job.time_limit_s));
                         if self.nothing_more_can_start(index, held, &placed) {
@@ -1408,7 +1410,7 @@ impl<'a> Pass<'a> {
     }
 
     /// Writes a placement into the overlay and charges its tenant.
-    fn commit(&mut self, job: &PendingJob, placement: Placement) {
+    fn commit(&mut self, job: &PendingJob, placement: Placement, request_exclusive: bool) {
         let slot = self.jobs.slot(job.id);
         let mut taken = Held::default();
         for (node_id, indices) in &placement.nodes {
@@ -1424,6 +1426,28 @@ impl<'a> Pass<'a> {
                         self.free_usable[position] = self.free_usable[position].saturating_sub(1);
                         if let Some(free) = self.free_by_model.get_mut(model as usize) {
                             *free = free.saturating_sub(1);
+                        }
+                    }
+                }
+            }
+        }
+        if request_exclusive {
+            // Nobody else is placed on a whole node for the rest of the
+            // pass: its other GPUs count as the job's, uncharged.
+            for (node_id, _) in &placement.nodes {
+                let Some(position) = self.position_of(*node_id) else {
+                    continue;
+                };
+                for gpu in self.cluster.gpu_range(position) {
+                    if self.holder[gpu] == FREE {
+                        self.holder[gpu] = slot;
+                        if self.counts_as_usable(position, gpu) {
+                            self.free_usable[position] =
+                                self.free_usable[position].saturating_sub(1);
+                            let model = self.cluster.shape.gpu_model[gpu];
+                            if let Some(free) = self.free_by_model.get_mut(model as usize) {
+                                *free = free.saturating_sub(1);
+                            }
                         }
                     }
                 }
@@ -1516,7 +1540,7 @@ impl<'a> Pass<'a> {
                 continue;
             };
             for gpu in self.cluster.gpu_range(position) {
-                if indices.contains(&self.cluster.gpu(gpu).index) {
+                if request.choice.exclusive || indices.contains(&self.cluster.gpu(gpu).index) {
                     reserved[gpu] = true;
                 }
             }
@@ -1629,7 +1653,7 @@ impl<'a> Pass<'a> {
         for victim in chosen {
             self.evict(victim, job.id);
         }
-        self.commit(job, placement);
+        self.commit(job, placement, request.choice.exclusive);
         true
     }
 
@@ -1674,6 +1698,7 @@ impl<'a> Pass<'a> {
             .filter(|&(position, node)| {
                 node.healthy
                     && self.position_of(node.id) == Some(position)
+                    && request.choice.allows(node.id)
                     && request
                         .required_labels
                         .iter()

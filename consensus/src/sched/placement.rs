@@ -574,15 +574,24 @@ pub(crate) fn model_name(req: &GangRequest) -> &str {
 }
 
 pub(crate) fn labels_suffix(req: &GangRequest) -> String {
-    if req.required_labels.is_empty() {
-        return String::new();
+    let mut out = String::new();
+    if !req.required_labels.is_empty() {
+        let labels: Vec<String> = req
+            .required_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        out = format!(" labelled {}", labels.join(","));
     }
-    let labels: Vec<String> = req
-        .required_labels
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    format!(" labelled {}", labels.join(","))
+    if !req.choice.only.is_empty() {
+        out.push_str(" of its --nodelist");
+    } else if !req.choice.exclude.is_empty() {
+        out.push_str(" outside its --exclude");
+    }
+    if req.choice.exclusive {
+        out.push_str(", whole (--exclusive)");
+    }
+    out
 }
 
 fn tier_slot(tier: TopologyTier) -> usize {
@@ -632,10 +641,15 @@ fn feasible_candidates<'a, F: Fn(usize) -> bool + ?Sized>(
     for (position, node) in cluster.nodes.iter().enumerate() {
         if usable_at_most.is_some_and(|bound| bound.get(position).is_some_and(|&b| b < need))
             || !cluster.hostable[position]
+            || !req.choice.allows(node.id)
         {
             continue;
         }
         let gpus = cluster.gpu_range(position);
+        // A whole node: none of its GPUs may be in use, whatever its model.
+        if req.choice.exclusive && !gpus.clone().all(is_free) {
+            continue;
+        }
         let usable = |gpu: usize| cluster.shape.gpu_unique[gpu] && is_free(gpu);
         let mut total_free: u32 = 0;
         per_model.clear();

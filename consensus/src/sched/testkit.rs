@@ -53,6 +53,7 @@ pub fn gang(job: JobId, tenant: &str, nodes: u32, gpus_per_node: u32) -> GangReq
         same: None,
         max_rtt_ms: None,
         required_labels: BTreeMap::new(),
+        choice: Default::default(),
     }
 }
 

@@ -6,9 +6,10 @@ use shoal_sdk::MemberState;
 
 use super::{
     Allocation, Checkpoint, CkptPart, GpuFault, Job, JobId, JobSpec, JobState, Plan,
-    PlannedPlacement, RankEnd, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, Workload,
-    CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_DEPENDENCIES, MAX_FINISHED_JOBS,
-    MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
+    PlannedPlacement, RankEnd, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, WarnSignal,
+    Workload, CKPT_RETAIN, DEFAULT_TENANT, FAIR_SHARE_HALF_LIFE_MS, MAX_DEPENDENCIES,
+    MAX_FINISHED_JOBS, MAX_JOB_SIGNALS, MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES, MAX_NAMED_NODES,
+    MAX_USERS, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
 };
 use crate::ledger::{validate_name, Member};
 use crate::sched::gpu_model_matches;
@@ -117,6 +118,44 @@ impl Workload {
         members: &BTreeMap<NodeId, Member>,
         now_ms: u64,
     ) -> Result<JobId, String> {
+        self.check_submit(spec, members)?;
+        let id = self.next_job_id.max(1);
+        self.next_job_id = id + 1;
+        self.jobs.insert(
+            id,
+            Job {
+                id,
+                spec: spec.clone(),
+                state: JobState::Pending,
+                reason: "waiting for the scheduler".into(),
+                held: spec.submit_held,
+                submitted_at_ms: now_ms,
+                started_at_ms: None,
+                ended_at_ms: None,
+                exit_code: None,
+                restarts: 0,
+                preemptions: 0,
+                alloc: None,
+                last_nodes: Vec::new(),
+                last_epoch: None,
+                last_ckpt_step: None,
+                last_ckpt_at_ms: None,
+                waiting_for: Vec::new(),
+                yields_to: None,
+                not_before_ms: None,
+            },
+        );
+        self.forget_old_jobs();
+        Ok(id)
+    }
+
+    /// Every check [`Workload::submit`] makes, changing nothing: whether
+    /// the job would be accepted now (`--test-only`).
+    pub fn check_submit(
+        &self,
+        spec: &JobSpec,
+        members: &BTreeMap<NodeId, Member>,
+    ) -> Result<(), String> {
         validate_spec(spec)?;
         if !self.tenants.contains_key(&spec.tenant) {
             return Err(format!(
@@ -124,6 +163,7 @@ impl Workload {
                 spec.tenant
             ));
         }
+        check_node_choice(spec, members)?;
         check_feasible(spec, members)?;
         if spec.dependencies.len() > MAX_DEPENDENCIES {
             return Err(format!(
@@ -174,34 +214,7 @@ impl Workload {
                 }
             }
         }
-        let id = self.next_job_id.max(1);
-        self.next_job_id = id + 1;
-        self.jobs.insert(
-            id,
-            Job {
-                id,
-                spec: spec.clone(),
-                state: JobState::Pending,
-                reason: "waiting for the scheduler".into(),
-                held: false,
-                submitted_at_ms: now_ms,
-                started_at_ms: None,
-                ended_at_ms: None,
-                exit_code: None,
-                restarts: 0,
-                preemptions: 0,
-                alloc: None,
-                last_nodes: Vec::new(),
-                last_epoch: None,
-                last_ckpt_step: None,
-                last_ckpt_at_ms: None,
-                waiting_for: Vec::new(),
-                yields_to: None,
-                not_before_ms: None,
-            },
-        );
-        self.forget_old_jobs();
-        Ok(id)
+        Ok(())
     }
 
     pub(crate) fn cancel(&mut self, id: JobId, now_ms: u64) -> Result<(), String> {
@@ -256,6 +269,145 @@ impl Workload {
         Ok(())
     }
 
+    /// `scancel --signal`: every rank of the running job gets `signal`.
+    pub(crate) fn signal(&mut self, id: JobId, signal: i32) -> Result<(), String> {
+        if !WarnSignal::NAMES.iter().any(|(_, n)| *n == signal) {
+            return Err(format!(
+                "signal {signal} cannot be sent to a job: use HUP, INT, QUIT, USR1, USR2, ALRM, TERM or CONT"
+            ));
+        }
+        let job = self
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| format!("no job {id}"))?;
+        let state = job.state;
+        let alloc = job
+            .alloc
+            .as_mut()
+            .filter(|a| a.stop.is_none())
+            .ok_or_else(|| format!("job {id} is {state}: only a running job can be signalled"))?;
+        if alloc.signals.len() >= MAX_JOB_SIGNALS {
+            return Err(format!(
+                "job {id} has been sent {MAX_JOB_SIGNALS} signals already; no more are recorded"
+            ));
+        }
+        alloc.signals.push(signal);
+        Ok(())
+    }
+
+    /// `sacctmgr add user NAME account=TENANT` (`Some`) or `delete user`.
+    pub(crate) fn set_user(&mut self, name: &str, tenant: Option<&str>) -> Result<(), String> {
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !valid {
+            return Err(format!(
+                "invalid user name '{name}': 1-64 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        match tenant {
+            Some(tenant) => {
+                if !self.tenants.contains_key(tenant) {
+                    return Err(format!("no tenant (account) named '{tenant}'"));
+                }
+                if !self.users.contains_key(name) && self.users.len() >= MAX_USERS {
+                    return Err(format!("at most {MAX_USERS} users may be mapped"));
+                }
+                self.users.insert(name.to_string(), tenant.to_string());
+            }
+            None => {
+                self.users
+                    .remove(name)
+                    .ok_or_else(|| format!("no user named '{name}'"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rank 0's agent found `port` free on its node for allocation `epoch`.
+    pub(crate) fn set_master_port(
+        &mut self,
+        id: JobId,
+        epoch: u64,
+        port: u16,
+    ) -> Result<(), String> {
+        let alloc = self
+            .jobs
+            .get_mut(&id)
+            .and_then(|job| job.alloc.as_mut())
+            .filter(|a| a.epoch == epoch)
+            .ok_or_else(|| format!("job {id} holds no allocation of epoch {epoch}"))?;
+        match alloc.master_port {
+            Some(have) if have != port => Err(format!(
+                "job {id} epoch {epoch} has master port {have} already"
+            )),
+            _ => {
+                alloc.master_port = Some(port);
+                Ok(())
+            }
+        }
+    }
+
+    /// `scontrol requeue`: a running job stops and waits in the queue again.
+    pub(crate) fn requeue(&mut self, id: JobId, now_ms: u64) -> Result<(), String> {
+        let job = self.jobs.get(&id).ok_or_else(|| format!("no job {id}"))?;
+        if job.alloc.as_ref().is_none_or(|a| a.stop.is_some()) {
+            return Err(format!(
+                "job {id} is {}: only a running job can be requeued",
+                job.state
+            ));
+        }
+        self.request_stop(id, StopCause::Requeued, now_ms);
+        Ok(())
+    }
+
+    /// `scontrol update JobId=N TimeLimit=T` for a job that has not ended.
+    /// A running job past its new limit is stopped by the next pass.
+    pub(crate) fn set_time_limit(&mut self, id: JobId, time_limit_s: u64) -> Result<(), String> {
+        if time_limit_s == 0 {
+            return Err("the time limit must be positive".into());
+        }
+        let job = self.jobs.get(&id).ok_or_else(|| format!("no job {id}"))?;
+        if job.state.is_final() {
+            return Err(format!("job {id} has already ended ({})", job.state));
+        }
+        let mut spec = job.spec.clone();
+        let extra = time_limit_s.saturating_sub(spec.time_limit_s);
+        // More time commits more of the budget: it must still be there. A
+        // running job's worst case is committed already; a waiting job's
+        // is not yet.
+        spec.time_limit_s = if job.alloc.is_some() {
+            extra
+        } else {
+            time_limit_s
+        };
+        if extra > 0 {
+            for name in self.ancestry(&job.spec.tenant) {
+                if let Some(limit) = self.tenants[name].limits.gpu_seconds_limit {
+                    let committed: u64 = self
+                        .subtree(name)
+                        .iter()
+                        .map(|t| self.committed_gpu_seconds(t))
+                        .sum();
+                    if committed.saturating_add(spec.gpu_seconds_needed()) > limit {
+                        return Err(format!(
+                            "budget: {name} has {:.1} GPU-hours uncommitted; {} s more for job {id} needs {:.1}",
+                            limit.saturating_sub(committed) as f64 / 3600.0,
+                            extra,
+                            spec.gpu_seconds_needed() as f64 / 3600.0
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.spec.time_limit_s = time_limit_s;
+        }
+        Ok(())
+    }
+
     /// Applies a committed scheduling pass. `epoch` is the log index.
     /// `validate` is false only for a planted bug ([`ApplyChecks`]).
     ///
@@ -301,18 +453,25 @@ impl Workload {
         }
         let mut outcome = PlanOutcome::default();
         let mut busy = self.busy_gpus();
+        // Per node with GPUs in use: whether an exclusive job holds it.
+        let mut used = self.used_nodes();
         for placement in &plan.placements {
             let verdict = if validate {
-                self.validate_placement(placement, members, &busy, now_ms)
+                self.validate_placement(placement, members, &busy, &used, now_ms)
             } else {
                 Ok(())
             };
             match verdict {
                 Ok(()) => {
+                    let exclusive = self
+                        .jobs
+                        .get(&placement.job)
+                        .is_some_and(|job| job.spec.choice.exclusive);
                     for (node, gpus) in &placement.nodes {
                         for gpu in gpus {
                             busy.insert((*node, *gpu));
                         }
+                        *used.entry(*node).or_default() |= exclusive;
                     }
                     self.start(placement, epoch, now_ms);
                     outcome.started.push(placement.job);
@@ -348,11 +507,24 @@ impl Workload {
             .collect()
     }
 
+    /// Nodes on which some job holds GPUs, each with whether one of those
+    /// jobs took it whole (`--exclusive`).
+    fn used_nodes(&self) -> BTreeMap<NodeId, bool> {
+        let mut used: BTreeMap<NodeId, bool> = BTreeMap::new();
+        for (job, alloc) in self.holding() {
+            for (node, _) in &alloc.nodes {
+                *used.entry(*node).or_default() |= job.spec.choice.exclusive;
+            }
+        }
+        used
+    }
+
     fn validate_placement(
         &self,
         placement: &PlannedPlacement,
         members: &BTreeMap<NodeId, Member>,
         busy: &BTreeSet<(NodeId, u32)>,
+        used: &BTreeMap<NodeId, bool>,
         now_ms: u64,
     ) -> Result<(), String> {
         let job = self
@@ -389,6 +561,29 @@ impl Workload {
             }
             if self.drained.contains(node) {
                 return Err(format!("node {} is drained", member.spec.name));
+            }
+            if !spec.choice.allows(*node) {
+                let flag = if spec.choice.only.is_empty() {
+                    "in --exclude"
+                } else {
+                    "not in --nodelist"
+                };
+                return Err(format!("node {} is {flag}", member.spec.name));
+            }
+            match used.get(node) {
+                Some(true) => {
+                    return Err(format!(
+                        "node {} is held whole by an exclusive job",
+                        member.spec.name
+                    ))
+                }
+                Some(false) if spec.choice.exclusive => {
+                    return Err(format!(
+                        "node {} is partly in use; an exclusive job needs it whole",
+                        member.spec.name
+                    ))
+                }
+                _ => {}
             }
             if gpus.len() != spec.gpus_per_node as usize {
                 return Err(format!(
@@ -493,6 +688,8 @@ impl Workload {
                 exits: BTreeMap::new(),
                 oom_killed: BTreeSet::new(),
                 stop: None,
+                signals: Vec::new(),
+                master_port: None,
             });
         }
     }
@@ -528,6 +725,7 @@ impl Workload {
             StopCause::NodeLost => {
                 job.reason = "a rank was lost with its node's agent: stopping the others".into()
             }
+            StopCause::Requeued => job.reason = "requeue asked: stopping the ranks".into(),
         }
     }
 
@@ -782,6 +980,10 @@ impl Workload {
             Some(StopCause::Drained) => {
                 job.state = JobState::Requeued;
                 job.reason = "requeued: a node of the gang was drained".into();
+            }
+            Some(StopCause::Requeued) => {
+                job.state = JobState::Requeued;
+                job.reason = "requeued (scontrol requeue)".into();
             }
             Some(StopCause::GpuFailed) => {
                 job.state = JobState::Requeued;
@@ -1092,6 +1294,13 @@ pub(crate) fn check_feasible(
     if current.is_empty() {
         return Ok(());
     }
+    let current: Vec<&Member> = current
+        .into_iter()
+        .filter(|m| spec.choice.allows(m.id))
+        .collect();
+    if current.is_empty() {
+        return Err("no node of the cluster is outside --exclude".into());
+    }
     let labels = || {
         spec.required_labels
             .iter()
@@ -1139,11 +1348,16 @@ pub(crate) fn check_feasible(
             }
         }
     }
-    let where_ = if spec.required_labels.is_empty() {
+    let mut where_ = if spec.required_labels.is_empty() {
         String::new()
     } else {
         format!(" labelled {}", labels())
     };
+    if !spec.choice.only.is_empty() {
+        where_.push_str(" in --nodelist");
+    } else if !spec.choice.exclude.is_empty() {
+        where_.push_str(" outside --exclude");
+    }
     if labelled == 0 {
         let what = if spec.required_labels.len() == 1 {
             "label"
@@ -1189,6 +1403,45 @@ pub(crate) fn check_feasible(
             spec.nodes,
             spec.gpus_per_node,
             current.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The nodes a job names (`--nodelist`, `--exclude`) must be members; a
+/// nodelist names the whole gang, and no node is both listed and excluded.
+fn check_node_choice(spec: &JobSpec, members: &BTreeMap<NodeId, Member>) -> Result<(), String> {
+    let choice = &spec.choice;
+    for (flag, ids) in [("--nodelist", &choice.only), ("--exclude", &choice.exclude)] {
+        if ids.len() > MAX_NAMED_NODES {
+            return Err(format!(
+                "{flag} names {} nodes; at most {MAX_NAMED_NODES}",
+                ids.len()
+            ));
+        }
+        if !ids.windows(2).all(|w| w[0] < w[1]) {
+            return Err(format!("{flag}: node ids must be sorted and distinct"));
+        }
+        if let Some(id) = ids
+            .iter()
+            .find(|id| members.get(id).is_none_or(|m| m.state == MemberState::Left))
+        {
+            return Err(format!("{flag}: node {id} is not a member of the cluster"));
+        }
+    }
+    if let Some(id) = choice.only.iter().find(|id| !choice.allows(**id)) {
+        let name = members
+            .get(id)
+            .map_or(id.to_string(), |m| m.spec.name.clone());
+        return Err(format!(
+            "node {name} is both in --nodelist and in --exclude"
+        ));
+    }
+    let listed = choice.only.len();
+    if listed > 0 && listed != spec.nodes as usize {
+        return Err(format!(
+            "--nodelist names {listed} node(s) but the job asks for {} (-N): a job runs on exactly the nodes listed",
+            spec.nodes
         ));
     }
     Ok(())

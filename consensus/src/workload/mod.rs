@@ -37,9 +37,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::sched::model::JobId;
-use crate::sched::TopologyTier;
+use crate::sched::{NodeChoice, TopologyTier};
 use crate::types::NodeId;
-pub use view::{tenant_views, SchedSnapshot};
+pub use view::{tenant_views, trial_start, SchedSnapshot, TrialStart, TRIAL_JOB};
 
 /// The tenant every cluster starts with, used when a job names none.
 pub const DEFAULT_TENANT: &str = "default";
@@ -65,6 +65,12 @@ pub const CKPT_RETAIN: usize = 3;
 pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
 /// Longest command line (bytes over all arguments and environment) a job may carry.
 pub const MAX_JOB_SPEC_BYTES: usize = 64 * 1024;
+/// Nodes a job may name in `--nodelist` or in `--exclude`.
+pub const MAX_NAMED_NODES: usize = 4096;
+/// Most `scancel --signal`s one allocation records.
+pub const MAX_JOB_SIGNALS: usize = 64;
+/// Most user names `sacctmgr add user` may map to tenants.
+pub const MAX_USERS: usize = 10_000;
 /// Most jobs one job may depend on.
 pub const MAX_DEPENDENCIES: usize = 64;
 
@@ -288,6 +294,12 @@ pub struct JobSpec {
     /// A signal the ranks get once, this long before the time limit
     /// (`--signal SIG@SECS`), to checkpoint or wrap up.
     pub warn_signal: Option<WarnSignal>,
+    /// Which nodes the job may use (`-w/--nodelist`, `-x/--exclude`) and
+    /// whether it takes them whole (`--exclusive`). A nodelist names every
+    /// node of the gang: its length is `nodes`.
+    pub choice: NodeChoice,
+    /// Submitted held (`sbatch -H/--hold`): it waits for `scontrol release`.
+    pub submit_held: bool,
 }
 
 /// `--signal [B:|R:]SIG[@SECS]`.
@@ -301,7 +313,7 @@ pub struct WarnSignal {
 impl WarnSignal {
     /// The signals a job may ask for, by name and number (Linux numbering;
     /// never KILL or STOP, which a rank could not act on).
-    const NAMES: [(&'static str, i32); 8] = [
+    pub(crate) const NAMES: [(&'static str, i32); 8] = [
         ("HUP", 1),
         ("INT", 2),
         ("QUIT", 3),
@@ -543,6 +555,8 @@ pub enum StopCause {
     GpuFailed,
     /// A rank died with its node's agent: restart like node loss.
     NodeLost,
+    /// `scontrol requeue`: back to the queue, not counted as a restart.
+    Requeued,
 }
 
 /// Why a GPU takes no work: found faulty by its own node (an uncorrectable
@@ -572,6 +586,12 @@ pub struct Allocation {
     /// count rose while they ran).
     pub oom_killed: std::collections::BTreeSet<u32>,
     pub stop: Option<Stop>,
+    /// Signals asked for with `scancel --signal`, in order; each agent
+    /// sends its ranks the ones that arrive while they run.
+    pub signals: Vec<i32>,
+    /// `MASTER_PORT`: chosen free on rank 0's node by its agent; the ranks
+    /// start once it is known.
+    pub master_port: Option<u16>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -758,6 +778,9 @@ pub struct Workload {
     pub drained: std::collections::BTreeSet<NodeId>,
     /// GPUs that take no work, by node and GPU index.
     pub gpu_faults: BTreeMap<NodeId, BTreeMap<u32, GpuFault>>,
+    /// Slurm user names and the tenant each stands for (`sacctmgr add user
+    /// NAME account=TENANT`), so that `squeue -u NAME` finds its jobs.
+    pub users: BTreeMap<String, String>,
 }
 
 impl Workload {

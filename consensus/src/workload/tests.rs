@@ -1424,3 +1424,491 @@ fn warn_signals_read_like_slurm() {
         Ok("USR1@90".into())
     );
 }
+
+fn id_of(r: &Replica, name: &str) -> NodeId {
+    r.ledger
+        .members
+        .values()
+        .find(|m| m.spec.name == name)
+        .map(|m| m.id)
+        .unwrap_or_else(|| panic!("no member {name}"))
+}
+
+fn choice(only: Vec<NodeId>, exclude: Vec<NodeId>, exclusive: bool) -> NodeChoice {
+    NodeChoice {
+        only,
+        exclude,
+        exclusive,
+    }
+    .normalized()
+}
+
+fn placed_on(r: &Replica, id: JobId) -> Vec<NodeId> {
+    r.job(id)
+        .alloc
+        .as_ref()
+        .map(|a| a.nodes.iter().map(|(n, _)| *n).collect())
+        .unwrap_or_default()
+}
+
+fn refusal(r: &mut Replica, spec: JobSpec) -> String {
+    match r.apply(Command::SubmitJob { spec }) {
+        LedgerResponse::Rejected(why) => why,
+        other => panic!("accepted: {other:?}"),
+    }
+}
+
+#[test]
+fn a_nodelist_pins_the_gang_and_an_exclude_keeps_it_off() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8), ("n3", "r1", 8)]);
+    let (n1, n2, n3) = (id_of(&r, "n1"), id_of(&r, "n2"), id_of(&r, "n3"));
+    let pinned = r.submit(JobSpec {
+        choice: choice(vec![n3, n2], vec![], false),
+        ..job(DEFAULT_TENANT, 2, 1)
+    });
+    let away = r.submit(JobSpec {
+        choice: choice(vec![], vec![n1, n2], false),
+        ..job(DEFAULT_TENANT, 1, 1)
+    });
+    r.pass(Policy::Fifo);
+    let mut on = placed_on(&r, pinned);
+    on.sort_unstable();
+    assert_eq!(on, vec![n2, n3]);
+    assert_eq!(placed_on(&r, away), vec![n3]);
+    // n2 cannot host 8 more GPUs: the job waits, with the reason.
+    let full = r.submit(JobSpec {
+        choice: choice(vec![n2], vec![], false),
+        ..job(DEFAULT_TENANT, 1, 8)
+    });
+    r.pass(Policy::Fifo);
+    assert_eq!(r.job(full).state, JobState::Pending);
+    assert!(
+        r.job(full).reason.contains("8 free GPUs of its --nodelist"),
+        "{}",
+        r.job(full).reason
+    );
+    // A forged plan that ignores the lists is refused on apply.
+    let forged = r.submit(JobSpec {
+        choice: choice(vec![], vec![n1], false),
+        ..job(DEFAULT_TENANT, 1, 1)
+    });
+    let LedgerResponse::Scheduled { started, refused } = r.apply(Command::Schedule(Plan {
+        placements: vec![PlannedPlacement {
+            job: forged,
+            nodes: vec![(n1, vec![7])],
+            diameter_us: 0,
+        }],
+        ..Plan::default()
+    })) else {
+        panic!("not a schedule answer")
+    };
+    assert!(started.is_empty());
+    assert!(refused[0].1.contains("n1 is in --exclude"), "{refused:?}");
+    // Refused at submit: an unknown node, a count that disagrees, a node
+    // both listed and excluded, nothing left outside the exclusions.
+    let why = refusal(
+        &mut r,
+        JobSpec {
+            choice: choice(vec![99], vec![], false),
+            ..job(DEFAULT_TENANT, 1, 1)
+        },
+    );
+    assert!(why.contains("node 99 is not a member"), "{why}");
+    let why = refusal(
+        &mut r,
+        JobSpec {
+            choice: choice(vec![n1, n2], vec![], false),
+            ..job(DEFAULT_TENANT, 3, 1)
+        },
+    );
+    assert!(
+        why.contains("--nodelist names 2 node(s) but the job asks for 3"),
+        "{why}"
+    );
+    let why = refusal(
+        &mut r,
+        JobSpec {
+            choice: choice(vec![n1], vec![n1], false),
+            ..job(DEFAULT_TENANT, 1, 1)
+        },
+    );
+    assert!(why.contains("both in --nodelist and in --exclude"), "{why}");
+    let why = refusal(
+        &mut r,
+        JobSpec {
+            choice: choice(vec![], vec![n1, n2], false),
+            ..job(DEFAULT_TENANT, 2, 1)
+        },
+    );
+    assert!(why.contains("outside --exclude"), "{why}");
+    let why = refusal(
+        &mut r,
+        JobSpec {
+            choice: choice(vec![], vec![n1, n2, n3], false),
+            ..job(DEFAULT_TENANT, 1, 1)
+        },
+    );
+    assert!(
+        why.contains("no node of the cluster is outside --exclude"),
+        "{why}"
+    );
+    let why = refusal(
+        &mut r,
+        JobSpec {
+            choice: NodeChoice {
+                only: vec![n2, n1],
+                ..NodeChoice::default()
+            },
+            ..job(DEFAULT_TENANT, 2, 1)
+        },
+    );
+    assert!(why.contains("sorted"), "{why}");
+}
+
+#[test]
+fn an_exclusive_job_takes_whole_nodes_and_keeps_them() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let (n1, n2) = (id_of(&r, "n1"), id_of(&r, "n2"));
+    let small = r.submit(JobSpec {
+        choice: choice(vec![n1], vec![], false),
+        ..job(DEFAULT_TENANT, 1, 1)
+    });
+    r.pass(Policy::Fifo);
+    assert_eq!(placed_on(&r, small), vec![n1]);
+    // Packing would put it next to `small`; exclusive, it takes n2 whole.
+    let whole = r.submit(JobSpec {
+        choice: choice(vec![], vec![], true),
+        ..job(DEFAULT_TENANT, 1, 1)
+    });
+    r.pass(Policy::Fifo);
+    assert_eq!(placed_on(&r, whole), vec![n2]);
+    assert_eq!(r.job(whole).alloc.as_ref().map(|a| a.gpu_count()), Some(1));
+    // Nothing else lands on n2 while it runs, though 7 GPUs are idle there.
+    let more = r.submit(job(DEFAULT_TENANT, 1, 4));
+    let blocked = r.submit(job(DEFAULT_TENANT, 1, 4));
+    let LedgerResponse::Scheduled { refused, .. } = r.pass(Policy::HdrfPreempt) else {
+        panic!("not a schedule answer")
+    };
+    assert!(refused.is_empty(), "the scheduler planned it: {refused:?}");
+    assert_eq!(placed_on(&r, more), vec![n1]);
+    assert_eq!(r.job(blocked).state, JobState::Pending);
+    // No whole node is left for a second exclusive job.
+    let second = r.submit(JobSpec {
+        choice: choice(vec![], vec![], true),
+        ..job(DEFAULT_TENANT, 1, 1)
+    });
+    r.pass(Policy::Fifo);
+    assert_eq!(r.job(second).state, JobState::Pending);
+    // Forged plans that break either rule are refused on apply.
+    for (id, node, gpu, why) in [
+        (blocked, n2, 5, "held whole by an exclusive job"),
+        (second, n1, 7, "partly in use"),
+    ] {
+        let LedgerResponse::Scheduled { started, refused } = r.apply(Command::Schedule(Plan {
+            placements: vec![PlannedPlacement {
+                job: id,
+                nodes: vec![(node, (gpu..gpu + r.job(id).spec.gpus_per_node).collect())],
+                diameter_us: 0,
+            }],
+            ..Plan::default()
+        })) else {
+            panic!("not a schedule answer")
+        };
+        assert!(started.is_empty(), "{started:?}");
+        assert!(refused[0].1.contains(why), "{refused:?}");
+    }
+    // Once it ends, n2 is free for the next in line.
+    r.exit_all(whole, 0);
+    r.pass(Policy::Fifo);
+    assert_eq!(placed_on(&r, blocked), vec![n2]);
+}
+
+#[test]
+fn a_trial_says_where_and_when_and_commits_nothing() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let n2 = id_of(&r, "n2");
+    let trial =
+        |r: &Replica, spec: &JobSpec| trial_start(&r.ledger, spec, r.now_ms, Policy::Fifo, None);
+    let fits = trial(&r, &job(DEFAULT_TENANT, 2, 8)).expect("valid");
+    assert_eq!(fits.start_in_s, Some(0));
+    assert_eq!(fits.nodes.len(), 2);
+    let running = r.submit(JobSpec {
+        time_limit_s: 600,
+        choice: choice(vec![n2], vec![], false),
+        ..job(DEFAULT_TENANT, 1, 8)
+    });
+    r.pass(Policy::Fifo);
+    assert_eq!(placed_on(&r, running), vec![n2]);
+    let jobs_before = r.ledger.workload.jobs.len();
+    let later = trial(&r, &job(DEFAULT_TENANT, 2, 8)).expect("valid");
+    assert_eq!(later.start_in_s, Some(600), "{later:?}");
+    assert!(later.reason.is_some());
+    let now = trial(&r, &job(DEFAULT_TENANT, 1, 8)).expect("valid");
+    assert_eq!((now.start_in_s, now.nodes[0].0), (Some(0), id_of(&r, "n1")));
+    let held = trial(
+        &r,
+        &JobSpec {
+            submit_held: true,
+            ..job(DEFAULT_TENANT, 1, 1)
+        },
+    )
+    .expect("valid");
+    assert_eq!(held.start_in_s, None);
+    assert!(held.reason.expect("reason").contains("held"));
+    // Refused as a submit is.
+    let never = trial(&r, &job(DEFAULT_TENANT, 3, 8)).expect_err("3 nodes of 2");
+    assert!(never.contains("only 2"), "{never}");
+    assert_eq!(r.ledger.workload.jobs.len(), jobs_before);
+}
+
+#[test]
+fn a_job_submitted_held_waits_for_release() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let id = r.submit(JobSpec {
+        submit_held: true,
+        ..job(DEFAULT_TENANT, 1, 1)
+    });
+    r.pass(Policy::Fifo);
+    assert_eq!(r.job(id).state, JobState::Pending);
+    assert!(r.job(id).held);
+    assert_eq!(
+        r.apply(Command::HoldJob {
+            job: id,
+            hold: false
+        }),
+        LedgerResponse::Ok
+    );
+    r.pass(Policy::Fifo);
+    assert_eq!(r.job(id).state, JobState::Running);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Whatever mix of shared, exclusive, listed and excluded jobs arrives
+    /// and ends, no node hosts an exclusive job next to another job, and
+    /// every job sits inside its lists.
+    #[test]
+    fn node_choices_hold_through_any_schedule(
+        jobs in proptest::collection::vec(
+            (1u32..=2, 1u32..=4, proptest::bool::ANY, 0u8..4, 0u8..4),
+            1..12,
+        ),
+        ends in proptest::collection::vec(0usize..12, 0..6),
+    ) {
+        let mut r = Replica::new(&[("n1", "r1", 4), ("n2", "r1", 4), ("n3", "r2", 4)]);
+        let ids: Vec<NodeId> = ["n1", "n2", "n3"].iter().map(|n| id_of(&r, n)).collect();
+        let mut submitted = Vec::new();
+        for (k, (nodes, gpus, exclusive, only, exclude)) in jobs.iter().enumerate() {
+            // only: 0 none, else a window of `nodes` nodes starting there.
+            let only: Vec<NodeId> = match *only {
+                0 => vec![],
+                s => (0..*nodes as usize).map(|i| ids[(s as usize + i) % 3]).collect(),
+            };
+            let exclude: Vec<NodeId> = match *exclude {
+                0 => vec![],
+                e => vec![ids[e as usize - 1]],
+            };
+            let spec = JobSpec {
+                choice: choice(only, exclude, *exclusive),
+                ..job(DEFAULT_TENANT, *nodes, *gpus)
+            };
+            if let LedgerResponse::JobId(id) = r.apply(Command::SubmitJob { spec }) {
+                submitted.push(id);
+            }
+            // The scheduler itself keeps the rules: apply refuses nothing.
+            if let LedgerResponse::Scheduled { refused, .. } = r.pass(Policy::HdrfPreempt) {
+                prop_assert!(refused.is_empty(), "{:?}", refused);
+            }
+            if let Some(&which) = ends.get(k) {
+                if let Some(&id) = submitted.get(which) {
+                    if r.job(id).alloc.is_some() {
+                        r.exit_all(id, 0);
+                    }
+                }
+            }
+            let mut on_node: BTreeMap<NodeId, Vec<(JobId, bool)>> = BTreeMap::new();
+            for (j, alloc) in r.ledger.workload.holding() {
+                for (node, _) in &alloc.nodes {
+                    prop_assert!(j.spec.choice.allows(*node), "job {} on {node}", j.id);
+                    on_node.entry(*node).or_default().push((j.id, j.spec.choice.exclusive));
+                }
+            }
+            for (node, held) in on_node {
+                if held.iter().any(|(_, e)| *e) {
+                    prop_assert_eq!(held.len(), 1, "node {} shared: {:?}", node, held);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn signals_requeues_and_time_limits_of_a_running_job() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let id = r.submit(job(DEFAULT_TENANT, 1, 1));
+    // Only a running job can be signalled or requeued.
+    for cmd in [
+        Command::SignalJob {
+            job: id,
+            signal: 10,
+        },
+        Command::RequeueJob { job: id },
+    ] {
+        let LedgerResponse::Rejected(why) = r.apply(cmd) else {
+            panic!("a pending job was signalled or requeued")
+        };
+        assert!(why.contains("only a running job"), "{why}");
+    }
+    r.pass(Policy::Fifo);
+    assert_eq!(
+        r.apply(Command::SignalJob {
+            job: id,
+            signal: 10
+        }),
+        LedgerResponse::Ok
+    );
+    assert_eq!(
+        r.apply(Command::SignalJob {
+            job: id,
+            signal: 15
+        }),
+        LedgerResponse::Ok
+    );
+    let LedgerResponse::Rejected(why) = r.apply(Command::SignalJob { job: id, signal: 9 }) else {
+        panic!("SIGKILL accepted")
+    };
+    assert!(why.contains("cannot be sent"), "{why}");
+    let alloc = r.job(id).alloc.clone().expect("running");
+    assert_eq!(alloc.signals, vec![10, 15]);
+    assert_eq!(
+        r.job(id).state,
+        JobState::Running,
+        "a signal does not stop it"
+    );
+    // A shorter limit; the job keeps its GPUs until the pass sees it is over.
+    assert_eq!(
+        r.apply(Command::SetTimeLimit {
+            job: id,
+            time_limit_s: 30,
+        }),
+        LedgerResponse::Ok
+    );
+    assert_eq!(r.job(id).spec.time_limit_s, 30);
+    let LedgerResponse::Rejected(why) = r.apply(Command::SetTimeLimit {
+        job: id,
+        time_limit_s: 0,
+    }) else {
+        panic!("a zero limit accepted")
+    };
+    assert!(why.contains("positive"), "{why}");
+    // Requeued: stopped, back in the queue with a new epoch, no restart used.
+    assert_eq!(r.apply(Command::RequeueJob { job: id }), LedgerResponse::Ok);
+    r.exit_all(id, 143);
+    assert_eq!(r.job(id).state, JobState::Requeued);
+    assert_eq!(r.job(id).restarts, 0);
+    r.pass(Policy::Fifo);
+    let again = r.job(id).alloc.clone().expect("running again");
+    assert!(again.epoch > alloc.epoch);
+    assert!(again.signals.is_empty(), "signals belong to one allocation");
+    r.now_ms += 31_000;
+    r.pass(Policy::Fifo);
+    assert!(
+        r.job(id).reason.contains("time limit"),
+        "{}",
+        r.job(id).reason
+    );
+    r.exit_all(id, 143);
+    assert_eq!(r.job(id).state, JobState::Timeout);
+    let LedgerResponse::Rejected(why) = r.apply(Command::SetTimeLimit {
+        job: id,
+        time_limit_s: 60,
+    }) else {
+        panic!("an ended job's limit changed")
+    };
+    assert!(why.contains("already ended"), "{why}");
+}
+
+#[test]
+fn a_longer_time_limit_must_fit_the_budget() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    r.apply(Command::CreateTenant {
+        name: "vision".into(),
+        limits: limits(None, Some(2), 1),
+    });
+    let id = r.submit(job("vision", 1, 1));
+    let LedgerResponse::Rejected(why) = r.apply(Command::SetTimeLimit {
+        job: id,
+        time_limit_s: 3 * 3600,
+    }) else {
+        panic!("a limit past the budget accepted")
+    };
+    assert!(why.starts_with("budget: vision"), "{why}");
+    assert_eq!(
+        r.apply(Command::SetTimeLimit {
+            job: id,
+            time_limit_s: 3600 + 1800,
+        }),
+        LedgerResponse::Ok
+    );
+}
+
+#[test]
+fn the_first_master_port_recorded_stays() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let id = r.submit(job(DEFAULT_TENANT, 1, 1));
+    let set = |epoch, port| Command::SetMasterPort {
+        job: id,
+        epoch,
+        port,
+    };
+    assert!(matches!(
+        r.apply(set(1, 29_500)),
+        LedgerResponse::Rejected(_)
+    ));
+    r.pass(Policy::Fifo);
+    let epoch = r.job(id).alloc.as_ref().expect("running").epoch;
+    assert!(matches!(
+        r.apply(set(epoch + 1, 29_500)),
+        LedgerResponse::Rejected(_)
+    ));
+    assert_eq!(r.apply(set(epoch, 29_501)), LedgerResponse::Ok);
+    assert_eq!(r.apply(set(epoch, 29_501)), LedgerResponse::Ok);
+    let LedgerResponse::Rejected(why) = r.apply(set(epoch, 29_502)) else {
+        panic!("a second port replaced the first")
+    };
+    assert!(why.contains("has master port 29501 already"), "{why}");
+    assert_eq!(
+        r.job(id).alloc.as_ref().and_then(|a| a.master_port),
+        Some(29_501)
+    );
+}
+
+#[test]
+fn users_map_to_tenants() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let set = |name: &str, tenant: Option<&str>| Command::SetUser {
+        name: name.into(),
+        tenant: tenant.map(str::to_string),
+    };
+    assert_eq!(
+        r.apply(set("alice", Some(DEFAULT_TENANT))),
+        LedgerResponse::Ok
+    );
+    assert_eq!(
+        r.ledger.workload.users.get("alice").map(String::as_str),
+        Some(DEFAULT_TENANT)
+    );
+    for (cmd, why) in [
+        (set("bob", Some("nope")), "no tenant (account) named 'nope'"),
+        (set("a b", Some(DEFAULT_TENANT)), "invalid user name"),
+        (set("", Some(DEFAULT_TENANT)), "invalid user name"),
+        (set("carol", None), "no user named 'carol'"),
+    ] {
+        let LedgerResponse::Rejected(got) = r.apply(cmd) else {
+            panic!("accepted: {why}")
+        };
+        assert!(got.contains(why), "{got}");
+    }
+    assert_eq!(r.apply(set("alice", None)), LedgerResponse::Ok);
+    assert!(r.ledger.workload.users.is_empty());
+}

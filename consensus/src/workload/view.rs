@@ -8,9 +8,10 @@ use shoal_sdk::MemberState;
 use super::{Plan, PlannedPlacement, Workload};
 use crate::ledger::Ledger;
 use crate::sched::{
-    GangRequest, GpuView, NodeView, PendingJob, Policy, RunningJob, SchedInput, SchedPlan,
-    TenantView,
+    place_gang, schedule, GangRequest, GpuView, JobId, NodeView, PendingJob, Policy, Proximity,
+    RunningJob, SchedInput, SchedPlan, TenantView, TopologyProximity,
 };
+use crate::types::NodeId;
 
 /// A scheduling pass's input, built from one consistent read of the ledger.
 pub struct SchedSnapshot {
@@ -41,10 +42,16 @@ impl SchedSnapshot {
     pub fn new(ledger: &Ledger, now_ms: u64, policy: Policy) -> Self {
         let workload = &ledger.workload;
         let mut owner = BTreeMap::new();
+        // Nodes an exclusive job holds: all their GPUs count as its own, so
+        // nothing else is placed there while it runs.
+        let mut whole = BTreeMap::new();
         for (job, alloc) in workload.holding() {
             for (node, gpus) in &alloc.nodes {
                 for gpu in gpus {
                     owner.insert((*node, *gpu), job.id);
+                }
+                if job.spec.choice.exclusive {
+                    whole.insert(*node, job.id);
                 }
             }
         }
@@ -65,7 +72,10 @@ impl SchedSnapshot {
                     .map(|gpu| GpuView {
                         index: gpu.index,
                         model: gpu.model.clone(),
-                        allocated_to: owner.get(&(member.id, gpu.index)).copied(),
+                        allocated_to: owner
+                            .get(&(member.id, gpu.index))
+                            .or_else(|| whole.get(&member.id))
+                            .copied(),
                         numa_node: gpu.numa_node,
                         nvlink_peers: gpu.nvlink_peers.clone(),
                     })
@@ -112,6 +122,7 @@ impl SchedSnapshot {
                         same: job.spec.same,
                         max_rtt_ms: job.spec.max_rtt_ms.map(f64::from),
                         required_labels: job.spec.required_labels.clone(),
+                        choice: job.spec.choice.clone(),
                     },
                 )
             })
@@ -175,4 +186,143 @@ impl SchedSnapshot {
                 .collect(),
         }
     }
+}
+
+/// The id a `--test-only` job goes by inside its trial pass: after every
+/// real job in submit order.
+pub const TRIAL_JOB: JobId = JobId::MAX;
+
+/// Where and when a job would start (`--test-only`), decided on one read
+/// of the ledger without committing anything.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TrialStart {
+    /// Seconds from now: 0 when the next pass would start it; later, when
+    /// the running jobs (and those that pass would start) hold their GPUs
+    /// to their time limits and nothing else arrives. `None`: not before
+    /// all of them end, or it waits for something else (`reason`).
+    pub start_in_s: Option<u64>,
+    /// Its nodes and GPUs then, in rank order.
+    pub nodes: Vec<(NodeId, Vec<u32>)>,
+    /// Why it would not start now: the scheduler's reason.
+    pub reason: Option<String>,
+}
+
+/// [`TrialStart`] of `spec`: refused as a submit would be (the same
+/// checks), else one scheduling pass on the ledger with the job added
+/// last; when it does not fit now, the running jobs' GPUs are freed at
+/// their deadlines, earliest first, until it fits. Jobs still waiting
+/// ahead of it are not counted (an estimate, as Slurm's is). Without
+/// `prox`, distances are estimated from the nodes' topology labels.
+pub fn trial_start(
+    ledger: &Ledger,
+    spec: &crate::workload::JobSpec,
+    now_ms: u64,
+    policy: Policy,
+    prox: Option<&dyn Proximity>,
+) -> Result<TrialStart, String> {
+    ledger.workload.check_submit(spec, &ledger.members)?;
+    if spec.submit_held {
+        return Ok(TrialStart {
+            reason: Some("held: it starts only after `scontrol release`".into()),
+            ..TrialStart::default()
+        });
+    }
+    if !spec.dependencies.is_empty() || spec.singleton {
+        return Ok(TrialStart {
+            reason: Some("it waits for its dependencies".into()),
+            ..TrialStart::default()
+        });
+    }
+    let mut snapshot = SchedSnapshot::new(ledger, now_ms, policy);
+    let request = GangRequest {
+        job: TRIAL_JOB,
+        tenant: spec.tenant.clone(),
+        nodes: spec.nodes,
+        gpus_per_node: spec.gpus_per_node,
+        gpu_model: spec.gpu_model.clone(),
+        same: spec.same,
+        max_rtt_ms: spec.max_rtt_ms.map(f64::from),
+        required_labels: spec.required_labels.clone(),
+        choice: spec.choice.clone(),
+    };
+    snapshot.input.pending.push((
+        PendingJob {
+            id: TRIAL_JOB,
+            tenant: spec.tenant.clone(),
+            priority: spec.priority,
+            submitted_seq: TRIAL_JOB,
+            gpus: spec.total_gpus(),
+            time_limit_s: spec.time_limit_s,
+            preemptible: spec.preemptible,
+            boost: 0,
+        },
+        request.clone(),
+    ));
+    let labels;
+    let prox = match prox {
+        Some(prox) => prox,
+        None => {
+            labels = TopologyProximity::new(&snapshot.input.nodes);
+            &labels
+        }
+    };
+    let plan = schedule(&snapshot.input, prox);
+    if let Some(placed) = plan.placements.iter().find(|p| p.job == TRIAL_JOB) {
+        return Ok(TrialStart {
+            start_in_s: Some(0),
+            nodes: placed.nodes.clone(),
+            reason: None,
+        });
+    }
+    let reason = plan.pending_reasons.get(&TRIAL_JOB).cloned();
+    let input = &snapshot.input;
+    let now_s = input.now_s;
+    // Who holds what until when: the running jobs, and what this pass
+    // would start.
+    let mut nodes = input.nodes.clone();
+    let mut deadline: BTreeMap<JobId, u64> = input
+        .running
+        .iter()
+        .map(|job| (job.id, job.deadline_s().max(now_s)))
+        .collect();
+    for placement in &plan.placements {
+        let limit = input
+            .pending
+            .iter()
+            .find(|(job, _)| job.id == placement.job)
+            .map_or(0, |(job, _)| job.time_limit_s);
+        deadline.insert(placement.job, now_s.saturating_add(limit));
+        for (node, gpus) in &placement.nodes {
+            for view in nodes.iter_mut().filter(|n| n.id == *node) {
+                for gpu in view.gpus.iter_mut().filter(|g| gpus.contains(&g.index)) {
+                    gpu.allocated_to = Some(placement.job);
+                }
+            }
+        }
+    }
+    let mut times: Vec<u64> = deadline.values().copied().collect();
+    times.sort_unstable();
+    times.dedup();
+    for time in times {
+        for gpu in nodes.iter_mut().flat_map(|n| n.gpus.iter_mut()) {
+            if gpu
+                .allocated_to
+                .is_some_and(|job| deadline.get(&job).is_some_and(|&end| end <= time))
+            {
+                gpu.allocated_to = None;
+            }
+        }
+        if let Ok(placement) = place_gang(&nodes, prox, &request) {
+            return Ok(TrialStart {
+                start_in_s: Some(time.saturating_sub(now_s)),
+                nodes: placement.nodes,
+                reason,
+            });
+        }
+    }
+    Ok(TrialStart {
+        start_in_s: None,
+        nodes: Vec::new(),
+        reason,
+    })
 }

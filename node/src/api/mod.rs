@@ -60,8 +60,12 @@ const ADMIN_READS: &[(&str, &str)] = &[
 /// admin-only until someone decides otherwise.
 const TENANT_WRITES: &[(&str, &str)] = &[
     ("POST", "/v1/jobs"),
+    ("POST", "/v1/jobs/test-only"),
     ("POST", "/v1/jobs/{id}/cancel"),
     ("POST", "/v1/jobs/{id}/hold"),
+    ("POST", "/v1/jobs/{id}/signal"),
+    ("POST", "/v1/jobs/{id}/requeue"),
+    ("POST", "/v1/jobs/{id}/time-limit"),
     ("POST", "/v1/jobs/{id}/release"),
     ("PUT", "/v1/chunks/{id}"),
     ("POST", "/v1/chunks/has"),
@@ -140,9 +144,13 @@ pub fn router(state: AppState) -> Router {
         .route("/ca", get(ca::status))
         .route("/ca/rotate", post(ca::rotate))
         .route("/jobs", post(submit_job).get(list_jobs))
+        .route("/jobs/test-only", post(test_job))
         .route("/jobs/{id}", get(show_job))
         .route("/jobs/{id}/cancel", post(cancel_job))
         .route("/jobs/{id}/hold", post(hold_job))
+        .route("/jobs/{id}/signal", post(signal_job))
+        .route("/jobs/{id}/requeue", post(requeue_job))
+        .route("/jobs/{id}/time-limit", post(set_time_limit))
         .route("/jobs/{id}/release", post(release_job))
         .route("/jobs/{id}/logs", get(job_logs))
         .route("/jobs/{id}/checkpoints", get(list_checkpoints))
@@ -156,6 +164,7 @@ pub fn router(state: AppState) -> Router {
         .route("/objects", post(put_object).get(list_objects))
         .route("/objects/rm", post(remove_object))
         .route("/tenants", post(create_tenant).get(list_tenants))
+        .route("/users", post(set_user).get(list_users))
         .route("/tenants/{name}", post(set_tenant))
         .route("/quota", get(quota))
         .route("/events", get(list_events))
@@ -616,7 +625,8 @@ async fn submit_job(
     if req.tenant.is_none() {
         req.tenant = caller.tenant.clone();
     }
-    let spec = views::job_spec(&req).map_err(bad_request)?;
+    let mut spec = views::job_spec(&req).map_err(bad_request)?;
+    spec.choice = views::node_choice(&app.ledger().read()?.ledger, &req).map_err(bad_request)?;
     match write_as(
         &app,
         &caller,
@@ -637,6 +647,88 @@ async fn submit_job(
         })),
         _ => Err(unexpected()),
     }
+}
+
+/// `--test-only`: where and when the job would start, from this node's
+/// replica of the ledger; nothing is written. A tenant token may ask only
+/// about its own tenant's jobs, as it may only submit those.
+async fn test_job(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(mut req): Json<JobSubmitRequest>,
+) -> Result<Json<shoal_sdk::JobTestOnlyResponse>, ApiError> {
+    if req.tenant.is_none() {
+        req.tenant = caller.tenant.clone();
+    }
+    let mut spec = views::job_spec(&req).map_err(bad_request)?;
+    let data = app.ledger().read()?;
+    let ledger = &data.ledger;
+    if let Some(scope) = scope::scope(&caller) {
+        if !scope::sees_tenant(ledger, &caller, &spec.tenant) {
+            return Err(forbidden(format!(
+                "permission denied: a token of tenant '{scope}' cannot submit jobs for tenant '{}'",
+                spec.tenant
+            )));
+        }
+    }
+    spec.choice = views::node_choice(ledger, &req).map_err(bad_request)?;
+    let now_ms = crate::node::wall_ms();
+    let trial = shoal_consensus::workload::trial_start(
+        ledger,
+        &spec,
+        now_ms,
+        app.config().scheduler.policy,
+        None,
+    )
+    .map_err(|message| {
+        ApiError(
+            StatusCode::CONFLICT,
+            ApiErrorBody {
+                code: "rejected".into(),
+                message,
+            },
+        )
+    })?;
+    Ok(Json(views::test_only(ledger, &trial, now_ms)))
+}
+
+/// `sacctmgr list user`: the names this caller's tenants stand behind.
+async fn list_users(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<shoal_sdk::UserInfo>>, ApiError> {
+    let data = app.ledger().read()?;
+    let ledger = &data.ledger;
+    Ok(Json(
+        ledger
+            .workload
+            .users
+            .iter()
+            .filter(|(_, tenant)| scope::sees_tenant(ledger, &caller, tenant))
+            .map(|(name, tenant)| shoal_sdk::UserInfo {
+                name: name.clone(),
+                tenant: Some(tenant.clone()),
+            })
+            .collect(),
+    ))
+}
+
+/// `sacctmgr add|delete user` (admin: not a tenant write).
+async fn set_user(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(req): Json<shoal_sdk::UserInfo>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_or_reject(
+        &app,
+        &caller,
+        Command::SetUser {
+            name: req.name,
+            tenant: req.tenant,
+        },
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
 }
 
 #[derive(serde::Deserialize)]
@@ -719,6 +811,62 @@ async fn cancel_job(
         &caller,
         "POST /v1/jobs/{id}/cancel",
         Command::CancelJob { job: id },
+        || job_resource(&app, id),
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn signal_job(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+    Json(req): Json<shoal_sdk::JobSignalRequest>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let signal = shoal_consensus::workload::WarnSignal::parse(&req.signal)
+        .map_err(|e| bad_request(e.replace("--signal", "signal")))?
+        .signal;
+    let (_, index) = write_as(
+        &app,
+        &caller,
+        "POST /v1/jobs/{id}/signal",
+        Command::SignalJob { job: id, signal },
+        || job_resource(&app, id),
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn requeue_job(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_as(
+        &app,
+        &caller,
+        "POST /v1/jobs/{id}/requeue",
+        Command::RequeueJob { job: id },
+        || job_resource(&app, id),
+    )
+    .await?;
+    Ok(Json(WriteResponse { index }))
+}
+
+async fn set_time_limit(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+    Json(req): Json<shoal_sdk::JobTimeLimitRequest>,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_as(
+        &app,
+        &caller,
+        "POST /v1/jobs/{id}/time-limit",
+        Command::SetTimeLimit {
+            job: id,
+            time_limit_s: req.time_limit_s,
+        },
         || job_resource(&app, id),
     )
     .await?;

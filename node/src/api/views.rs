@@ -8,7 +8,7 @@ use crate::rpc::proto::{ErrorCode, Query, Response, WireError};
 use openraft::{BasicNode, RaftMetrics};
 use shoal_consensus::ledger::Ledger;
 use shoal_consensus::limits::{self, Limits};
-use shoal_consensus::sched::TopologyTier;
+use shoal_consensus::sched::{NodeChoice, TopologyTier};
 use shoal_consensus::store::StateMachineData;
 use shoal_consensus::workload::{
     Job, JobSpec, JobState, Tenant, TenantLimits, TenantUpdate, DEFAULT_TENANT,
@@ -84,7 +84,74 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
             .as_deref()
             .map(shoal_consensus::workload::WarnSignal::parse)
             .transpose()?,
+        // Names are resolved against the ledger by [`node_choice`].
+        choice: NodeChoice {
+            exclusive: req.exclusive,
+            ..NodeChoice::default()
+        },
+        submit_held: req.hold,
     })
+}
+
+/// The job's node choice with `--nodelist`/`--exclude` host lists resolved
+/// to the members of that name (not those that left); a name no member has
+/// is an error naming it.
+pub fn node_choice(ledger: &Ledger, req: &JobSubmitRequest) -> Result<NodeChoice, String> {
+    let by_name: BTreeMap<&str, NodeId> = ledger
+        .members
+        .values()
+        .filter(|m| m.state != MemberState::Left)
+        .map(|m| (m.spec.name.as_str(), m.id))
+        .collect();
+    let resolve = |flag: &str, list: Option<&str>| -> Result<Vec<NodeId>, String> {
+        let Some(list) = list.filter(|l| !l.is_empty()) else {
+            return Ok(Vec::new());
+        };
+        let names =
+            crate::executor::tasks::expand_hostlist(list).map_err(|e| format!("{flag}: {e}"))?;
+        names
+            .iter()
+            .map(|name| {
+                by_name
+                    .get(name.as_str())
+                    .copied()
+                    .ok_or_else(|| format!("{flag}: no node named '{name}' in the cluster"))
+            })
+            .collect()
+    };
+    Ok(NodeChoice {
+        only: resolve("--nodelist", req.nodelist.as_deref())?,
+        exclude: resolve("--exclude", req.exclude.as_deref())?,
+        exclusive: req.exclusive,
+    }
+    .normalized())
+}
+
+/// A `--test-only` answer with node names and times.
+pub fn test_only(
+    ledger: &Ledger,
+    trial: &shoal_consensus::workload::TrialStart,
+    now_ms: u64,
+) -> shoal_sdk::JobTestOnlyResponse {
+    let nodes: Vec<String> = trial
+        .nodes
+        .iter()
+        .map(|(id, _)| {
+            ledger
+                .members
+                .get(id)
+                .map_or_else(|| id.to_string(), |m| m.spec.name.clone())
+        })
+        .collect();
+    shoal_sdk::JobTestOnlyResponse {
+        start_in_s: trial.start_in_s,
+        start_at: trial
+            .start_in_s
+            .map(|s| rfc3339(now_ms.saturating_add(s.saturating_mul(1000)))),
+        nodelist: crate::executor::tasks::compress_hostlist(&nodes),
+        nodes,
+        reason: trial.reason.clone(),
+    }
 }
 
 pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
@@ -100,6 +167,12 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
         .as_ref()
         .map(|a| &a.nodes)
         .unwrap_or(&job.last_nodes);
+    let hostlist_of = |ids: &[NodeId]| {
+        (!ids.is_empty()).then(|| {
+            let names: Vec<String> = ids.iter().map(|n| name_of(*n)).collect();
+            crate::executor::tasks::compress_hostlist(&names)
+        })
+    };
     JobInfo {
         region: None,
         id: job.id,
@@ -146,6 +219,9 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
         }),
         held: job.held,
         signal: job.spec.warn_signal.map(|w| w.display()),
+        nodelist: hostlist_of(&job.spec.choice.only),
+        exclude: hostlist_of(&job.spec.choice.exclude),
+        exclusive: job.spec.choice.exclusive,
     }
 }
 
@@ -667,6 +743,10 @@ mod tests {
             batch: false,
             dependency: None,
             signal: None,
+            nodelist: None,
+            exclude: None,
+            exclusive: false,
+            hold: false,
         };
         let spec = job_spec(&req).expect("valid");
         assert_eq!(spec.name, "python3");

@@ -166,6 +166,7 @@ fn decisions(
             same: None,
             max_rtt_ms: None,
             required_labels: Default::default(),
+            choice: Default::default(),
         };
         let begin = Instant::now();
         let outcome = if shared_index {
@@ -230,6 +231,7 @@ fn full_pass(nodes: &[NodeView], jobs: usize, rng: &mut ChaCha8Rng) -> PassRow {
                     same: None,
                     max_rtt_ms: None,
                     required_labels: Default::default(),
+                    choice: Default::default(),
                 },
             )
         })
@@ -306,6 +308,10 @@ async fn end_to_end(gangs: usize) -> anyhow::Result<EndToEndRow> {
         batch: false,
         dependency: None,
         signal: None,
+        nodelist: None,
+        exclude: None,
+        exclusive: false,
+        hold: false,
     };
     let clients = 32;
     let started = Instant::now();

@@ -104,6 +104,10 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         batch: false,
         dependency: None,
         signal: None,
+        nodelist: None,
+        exclude: None,
+        exclusive: false,
+        hold: false,
     };
     let id = client.submit_job(&request).await.map_err(api)?.id;
     t.event(format!(

@@ -19,9 +19,25 @@ pub struct ExitWith(pub i32);
 
 #[derive(Args, Debug, Clone)]
 pub struct JobArgs {
-    /// Nodes in the gang
-    #[arg(short = 'N', long = "nodes", default_value_t = 1)]
-    pub nodes: u32,
+    /// Nodes in the gang [default: 1, or as many as --nodelist names]
+    #[arg(short = 'N', long = "nodes")]
+    pub nodes: Option<u32>,
+    /// Run on exactly these nodes, a Slurm host list: n[1-3],gpu7
+    #[arg(short = 'w', long, value_name = "HOSTLIST")]
+    pub nodelist: Option<String>,
+    /// Never run on these nodes, a Slurm host list
+    #[arg(short = 'x', long, value_name = "HOSTLIST")]
+    pub exclude: Option<String>,
+    /// Take the nodes whole: only nodes with no GPU in use, and no other
+    /// job on them while this one runs
+    #[arg(long)]
+    pub exclusive: bool,
+    /// Submit held: the job waits until `scontrol release ID`
+    #[arg(short = 'H', long)]
+    pub hold: bool,
+    /// Print where and when the job would start; submit nothing
+    #[arg(long)]
+    pub test_only: bool,
     /// GPUs on every node of the gang [default: one per task]
     #[arg(long, conflicts_with_all = ["gres", "gpus_per_task", "gpus"])]
     pub gpus_per_node: Option<u32>,
@@ -210,8 +226,21 @@ pub struct NodeLayout {
 }
 
 impl JobArgs {
+    /// `-N`, else the number of nodes `--nodelist` names, else 1.
+    pub fn node_count(&self) -> Result<u32, String> {
+        match (self.nodes, self.nodelist.as_deref()) {
+            (Some(n), _) => Ok(n),
+            (None, Some(list)) => {
+                let names = crate::executor::tasks::expand_hostlist(list)
+                    .map_err(|e| format!("--nodelist: {e}"))?;
+                u32::try_from(names.len()).map_err(|_| "--nodelist names too many nodes".into())
+            }
+            (None, None) => Ok(1),
+        }
+    }
+
     pub fn layout(&self) -> Result<NodeLayout, String> {
-        let nodes = self.nodes;
+        let nodes = self.node_count()?;
         if nodes == 0 {
             return Err("-N/--nodes must be positive".into());
         }
@@ -292,7 +321,7 @@ impl JobArgs {
         Ok(JobSubmitRequest {
             name: self.name.clone().unwrap_or_default(),
             tenant: self.tenant.clone(),
-            nodes: self.nodes,
+            nodes: self.node_count()?,
             gpus_per_node,
             gpu_model,
             time_limit_s,
@@ -316,6 +345,10 @@ impl JobArgs {
             batch: self.batch,
             dependency: self.dependency.clone(),
             signal: self.signal.clone(),
+            nodelist: self.nodelist.clone(),
+            exclude: self.exclude.clone(),
+            exclusive: self.exclusive,
+            hold: self.hold,
         })
     }
 }
@@ -576,6 +609,61 @@ fn array_task(
     req
 }
 
+/// `--test-only`: where and when the job would start, printed as
+/// `program` (`sbatch`: Slurm's line; `submit`: shoal's) or as JSON.
+async fn test_only(
+    client: &Client,
+    req: &JobSubmitRequest,
+    json: bool,
+    program: &str,
+) -> anyhow::Result<()> {
+    let answer = client.test_job(req).await.map_err(api)?;
+    if json {
+        return print_json(&answer);
+    }
+    println!("{}", test_only_line(&answer, req, program));
+    Ok(())
+}
+
+/// The one line `--test-only` prints.
+pub fn test_only_line(
+    answer: &shoal_sdk::JobTestOnlyResponse,
+    req: &JobSubmitRequest,
+    program: &str,
+) -> String {
+    let tasks = u64::from(req.nodes) * u64::from(req.tasks_per_node.unwrap_or(1).max(1));
+    let when = answer
+        .start_at
+        .as_deref()
+        .map(|t| t.trim_end_matches('Z').to_string());
+    match (program, answer.start_in_s, when) {
+        ("sbatch", Some(_), Some(when)) => format!(
+            "sbatch: Job to start at {when} using {tasks} processors on nodes {} in partition {}",
+            answer.nodelist,
+            crate::cli::slurm_cmds::PARTITION
+        ),
+        (_, Some(0), _) => format!("would start now on {}", answer.nodelist),
+        (_, Some(s), when) => format!(
+            "would start in {} (at {}) on {}{}",
+            crate::cli::slurm_cmds::format_elapsed(s),
+            when.unwrap_or_default(),
+            answer.nodelist,
+            answer
+                .reason
+                .as_deref()
+                .map_or(String::new(), |r| format!("; now: {r}")),
+        ),
+        (_, None, _) => format!(
+            "{}would not start: {}",
+            if program == "sbatch" { "sbatch: " } else { "" },
+            answer
+                .reason
+                .as_deref()
+                .unwrap_or("not even once the running jobs end")
+        ),
+    }
+}
+
 /// What `submit` does once the job is in.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AfterSubmit {
@@ -605,6 +693,10 @@ pub async fn submit(
     let req = args
         .request(args.command.clone())
         .map_err(anyhow::Error::msg)?;
+    if args.test_only {
+        let program = if banner { "sbatch" } else { "submit" };
+        return test_only(client, &req, json, program).await;
+    }
     if let Some(spec) = &args.array {
         return submit_array(client, &req, spec, json, how).await;
     }
@@ -801,6 +893,14 @@ async fn attach_to(client: &Client, id: u64, label: bool) -> anyhow::Result<()> 
 /// environment; the allocation is released when the command ends.
 pub async fn alloc(client: &Client, args: &JobArgs) -> anyhow::Result<()> {
     let req = args.request(Vec::new()).map_err(anyhow::Error::msg)?;
+    if args.test_only {
+        return test_only(client, &req, false, "alloc").await;
+    }
+    if args.hold {
+        anyhow::bail!(
+            "alloc: --hold would wait for ever; submit it held with `shoal submit --hold`"
+        );
+    }
     let id = client.submit_job(&req).await.map_err(api)?.id;
     eprintln!("shoal: pending job allocation {id}");
     let job = loop {
@@ -1027,6 +1127,96 @@ pub async fn cancel(client: &Client, ids: &[u64], json: bool) -> anyhow::Result<
         print_json(&answers)?;
     }
     Ok(())
+}
+
+/// `shoal cancel --signal SIG ID...`, `scancel --signal`.
+pub async fn signal(client: &Client, ids: &[u64], sig: &str, json: bool) -> anyhow::Result<()> {
+    let mut answers = Vec::new();
+    for id in ids {
+        answers.push(client.signal_job(*id, sig).await.map_err(api)?);
+        if !json {
+            println!("job {id} sent {sig}");
+        }
+    }
+    if json {
+        print_json(&answers)?;
+    }
+    Ok(())
+}
+
+/// `shoal requeue ID...`, `scontrol requeue`.
+pub async fn requeue(client: &Client, ids: &[u64], json: bool) -> anyhow::Result<()> {
+    let mut answers = Vec::new();
+    for id in ids {
+        answers.push(client.requeue_job(*id).await.map_err(api)?);
+        if !json {
+            println!("job {id} requeued");
+        }
+    }
+    if json {
+        print_json(&answers)?;
+    }
+    Ok(())
+}
+
+#[derive(Subcommand, Debug)]
+pub enum UserCmd {
+    /// User names and their tenants
+    Ls,
+    /// Map a user name to a tenant (admin)
+    Add {
+        name: String,
+        #[arg(long, short = 'A')]
+        tenant: String,
+    },
+    /// Remove a user name (admin)
+    Rm { name: String },
+}
+
+/// `shoal user ls|add|rm`, `sacctmgr list|add|delete user`.
+pub async fn user(client: &Client, cmd: &UserCmd, json: bool) -> anyhow::Result<()> {
+    match cmd {
+        UserCmd::Ls => {
+            let users = client.users().await.map_err(api)?;
+            if json {
+                return print_json(&users);
+            }
+            println!("{:<20} TENANT", "USER");
+            for u in users {
+                println!("{:<20} {}", u.name, u.tenant.unwrap_or_default());
+            }
+        }
+        UserCmd::Add { name, tenant } => {
+            let w = client.set_user(name, Some(tenant)).await.map_err(api)?;
+            if json {
+                return print_json(&w);
+            }
+            println!("user {name} is tenant {tenant}");
+        }
+        UserCmd::Rm { name } => {
+            let w = client.set_user(name, None).await.map_err(api)?;
+            if json {
+                return print_json(&w);
+            }
+            println!("user {name} removed");
+        }
+    }
+    Ok(())
+}
+
+/// Tenants that `names` (Slurm user names, `-u`) stand for: a mapped
+/// user's tenant, else the name itself (a tenant).
+pub fn tenants_of_users(names: &[String], users: &[shoal_sdk::UserInfo]) -> Vec<String> {
+    names
+        .iter()
+        .map(|n| {
+            users
+                .iter()
+                .find(|u| &u.name == n)
+                .and_then(|u| u.tenant.clone())
+                .unwrap_or_else(|| n.clone())
+        })
+        .collect()
 }
 
 /// `shoal hold|release ID...`.

@@ -213,6 +213,15 @@ enum Cmd {
         /// The region of plain ids
         #[arg(long)]
         region: Option<String>,
+        /// Send this signal to every rank instead (USR1, TERM, 10...); the
+        /// jobs go on running
+        #[arg(short = 's', long, value_name = "SIG")]
+        signal: Option<String>,
+    },
+    /// Stop running jobs and queue them again, from their latest checkpoint
+    Requeue {
+        #[arg(required = true)]
+        jobs: Vec<u64>,
     },
     /// Keep waiting jobs from the scheduler until released
     Hold {
@@ -263,6 +272,11 @@ enum Cmd {
     Tenant {
         #[command(subcommand)]
         cmd: TenantCmd,
+    },
+    /// Slurm user names and the tenant each stands for (`squeue -u NAME`)
+    User {
+        #[command(subcommand)]
+        cmd: crate::cli::jobs::UserCmd,
     },
     /// GPU and GPU-hour usage against each tenant's limits
     Quota {
@@ -780,11 +794,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 crate::cli::federation::job_client(&client(&cli)?, job, region.as_deref());
             crate::cli::jobs::show(&c, id, cli.json).await
         }
-        Cmd::Cancel { jobs, region } => {
+        Cmd::Requeue { jobs } => crate::cli::jobs::requeue(&client(&cli)?, jobs, cli.json).await,
+        Cmd::Cancel {
+            jobs,
+            region,
+            signal,
+        } => {
             let base = client(&cli)?;
             for job in jobs {
                 let (c, id) = crate::cli::federation::job_client(&base, job, region.as_deref());
-                crate::cli::jobs::cancel(&c, &[id], cli.json).await?;
+                match signal {
+                    Some(sig) => crate::cli::jobs::signal(&c, &[id], sig, cli.json).await?,
+                    None => crate::cli::jobs::cancel(&c, &[id], cli.json).await?,
+                }
             }
             Ok(())
         }
@@ -811,6 +833,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::cli::federation::run(&local, cmd, cli.token.as_deref(), cli.json).await
         }
         Cmd::Tenant { cmd } => crate::cli::jobs::tenant(&client(&cli)?, cmd, cli.json).await,
+        Cmd::User { cmd } => crate::cli::jobs::user(&client(&cli)?, cmd, cli.json).await,
         Cmd::Cp(args) => crate::cli::cp::cp(&client(&cli)?, args, cli.json).await,
         Cmd::Ls { path } => crate::cli::cp::ls(&client(&cli)?, path, cli.json).await,
         Cmd::Stat { path } => crate::cli::cp::stat(&client(&cli)?, path, cli.json).await,

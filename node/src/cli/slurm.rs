@@ -89,6 +89,8 @@ const JOB_OPTIONS: &[(&str, Option<&str>, Option<&str>)] = &[
     ("gpus", Some("G"), Some("--gpus")),
     ("ntasks", Some("n"), Some("--ntasks")),
     ("ntasks-per-node", None, Some("--ntasks-per-node")),
+    ("nodelist", Some("w"), Some("--nodelist")),
+    ("exclude", Some("x"), Some("--exclude")),
     ("dependency", Some("d"), Some("--dependency")),
     ("array", Some("a"), Some("--array")),
     ("signal", None, Some("--signal")),
@@ -108,15 +110,12 @@ const JOB_OPTIONS: &[(&str, Option<&str>, Option<&str>)] = &[
 ];
 
 /// Flags without a value that are accepted with a warning.
-const IGNORED_SWITCHES: &[&str] = &["exclusive", "quiet", "verbose"];
+const IGNORED_SWITCHES: &[&str] = &["quiet", "verbose"];
 
-/// Options that would change what the job does and that shoal cannot honour
-/// yet: refused with one `error:` line naming the option, never ignored.
-/// (Anything not in the tables above is refused the same way.)
-const REFUSED: &[(&str, &str)] = &[
-    ("test-only", "the API has no dry-run placement"),
-    ("hold", "submit it, then hold it with `scontrol hold ID`"),
-];
+/// Flags without a value that become the shoal flag of the same name.
+/// Anything not in the tables above is refused with one `error:` line
+/// naming the option, never ignored.
+const SWITCHES: &[&str] = &["exclusive", "hold", "test-only"];
 
 /// What `job_flags` found besides the shoal flags.
 #[derive(Debug, Default)]
@@ -217,9 +216,6 @@ fn job_flags(
             "v" => "verbose",
             other => other,
         };
-        if let Some((_, why)) = REFUSED.iter().find(|(l, _)| *l == long) {
-            return Err(format!("{program}: {shown} is not supported ({why})"));
-        }
         match long {
             "parsable" if program == "sbatch" => {
                 o.parsable = true;
@@ -233,6 +229,11 @@ fn job_flags(
             }
             "requeue" | "no-requeue" if program == "sbatch" => {
                 o.requeue = Some(long == "requeue");
+                i += 1;
+                continue;
+            }
+            s if SWITCHES.contains(&s) && inline.is_none() => {
+                o.flags.push(format!("--{s}"));
                 i += 1;
                 continue;
             }
@@ -784,6 +785,9 @@ fn sacctmgr(args: &[String]) -> Result<Vec<String>, String> {
         }
     };
     let mut argv = vec!["shoal".to_string()];
+    if entity == "user" || entity == "users" {
+        return sacctmgr_user(&verb, &words[2..], json);
+    }
     match verb.as_str() {
         "show" | "list" => {
             if entity.starts_with("assoc") {
@@ -849,6 +853,45 @@ fn sacctmgr(args: &[String]) -> Result<Vec<String>, String> {
     };
     argv.extend(["tenant".to_string(), action.to_string(), name]);
     argv.extend(flags);
+    if json {
+        argv.push("--json".into());
+    }
+    Ok(argv)
+}
+
+/// `sacctmgr list|show user`, `add|create user NAME account=TENANT`,
+/// `delete|remove user NAME` as `shoal user ls|add|rm`.
+fn sacctmgr_user(verb: &str, words: &[&str], json: bool) -> Result<Vec<String>, String> {
+    let mut name = None;
+    let mut account = None;
+    for word in words {
+        if word.eq_ignore_ascii_case("where") || word.eq_ignore_ascii_case("set") {
+            continue;
+        }
+        match word.split_once('=') {
+            Some((k, v)) => match k.to_ascii_lowercase().as_str() {
+                "name" | "names" | "user" | "users" => name = Some(v.to_string()),
+                "account" | "accounts" | "defaultaccount" => account = Some(v.to_string()),
+                other => return Err(format!("sacctmgr: user '{other}' is not supported")),
+            },
+            None if name.is_none() => name = Some(word.to_string()),
+            None => return Err(format!("sacctmgr: unexpected '{word}'")),
+        }
+    }
+    let mut argv = vec!["shoal".to_string(), "user".to_string()];
+    match verb {
+        "show" | "list" => argv.push("ls".into()),
+        "add" | "create" => {
+            let name = name.ok_or("sacctmgr: add user needs a name")?;
+            let account = account.ok_or("sacctmgr: add user needs account=TENANT")?;
+            argv.extend(["add".to_string(), name, "--tenant".to_string(), account]);
+        }
+        "delete" | "remove" => {
+            let name = name.ok_or("sacctmgr: delete user needs a name")?;
+            argv.extend(["rm".to_string(), name]);
+        }
+        other => return Err(format!("sacctmgr: '{other} user' is not supported")),
+    }
     if json {
         argv.push("--json".into());
     }
@@ -1162,16 +1205,21 @@ echo start
         );
         let dir = tempfile::tempdir().expect("tempdir");
         let script = dir.path().join("j.sh");
-        std::fs::write(&script, "#!/bin/sh\n#SBATCH --hold\ntrue\n").expect("write");
-        let err = translate("sbatch", &[script.display().to_string()])
+        std::fs::write(
+            &script,
+            "#!/bin/sh\n#SBATCH -H -w n[1-2] -x n3\n#SBATCH --exclusive --test-only\ntrue\n",
+        )
+        .expect("write");
+        let ok = translate("sbatch", &[script.display().to_string()]).expect("translates");
+        for flag in ["--hold", "--exclusive", "--test-only"] {
+            assert!(ok.argv.contains(&flag.to_string()), "{flag}: {:?}", ok.argv);
+        }
+        assert!(ok.argv.windows(2).any(|w| w == ["--nodelist", "n[1-2]"]));
+        assert!(ok.argv.windows(2).any(|w| w == ["--exclude", "n3"]));
+        let err = translate("sbatch", &["--exclusive=user".into(), "--wrap=true".into()])
             .err()
             .expect("refused");
-        assert_eq!(err.code, 2);
-        assert!(
-            err.message.starts_with("sbatch: --hold is not supported"),
-            "{}",
-            err.message
-        );
+        assert_eq!(err.message.lines().count(), 1, "{}", err.message);
         std::fs::write(&script, "#!/bin/sh\n#SBATCH --signal=B:USR1@90\ntrue\n").expect("write");
         let ok = translate("sbatch", &[script.display().to_string()]).expect("translates");
         assert!(
@@ -1179,12 +1227,10 @@ echo start
             "{:?}",
             ok.argv
         );
-        for bad in ["--test-only", "--frob"] {
-            let err = translate("sbatch", &[bad.into(), "--wrap=true".into()])
-                .err()
-                .unwrap_or_else(|| panic!("{bad} accepted"));
-            assert_eq!(err.message.lines().count(), 1);
-        }
+        let err = translate("sbatch", &["--frob".into(), "--wrap=true".into()])
+            .err()
+            .expect("--frob refused");
+        assert_eq!(err.message.lines().count(), 1);
         let ok = translate(
             "sbatch",
             &[
@@ -1198,7 +1244,8 @@ echo start
             ],
         )
         .expect("accepted");
-        assert_eq!(ok.warnings.len(), 2, "{:?}", ok.warnings);
+        assert_eq!(ok.warnings.len(), 1, "{:?}", ok.warnings);
+        assert!(ok.argv.contains(&"--exclusive".to_string()));
         assert!(ok.argv.contains(&"--wait".to_string()));
         assert!(!ok.argv.contains(&"--max-restarts".to_string()));
         assert!(ok.argv.contains(&"--requeue".to_string()));
@@ -1282,6 +1329,25 @@ echo start
             ]
         );
         assert_eq!(t("sacctmgr", "show assoc"), ["shoal", "quota"]);
+        assert_eq!(
+            t("sacctmgr", "-i add user alice account=vision"),
+            ["shoal", "user", "add", "alice", "--tenant", "vision"]
+        );
+        assert_eq!(
+            t("sacctmgr", "delete user where name=alice"),
+            ["shoal", "user", "rm", "alice"]
+        );
+        assert_eq!(t("sacctmgr", "list users"), ["shoal", "user", "ls"]);
+        for bad in [
+            "add user alice",
+            "add user account=x",
+            "modify user alice",
+            "add user a qos=x",
+        ] {
+            let words: Vec<String> = bad.split(' ').map(str::to_string).collect();
+            let err = translate("sacctmgr", &words).err().expect(bad);
+            assert!(err.message.starts_with("sacctmgr: "), "{}", err.message);
+        }
         assert!(translate("sacctmgr", &["delete".into(), "account".into()]).is_err());
     }
 

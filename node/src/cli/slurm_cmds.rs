@@ -31,7 +31,8 @@ fn now_s() -> i64 {
 pub async fn run(client: &Client, name: &str, args: &[String]) -> anyhow::Result<()> {
     match name {
         "squeue" => {
-            let o = parse_squeue(args).map_err(|e| usage_error(&e))?;
+            let mut o = parse_squeue(args).map_err(|e| usage_error(&e))?;
+            o.users = resolve_users(client, &o.users).await;
             let jobs = client.jobs(None, None).await.map_err(api)?;
             if o.json {
                 let jobs: Vec<JobInfo> = squeue_select(&o, jobs, &my_tenant());
@@ -51,7 +52,8 @@ pub async fn run(client: &Client, name: &str, args: &[String]) -> anyhow::Result
             Ok(())
         }
         "sacct" => {
-            let o = parse_sacct(args, now_s()).map_err(|e| usage_error(&e))?;
+            let mut o = parse_sacct(args, now_s()).map_err(|e| usage_error(&e))?;
+            o.users = resolve_users(client, &o.users).await;
             let jobs = client.jobs(None, None).await.map_err(api)?;
             let jobs = sacct_select(&o, jobs);
             if o.json {
@@ -68,6 +70,17 @@ pub async fn run(client: &Client, name: &str, args: &[String]) -> anyhow::Result
 }
 
 /// A usage error: printed as one `error:` line by the caller; exit 2.
+/// `-u` names as tenants: a user mapped with `sacctmgr add user` stands
+/// for its tenant; any other name is taken as a tenant (as before users
+/// existed, and when the server cannot list them).
+async fn resolve_users(client: &Client, names: &[String]) -> Vec<String> {
+    if names.is_empty() {
+        return Vec::new();
+    }
+    let users = client.users().await.unwrap_or_default();
+    super::jobs::tenants_of_users(names, &users)
+}
+
 fn usage_error(msg: &str) -> anyhow::Error {
     eprintln!("error: {msg}");
     super::jobs::ExitWith(2).into()
@@ -699,6 +712,8 @@ pub struct ScancelOpts {
     pub states: Vec<&'static str>,
     pub quiet: bool,
     pub verbose: bool,
+    /// `-s/--signal SIG`: signal the jobs' ranks instead of cancelling.
+    pub signal: Option<String>,
 }
 
 impl ScancelOpts {
@@ -723,11 +738,25 @@ pub fn parse_scancel(args: &[String]) -> Result<ScancelOpts, String> {
             }
         };
         match name.as_str() {
-            // Never a cancel: the API can only cancel, not signal.
-            "s" | "signal" | "b" | "batch" | "f" | "full" => {
+            "s" | "signal" => {
+                let sig = r.value(inline, &shown)?;
+                // Checked here so a bad name cancels nothing.
+                shoal_consensus::workload::WarnSignal::parse(&sig)
+                    .ok()
+                    .filter(|_| !sig.contains('@'))
+                    .ok_or_else(|| {
+                        format!(
+                            "scancel: invalid signal '{sig}' (use HUP, INT, QUIT, USR1, USR2, ALRM, TERM or CONT)"
+                        )
+                    })?;
+                o.signal = Some(sig);
+            }
+            // A shoal batch script is a rank like any other: `-b` and `-f`
+            // would name which of its processes to signal.
+            "b" | "batch" | "f" | "full" => {
                 return Err(format!(
-                    "scancel: {shown} is not supported (shoal can cancel a job but not signal it)"
-                ))
+                "scancel: {shown} is not supported (--signal reaches every process of every rank)"
+            ))
             }
             "u" | "user" => o.users.extend(list(&r.value(inline, &shown)?)),
             "me" => o.me = true,
@@ -781,7 +810,8 @@ pub fn scancel_select(o: &ScancelOpts, jobs: &[JobInfo], me: &str) -> Vec<u64> {
 }
 
 async fn scancel(client: &Client, args: &[String]) -> anyhow::Result<()> {
-    let o = parse_scancel(args).map_err(|e| usage_error(&e))?;
+    let mut o = parse_scancel(args).map_err(|e| usage_error(&e))?;
+    o.users = resolve_users(client, &o.users).await;
     let targets = if o.filtered() {
         let jobs = client.jobs(None, None).await.map_err(api)?;
         scancel_select(&o, &jobs, &my_tenant())
@@ -790,8 +820,15 @@ async fn scancel(client: &Client, args: &[String]) -> anyhow::Result<()> {
     };
     let mut failures = Vec::new();
     for id in targets {
-        match client.cancel_job(id).await {
-            Ok(_) if o.verbose => eprintln!("scancel: cancelled job {id}"),
+        let done = match &o.signal {
+            Some(sig) => client.signal_job(id, sig).await,
+            None => client.cancel_job(id).await,
+        };
+        match done {
+            Ok(_) if o.verbose => match &o.signal {
+                Some(sig) => eprintln!("scancel: sent {sig} to job {id}"),
+                None => eprintln!("scancel: cancelled job {id}"),
+            },
             Ok(_) => {}
             Err(e) => failures.push(format!("job {id}: {e}")),
         }
@@ -1284,6 +1321,10 @@ pub enum Scontrol {
     DrainNodes(Vec<String>, bool),
     /// `hold|release ID[,ID...]`.
     Hold(Vec<u64>, bool),
+    /// `requeue ID[,ID...]`.
+    Requeue(Vec<u64>),
+    /// `update JobId=ID TimeLimit=T`: seconds.
+    TimeLimit(u64, u64),
 }
 
 pub fn parse_scontrol(args: &[String]) -> Result<(Scontrol, bool), String> {
@@ -1316,7 +1357,7 @@ pub fn parse_scontrol(args: &[String]) -> Result<(Scontrol, bool), String> {
         }
         (Some("show"), None) => return Err("scontrol: show what? (job, node, partition)".into()),
         (Some("update"), _) => scontrol_update(&words[1..])?,
-        (Some(verb @ ("hold" | "release" | "uhold")), _) => {
+        (Some(verb @ ("hold" | "release" | "uhold" | "requeue")), _) => {
             let ids = words[1..]
                 .iter()
                 .flat_map(|w| w.split(','))
@@ -1329,7 +1370,10 @@ pub fn parse_scontrol(args: &[String]) -> Result<(Scontrol, bool), String> {
             if ids.is_empty() {
                 return Err(format!("scontrol: {verb} needs a job id"));
             }
-            Scontrol::Hold(ids, verb != "release")
+            match verb {
+                "requeue" => Scontrol::Requeue(ids),
+                _ => Scontrol::Hold(ids, verb != "release"),
+            }
         }
         (Some(verb), _) => return Err(format!("scontrol: '{verb}' is not supported")),
         (None, _) => return Err("scontrol: give a command (show job ID, show node NAME)".into()),
@@ -1342,6 +1386,8 @@ pub fn parse_scontrol(args: &[String]) -> Result<(Scontrol, bool), String> {
 fn scontrol_update(words: &[String]) -> Result<Scontrol, String> {
     let mut nodes = None;
     let mut state = None;
+    let mut job = None;
+    let mut time_limit = None;
     for w in words {
         let Some((k, v)) = w.split_once('=') else {
             return Err(format!("scontrol: update: '{w}' is not KEY=VALUE"));
@@ -1350,11 +1396,34 @@ fn scontrol_update(words: &[String]) -> Result<Scontrol, String> {
             "nodename" | "node" | "nodes" => nodes = Some(list(v)),
             "state" => state = Some(v.to_ascii_uppercase()),
             "reason" => {}
-            "jobid" | "job" | "jobname" => {
-                return Err("scontrol: 'update JobId=...' is not supported".into())
+            "jobid" | "job" => {
+                job = Some(
+                    v.parse::<u64>()
+                        .map_err(|_| format!("scontrol: invalid job id '{v}'"))?,
+                )
+            }
+            "timelimit" => {
+                let limit = crate::cli::duration::parse_duration(v)
+                    .map_err(|e| format!("scontrol: TimeLimit: {e}"))?
+                    .as_secs();
+                if limit == 0 {
+                    return Err("scontrol: TimeLimit must be positive".into());
+                }
+                time_limit = Some(limit);
             }
             other => return Err(format!("scontrol: update of '{other}' is not supported")),
         }
+    }
+    match (job, time_limit) {
+        (Some(_), _) if nodes.is_some() || state.is_some() => {
+            return Err("scontrol: update either JobId=... or NodeName=..., not both".into())
+        }
+        (Some(id), Some(limit)) => return Ok(Scontrol::TimeLimit(id, limit)),
+        (Some(_), None) => {
+            return Err("scontrol: update JobId=... supports TimeLimit=... only".into())
+        }
+        (None, Some(_)) => return Err("scontrol: TimeLimit=... needs JobId=...".into()),
+        (None, None) => {}
     }
     let nodes = nodes
         .filter(|n| !n.is_empty())
@@ -1418,6 +1487,12 @@ pub fn scontrol_job(j: &JobInfo, now: i64, oneliner: bool) -> String {
             opt_time(j.ended_at.as_deref(), "Unknown")
         ),
         format!("Partition={PARTITION}"),
+        format!(
+            "ReqNodeList={} ExcNodeList={} OverSubscribe={}",
+            j.nodelist.as_deref().unwrap_or("(null)"),
+            j.exclude.as_deref().unwrap_or("(null)"),
+            if j.exclusive { "NO" } else { "OK" }
+        ),
         format!("NodeList={nodelist}"),
         format!(
             "NumNodes={} NumTasks={} CPUs/Task={}",
@@ -1548,6 +1623,14 @@ async fn scontrol(client: &Client, args: &[String]) -> anyhow::Result<()> {
                 client.drain_node(n, drain).await.map_err(api)?;
             }
         }
+        Scontrol::Requeue(ids) => {
+            for id in ids {
+                client.requeue_job(id).await.map_err(api)?;
+            }
+        }
+        Scontrol::TimeLimit(id, limit) => {
+            client.set_time_limit(id, limit).await.map_err(api)?;
+        }
         Scontrol::Hold(ids, hold) => {
             for id in ids {
                 let done = if hold {
@@ -1625,6 +1708,9 @@ mod tests {
             dependency: None,
             held: false,
             signal: None,
+            nodelist: None,
+            exclude: None,
+            exclusive: false,
         }
     }
 
@@ -1739,10 +1825,25 @@ mod tests {
     }
 
     #[test]
-    fn scancel_never_signals() {
-        for args in ["--signal=USR1 3", "-s USR1 3", "-sUSR1 3", "--batch 3"] {
+    fn scancel_signals_or_cancels() {
+        for args in [
+            "--signal=USR1 3",
+            "-s USR1 3",
+            "-sSIGUSR1 3",
+            "--signal 10 3",
+        ] {
+            let o = parse_scancel(&a(args)).expect(args);
+            assert_eq!(
+                (o.jobs.as_slice(), o.signal.is_some()),
+                (&[3][..], true),
+                "{args}"
+            );
+        }
+        assert_eq!(parse_scancel(&a("3")).expect("cancel").signal, None);
+        for args in ["--signal=KILL 3", "--signal=USR1@30 3", "-s 3", "--batch 3"] {
             let err = parse_scancel(&a(args)).expect_err(args);
-            assert!(err.contains("is not supported"), "{err}");
+            assert!(err.starts_with("scancel: "), "{err}");
+            assert_eq!(err.lines().count(), 1);
         }
         assert!(parse_scancel(&[]).is_err());
         let o = parse_scancel(&a("-u vision")).expect("parses");
@@ -1868,16 +1969,26 @@ mod tests {
             parse_scontrol(&a("update nodename=n1 state=resume")).expect("parses"),
             (Scontrol::DrainNodes(vec!["n1".into()], false), false)
         );
+        assert_eq!(
+            parse_scontrol(&a("update JobId=3 TimeLimit=5")).expect("parses"),
+            (Scontrol::TimeLimit(3, 300), false)
+        );
+        assert_eq!(
+            parse_scontrol(&a("update jobid=3 timelimit=1-00:00:00")).expect("parses"),
+            (Scontrol::TimeLimit(3, 86_400), false)
+        );
         for bad in [
-            "update JobId=3 TimeLimit=5",
+            "update JobId=3",
+            "update JobId=3 Priority=5",
+            "update JobId=x TimeLimit=5",
+            "update JobId=3 TimeLimit=0",
+            "update TimeLimit=5",
+            "update JobId=3 NodeName=n1 State=DRAIN TimeLimit=5",
             "update NodeName=n1 State=DOWN",
             "update",
         ] {
             let err = parse_scontrol(&a(bad)).expect_err(bad);
-            assert!(
-                err.contains("not supported") || err.contains("needs"),
-                "{err}"
-            );
+            assert!(err.starts_with("scontrol: "), "{err}");
         }
         assert_eq!(
             parse_scontrol(&a("hold 3,4")).expect("hold"),
@@ -1888,10 +1999,12 @@ mod tests {
             (Scontrol::Hold(vec![3], false), false)
         );
         assert!(parse_scontrol(&a("hold")).is_err());
-        for verb in ["requeue", "suspend"] {
-            let err = parse_scontrol(&a(&format!("{verb} 3"))).expect_err(verb);
-            assert_eq!(err, format!("scontrol: '{verb}' is not supported"));
-        }
+        assert_eq!(
+            parse_scontrol(&a("requeue 3,4")).expect("requeue"),
+            (Scontrol::Requeue(vec![3, 4]), false)
+        );
+        let err = parse_scontrol(&a("suspend 3")).expect_err("suspend");
+        assert_eq!(err, "scontrol: 'suspend' is not supported");
         let text = scontrol_job(&job(2, "train", "vision", "running"), NOW, false);
         assert!(
             text.starts_with("JobId=2 JobName=train\n   UserId=vision"),

@@ -79,6 +79,9 @@ struct RunningRank {
     last_usr1: Instant,
     /// Sent the job's `--signal` already.
     warned: bool,
+    /// How many of the allocation's `scancel --signal`s it has had (those
+    /// asked for before it started are not sent).
+    signals_sent: usize,
     ckpt_dir: PathBuf,
     /// The newest step handed to replication (recorded, or on its way).
     reported_step: Option<u64>,
@@ -330,6 +333,22 @@ impl Worker for Executor {
                 SELF_FENCE_MS
             );
         }
+        // `scancel --signal`: each new one to every rank here, in order.
+        for (key, rank) in ranks.iter_mut() {
+            let Some(a) = assigned.get(key) else {
+                continue;
+            };
+            for &sig in a.signals.iter().skip(rank.signals_sent) {
+                tracing::info!(
+                    job = key.job,
+                    rank = key.rank,
+                    signal = sig,
+                    "signal asked for the job"
+                );
+                signal(&rank.child, sig);
+            }
+            rank.signals_sent = rank.signals_sent.max(a.signals.len());
+        }
         let actions = plan::plan(&plan::Inputs {
             assigned: &asks,
             running: &running,
@@ -382,6 +401,22 @@ impl Worker for Executor {
                     let Some(a) = assigned.get(&key) else {
                         continue;
                     };
+                    // Every rank starts with the port rank 0's node found
+                    // free; rank 0's agent chooses it, the others wait.
+                    if a.master_port.is_none() {
+                        if key.rank == 0 {
+                            let port = free_master_port(key.epoch, port_is_free);
+                            let cmd = Command::SetMasterPort {
+                                job: key.job,
+                                epoch: key.epoch,
+                                port,
+                            };
+                            if let Err(e) = host.ledger.write(cmd).await {
+                                tracing::debug!(job = key.job, error = %e.message, "could not record the master port yet");
+                            }
+                        }
+                        continue;
+                    }
                     match prepare_and_launch(host, &key, a, self.lease.clone()).await {
                         Ok(rank) => {
                             if let Some(fence) = rank.fence() {
@@ -656,6 +691,10 @@ struct Assignment {
     restarts: u32,
     /// The job's `--signal` and the ledger time (ms) to send it at.
     warn: Option<(i32, u64)>,
+    /// `scancel --signal`s so far, in order.
+    signals: Vec<i32>,
+    /// The allocation's `MASTER_PORT`, once rank 0's agent chose it.
+    master_port: Option<u16>,
 }
 
 impl Assignment {
@@ -718,6 +757,8 @@ fn assignment(
         ckpt_interval: job.spec.ckpt_interval_s.map(Duration::from_secs),
         restore,
         restarts: job.restarts,
+        signals: alloc.signals.clone(),
+        master_port: alloc.master_port,
         warn: job.spec.warn_signal.map(|w| {
             let limit_ms = job.spec.time_limit_s.saturating_mul(1000);
             let before_ms = u64::from(w.before_s) * 1000;
@@ -1235,6 +1276,7 @@ fn spawn(
         term_sent: None,
         last_usr1: Instant::now(),
         warned: false,
+        signals_sent: a.signals.len(),
         ckpt_dir,
         reported_step: None,
         recorded_step: None,
@@ -1337,7 +1379,9 @@ fn gang_env(
         ("MASTER_ADDR".into(), master_addr),
         (
             "MASTER_PORT".into(),
-            (MASTER_PORT_BASE + key.epoch % 1000).to_string(),
+            a.master_port
+                .unwrap_or_else(|| derived_master_port(key.epoch, 0))
+                .to_string(),
         ),
         ("TORCHELASTIC_RUN_ID".into(), key.job.to_string()),
         ("TORCHELASTIC_RESTART_COUNT".into(), a.restarts.to_string()),
@@ -1412,6 +1456,40 @@ fn signal(child: &Child, sig: libc::c_int) {
     }
 }
 
+/// Candidates for an allocation's `MASTER_PORT`: from a port derived from
+/// the epoch (so that concurrent allocations spread out), upwards,
+/// wrapping within the 1000 ports above [`MASTER_PORT_BASE`].
+fn derived_master_port(epoch: u64, attempt: u64) -> u16 {
+    let offset = epoch.wrapping_add(attempt) % MASTER_PORT_RANGE;
+    u16::try_from(MASTER_PORT_BASE + offset).unwrap_or(29_500)
+}
+
+/// Ports of the `MASTER_PORT` range.
+const MASTER_PORT_RANGE: u64 = 1000;
+/// Candidates tried before settling for the derived port anyway.
+const MASTER_PORT_TRIES: u64 = 64;
+
+/// The first candidate `is_free` says no one holds on this node; the
+/// derived port when none is (the rank then reports the clash itself).
+fn free_master_port(epoch: u64, is_free: impl Fn(u16) -> bool) -> u16 {
+    (0..MASTER_PORT_TRIES)
+        .map(|attempt| derived_master_port(epoch, attempt))
+        .find(|port| is_free(*port))
+        .unwrap_or_else(|| {
+            tracing::warn!(
+                epoch,
+                "no free MASTER_PORT among {MASTER_PORT_TRIES} candidates"
+            );
+            derived_master_port(epoch, 0)
+        })
+}
+
+/// Whether a TCP listener could bind `port` on every IPv4 address here
+/// now (a dual-stack listener on `[::]` holds it too).
+fn port_is_free(port: u16) -> bool {
+    std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port)).is_ok()
+}
+
 /// Shell convention: 128 + signal number for a rank killed by a signal.
 fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
@@ -1455,5 +1533,32 @@ mod tests {
         );
         // No UUID known (or not in the inventory): the index, never nothing.
         assert_eq!(visible_devices(&[2, 7], &inventory, true), ["2", "7"]);
+    }
+}
+
+#[cfg(test)]
+mod master_port_tests {
+    use super::*;
+
+    #[test]
+    fn the_master_port_is_the_first_free_candidate() {
+        let first = derived_master_port(7, 0);
+        assert_eq!(first, 29_407);
+        assert_eq!(free_master_port(7, |_| true), first);
+        // Taken: the next one up, wrapping inside the range.
+        assert_eq!(free_master_port(7, |p| p != first), 29_408);
+        assert_eq!(derived_master_port(999, 1), 29_400);
+        // Nothing free: the derived port, for the rank to report the clash.
+        assert_eq!(free_master_port(7, |_| false), first);
+    }
+
+    #[test]
+    fn a_port_held_by_a_listener_is_not_free() {
+        let held = std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
+            .expect("an ephemeral port");
+        let port = held.local_addr().expect("addr").port();
+        assert!(!port_is_free(port));
+        drop(held);
+        assert!(port_is_free(port));
     }
 }

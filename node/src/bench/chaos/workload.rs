@@ -231,6 +231,10 @@ pub async fn job_client(target: Target, log: JobLog, rank_log: PathBuf, nodes: u
                 batch: false,
                 dependency: None,
                 signal: None,
+                nodelist: None,
+                exclude: None,
+                exclusive: false,
+                hold: false,
             };
             match tokio::time::timeout(OP_TIMEOUT, api.submit_job(&req)).await {
                 Ok(Ok(resp)) => log.with(|c| c.acked.push(resp.id)),

@@ -498,6 +498,9 @@ mod tests {
             dependency: None,
             held: false,
             signal: None,
+            nodelist: None,
+            exclude: None,
+            exclusive: false,
             region: None,
         }
     }
