@@ -226,6 +226,16 @@ mod tests {
     }
 
     #[test]
+    fn a_spent_join_token_is_deleted_and_a_missing_one_is_no_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join(JOIN_TOKEN_FILE);
+        std::fs::write(&file, "sj1.secret.pin").expect("write");
+        assert!(scrub_file(&file).expect("scrub"));
+        assert!(!file.exists());
+        assert!(!scrub_file(&file).expect("nothing to scrub"));
+    }
+
+    #[test]
     fn identity_file_is_private_and_roundtrips() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tmp");
