@@ -534,7 +534,9 @@ struct HeapSample {
 }
 
 /// The page's memory under a stream sped up `500 / tick_ms` times: a
-/// 2-node cluster with a gang that logs all the time and a waiting job,
+/// 2-node cluster with a gang that logs all the time (80 lines a second
+/// per rank: the page's 64 KiB log tail is full within half a minute) and
+/// a waiting job,
 /// the job page (map, ranks, chart, log tail, events) open, the stream
 /// ticking every `tick_ms`. Samples the JS heap after `gc()` every 2 s and
 /// checks that once warm it stops growing. Returns the samples.
@@ -567,7 +569,7 @@ async fn soak(run: Duration, tick_ms: u64) -> Vec<HeapSample> {
     let mut gang = sh_job(
         2,
         4,
-        "i=0; while true; do echo \"rank $RANK step $i loss 0.$i\"; i=$((i+1)); sleep 0.05; done",
+        "i=0; while true; do for k in 1 2 3 4; do echo \"rank $RANK step $i.$k loss 0.$i\"; done; i=$((i+1)); sleep 0.05; done",
     );
     gang.name = "soak".into();
     let id = api.submit_job(&gang).await.expect("submit").id;
@@ -643,24 +645,26 @@ async fn soak(run: Duration, tick_ms: u64) -> Vec<HeapSample> {
     samples
 }
 
-/// After warm-up (the first 40 % of the run) the heap of the last third
-/// is no larger than that of the middle third, give or take 10 % and
-/// 512 KiB of collector noise, and the page holds as many DOM nodes.
+/// After warm-up (the first 40 % of the run) the mean heap of the second
+/// half of what remains is at most 256 KiB above the first half's (noise
+/// and the caps still filling in a short run; a page that kept every
+/// telemetry message would add about 100 KiB a second), and the page holds
+/// as many DOM nodes.
 fn assert_bounded(samples: &[HeapSample]) {
     assert!(samples.len() >= 6, "too few samples: {samples:?}");
     let warm: Vec<&HeapSample> = samples.iter().skip(samples.len() * 2 / 5).collect();
-    let third = warm.len() / 2;
+    let half = warm.len() / 2;
     let mean = |s: &[&HeapSample]| s.iter().map(|s| s.heap as f64).sum::<f64>() / s.len() as f64;
-    let (mid, last) = (mean(&warm[..third]), mean(&warm[third..]));
+    let (mid, last) = (mean(&warm[..half]), mean(&warm[half..]));
     assert!(
-        last <= mid * 1.10 + 512.0 * 1024.0,
+        last <= mid + 256.0 * 1024.0,
         "the page's heap keeps growing: {:.0} KiB then {:.0} KiB\n{samples:?}",
         mid / 1024.0,
         last / 1024.0
     );
     let dom = |s: &[&HeapSample]| s.iter().map(|s| s.dom_nodes).max().unwrap_or(0);
     assert!(
-        dom(&warm[third..]) <= dom(&warm[..third]) + 200,
+        dom(&warm[half..]) <= dom(&warm[..half]) + 200,
         "the page's DOM keeps growing\n{samples:?}"
     );
     let first = samples.first().map_or(0, |s| s.telemetry);
