@@ -52,6 +52,35 @@ fn wait_notify(sock: &UnixDatagram, want: &str, timeout: Duration) -> String {
     panic!("no {want:?} from the agent within {timeout:?}");
 }
 
+/// Starts the agent installed under `root` from its installed settings,
+/// with its data dir there, on loopback `port` (API over TCP, RPC over UDP).
+fn run_installed_at(
+    root: &Path,
+    bin: &Path,
+    notify: &Path,
+    port: u16,
+    env: &[(&str, String)],
+) -> std::process::Child {
+    Command::new(bin)
+        .args(["agent", "--config"])
+        .arg(root.join("etc/shoal/node.toml"))
+        .arg("--data-dir")
+        .arg(root.join("var/lib/shoal"))
+        .env("SHOAL_API_ADDR", format!("127.0.0.1:{port}"))
+        .env("SHOAL_RPC_ADDR", format!("127.0.0.1:{port}"))
+        .env("SHOAL_GOSSIP_ADDR", "127.0.0.1:0")
+        .env("SHOAL_SIM_GPUS", "2xH100-80GB")
+        .env("SHOAL_EXECUTOR__RUN_AS", "agent")
+        .env("SHOAL_EXECUTOR__ALLOW_ROOT", "true")
+        .env("SHOAL_EXECUTOR__JOBS_DIR", root.join("var/lib/shoal-jobs"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("NOTIFY_SOCKET", notify)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the installed agent")
+}
+
 #[test]
 fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_back() {
     let _serial = one_at_a_time();
@@ -111,7 +140,8 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
         "a purge deleted foreign data"
     );
 
-    // A joiner: the token is kept 0600 and named by the settings.
+    // A joiner: the token is kept 0600 in the data dir (the agent's, where
+    // it may delete it once spent) and named by the settings.
     let joiner = tmp.path().join("joiner");
     let out = shoal(&[
         "install",
@@ -130,11 +160,14 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
     );
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(summary["started"], false);
-    assert_eq!(mode(&joiner.join("etc/shoal/join.token")), 0o600);
+    let token_file = joiner.join("var/lib/shoal/join.token");
+    assert_eq!(mode(&token_file), 0o600);
+    assert_eq!(mode(&joiner.join("var/lib/shoal")), 0o700);
     assert_eq!(
-        std::fs::read_to_string(joiner.join("etc/shoal/join.token")).expect("token"),
+        std::fs::read_to_string(&token_file).expect("token"),
         "sj1.secret.pin"
     );
+    assert!(!joiner.join("etc/shoal/join.token").exists());
     let settings = std::fs::read_to_string(joiner.join("etc/shoal/node.toml")).expect("settings");
     let cfg: shoal_node::Config = toml::from_str(&settings).expect("the settings load");
     assert_eq!(
@@ -143,8 +176,27 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
     );
     assert_eq!(
         cfg.first_start.join_token_file.as_deref(),
-        Some(Path::new("/etc/shoal/join.token"))
+        Some(Path::new("/var/lib/shoal/join.token"))
     );
+    // Installing again before the first start: the token is no stranger.
+    let again = shoal(&[
+        "install",
+        "--root",
+        &joiner.display().to_string(),
+        "--join",
+        "10.0.0.1:7071",
+        "--join-token",
+        "sj1.secret.pin",
+    ]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    // An unused token goes with the uninstall, even when the data stays.
+    let out = shoal(&["uninstall", "--root", &joiner.display().to_string()]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!token_file.exists(), "uninstall left an unused join token");
 
     // The first node of a cluster.
     let root = tmp.path().join("node");
@@ -205,26 +257,7 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
 
     // The installed binary starts a node from the installed settings alone
     // ([first_start] bootstraps it) and says READY=1 to systemd.
-    let run_installed = |notify: &Path| {
-        let port = free_port();
-        Command::new(&bin)
-            .args(["agent", "--config"])
-            .arg(root.join("etc/shoal/node.toml"))
-            .arg("--data-dir")
-            .arg(&data)
-            .env("SHOAL_API_ADDR", format!("127.0.0.1:{port}"))
-            .env("SHOAL_RPC_ADDR", format!("127.0.0.1:{port}"))
-            .env("SHOAL_GOSSIP_ADDR", "127.0.0.1:0")
-            .env("SHOAL_SIM_GPUS", "2xH100-80GB")
-            .env("SHOAL_EXECUTOR__RUN_AS", "agent")
-            .env("SHOAL_EXECUTOR__ALLOW_ROOT", "true")
-            .env("SHOAL_EXECUTOR__JOBS_DIR", root.join("var/lib/shoal-jobs"))
-            .env("NOTIFY_SOCKET", notify)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the installed agent")
-    };
+    let run_installed = |notify: &Path| run_installed_at(&root, &bin, notify, free_port(), &[]);
     let notify = tmp.path().join("notify");
     let sock = UnixDatagram::bind(&notify).expect("bind");
     let mut agent = run_installed(&notify);
@@ -237,8 +270,64 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
     let _ = agent.kill();
     let _ = agent.wait();
     // From then on it restarts from its data dir: first_start is ignored.
-    let mut agent = run_installed(&notify);
+    let port = free_port();
+    let mut agent = run_installed_at(&root, &bin, &notify, port, &[]);
     wait_notify(&sock, "READY=1", Duration::from_secs(60));
+
+    // A second machine joins it from its own install: the token, spent at
+    // the first start, is deleted from disk once the node has joined, and
+    // the node restarts without it.
+    let admin = std::fs::read_to_string(data.join("admin.token")).expect("admin token");
+    let created = Command::new(shoal_bin())
+        .args(["token", "create", "--json"])
+        .env("SHOAL_API", format!("http://127.0.0.1:{port}"))
+        .env("SHOAL_TOKEN", admin.trim())
+        .output()
+        .expect("shoal token create");
+    assert!(created.status.success(), "{created:?}");
+    let created: serde_json::Value = serde_json::from_slice(&created.stdout).expect("json");
+    let token = created["token"].as_str().expect("a join token").to_string();
+    let second = tmp.path().join("second");
+    let out = shoal(&[
+        "install",
+        "--root",
+        &second.display().to_string(),
+        "--join",
+        &format!("127.0.0.1:{port}"),
+        "--join-token",
+        &token,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let second_data = second.join("var/lib/shoal");
+    let spent = second_data.join("join.token");
+    assert_eq!(std::fs::read_to_string(&spent).expect("token"), token);
+    let second_bin = second.join("usr/local/bin/shoal");
+    // The settings name /var/lib/shoal/join.token; here it is under `second`.
+    let moved = [
+        (
+            "SHOAL_FIRST_START__JOIN_TOKEN_FILE",
+            spent.display().to_string(),
+        ),
+        ("SHOAL_NAME", "second".to_string()),
+    ];
+    let notify2 = tmp.path().join("notify2");
+    let sock2 = UnixDatagram::bind(&notify2).expect("bind");
+    let mut joined = run_installed_at(&second, &second_bin, &notify2, free_port(), &moved);
+    let ready = wait_notify(&sock2, "READY=1", Duration::from_secs(60));
+    assert!(ready.contains("STATUS=serving; leader"), "{ready}");
+    assert!(second_data.join("identity.json").exists(), "did not join");
+    assert!(!spent.exists(), "the spent join token stayed on disk");
+    let _ = joined.kill();
+    let _ = joined.wait();
+    let mut joined = run_installed_at(&second, &second_bin, &notify2, free_port(), &moved);
+    let ready = wait_notify(&sock2, "READY=1", Duration::from_secs(60));
+    assert!(ready.contains("STATUS=serving; leader"), "{ready}");
+    let _ = joined.kill();
+    let _ = joined.wait();
     let _ = agent.kill();
     let _ = agent.wait();
 

@@ -1,6 +1,6 @@
 //! `GET /v1/stream`: server-sent events for the dashboard, so pages update
 //! within a second without polling every endpoint. Each connection owns a
-//! small feed that, every [`TICK`], compares what the caller may see now
+//! small feed that, every [`TICK`] (`dashboard.stream_tick_ms`), compares what the caller may see now
 //! with what it last sent and queues the differences:
 //!
 //! - `hello` (first): `{"node","tenant","token_name"}`
@@ -35,7 +35,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// How often a feed looks for changes.
+/// How often a feed looks for changes by default
+/// (`dashboard.stream_tick_ms`).
 pub const TICK: Duration = Duration::from_millis(500);
 /// Concurrent feeds per node.
 pub const MAX_STREAMS: usize = 64;
@@ -98,6 +99,7 @@ pub async fn stream(
         .and_then(|v| v.trim().parse::<u64>().ok())
         .or(q.after);
     let feed = Feed {
+        tick: Duration::from_millis(app.config().dashboard.stream_tick_ms.max(1)),
         shutdown: app.shutdown_signal(),
         app,
         caller,
@@ -118,6 +120,7 @@ pub async fn stream(
 
 struct Feed {
     app: AppState,
+    tick: Duration,
     caller: Caller,
     /// What the client was last sent; `None` before the first tick.
     jobs: Option<BTreeMap<u64, JobInfo>>,
@@ -161,7 +164,7 @@ impl Feed {
             }
             if self.ticks > 0 {
                 tokio::select! {
-                    _ = tokio::time::sleep(TICK) => {}
+                    _ = tokio::time::sleep(self.tick) => {}
                     // Ends the response, so the server's graceful shutdown
                     // does not wait on an open page.
                     _ = self.shutdown.changed() => return None,

@@ -17,7 +17,12 @@ use std::process::Command;
 pub const UNIT: &str = include_str!("../../../configs/shoal.service");
 const BIN: &str = "usr/local/bin/shoal";
 const CONFIG: &str = "etc/shoal/node.toml";
-const JOIN_TOKEN: &str = "etc/shoal/join.token";
+/// Where installs before the token moved to the data dir kept it (the
+/// agent cannot delete it there: /etc is read-only to the unit).
+const LEGACY_JOIN_TOKEN: &str = "etc/shoal/join.token";
+/// The join token, in the data dir (0700, the agent's): the agent deletes
+/// it once the node has joined ([`crate::node::identity::JOIN_TOKEN_FILE`]).
+const JOIN_TOKEN: &str = crate::node::identity::JOIN_TOKEN_FILE;
 const UNIT_PATH: &str = "etc/systemd/system/shoal.service";
 const DEFAULT_DATA_DIR: &str = "/var/lib/shoal";
 
@@ -123,7 +128,7 @@ fn node_toml(args: &InstallArgs) -> anyhow::Result<(String, PathBuf)> {
         first.insert("join".into(), toml::Value::String(addr.to_string()));
         first.insert(
             "join_token_file".into(),
-            toml::Value::String(format!("/{JOIN_TOKEN}")),
+            toml::Value::String(Path::new(&data_dir).join(JOIN_TOKEN).display().to_string()),
         );
     }
     if !first.is_empty() {
@@ -202,8 +207,10 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
     let has_identity = identity::load_identity(&data_dir_in_root)
         .map_err(anyhow::Error::msg)?
         .is_some();
-    let foreign =
-        !has_identity && std::fs::read_dir(&data_dir_in_root).is_ok_and(|mut d| d.next().is_some());
+    // A join token from an earlier install that has not started yet is ours.
+    let foreign = !has_identity
+        && std::fs::read_dir(&data_dir_in_root)
+            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name() != JOIN_TOKEN)));
     if foreign {
         anyhow::bail!(
             "{} is not empty and holds no node: give the node a directory of its own",
@@ -232,7 +239,11 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
     identity::ensure_data_dir(&data_dir_in_root)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", data_dir_in_root.display()))?;
     if let Some(token) = &args.join_token {
-        write_private(&under(root, JOIN_TOKEN), token.trim().as_bytes(), 0o600)?;
+        write_private(
+            &data_dir_in_root.join(JOIN_TOKEN),
+            token.trim().as_bytes(),
+            0o600,
+        )?;
     }
     if !keep {
         write_private(&installed, text.as_bytes(), 0o644)?;
@@ -363,8 +374,15 @@ pub fn uninstall(args: &UninstallArgs, json: bool) -> anyhow::Result<()> {
     }
     let mut removed = Vec::new();
     // The settings go last: a purge that fails can be run again.
-    for path in [UNIT_PATH, BIN, JOIN_TOKEN] {
-        let p = under(root, path);
+    let data = under(root, &data_dir.display().to_string());
+    // A join token never used (the node never started) goes even when the
+    // data dir stays.
+    for p in [
+        under(root, UNIT_PATH),
+        under(root, BIN),
+        under(root, LEGACY_JOIN_TOKEN),
+        data.join(JOIN_TOKEN),
+    ] {
         match std::fs::remove_file(&p) {
             Ok(()) => removed.push(p.display().to_string()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -375,7 +393,6 @@ pub fn uninstall(args: &UninstallArgs, json: bool) -> anyhow::Result<()> {
         let _ = systemctl(&["daemon-reload"]);
     }
     let mut kept = Vec::new();
-    let data = under(root, &data_dir.display().to_string());
     let jobs = under(root, &jobs_dir.display().to_string());
     for p in [&data, &jobs] {
         if p.exists() && !args.purge {

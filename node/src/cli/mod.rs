@@ -26,7 +26,7 @@ use clap::{Args, Parser, Subcommand};
 use shoal_sdk::{Client, ClientError, NodeInfo, StatusResponse};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -927,6 +927,21 @@ async fn tell_systemd_when_ready(node: std::sync::Arc<crate::node::Node>) {
     crate::agent::notify::notify(&format!("READY=1\nSTATUS={status}"));
 }
 
+/// Deletes the join token file `[first_start]` named, once the node holds
+/// an identity: a spent token does not stay readable on disk. A file the
+/// agent may not delete (an install before the token moved to the data
+/// dir left it in read-only /etc) is named in a warning.
+fn scrub_join_token(file: &Path) {
+    match crate::node::identity::scrub_file(file) {
+        Ok(true) => tracing::info!(file = %file.display(), "deleted the spent join token"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(
+            file = %file.display(),
+            "cannot delete the spent join token ({e}); delete it by hand: it is no use any more"
+        ),
+    }
+}
+
 /// Without `--bootstrap`/`--join`: a restart from the data dir, or, while
 /// it holds no identity, what `[first_start]` says.
 fn first_start_mode(cfg: &Config) -> anyhow::Result<StartMode> {
@@ -935,7 +950,14 @@ fn first_start_mode(cfg: &Config) -> anyhow::Result<StartMode> {
         .is_some();
     let first = &cfg.first_start;
     Ok(match (&first.join, &first.join_token_file) {
-        _ if has_identity => StartMode::Restart,
+        _ if has_identity => {
+            // Spent at the first start; still here if the node stopped
+            // between joining and deleting it.
+            if let Some(file) = &first.join_token_file {
+                scrub_join_token(file);
+            }
+            StartMode::Restart
+        }
         (Some(addr), Some(file)) => {
             let token = std::fs::read_to_string(file).map_err(|e| {
                 anyhow::anyhow!("first_start.join_token_file {}: {e}", file.display())
@@ -999,7 +1021,15 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
         (_, _, true) => StartMode::Bootstrap,
         _ => first_start_mode(&cfg)?,
     };
+    let token_file = match (&mode, args.join.is_none()) {
+        (StartMode::Join { .. }, true) => cfg.first_start.join_token_file.clone(),
+        _ => None,
+    };
     let agent = Agent::start(cfg, mode).await?;
+    // Joined: the identity is saved, the token spent.
+    if let Some(file) = &token_file {
+        scrub_join_token(file);
+    }
     if let Some(boot) = &agent.bootstrap {
         println!(
             "Cluster bootstrapped; this node is {} (id {}).",

@@ -39,6 +39,7 @@ pub struct Config {
     pub storage: StorageTuning,
     pub anomaly: AnomalyTuning,
     pub metrics: MetricsTuning,
+    pub dashboard: DashboardTuning,
     /// How a node whose data dir holds no identity yet starts without
     /// `--bootstrap`/`--join` (what `shoal install` writes); ignored from
     /// then on.
@@ -166,6 +167,32 @@ pub struct MetricsTuning {
     /// budgets, pending jobs by tenant). Off: anyone who can reach the port
     /// would learn who uses the pool.
     pub tenant_labels: bool,
+}
+
+/// The live stream and the GPU telemetry relay behind the web dashboard
+/// and `shoal top`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DashboardTuning {
+    /// How often each `/v1/stream` feed looks for changes (ms).
+    pub stream_tick_ms: u64,
+    /// How long this node waits for another member's GPU samples before
+    /// showing that member's GPUs as "no data" (ms).
+    pub relay_timeout_ms: u64,
+    /// How old the relayed GPU samples may get before they are asked for
+    /// again (ms): however many pages are open, each member is asked at
+    /// most once per this period.
+    pub relay_max_age_ms: u64,
+}
+
+impl Default for DashboardTuning {
+    fn default() -> Self {
+        DashboardTuning {
+            stream_tick_ms: 500,
+            relay_timeout_ms: 1000,
+            relay_max_age_ms: 2000,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -362,6 +389,7 @@ impl Default for Config {
             storage: StorageTuning::default(),
             anomaly: AnomalyTuning::default(),
             metrics: MetricsTuning::default(),
+            dashboard: DashboardTuning::default(),
             first_start: FirstStart::default(),
             agent: AgentTuning::default(),
             federation: Default::default(),
@@ -419,6 +447,9 @@ const ENV_KEYS: &[&str] = &[
     "anomaly.stall_after_s",
     "anomaly.webhook_url",
     "metrics.tenant_labels",
+    "dashboard.stream_tick_ms",
+    "dashboard.relay_timeout_ms",
+    "dashboard.relay_max_age_ms",
     "agent.shutdown",
     "federation.summary_interval_ms",
     "federation.request_timeout_ms",
@@ -556,6 +587,16 @@ impl Config {
         }
         if self.scheduler.interval_ms == 0 {
             return Err("scheduler.interval_ms must be positive".into());
+        }
+        let d = &self.dashboard;
+        if !(10..=60_000).contains(&d.stream_tick_ms) {
+            return Err(format!(
+                "dashboard.stream_tick_ms must be between 10 and 60000, not {}",
+                d.stream_tick_ms
+            ));
+        }
+        if d.relay_timeout_ms == 0 || d.relay_max_age_ms == 0 {
+            return Err("dashboard.relay_timeout_ms and relay_max_age_ms must be positive".into());
         }
         if !(10..=366 * 24 * 3600).contains(&self.cert_lifetime_s) {
             return Err(format!(

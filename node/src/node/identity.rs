@@ -23,6 +23,27 @@ pub struct Identity {
 
 pub const IDENTITY_FILE: &str = "identity.json";
 pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+/// The join token `shoal install --join` leaves for the first start; the
+/// agent deletes it once the node has joined.
+pub const JOIN_TOKEN_FILE: &str = "join.token";
+
+/// Overwrites and deletes a spent join token. `Ok(false)` when there was
+/// none.
+pub fn scrub_file(path: &Path) -> std::io::Result<bool> {
+    let len = match std::fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    // Best effort against a copy left in the file system's blocks; the
+    // deletion is what matters.
+    if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(path) {
+        let _ = f.write_all(&vec![0u8; len.min(1 << 16) as usize]);
+        let _ = f.sync_all();
+    }
+    std::fs::remove_file(path)?;
+    Ok(true)
+}
 pub const RUNTIME_FILE: &str = "agent.json";
 pub const RAFT_DB_FILE: &str = "raft.redb";
 
@@ -202,6 +223,16 @@ mod tests {
         ] {
             assert!(parse_join_token(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_spent_join_token_is_deleted_and_a_missing_one_is_no_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join(JOIN_TOKEN_FILE);
+        std::fs::write(&file, "sj1.secret.pin").expect("write");
+        assert!(scrub_file(&file).expect("scrub"));
+        assert!(!file.exists());
+        assert!(!scrub_file(&file).expect("nothing to scrub"));
     }
 
     #[test]

@@ -62,6 +62,7 @@ pub struct Node {
     contacts: ContactTracker,
     token_use: auth::TokenUse,
     federation: crate::node::federation::link::Federation,
+    gpu_relay: crate::api::telemetry::Relay,
     started: Instant,
     shutdown: watch::Sender<bool>,
 }
@@ -97,6 +98,7 @@ impl Node {
             contacts: parts.contacts,
             token_use: auth::TokenUse::default(),
             federation,
+            gpu_relay: Default::default(),
             started: Instant::now(),
             shutdown,
         }
@@ -132,6 +134,11 @@ impl Node {
 
     pub fn peers(&self) -> &SharedPeerView {
         &self.peers
+    }
+
+    /// The other members' GPU samples, for the dashboard and `shoal top`.
+    pub fn gpu_relay(&self) -> &crate::api::telemetry::Relay {
+        &self.gpu_relay
     }
 
     pub fn gpus(&self) -> &Gpus {

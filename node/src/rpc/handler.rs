@@ -107,6 +107,9 @@ impl NodeService {
                     .await
                     .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))
             }
+            Request::GpuTelemetry => Ok(Response::GpuTelemetry(crate::api::telemetry::own_gpus(
+                &self.gpus.latest(),
+            ))),
             other => self.serve_as_leader(other).await,
         };
         result.unwrap_or_else(Response::Error)
@@ -301,6 +304,10 @@ impl NodeService {
             Request::HoldsCaKey | Request::FetchCaKey { .. } => Err(WireError::new(
                 ErrorCode::Invalid,
                 "CA key requests are served by the node asked, not routed",
+            )),
+            Request::GpuTelemetry => Err(WireError::new(
+                ErrorCode::Invalid,
+                "GPU samples are served by the node asked, not routed",
             )),
             Request::Raft(_) | Request::Chunk(_) => Err(WireError::new(
                 ErrorCode::Invalid,

@@ -56,6 +56,9 @@ pub enum Request {
     RotateCa {
         token: UserToken,
     },
+    /// The receiving node's own GPUs' latest samples, for the dashboard's
+    /// telemetry relay (served by the node asked, to any member).
+    GpuTelemetry,
 }
 
 /// A user's API token on its way to the leader. Only its holder and the
@@ -152,6 +155,9 @@ pub enum Response {
         old_fingerprint: String,
         new_fingerprint: String,
     },
+    /// A node's own GPU samples (no job: the asker reads holders from its
+    /// ledger and scopes them to its caller).
+    GpuTelemetry(Vec<crate::api::telemetry::GpuTelemetry>),
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -240,6 +246,30 @@ pub fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relayed_gpu_samples_survive_bincode() {
+        let gpus = vec![crate::api::telemetry::GpuTelemetry {
+            index: 3,
+            util_pct: 97,
+            temp_c: 71,
+            power_w: 612.5,
+            fb_used_mb: 40_000,
+            fb_total_mb: 81_559,
+            throttle: vec!["HW_THERMAL_SLOWDOWN".into()],
+            job: None,
+            job_name: None,
+        }];
+        let b = encode(&Response::GpuTelemetry(gpus.clone()));
+        match decode::<Response>(&b) {
+            Ok(Response::GpuTelemetry(back)) => assert_eq!(back, gpus),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            decode::<Request>(&encode(&Request::GpuTelemetry)),
+            Ok(Request::GpuTelemetry)
+        ));
+    }
 
     #[test]
     fn truncated_and_garbage_messages_are_errors() {

@@ -72,7 +72,7 @@ pub fn render(f: &mut Frame, snap: &Snapshot) {
             format!("problem: {p}"),
             Style::default().fg(Color::Red),
         )),
-        None => Line::from("q quit"),
+        None => Line::from("q quit  g GPUs/nodes"),
     };
     f.render_widget(Paragraph::new(line), status);
 }
@@ -102,14 +102,26 @@ fn title_line(snap: &Snapshot) -> Line<'static> {
 }
 
 fn render_cluster(f: &mut Frame, area: Rect, snap: &Snapshot) {
-    let rows = (snap.nodes.len() as u16 + 3).min(area.height / 2).max(4);
+    let listed = if snap.show_gpus {
+        snap.nodes
+            .iter()
+            .map(|n| n.gpus.len().max(1))
+            .sum::<usize>()
+    } else {
+        snap.nodes.len()
+    };
+    let rows = (listed as u16 + 3).min(area.height / 2).max(4);
     let [nodes, jobs, events] = Layout::vertical([
         Constraint::Length(rows),
         Constraint::Min(5),
         Constraint::Length((area.height / 4).max(4)),
     ])
     .areas(area);
-    render_nodes(f, nodes, snap);
+    if snap.show_gpus {
+        render_gpus(f, nodes, snap);
+    } else {
+        render_nodes(f, nodes, snap);
+    }
     render_jobs(f, jobs, snap);
     render_events(f, events, snap, None);
 }
@@ -181,7 +193,118 @@ fn render_nodes(f: &mut Frame, area: Rect, snap: &Snapshot) {
     .block(
         Block::default()
             .borders(Borders::ALL)
-            .title(" Nodes (GPU: util decile 0-9, * full, . free, ! unhealthy) "),
+            .title(" Nodes (GPU: util decile 0-9, * full, . free, ! unhealthy; g: every GPU) "),
+    );
+    f.render_widget(table, area);
+}
+
+/// A GPU's sample as table cells: utilization, temperature, power,
+/// memory; "no data" (and why) when its node's samples are missing.
+fn sample_cells(
+    snap: &Snapshot,
+    node: &str,
+    index: u32,
+    fallback_util: Option<f32>,
+) -> [Line<'static>; 4] {
+    match snap.gpu_sample(node, index) {
+        Some(s) => {
+            let util = Some(s.util_pct as f32);
+            let temp = Span::styled(
+                format!("{} °C", s.temp_c),
+                if s.temp_c >= 85 || !s.throttle.is_empty() {
+                    Style::default().fg(Color::Red)
+                } else {
+                    Style::default()
+                },
+            );
+            [
+                Line::from(Span::styled(format!("{}%", s.util_pct), util_style(util))),
+                Line::from(temp),
+                Line::from(format!("{:.0} W", s.power_w)),
+                Line::from(format!("{}/{} MiB", s.fb_used_mb, s.fb_total_mb)),
+            ]
+        }
+        None => {
+            let why = snap
+                .node_telemetry(node)
+                .and_then(|t| t.gpus_problem.clone())
+                .unwrap_or_else(|| "no data".into());
+            [
+                Line::from(Span::styled(
+                    fallback_util
+                        .map(|u| format!("{u:.0}%"))
+                        .unwrap_or_else(|| "-".into()),
+                    util_style(fallback_util),
+                )),
+                Line::from("-"),
+                Line::from("-"),
+                Line::from(Span::styled(why, Style::default().fg(Color::DarkGray))),
+            ]
+        }
+    }
+}
+
+/// The job holding a GPU, by name when the token may see it.
+fn gpu_job(snap: &Snapshot, node: &str, g: &shoal_sdk::GpuInfo) -> String {
+    match g.allocated_to {
+        Some(id) => {
+            let name = snap
+                .gpu_sample(node, g.index)
+                .filter(|s| s.job == Some(id))
+                .and_then(|s| s.job_name.clone())
+                .or_else(|| {
+                    snap.jobs
+                        .iter()
+                        .find(|j| j.id == id)
+                        .map(|j| j.name.clone())
+                });
+            match name {
+                Some(n) => format!("{id} {n}"),
+                None => id.to_string(),
+            }
+        }
+        None if g.health != "ok" => format!("- ({})", g.health),
+        None => "-".into(),
+    }
+}
+
+/// Every GPU of every node: job, utilization, temperature, power, memory.
+fn render_gpus(f: &mut Frame, area: Rect, snap: &Snapshot) {
+    let header = Row::new(["NODE", "GPU", "JOB", "UTIL", "TEMP", "POWER", "MEMORY"])
+        .style(Style::default().add_modifier(Modifier::BOLD));
+    let mut rows = Vec::new();
+    for n in &snap.nodes {
+        for g in &n.gpus {
+            let [util, temp, power, mem] =
+                sample_cells(snap, &n.name, g.index, snap.gpu_util(n, g));
+            rows.push(Row::new(vec![
+                Line::from(n.name.clone()),
+                Line::from(g.index.to_string()),
+                Line::from(gpu_job(snap, &n.name, g)),
+                util,
+                temp,
+                power,
+                mem,
+            ]));
+        }
+    }
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(14),
+            Constraint::Length(4),
+            Constraint::Length(16),
+            Constraint::Length(5),
+            Constraint::Length(7),
+            Constraint::Length(7),
+            Constraint::Min(14),
+        ],
+    )
+    .header(header)
+    .block(
+        Block::default()
+            .borders(Borders::ALL)
+            .title(" GPUs (g: nodes) "),
     );
     f.render_widget(table, area);
 }
@@ -278,7 +401,12 @@ fn render_events(f: &mut Frame, area: Rect, snap: &Snapshot, job: Option<u64>) {
 
 fn render_job(f: &mut Frame, area: Rect, snap: &Snapshot, view: &JobView) {
     let j = &view.job;
-    let ranks = (j.nodes.len() as u16 + 3).clamp(4, area.height / 3);
+    let gpu_rows: usize = j
+        .nodes
+        .iter()
+        .map(|n| j.gpus.get(n).map_or(1, |g| g.len().max(1)))
+        .sum();
+    let ranks = (gpu_rows as u16 + 3).clamp(4, (area.height / 3).max(4));
     let [head, ranks_area, mid, log] = Layout::vertical([
         Constraint::Length(4),
         Constraint::Length(ranks),
@@ -309,43 +437,61 @@ fn render_job(f: &mut Frame, area: Rect, snap: &Snapshot, view: &JobView) {
     }
     f.render_widget(Paragraph::new(head_lines).wrap(Wrap { trim: true }), head);
 
-    let header = Row::new(["RANK", "NODE", "GPUS", "GPU UTIL"])
+    let header = Row::new(["RANK", "NODE", "GPU", "UTIL", "TEMP", "POWER", "MEMORY"])
         .style(Style::default().add_modifier(Modifier::BOLD));
-    let rows = j.nodes.iter().enumerate().map(|(rank, node)| {
+    let mut rows = Vec::new();
+    for (rank, node) in j.nodes.iter().enumerate() {
         let util = snap.job_util(node, j.id);
-        let gpus = j
-            .gpus
-            .get(node)
-            .map(|g| {
-                g.iter()
-                    .map(|i| i.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_default();
-        Row::new(vec![
-            Line::from(rank.to_string()),
-            Line::from(node.clone()),
-            Line::from(gpus),
-            Line::from(Span::styled(
-                util.map(|u| format!("{u:.0}%"))
-                    .unwrap_or_else(|| "-".into()),
-                util_style(util),
-            )),
-        ])
-    });
+        let gpus = j.gpus.get(node).cloned().unwrap_or_default();
+        if gpus.is_empty() {
+            rows.push(Row::new(vec![
+                Line::from(rank.to_string()),
+                Line::from(node.clone()),
+                Line::from("-"),
+                Line::from(Span::styled(
+                    util.map(|u| format!("{u:.0}%"))
+                        .unwrap_or_else(|| "-".into()),
+                    util_style(util),
+                )),
+            ]));
+        }
+        for (i, gpu) in gpus.iter().enumerate() {
+            let [u, temp, power, mem] = sample_cells(snap, node, *gpu, util);
+            let first = i == 0;
+            rows.push(Row::new(vec![
+                Line::from(if first {
+                    rank.to_string()
+                } else {
+                    String::new()
+                }),
+                Line::from(if first { node.clone() } else { String::new() }),
+                Line::from(gpu.to_string()),
+                u,
+                temp,
+                power,
+                mem,
+            ]));
+        }
+    }
     f.render_widget(
         Table::new(
             rows,
             [
                 Constraint::Length(5),
                 Constraint::Length(14),
-                Constraint::Length(20),
-                Constraint::Min(8),
+                Constraint::Length(4),
+                Constraint::Length(5),
+                Constraint::Length(7),
+                Constraint::Length(7),
+                Constraint::Min(14),
             ],
         )
         .header(header)
-        .block(Block::default().borders(Borders::ALL).title(" Ranks ")),
+        .block(
+            Block::default()
+                .borders(Borders::ALL)
+                .title(" Ranks, per GPU "),
+        ),
         ranks_area,
     );
 
@@ -417,7 +563,7 @@ fn render_job(f: &mut Frame, area: Rect, snap: &Snapshot, view: &JobView) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::telemetry::{NodeTelemetry, Telemetry};
+    use crate::api::telemetry::{GpuTelemetry, NodeTelemetry, Telemetry};
     use ratatui::backend::TestBackend;
     use ratatui::Terminal;
     use shoal_sdk::{CheckpointInfo, EventInfo, GpuInfo};
@@ -553,7 +699,34 @@ mod tests {
             job: None,
             problem: None,
             now_ms: 1_796_119_200_000 + 125_000, // 2026-12-01T10:02:05Z
+            show_gpus: false,
         }
+    }
+
+    /// n2's GPUs as the relay brought them; n3 did not answer.
+    fn with_relayed_samples(mut snap: Snapshot) -> Snapshot {
+        let t = snap.telemetry.as_mut().expect("telemetry");
+        t.nodes[1].gpus = (0..4)
+            .map(|i| GpuTelemetry {
+                index: i,
+                util_pct: if i < 2 { 41 } else { 0 },
+                temp_c: 60 + i,
+                power_w: 300.0 + f64::from(i),
+                fb_used_mb: 1000 + u64::from(i),
+                fb_total_mb: 81_559,
+                throttle: Vec::new(),
+                job: (i < 2).then_some(7),
+                job_name: (i < 2).then(|| "train7".into()),
+            })
+            .collect();
+        t.nodes[1].gpus_age_ms = Some(400);
+        t.nodes.push(NodeTelemetry {
+            id: 3,
+            name: "n3".into(),
+            gpus_problem: Some("no data: no answer within 1000 ms".into()),
+            ..Default::default()
+        });
+        snap
     }
 
     fn text_of(snap: &Snapshot, w: u16, h: u16) -> String {
@@ -615,6 +788,40 @@ mod tests {
         // The tail: the newest line is shown, the oldest scrolled away.
         assert!(text.contains("step 49 loss 0.49"), "{text}");
         assert!(!text.contains("step 0 loss"), "{text}");
+    }
+
+    #[test]
+    fn gpu_list_shows_every_nodes_temperature_power_memory_and_job() {
+        let mut snap = with_relayed_samples(snapshot());
+        snap.show_gpus = true;
+        let text = text_of(&snap, 120, 40);
+        assert!(text.contains("TEMP"), "{text}");
+        // n2's GPU 1, relayed: job by name, its sample.
+        assert!(text.contains("7 train7"), "{text}");
+        assert!(text.contains("61 °C"), "{text}");
+        assert!(text.contains("301 W"), "{text}");
+        assert!(text.contains("1001/81559 MiB"), "{text}");
+        // n3 did not answer: no data, and why.
+        assert!(text.contains("no data: no answer"), "{text}");
+    }
+
+    #[test]
+    fn job_frame_lists_each_ranks_gpus_with_their_samples() {
+        let mut snap = with_relayed_samples(snapshot());
+        let job = snap.jobs[0].clone();
+        snap.job = Some(JobView {
+            job,
+            checkpoints: Vec::new(),
+            log_rank: 0,
+            log: Vec::new(),
+            log_note: None,
+        });
+        let text = text_of(&snap, 100, 40);
+        assert!(text.contains("Ranks, per GPU"), "{text}");
+        assert!(text.contains("60 °C"), "{text}");
+        assert!(text.contains("1001/81559 MiB"), "{text}");
+        // n1 (rank 0) has no samples in this snapshot: its job's mean.
+        assert!(text.contains("93%"), "{text}");
     }
 
     #[test]

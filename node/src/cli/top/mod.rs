@@ -25,6 +25,10 @@ pub struct TopArgs {
     /// The rank whose log `--job` shows
     #[arg(long, default_value_t = 0)]
     pub rank: u32,
+    /// List every GPU (job, utilization, temperature, power, memory)
+    /// instead of one line per node; `g` switches while it runs
+    #[arg(long)]
+    pub gpus: bool,
     /// Refresh period, e.g. 1s, 500ms
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
@@ -77,6 +81,7 @@ pub async fn run(client: &Client, args: &TopArgs) -> anyhow::Result<()> {
         ratatui::Terminal::new(ratatui::backend::CrosstermBackend::new(std::io::stdout()))?;
     let mut snap = Snapshot {
         api: client.base_url().to_string(),
+        show_gpus: args.gpus,
         ..Snapshot::default()
     };
     let mut tail = LogTail::default();
@@ -100,6 +105,10 @@ pub async fn run(client: &Client, args: &TopArgs) -> anyhow::Result<()> {
                         k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
                     if ctrl_c || matches!(k.code, KeyCode::Char('q') | KeyCode::Esc) {
                         return Ok(());
+                    }
+                    if k.code == KeyCode::Char('g') {
+                        snap.show_gpus = !snap.show_gpus;
+                        terminal.draw(|f| frame::render(f, &snap))?;
                     }
                 }
                 Event::Resize(..) => {

@@ -1,7 +1,7 @@
 //! What one frame of `shoal top` shows, as plain data: fetched by the I/O
 //! loop (the parent module), drawn by the `frame` module.
 
-use crate::api::telemetry::Telemetry;
+use crate::api::telemetry::{GpuTelemetry, NodeTelemetry, Telemetry};
 use shoal_sdk::{CheckpointInfo, EventInfo, JobInfo, NodeInfo};
 
 /// Events kept for the "recent events" pane.
@@ -24,6 +24,9 @@ pub struct Snapshot {
     pub problem: Option<String>,
     /// Wall-clock milliseconds of the refresh, for running times.
     pub now_ms: u64,
+    /// The cluster view lists every GPU (temperature, power, memory, job)
+    /// instead of one line per node (`--gpus`, or `g`).
+    pub show_gpus: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -38,6 +41,24 @@ pub struct JobView {
 }
 
 impl Snapshot {
+    /// What the answering node knows of node `name`'s GPUs.
+    pub fn node_telemetry(&self, name: &str) -> Option<&NodeTelemetry> {
+        self.telemetry
+            .as_ref()?
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+    }
+
+    /// GPU `index` of node `name`'s latest sample (relayed for the nodes
+    /// other than the answering one).
+    pub fn gpu_sample(&self, name: &str, index: u32) -> Option<&GpuTelemetry> {
+        self.node_telemetry(name)?
+            .gpus
+            .iter()
+            .find(|g| g.index == index)
+    }
+
     /// Mean utilization (percent) of the GPUs `job` holds on node `name`.
     pub fn job_util(&self, name: &str, job: u64) -> Option<f32> {
         self.telemetry

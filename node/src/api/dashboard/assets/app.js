@@ -59,8 +59,14 @@ function setLive(on) {
   el.classList.toggle("on", on);
 }
 
+// How many stream messages this page has handled, by kind (for the
+// console and the soak test: window.shoal.received).
+const received = {};
+window.shoal = { state, received };
+
 function handle(name, data, id) {
   if (id) lastEventId = id;
+  received[name] = (received[name] || 0) + 1;
   switch (name) {
     case "hello": {
       state.hello = data;

@@ -55,14 +55,26 @@ function gpuUtil(node, gpu) {
   return gpu.allocated_to === null ? 0 : null;
 }
 
+// The hover of a GPU: its job (by name when the token may see it), and
+// the GPU's latest sample from whichever node it is on (relayed by the
+// node serving the page), or "no data" when that node has not answered.
 function gpuTitle(node, gpu, util) {
   const t = telemetryOf(node.name);
   const s = t && t.gpus.find((g) => g.index === gpu.index);
   const lines = [`${node.name} GPU ${gpu.index}: ${gpu.model}`, `health: ${gpu.health}${gpu.health_reason ? " (" + gpu.health_reason + ")" : ""}`];
-  lines.push(gpu.allocated_to !== null ? `job ${gpu.allocated_to}` : "free");
+  if (gpu.allocated_to !== null) {
+    const j = state.jobs.get(gpu.allocated_to);
+    const name = (s && s.job === gpu.allocated_to && s.job_name) || (j && j.name) || "";
+    lines.push(`job ${gpu.allocated_to}${name ? " (" + name + ")" : ""}`);
+  } else lines.push("free");
   if (util !== null) lines.push(`utilization ${util}%`);
-  if (s) lines.push(`temperature ${s.temp_c} °C`, `power ${s.power_w.toFixed(0)} W`, `memory ${s.fb_used_mb}/${s.fb_total_mb} MiB`);
-  else lines.push(`memory ${gpu.memory_mb} MiB`);
+  if (s) {
+    lines.push(`temperature ${s.temp_c} °C`, `power ${s.power_w.toFixed(0)} W`, `memory ${s.fb_used_mb}/${s.fb_total_mb} MiB`);
+    if (s.throttle && s.throttle.length) lines.push(`throttled: ${s.throttle.join(", ")}`);
+    if (t.gpus_age_ms !== null && t.gpus_age_ms !== undefined && t.gpus_age_ms >= 5000) lines.push(`sampled ${(t.gpus_age_ms / 1000).toFixed(0)} s ago`);
+  } else {
+    lines.push(`memory ${gpu.memory_mb} MiB`, t && t.gpus_problem ? t.gpus_problem : "no data");
+  }
   return lines.join("\n");
 }
 
