@@ -265,7 +265,7 @@ async fn end_to_end(gangs: usize) -> anyhow::Result<EndToEndRow> {
             "--e2e-gangs must be at most 512 (the capacity of the three benchmark nodes)"
         );
     }
-    let sim = vec!["64xH100-80GB"; 8].join(",");
+    let sim = ["64xH100-80GB"; 8].join(",");
     let cluster = LocalCluster::start(3, |_, cfg| {
         cfg.sim_gpus = Some(sim.clone());
         cfg.executor.enabled = false;
