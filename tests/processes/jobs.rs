@@ -1186,6 +1186,16 @@ impl SlurmTools {
 
     /// (exit code, stdout, stderr) of `name args...` (`shoal` for the binary itself).
     fn run(&self, name: &str, args: &[&str]) -> (Option<i32>, String, String) {
+        self.run_with(name, args, &[])
+    }
+
+    /// [`SlurmTools::run`] with more environment.
+    fn run_with(
+        &self,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> (Option<i32>, String, String) {
         let program = match name {
             "shoal" => PathBuf::from(shoal_bin()),
             other => self.bin.path().join(other),
@@ -1195,6 +1205,7 @@ impl SlurmTools {
             .current_dir(self.work.path())
             .env("SHOAL_API", &self.api)
             .env("SHOAL_TOKEN", &self.token)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .output()
             .expect("run");
         (
@@ -1527,6 +1538,51 @@ fn ddp_request(steps: u32, step_seconds: &str) -> shoal_sdk::JobSubmitRequest {
         root.join("sdk/python/src").display().to_string(),
     );
     req
+}
+
+/// `examples/ddp_train.sbatch` as a user runs it: `sbatch` from the submit
+/// directory, `srun` in the script starting two tasks per node, the output
+/// in `%x-%j.out` there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ddp_example_runs_as_a_slurm_batch_script_with_srun() {
+    require_torch();
+    let _serial = one_at_a_time();
+    let cluster = Cluster::start(&["r1", "r1"]).await;
+    let client = cluster.client(0);
+    let tools = SlurmTools::new(&cluster, &["sbatch", "srun"]);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .expect("repo root");
+    std::os::unix::fs::symlink(root.join("examples"), tools.work.path().join("examples"))
+        .expect("symlink");
+    let env = [
+        (
+            "PATH",
+            format!("{}:/usr/bin:/bin", tools.bin.path().display()),
+        ),
+        (
+            "PYTHONPATH",
+            root.join("sdk/python/src").display().to_string(),
+        ),
+    ];
+    let (code, out, err) = tools.run_with(
+        "sbatch",
+        &["--wait", "--parsable", "examples/ddp_train.sbatch"],
+        &env,
+    );
+    assert_eq!(code, Some(0), "sbatch: {out} {err}");
+    let id: u64 = out.trim().parse().expect("id");
+    let job = wait_state(&client, id, "completed").await;
+    assert_eq!((job.nodes.len(), job.tasks_per_node), (2, 2), "{job:?}");
+    let output = tools.work.path().join(format!("ddp-train-{id}.out"));
+    let text =
+        std::fs::read_to_string(&output).unwrap_or_else(|e| panic!("{}: {e}", output.display()));
+    assert!(
+        text.lines().any(|l| l.contains("final-digest ")),
+        "no final digest in {}:\n{text}",
+        output.display()
+    );
 }
 
 /// The digest rank 0 printed at the end, and its log, read through `shoal logs`.
