@@ -200,6 +200,23 @@ fn root_with_cgroup2() -> PathBuf {
     mount
 }
 
+/// `shoal nodes --json` through the node's API.
+fn nodes_json(node: &NodeProc, token: &str) -> serde_json::Value {
+    let out = std::process::Command::new(shoal_bin())
+        .args([
+            "--api",
+            &node.api_url(),
+            "--token",
+            token,
+            "nodes",
+            "--json",
+        ])
+        .output()
+        .expect("shoal nodes");
+    assert!(out.status.success(), "shoal nodes: {out:?}");
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
 /// The processes whose command line contains `marker`.
 fn processes_with(marker: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -234,24 +251,11 @@ async fn a_cancel_kills_every_process_of_the_rank_even_an_escaped_one() {
     let admin = node.client(&token);
 
     // The node says how it fences ranks, in `shoal nodes --json`.
-    let out = std::process::Command::new(shoal_bin())
-        .args([
-            "--api",
-            &node.api_url(),
-            "--token",
-            &token,
-            "nodes",
-            "--json",
-        ])
-        .output()
-        .expect("shoal nodes");
-    assert!(out.status.success(), "shoal nodes: {out:?}");
-    let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let nodes = nodes_json(&node, &token);
     assert_eq!(
         nodes[0]["isolation"],
         "cgroup",
-        "the agent runs without cgroups:\n{}\nagent log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
+        "the agent runs without cgroups:\n{nodes}\nagent log:\n{}",
         node.log()
     );
     assert!(nodes[0]["isolation_controllers"].is_array(), "{nodes}");
@@ -384,18 +388,7 @@ async fn a_rank_opens_only_its_own_gpus_device_nodes() {
     node.bootstrap();
     let token = node.admin_token();
     let admin = node.client(&token);
-    let out = std::process::Command::new(shoal_bin())
-        .args([
-            "--api",
-            &node.api_url(),
-            "--token",
-            &token,
-            "nodes",
-            "--json",
-        ])
-        .output()
-        .expect("shoal nodes");
-    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let listed = nodes_json(&node, &token);
     let controllers = listed[0]["isolation_controllers"].to_string();
     assert!(
         controllers.contains("\"devices\""),

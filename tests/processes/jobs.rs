@@ -1382,7 +1382,8 @@ async fn slurm_scancel_signal_requeue_and_time_limit() {
         "-t",
         "5",
         "--wrap",
-        "trap 'echo got-usr1 >> sig.txt' USR1; touch ready; while true; do sleep 0.1; done",
+        "trap 'echo got-usr1 >> sig.txt' USR1; trap 'echo got-usr2 >> sig.txt' USR2; \
+         touch ready; while true; do sleep 0.1; done",
     ]);
     let job = wait_state(&client, id, "running").await;
     let ready = tools.work.path().join("ready");
@@ -1468,6 +1469,16 @@ async fn slurm_scancel_signal_requeue_and_time_limit() {
     assert_eq!(err.lines().count(), 1, "{err}");
     let (code, _, err) = tools.run("shoal", &["cancel", "--signal", "USR2", &id.to_string()]);
     assert_eq!(code, Some(0), "{err}");
+    wait_for("SIGUSR2 in the script", TIMEOUT, || {
+        let sig = sig.clone();
+        async move {
+            std::fs::read_to_string(&sig)
+                .ok()
+                .filter(|s| s.contains("got-usr2"))
+        }
+    })
+    .await;
+    assert_eq!(client.job(id).await.expect("job").state, "running");
 
     // scontrol update JobId=N TimeLimit=T.
     let (code, _, err) = tools.run(

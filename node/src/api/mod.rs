@@ -806,15 +806,14 @@ async fn cancel_job(
     Extension(caller): Extension<Caller>,
     Path(id): Path<u64>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let (_, index) = write_as(
+    job_write(
         &app,
         &caller,
         "POST /v1/jobs/{id}/cancel",
+        id,
         Command::CancelJob { job: id },
-        || job_resource(&app, id),
     )
-    .await?;
-    Ok(Json(WriteResponse { index }))
+    .await
 }
 
 async fn signal_job(
@@ -826,15 +825,14 @@ async fn signal_job(
     let signal = shoal_consensus::workload::WarnSignal::parse(&req.signal)
         .map_err(|e| bad_request(e.replace("--signal", "signal")))?
         .signal;
-    let (_, index) = write_as(
+    job_write(
         &app,
         &caller,
         "POST /v1/jobs/{id}/signal",
+        id,
         Command::SignalJob { job: id, signal },
-        || job_resource(&app, id),
     )
-    .await?;
-    Ok(Json(WriteResponse { index }))
+    .await
 }
 
 async fn requeue_job(
@@ -842,15 +840,14 @@ async fn requeue_job(
     Extension(caller): Extension<Caller>,
     Path(id): Path<u64>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let (_, index) = write_as(
+    job_write(
         &app,
         &caller,
         "POST /v1/jobs/{id}/requeue",
+        id,
         Command::RequeueJob { job: id },
-        || job_resource(&app, id),
     )
-    .await?;
-    Ok(Json(WriteResponse { index }))
+    .await
 }
 
 async fn set_time_limit(
@@ -859,17 +856,29 @@ async fn set_time_limit(
     Path(id): Path<u64>,
     Json(req): Json<shoal_sdk::JobTimeLimitRequest>,
 ) -> Result<Json<WriteResponse>, ApiError> {
-    let (_, index) = write_as(
+    job_write(
         &app,
         &caller,
         "POST /v1/jobs/{id}/time-limit",
+        id,
         Command::SetTimeLimit {
             job: id,
             time_limit_s: req.time_limit_s,
         },
-        || job_resource(&app, id),
     )
-    .await?;
+    .await
+}
+
+/// A write about job `id` in the caller's name, answered with its index;
+/// another tenant's job is hidden (and audited) as [`write_as`] does.
+async fn job_write(
+    app: &AppState,
+    caller: &Caller,
+    route: &str,
+    id: u64,
+    cmd: Command,
+) -> Result<Json<WriteResponse>, ApiError> {
+    let (_, index) = write_as(app, caller, route, cmd, || job_resource(app, id)).await?;
     Ok(Json(WriteResponse { index }))
 }
 
@@ -900,15 +909,7 @@ async fn set_hold(
     } else {
         "POST /v1/jobs/{id}/release"
     };
-    let (_, index) = write_as(
-        &app,
-        &caller,
-        route,
-        Command::HoldJob { job: id, hold },
-        || job_resource(&app, id),
-    )
-    .await?;
-    Ok(Json(WriteResponse { index }))
+    job_write(&app, &caller, route, id, Command::HoldJob { job: id, hold }).await
 }
 
 #[derive(serde::Deserialize)]

@@ -639,13 +639,12 @@ pub fn test_only_line(
     match (program, answer.start_in_s, when) {
         ("sbatch", Some(_), Some(when)) => format!(
             "sbatch: Job to start at {when} using {tasks} processors on nodes {} in partition {}",
-            answer.nodelist,
-            crate::cli::slurm_cmds::PARTITION
+            answer.nodelist, PARTITION
         ),
         (_, Some(0), _) => format!("would start now on {}", answer.nodelist),
         (_, Some(s), when) => format!(
             "would start in {} (at {}) on {}{}",
-            crate::cli::slurm_cmds::format_elapsed(s),
+            format_elapsed(s),
             when.unwrap_or_default(),
             answer.nodelist,
             answer
@@ -1667,6 +1666,19 @@ pub async fn queue_all_regions(client: &Client, args: &QueueArgs) -> anyhow::Res
         }
     }
     Ok(jobs)
+}
+
+/// The one partition Slurm's tools show.
+pub const PARTITION: &str = "shoal";
+
+/// sacct's Elapsed and Timelimit: `HH:MM:SS`, `D-HH:MM:SS`.
+pub fn format_elapsed(s: u64) -> String {
+    let (d, h, m, sec) = (s / 86_400, (s / 3600) % 24, (s / 60) % 60, s % 60);
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{sec:02}")
+    } else {
+        format!("{h:02}:{m:02}:{sec:02}")
+    }
 }
 
 #[cfg(test)]

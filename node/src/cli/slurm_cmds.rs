@@ -10,8 +10,7 @@
 use shoal_sdk::{Client, JobInfo, MemberState, NodeInfo};
 use std::collections::VecDeque;
 
-/// The one partition shoal has.
-pub const PARTITION: &str = "shoal";
+pub use super::jobs::{format_elapsed, PARTITION};
 
 /// The caller's tenant for `--me`.
 fn my_tenant() -> String {
@@ -355,16 +354,6 @@ pub fn format_squeue_time(s: u64) -> String {
         format!("{h}:{m:02}:{sec:02}")
     } else {
         format!("{m}:{sec:02}")
-    }
-}
-
-/// sacct's Elapsed and Timelimit: `HH:MM:SS`, `D-HH:MM:SS`.
-pub fn format_elapsed(s: u64) -> String {
-    let (d, h, m, sec) = (s / 86_400, (s / 3600) % 24, (s / 60) % 60, s % 60);
-    if d > 0 {
-        format!("{d}-{h:02}:{m:02}:{sec:02}")
-    } else {
-        format!("{h:02}:{m:02}:{sec:02}")
     }
 }
 

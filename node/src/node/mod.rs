@@ -17,6 +17,7 @@ pub mod config;
 pub mod credentials;
 pub mod federation;
 pub mod gpu;
+pub mod gpu_relay;
 pub mod identity;
 pub mod metrics;
 pub mod peers;
@@ -62,7 +63,7 @@ pub struct Node {
     contacts: ContactTracker,
     token_use: auth::TokenUse,
     federation: crate::node::federation::link::Federation,
-    gpu_relay: crate::api::telemetry::Relay,
+    gpu_relay: gpu_relay::Relay,
     started: Instant,
     shutdown: watch::Sender<bool>,
 }
@@ -137,7 +138,7 @@ impl Node {
     }
 
     /// The other members' GPU samples, for the dashboard and `shoal top`.
-    pub fn gpu_relay(&self) -> &crate::api::telemetry::Relay {
+    pub fn gpu_relay(&self) -> &gpu_relay::Relay {
         &self.gpu_relay
     }
 

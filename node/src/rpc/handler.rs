@@ -107,7 +107,7 @@ impl NodeService {
                     .await
                     .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))
             }
-            Request::GpuTelemetry => Ok(Response::GpuTelemetry(crate::api::telemetry::own_gpus(
+            Request::GpuTelemetry => Ok(Response::GpuTelemetry(crate::node::gpu_relay::own_gpus(
                 &self.gpus.latest(),
             ))),
             other => self.serve_as_leader(other).await,

@@ -157,7 +157,7 @@ pub enum Response {
     },
     /// A node's own GPU samples (no job: the asker reads holders from its
     /// ledger and scopes them to its caller).
-    GpuTelemetry(Vec<crate::api::telemetry::GpuTelemetry>),
+    GpuTelemetry(Vec<GpuTelemetry>),
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -243,13 +243,34 @@ pub fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, WireError> {
         .map_err(|e| WireError::new(ErrorCode::Invalid, format!("undecodable message: {e}")))
 }
 
+/// One GPU's latest sample. It also travels between nodes (bincode, in
+/// [`Response::GpuTelemetry`]): no field may be skipped when serialized.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct GpuTelemetry {
+    pub index: u32,
+    pub util_pct: u32,
+    pub temp_c: u32,
+    pub power_w: f64,
+    pub fb_used_mb: u64,
+    pub fb_total_mb: u64,
+    /// Active clock throttle reasons, e.g. `HW_THERMAL_SLOWDOWN`.
+    #[serde(default)]
+    pub throttle: Vec<String>,
+    /// The job holding the GPU and its name, when the caller may see it;
+    /// filled by the answering node from its ledger, never relayed.
+    #[serde(default)]
+    pub job: Option<u64>,
+    #[serde(default)]
+    pub job_name: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn relayed_gpu_samples_survive_bincode() {
-        let gpus = vec![crate::api::telemetry::GpuTelemetry {
+        let gpus = vec![GpuTelemetry {
             index: 3,
             util_pct: 97,
             temp_c: 71,
