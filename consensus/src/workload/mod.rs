@@ -50,13 +50,17 @@ pub const MAX_FINISHED_JOBS: usize = 10_000;
 /// release their GPUs anyway (when a node never reports back).
 pub const STOP_DEADLINE_MS: u64 = 60_000;
 /// After a node is declared down, its jobs wait this long before they are
-/// placed again. A node cut off from the voters kills its own ranks after
-/// `SELF_FENCE_MS` without contact, and being declared down takes longer
-/// than that already, so by the time a replacement starts the old ranks are
-/// gone: a job never runs twice at once, even across a partition.
+/// placed again, counted from the entry that released them. An agent kills
+/// its own ranks `SELF_FENCE_MS` after the start of its latest ReadIndex
+/// read that it could apply (a read started after that entry committed
+/// shows the release, and the release kills the ranks at once), so by the
+/// time a replacement starts the old ranks are gone: a job never runs
+/// twice at once, even across a partition or a pause. The difference of
+/// the two covers the release's commit latency and the ranks' guards'
+/// poll.
 pub const REPLACE_AFTER_NODE_LOSS_MS: u64 = 3_000;
 /// See [`REPLACE_AFTER_NODE_LOSS_MS`]; agents use it for self-fencing.
-pub const SELF_FENCE_MS: u64 = 3_000;
+pub const SELF_FENCE_MS: u64 = 2_500;
 /// Half-life of the fair-share usage figure shown by `shoal quota`.
 pub const FAIR_SHARE_HALF_LIFE_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Committed checkpoints kept per job (older ones are dropped from the catalog).

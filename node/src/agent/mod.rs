@@ -759,6 +759,7 @@ fn spawn_workers(
             },
             node.shutdown_signal(),
         );
+        workers::spawn(executor.freshness_probe(), node.shutdown_signal());
         workers::spawn(executor.fence_guard(), node.shutdown_signal());
         workers::spawn(executor, node.shutdown_signal());
     }

@@ -163,7 +163,12 @@ impl ChunkTransport for HttpFetch {
     }
 }
 
-async fn restore(client: &Client, ckpt: &CheckpointInfo, to: &Path) -> anyhow::Result<u64> {
+/// Restores every part of `ckpt` from its holders into the new directory `to`.
+pub(crate) async fn restore(
+    client: &Client,
+    ckpt: &CheckpointInfo,
+    to: &Path,
+) -> anyhow::Result<u64> {
     if std::fs::symlink_metadata(to).is_ok() {
         anyhow::bail!(
             "{} already exists; restore into a new directory",

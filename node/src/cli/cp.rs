@@ -179,7 +179,7 @@ fn manifest_of_file(file: &Path, store: &ChunkStore) -> anyhow::Result<Manifest>
     Ok(manifest)
 }
 
-async fn upload(
+pub(crate) async fn upload(
     client: &Client,
     args: &CpArgs,
     from: &Path,
@@ -425,7 +425,7 @@ async fn holders_by_distance(client: &Client, holders: &[u64], alive: &[u64]) ->
     (order, near.max(1))
 }
 
-async fn download(
+pub(crate) async fn download(
     client: &Client,
     args: &CpArgs,
     from: &str,

@@ -2,8 +2,8 @@
 //! fences, but a tick may wait — on a ledger write an isolated leader cannot
 //! commit, on a restore, on a checkpoint's replication — for longer than the
 //! cluster takes to start the gang elsewhere. [`FenceGuard`] runs on its own
-//! task: once this node is cut off from a majority of the voters it kills
-//! every rank — its whole cgroup where it has one, else its process group —
+//! task: once this node's ledger is no longer known to be current
+//! ([`super::freshness`]) it kills every rank — its whole cgroup where it has one, else its process group —
 //! whatever the tick is doing.
 
 use super::cgroup::RankCgroup;
@@ -96,7 +96,7 @@ impl Worker for FenceGuard {
         let groups = self.groups.lock();
         for (key, fence) in groups.iter() {
             let why = if fenced {
-                "cut off from a majority of the voters; killed the rank"
+                "the ledger here is not known to be current; killed the rank"
             } else if !(self.current)(key) {
                 "the allocation moved on; killed the rank"
             } else {

@@ -8,8 +8,9 @@
 //! So every rank gets a guard process that needs nothing of the agent but
 //! one word of shared memory: the monotonic time until which the agent may
 //! run ranks, which its fence task renews from the same rule as
-//! self-fencing (the majority-th most recent contact with a voter plus
-//! [`SELF_FENCE_MS`](shoal_consensus::workload::SELF_FENCE_MS)). Once the
+//! self-fencing (the start of its latest completed ReadIndex read plus
+//! [`SELF_FENCE_MS`](shoal_consensus::workload::SELF_FENCE_MS), see
+//! [`super::freshness`]). Once the
 //! time passes without renewal, the guard kills the rank's cgroup and
 //! process group. A frozen agent can no longer renew, so its ranks die when
 //! its contact would have lapsed, as a cut-off agent's do.
@@ -163,73 +164,10 @@ unsafe fn guard_loop(word: &AtomicU64, group: libc::pid_t, kill_fd: libc::c_int)
     }
 }
 
-/// The instant until which this node may run ranks: the majority-th most
-/// recent contact with a voter (this node counts as heard now) plus
-/// `window`. `None` when there are no voters to be cut off from. Agrees
-/// with [`super::plan::fenced`]: fenced at `now` exactly when the deadline
-/// is before `now`.
-pub fn fence_deadline(
-    voters: &std::collections::BTreeSet<shoal_consensus::NodeId>,
-    me: shoal_consensus::NodeId,
-    last_heard: impl Fn(shoal_consensus::NodeId) -> Option<Instant>,
-    now: Instant,
-    window: Duration,
-) -> Option<Instant> {
-    if voters.is_empty() {
-        return None;
-    }
-    let mut heard: Vec<Instant> = voters
-        .iter()
-        .filter_map(|&v| if v == me { Some(now) } else { last_heard(v) })
-        .collect();
-    heard.sort_unstable_by(|a, b| b.cmp(a));
-    let need = voters.len() / 2 + 1;
-    Some(match heard.get(need - 1) {
-        Some(t) => *t + window,
-        // Not enough voters ever heard: fenced already.
-        None => now.checked_sub(Duration::from_millis(1)).unwrap_or(now),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::{BTreeMap, BTreeSet};
     use std::os::unix::process::CommandExt;
-
-    #[test]
-    fn the_deadline_agrees_with_the_fencing_rule() {
-        let window = Duration::from_millis(3000);
-        let now = Instant::now() + Duration::from_secs(100);
-        for heard_ago in [
-            [0u64, 0, 0],
-            [100, 5000, 5000],
-            [2900, 3100, 0],
-            [4000, 4000, 4000],
-            [10, 2999, 3001],
-        ] {
-            let voters: BTreeSet<u64> = [1, 2, 3].into_iter().collect();
-            let heard: BTreeMap<u64, Instant> = [2u64, 3]
-                .into_iter()
-                .zip(heard_ago[1..].iter())
-                .map(|(v, ago)| (v, now - Duration::from_millis(*ago)))
-                .collect();
-            let deadline = fence_deadline(&voters, 1, |v| heard.get(&v).copied(), now, window)
-                .expect("voters");
-            let fenced =
-                super::super::plan::fenced(&voters, 1, |v| heard.get(&v).copied(), now, window);
-            assert_eq!(
-                fenced,
-                deadline < now,
-                "heard {heard_ago:?} ago: deadline {:?} from now",
-                deadline.checked_duration_since(now)
-            );
-        }
-        assert_eq!(
-            fence_deadline(&BTreeSet::new(), 1, |_| None, now, window),
-            None
-        );
-    }
 
     fn group_leader() -> std::process::Child {
         std::process::Command::new("sleep")

@@ -31,6 +31,7 @@
 pub mod account;
 pub mod cgroup;
 mod fence;
+pub mod freshness;
 pub mod gpu_fence;
 mod lease;
 mod plan;
@@ -45,6 +46,7 @@ use crate::rpc::chunks::ChunkNet;
 use crate::workers::anomaly::stall::StallWatch;
 use crate::workers::anomaly::EventLog;
 use crate::workers::Worker;
+use freshness::LedgerFreshness;
 use plan::{Action, KillWhy, NotLaunched};
 use shoal_consensus::events::{EventSpec, Severity};
 use shoal_consensus::workload::{Job, JobId, RankEnd, StopCause, SELF_FENCE_MS};
@@ -212,6 +214,8 @@ pub struct Executor {
     /// The lease every rank's guard watches ([`lease`]); `None` only if the
     /// kernel refused the shared page, which is logged.
     lease: Option<Arc<lease::FenceLease>>,
+    /// When this node's ledger was last known to be current.
+    freshness: LedgerFreshness,
 }
 
 impl Executor {
@@ -232,15 +236,17 @@ impl Executor {
                     None
                 }
             },
+            freshness: LedgerFreshness::default(),
         }
     }
 
-    /// The guard that kills this executor's ranks once the node is cut off
-    /// from a majority of the voters, on a task of its own; it also renews
+    /// The guard that kills this executor's ranks once the node's ledger is
+    /// no longer known to be current, on a task of its own; it also renews
     /// the lease the ranks' own guards watch.
     pub fn fence_guard(&self) -> FenceGuard {
         let host = self.host.clone();
         let lease = self.lease.clone();
+        let freshness = self.freshness.clone();
         let ledger_host = self.host.clone();
         FenceGuard::new(
             self.groups.clone(),
@@ -248,11 +254,21 @@ impl Executor {
             move || {
                 let now = Instant::now();
                 if let Some(lease) = &lease {
-                    renew_lease(&host, lease, now);
+                    renew_lease(&host, &freshness, lease, now);
                 }
-                self_fenced(&host, now)
+                self_fenced(&host, &freshness, now)
             },
             move |key| still_allocated(&ledger_host, key),
+        )
+    }
+
+    /// The ReadIndex reads that keep this node's ledger fresh; without
+    /// them every rank is fenced.
+    pub fn freshness_probe(&self) -> freshness::FreshnessProbe {
+        freshness::FreshnessProbe::new(
+            self.host.ledger.clone(),
+            self.freshness.clone(),
+            Duration::from_millis(SELF_FENCE_MS),
         )
     }
 }
@@ -322,14 +338,14 @@ impl Worker for Executor {
             })
             .collect();
         let waiting: BTreeSet<RankKey> = exited.keys().cloned().collect();
-        // Self-fencing: cut off from a majority of the voters, this node can
-        // no longer learn that its jobs moved, so it stops them itself before
-        // the cluster may start them elsewhere.
-        let fenced = self_fenced(host, now);
+        // Self-fencing: a node whose ledger is not known to be current may
+        // not learn in time that its jobs moved, so it stops them itself
+        // before the cluster may start them elsewhere.
+        let fenced = self_fenced(host, &self.freshness, now);
         if fenced && !ranks.is_empty() {
             tracing::warn!(
                 ranks = ranks.len(),
-                "no contact with a majority of the voters for {} ms; killing this node's ranks",
+                "this node's ledger has not been known current for {} ms; killing its ranks",
                 SELF_FENCE_MS
             );
         }
@@ -624,22 +640,15 @@ fn report_stall(host: &RankHost, key: &RankKey, silent: Duration) {
     host.events.record(spec);
 }
 
-/// Whether this node is cut off from a majority of the Raft voters (itself
-/// included) for `SELF_FENCE_MS` (the rule: [`plan::fenced`]).
-fn self_fenced(host: &RankHost, now: Instant) -> bool {
-    let voters = host.ledger.voters();
-    let window = Duration::from_millis(SELF_FENCE_MS);
-    match host.peers.lock() {
-        Ok(view) => plan::fenced(
-            &voters,
-            host.local.id,
-            |v| view.last_heard.get(&v).copied(),
-            now,
-            window,
-        ),
-        // A poisoned view: as if nothing was heard, not even this node.
-        Err(_) => !voters.is_empty(),
-    }
+/// Whether this node's ledger was last known to be current longer than
+/// `SELF_FENCE_MS` ago (the rule: [`freshness::fenced`]).
+fn self_fenced(host: &RankHost, freshness: &LedgerFreshness, now: Instant) -> bool {
+    freshness::fenced(
+        !host.ledger.voters().is_empty(),
+        freshness.fresh_at(),
+        now,
+        Duration::from_millis(SELF_FENCE_MS),
+    )
 }
 
 /// Whether this node's ledger still has `key` as one of this node's ranks
@@ -658,21 +667,21 @@ fn still_allocated(host: &RankHost, key: &RankKey) -> bool {
         .is_some_and(|a| a.epoch == key.epoch && a.rank_of(host.local.id) == Some(key.rank))
 }
 
-/// Renews the ranks' lease until this node's contact with a majority of
-/// the voters lapses (the rule of [`self_fenced`]).
-fn renew_lease(host: &RankHost, lease: &lease::FenceLease, now: Instant) {
-    let voters = host.ledger.voters();
+/// Renews the ranks' lease until `SELF_FENCE_MS` after this node's ledger
+/// was last known to be current (the rule of [`self_fenced`]).
+fn renew_lease(
+    host: &RankHost,
+    freshness: &LedgerFreshness,
+    lease: &lease::FenceLease,
+    now: Instant,
+) {
     let window = Duration::from_millis(SELF_FENCE_MS);
-    let deadline = match host.peers.lock() {
-        Ok(view) => lease::fence_deadline(
-            &voters,
-            host.local.id,
-            |v| view.last_heard.get(&v).copied(),
-            now,
-            window,
-        ),
-        Err(_) => Some(now),
-    };
+    let deadline = freshness::deadline(
+        !host.ledger.voters().is_empty(),
+        freshness.fresh_at(),
+        now,
+        window,
+    );
     // No voters: nothing to be cut off from (a node before its first
     // ledger entry); the lease stays renewed.
     lease.renew_until(deadline.unwrap_or(now + window));

@@ -7,7 +7,6 @@
 //! a clock.
 
 use super::{RankKey, LOST_WITH_AGENT_EXIT};
-use shoal_consensus::NodeId;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -48,7 +47,7 @@ pub(super) struct Inputs<'a> {
     pub running: &'a BTreeMap<RankKey, Running>,
     /// Ranks that exited (or never started) whose exit is not reported yet.
     pub exited: &'a BTreeSet<RankKey>,
-    /// Cut off from a majority of the voters (see [`fenced`]).
+    /// This node's ledger is not known to be current (see [`super::freshness::fenced`]).
     pub fenced: bool,
     /// SIGTERM → SIGKILL grace of a stopping rank.
     pub grace: Duration,
@@ -101,29 +100,6 @@ pub(super) enum Action {
     Launch { key: RankKey },
     /// Queue the rank's exit for reporting, without launching it.
     ReportExit { key: RankKey, why: NotLaunched },
-}
-
-/// Self-fencing: whether this node has not heard from a majority of the Raft
-/// `voters` within `window` (itself counts as heard when it is a voter), so
-/// it can no longer learn that its jobs moved and must stop them itself. No
-/// voters known: not fenced. Exactly half heard: fenced.
-pub(super) fn fenced(
-    voters: &BTreeSet<NodeId>,
-    me: NodeId,
-    last_heard: impl Fn(NodeId) -> Option<Instant>,
-    now: Instant,
-    window: Duration,
-) -> bool {
-    if voters.is_empty() {
-        return false;
-    }
-    let heard = voters
-        .iter()
-        .filter(|&&v| {
-            v == me || last_heard(v).is_some_and(|t| now.saturating_duration_since(t) <= window)
-        })
-        .count();
-    heard * 2 <= voters.len()
 }
 
 /// The tick's signals, launches and exits without a launch, in order:
@@ -296,7 +272,6 @@ mod tests {
     use proptest::prelude::*;
 
     const GRACE: Duration = Duration::from_secs(10);
-    const WINDOW: Duration = Duration::from_secs(5);
 
     fn key(job: u64, rank: u32) -> RankKey {
         RankKey {
@@ -370,66 +345,6 @@ mod tests {
             stop: true,
             ..Assigned::default()
         }
-    }
-
-    // --- the fencing rule ---
-
-    fn voters(ids: &[NodeId]) -> BTreeSet<NodeId> {
-        ids.iter().copied().collect()
-    }
-
-    #[test]
-    fn fence_a_majority_heard_within_the_window_is_not_fenced() {
-        let now = base();
-        let heard = |v: NodeId| (v == 2).then_some(now - secs(1));
-        assert!(!fenced(&voters(&[1, 2, 3]), 1, heard, now, WINDOW));
-        // Heard too long ago.
-        let stale = |v: NodeId| (v == 2).then_some(now - secs(6));
-        assert!(fenced(&voters(&[1, 2, 3]), 1, stale, now, WINDOW));
-    }
-
-    #[test]
-    fn fence_the_window_is_inclusive() {
-        let now = base();
-        let at_edge = |_| Some(now - WINDOW);
-        assert!(!fenced(&voters(&[1, 2, 3]), 9, at_edge, now, WINDOW));
-        let past_edge = |_| Some(now - WINDOW - Duration::from_nanos(1));
-        assert!(fenced(&voters(&[1, 2, 3]), 9, past_edge, now, WINDOW));
-        // Heard after `now` was taken: just heard.
-        let later = |_| Some(now + secs(1));
-        assert!(!fenced(&voters(&[1, 2, 3]), 9, later, now, WINDOW));
-    }
-
-    #[test]
-    fn fence_self_counts_as_heard_only_as_a_voter() {
-        let now = base();
-        let nobody = |_| None;
-        // Alone as the only voter: in contact with itself.
-        assert!(!fenced(&voters(&[1]), 1, nobody, now, WINDOW));
-        // Self plus one of three.
-        let two = |v: NodeId| (v == 3).then_some(now);
-        assert!(!fenced(&voters(&[1, 2, 3]), 1, two, now, WINDOW));
-        // Not a voter: needs a majority of the others.
-        assert!(fenced(&voters(&[1, 2, 3]), 7, two, now, WINDOW));
-        let all = |_| Some(now);
-        assert!(!fenced(&voters(&[1, 2, 3]), 7, all, now, WINDOW));
-    }
-
-    #[test]
-    fn fence_no_voters_is_not_fenced() {
-        assert!(!fenced(&BTreeSet::new(), 1, |_| None, base(), WINDOW));
-    }
-
-    #[test]
-    fn fence_exactly_half_is_fenced() {
-        let now = base();
-        let heard = |v: NodeId| (v == 2).then_some(now);
-        // Self and 2 of 4.
-        assert!(fenced(&voters(&[1, 2, 3, 4]), 1, heard, now, WINDOW));
-        let three = |v: NodeId| (v == 2 || v == 3).then_some(now);
-        assert!(!fenced(&voters(&[1, 2, 3, 4]), 1, three, now, WINDOW));
-        // One of two.
-        assert!(fenced(&voters(&[1, 2]), 1, |_| None, now, WINDOW));
     }
 
     // --- the plan ---
@@ -1032,24 +947,6 @@ mod tests {
                     && !running.contains_key(key);
                 prop_assert_eq!(decided, usize::from(runnable));
             }
-        }
-
-        #[test]
-        fn fenced_is_exactly_not_hearing_a_strict_majority(
-            heard in proptest::collection::btree_map(0u64..7, proptest::option::of(0u64..10_000), 0..7),
-            me in 0u64..9,
-            window_ms in 0u64..10_000,
-        ) {
-            let now = base();
-            let voters: BTreeSet<NodeId> = heard.keys().copied().collect();
-            let last = |v: NodeId| heard.get(&v).copied().flatten().map(|ms| now - Duration::from_millis(ms));
-            let window = Duration::from_millis(window_ms);
-            let in_contact = voters
-                .iter()
-                .filter(|v| **v == me || heard[v].is_some_and(|ms| ms <= window_ms))
-                .count();
-            let expected = !voters.is_empty() && 2 * in_contact <= voters.len();
-            prop_assert_eq!(fenced(&voters, me, last, now, window), expected);
         }
     }
 }

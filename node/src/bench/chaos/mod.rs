@@ -7,11 +7,15 @@
 //! - [`workload`]: the register and job clients, recording the history;
 //! - [`observe`]: invariants and digests at every index every node applies;
 //! - [`panics`]: panics of the nodes' threads;
+//! - [`restore_check`]: committed checkpoints restore byte for byte;
+//! - [`objects`]: `mesh:/` puts and removes, and their check;
 //! - [`run`]: one seed from start to verdict.
 
 pub mod cluster;
+pub mod objects;
 pub mod observe;
 pub mod panics;
+pub mod restore_check;
 pub mod run;
 pub mod workload;
 
@@ -42,6 +46,8 @@ pub struct ChaosSummary {
     pub register_ops: u64,
     pub jobs_submitted: u64,
     pub entries_applied: u64,
+    /// Committed checkpoint steps restored byte for byte after healing.
+    pub checkpoint_steps_restored: u64,
     pub wall_s: f64,
     pub reports: Vec<SeedReport>,
 }
@@ -121,6 +127,10 @@ pub async fn run_seeds(args: &ChaosArgs, json: bool) -> ChaosSummary {
             .map(|r| u64::from(r.ops.jobs_submitted))
             .sum(),
         entries_applied: reports.iter().map(|r| r.ops.entries_applied).sum(),
+        checkpoint_steps_restored: reports
+            .iter()
+            .map(|r| u64::from(r.ops.checkpoints.steps_checked))
+            .sum(),
         wall_s: started.elapsed().as_secs_f64(),
         reports,
     }
@@ -138,7 +148,7 @@ fn print_seed(r: &SeedReport, verbose: bool) {
         .map(|(k, n)| format!("{}×{n}", k.as_str()))
         .collect();
     println!(
-        "seed {:>6}  {verdict:<9}  {:>5.1} s  faults {:>2} [{}]  writes {}/{}/{} (ok/failed/unknown)  reads {}  jobs {}  beats {}  entries {}",
+        "seed {:>6}  {verdict:<9}  {:>5.1} s  faults {:>2} [{}]  writes {}/{}/{} (ok/failed/unknown)  reads {}  jobs {}  beats {}  entries {}  restored steps {}  objects {}/{}",
         r.seed,
         r.wall_ms as f64 / 1000.0,
         r.faults.len(),
@@ -150,6 +160,9 @@ fn print_seed(r: &SeedReport, verbose: bool) {
         r.ops.jobs_submitted,
         r.ops.rank_beats,
         r.ops.entries_applied,
+        r.ops.checkpoints.steps_checked,
+        r.ops.objects.puts_acked + r.ops.objects.removes_acked,
+        r.ops.objects.verified,
     );
     if verbose || !r.passed() {
         for f in &r.faults {
@@ -187,11 +200,12 @@ pub fn print_summary(s: &ChaosSummary) {
         s.harness_errors
     );
     println!(
-        "faults: {}; register operations {}; jobs submitted {}; entries applied (all nodes) {}",
+        "faults: {}; register operations {}; jobs submitted {}; entries applied (all nodes) {}; checkpoint steps restored {}",
         faults.join(", "),
         s.register_ops,
         s.jobs_submitted,
-        s.entries_applied
+        s.entries_applied,
+        s.checkpoint_steps_restored
     );
 }
 

@@ -2,6 +2,7 @@
 //! while the workload runs, then healing, settling and the checks.
 
 use super::cluster::ChaosCluster;
+use super::objects::ObjectLog;
 use super::observe::AppliedWatch;
 use super::workload::{self, JobLog, Target};
 use crate::node::chaos_hooks::{ChaosHooks, PlantedBug};
@@ -72,6 +73,10 @@ pub struct OpCounts {
     pub cancels: u32,
     pub rank_beats: u64,
     pub entries_applied: u64,
+    /// The checkpoint steps restored and compared after healing.
+    pub checkpoints: super::restore_check::RestoreCounts,
+    /// The `mesh:/` puts and removes, and the objects compared after healing.
+    pub objects: super::objects::ObjectCounts,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -214,7 +219,20 @@ async fn drive(
             seed,
         )));
     }
+    let objects = ObjectLog::default();
+    let object_dir = rank_log
+        .parent()
+        .unwrap_or(std::path::Path::new("."))
+        .join("objects");
+    std::fs::create_dir_all(&object_dir)
+        .map_err(|e| format!("cannot create {}: {e}", object_dir.display()))?;
     if opts.jobs {
+        clients.push(tokio::spawn(super::objects::object_client(
+            target.clone(),
+            objects.clone(),
+            object_dir.clone(),
+            opts.seed ^ 0x0b1e,
+        )));
         clients.push(tokio::spawn(workload::job_client(
             target.clone(),
             jobs.clone(),
@@ -305,6 +323,21 @@ async fn drive(
             if let Some((_, ledger)) = ledgers.first() {
                 violations.extend(invariants::check_final(ledger));
                 violations.extend(lost_jobs(ledger, &jobs));
+                let client = cluster.client(0);
+                let (restored, v) = super::restore_check::check(&client, ledger).await;
+                report.ops.checkpoints = restored;
+                violations.extend(v);
+                let members = ledger.active_members().map(|m| m.id).collect();
+                let (counts, v) = super::objects::check(
+                    &client,
+                    &objects,
+                    &members,
+                    &object_dir,
+                    opts.seed ^ 0x0b1e,
+                )
+                .await;
+                report.ops.objects = counts;
+                violations.extend(v);
             }
         }
         Err(v) => violations.extend(v),

@@ -50,7 +50,7 @@ impl Target {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    fn stopped(&self) -> bool {
+    pub(super) fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
 }
