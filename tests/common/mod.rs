@@ -379,6 +379,13 @@ impl NodeProc {
         self.child = Some(self.command().spawn().expect("spawn shoal"));
     }
 
+    /// The agent's exit status once it has exited on its own.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        Some(status)
+    }
+
     /// SIGTERM, as `systemctl stop` sends; waits (at most `timeout`) for
     /// the agent to exit and says whether it did.
     pub fn terminate(&mut self, timeout: Duration) -> bool {

@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod cp;
 mod dashboard;
+mod disk_full;
 mod doctor;
 mod federation;
 mod graceful_stop;

@@ -467,6 +467,36 @@ impl Agent {
         self.node.ledger().voters()
     }
 
+    /// Why this node's ledger stopped for good (a storage error — a full
+    /// or failing disk — stops Raft on this node), if it did.
+    pub fn ledger_stopped(&self) -> Option<String> {
+        let metrics = self.node.ledger().raft_metrics();
+        let why = metrics
+            .borrow()
+            .running_state
+            .as_ref()
+            .err()
+            .map(|f| f.to_string());
+        why
+    }
+
+    /// Waits until this node's ledger stops for good, and says why. A node
+    /// in that state can serve nothing the cluster commits, so the agent
+    /// exits and its supervisor starts it again (systemd's
+    /// `Restart=on-failure`): a node whose disk was full comes back once
+    /// it has room, from what it had written.
+    pub async fn ledger_stopped_for_good(&self) -> String {
+        let mut metrics = self.node.ledger().raft_metrics();
+        loop {
+            if let Some(why) = self.ledger_stopped() {
+                return why;
+            }
+            if metrics.changed().await.is_err() {
+                return "Raft has shut down".into();
+            }
+        }
+    }
+
     /// This node's own write through the leader (forwarded when this node
     /// is not it; applied there only as far as this member may).
     pub async fn write(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {

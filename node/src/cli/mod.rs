@@ -1076,7 +1076,15 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
         let node = agent.node().clone();
         tokio::spawn(async move { crate::agent::shutdown::undrain_after_restart(&node).await });
     }
-    wait_for_signal().await;
+    tokio::select! {
+        _ = wait_for_signal() => {}
+        why = agent.ledger_stopped_for_good() => {
+            tracing::error!(error = %why, "this node's ledger stopped; exiting so that its supervisor starts it again");
+            crate::agent::notify::notify("STOPPING=1");
+            agent.shutdown().await;
+            anyhow::bail!("this node's ledger stopped: {why}");
+        }
+    }
     crate::agent::notify::notify("STOPPING=1");
     let cfg = agent.node().config();
     if cfg.agent.shutdown == crate::node::config::ShutdownMode::Drain {

@@ -90,6 +90,9 @@ pub struct ChaosCluster {
     hooks: Arc<dyn Fn(&str) -> ChaosHooks + Send + Sync>,
     tweak: Arc<dyn Fn(&mut Config) + Send + Sync>,
     root: PathBuf,
+    /// A file system per slot, for disk-full faults; `None`: all nodes
+    /// share the run's.
+    disks: Option<super::disks::Disks>,
 }
 
 /// A free port on 127.0.0.1 for both TCP and UDP, found by binding port 0.
@@ -149,14 +152,21 @@ async fn stop_runtime(runtime: Runtime, agent: Option<Agent>) {
 }
 
 impl ChaosCluster {
-    /// Starts `n` nodes under `root`: the first bootstraps, the others join.
+    /// Starts `n` nodes under `root`: the first bootstraps, the others
+    /// join. With `own_disks`, each slot's node gets a file system of its
+    /// own (root only), which [`ChaosCluster::fill_disk`] can fill.
     pub async fn start(
         root: &Path,
         n: usize,
         router: FaultRouter,
         hooks: Arc<dyn Fn(&str) -> ChaosHooks + Send + Sync>,
         tweak: Arc<dyn Fn(&mut Config) + Send + Sync>,
+        own_disks: bool,
     ) -> Result<ChaosCluster, String> {
+        let disks = match own_disks {
+            true => Some(super::disks::Disks::mount(root, n)?),
+            false => None,
+        };
         let mut cluster = ChaosCluster {
             slots: Vec::new(),
             router,
@@ -165,6 +175,7 @@ impl ChaosCluster {
             hooks,
             tweak,
             root: root.to_path_buf(),
+            disks,
         };
         for i in 0..n {
             let name = format!("n{}", i + 1);
@@ -213,7 +224,12 @@ impl ChaosCluster {
     fn config_for(&self, slot: usize, name: &str, keep: Option<&Config>) -> Result<Config, String> {
         let mut cfg = node_config(&self.root, slot);
         cfg.name = Some(name.into());
-        cfg.data_dir = Some(self.root.join(name));
+        let disk = self
+            .disks
+            .as_ref()
+            .and_then(|d| d.of(slot))
+            .unwrap_or(&self.root);
+        cfg.data_dir = Some(disk.join(name));
         match keep {
             Some(old) => {
                 cfg.api_addr = old.api_addr;
@@ -369,6 +385,44 @@ impl ChaosCluster {
 
     pub fn resume(&mut self, slot: usize) {
         self.slots[slot].pause = None;
+    }
+
+    /// Slots whose node runs but whose ledger stopped for good: the agent
+    /// would exit (see [`Agent::ledger_stopped_for_good`]).
+    pub fn stopped_ledgers(&self) -> Vec<usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                !s.is_paused() && s.agent().is_some_and(|a| a.ledger_stopped().is_some())
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Fills `slot`'s file system; false when the nodes have no disks of
+    /// their own (the fault then does nothing).
+    pub fn fill_disk(&self, slot: usize) -> bool {
+        let Some(disks) = &self.disks else {
+            return false;
+        };
+        match disks.fill(slot) {
+            Ok(bytes) => {
+                tracing::info!(slot, bytes, "chaos: disk filled");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(slot, error = %e, "chaos: cannot fill the disk");
+                false
+            }
+        }
+    }
+
+    /// Frees what [`ChaosCluster::fill_disk`] took.
+    pub fn free_disk(&self, slot: usize) {
+        if let Some(disks) = &self.disks {
+            disks.free(slot);
+        }
     }
 
     /// Moves `slot`'s wall clock by `offset_ms` from the real one.

@@ -4,6 +4,7 @@
 //! violation with the command that replays it. See docs/reliability.md.
 //!
 //! - [`cluster`]: the nodes, each on a runtime of its own (crash, pause, clock);
+//! - [`disks`]: a file system per node, for disk-full faults;
 //! - [`workload`]: the register and job clients, recording the history;
 //! - [`observe`]: invariants and digests at every index every node applies;
 //! - [`panics`]: panics of the nodes' threads;
@@ -12,6 +13,7 @@
 //! - [`run`]: one seed from start to verdict.
 
 pub mod cluster;
+pub mod disks;
 pub mod objects;
 pub mod observe;
 pub mod panics;

@@ -83,6 +83,9 @@ pub struct OpCounts {
 pub struct SeedReport {
     pub seed: u64,
     pub nodes: usize,
+    /// The fault kinds drawn from, when not the default ones (they shape
+    /// the schedule, so the replay needs them).
+    pub kinds: Option<String>,
     pub duration_ms: u64,
     pub faults: Vec<String>,
     pub fault_counts: BTreeMap<FaultKind, u32>,
@@ -103,8 +106,12 @@ impl SeedReport {
 
     /// How to run this schedule again.
     pub fn replay(&self) -> String {
+        let kinds = match &self.kinds {
+            Some(k) => format!(" --kinds {k}"),
+            None => String::new(),
+        };
         format!(
-            "shoal bench chaos --seed {} --nodes {} --duration {}s",
+            "shoal bench chaos --seed {} --nodes {} --duration {}s{kinds}",
             self.seed,
             self.nodes,
             self.duration_ms / 1000
@@ -118,6 +125,7 @@ enum Installed {
     Crashed { slot: usize, wipe: bool },
     Paused(usize),
     Clock(usize),
+    DiskFull(usize),
     Removed(usize),
     Nothing,
 }
@@ -130,6 +138,13 @@ pub async fn run_seed(opts: &RunOptions) -> SeedReport {
     let mut report = SeedReport {
         seed: opts.seed,
         nodes: opts.nodes,
+        kinds: (opts.kinds != default_kinds()).then(|| {
+            opts.kinds
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        }),
         duration_ms: opts.duration.as_millis() as u64,
         faults: steps
             .iter()
@@ -181,8 +196,15 @@ async fn run_inner(
         cfg.executor.enabled = true;
     });
     let router = FaultRouter::new();
-    let mut cluster =
-        ChaosCluster::start(dir.path(), opts.nodes, router.clone(), hooks, tweak).await?;
+    let mut cluster = ChaosCluster::start(
+        dir.path(),
+        opts.nodes,
+        router.clone(),
+        hooks,
+        tweak,
+        opts.kinds.contains(&FaultKind::DiskFull),
+    )
+    .await?;
     let result = drive(opts, steps, report, &mut cluster, &watch, &rank_log).await;
     cluster.shutdown().await;
     result
@@ -291,7 +313,7 @@ async fn drive(
         ));
     }
 
-    let settled = settle(cluster, Duration::from_secs(60)).await;
+    let settled = settle(cluster, &mut pending, Duration::from_secs(60)).await;
     // Final reads through every node: what was acknowledged must be there.
     for (slot, _) in cluster.slots.iter().enumerate() {
         for k in 0..workload::KEYS {
@@ -435,7 +457,10 @@ async fn install(cluster: &mut ChaosCluster, fault: &Fault, seed: u64) -> Instal
             cluster.set_clock(*node, *offset_ms);
             Installed::Clock(*node)
         }
-        Fault::DiskFull { .. } => Installed::Nothing,
+        Fault::DiskFull { node } => match cluster.fill_disk(*node) {
+            true => Installed::DiskFull(*node),
+            false => Installed::Nothing,
+        },
         Fault::RemoveVoter { node } => {
             let name = cluster.slots[*node].name.clone();
             if remove_member(cluster, &name, *node, Duration::from_secs(5))
@@ -475,6 +500,7 @@ fn heal(cluster: &mut ChaosCluster, done: Installed, pending: &mut Pending) -> R
         }
         Installed::Paused(slot) => cluster.resume(slot),
         Installed::Clock(slot) => cluster.set_clock(slot, 0),
+        Installed::DiskFull(slot) => cluster.free_disk(slot),
         Installed::Nothing => {}
     }
     Ok(())
@@ -520,8 +546,20 @@ impl Pending {
             .collect()
     }
 
-    /// One attempt at each restore; keeps those that failed.
+    /// One attempt at each restore; keeps those that failed. First, as a
+    /// supervisor would, a node whose ledger stopped for good (its agent
+    /// exits) is started again.
     async fn attempt(&mut self, cluster: &mut ChaosCluster) -> Result<(), String> {
+        for slot in cluster.stopped_ledgers() {
+            cluster.crash(slot).await;
+            if !self
+                .queue
+                .iter()
+                .any(|(r, _)| matches!(r, Restore::Restart(s) if *s == slot))
+            {
+                self.push(Restore::Restart(slot));
+            }
+        }
         let mut left = Vec::new();
         for (r, _) in std::mem::take(&mut self.queue) {
             let result = match &r {
@@ -683,12 +721,19 @@ async fn create_capped_tenant(cluster: &ChaosCluster) -> Result<(), String> {
 /// the same index (entries keep coming while jobs run and end, so this
 /// polls for an instant of agreement). Returns each node's ledger.
 async fn settle(
-    cluster: &ChaosCluster,
+    cluster: &mut ChaosCluster,
+    pending: &mut Pending,
     timeout: Duration,
 ) -> Result<Vec<(NodeId, Ledger)>, Vec<Violation>> {
     let deadline = Instant::now() + timeout;
     let mut last = Vec::new();
     while Instant::now() < deadline {
+        // A ledger may still stop for good now (a disk that was full
+        // until the end): its node is started again, as its supervisor
+        // would.
+        if !pending.is_empty() || !cluster.stopped_ledgers().is_empty() {
+            let _ = pending.attempt(cluster).await;
+        }
         let states: Vec<(NodeId, Option<u64>, Ledger)> = cluster
             .slots
             .iter()

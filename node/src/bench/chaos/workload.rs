@@ -166,9 +166,11 @@ while [ "$(now)" -lt "$end" ]; do
   i=$((i + 1))
   if [ $((i % 5)) -eq 0 ] && [ -n "$SHOAL_CKPT_DIR" ]; then
     step=$((step + 1))
-    mkdir -p "$SHOAL_CKPT_DIR/$step"
-    {content} > "$SHOAL_CKPT_DIR/$step/part-$RANK"
-    touch "$SHOAL_CKPT_DIR/$step/.done"
+    # A step is marked done only once its part is written whole (a full
+    # disk fails the write), as a training script's save raises.
+    mkdir -p "$SHOAL_CKPT_DIR/$step" &&
+      {content} > "$SHOAL_CKPT_DIR/$step/part-$RANK" &&
+      touch "$SHOAL_CKPT_DIR/$step/.done"
   fi
   sleep 0.2
 done

@@ -1,0 +1,135 @@
+//! A node whose disk fills up: its ledger stops on the failed write, the
+//! agent exits non-zero (so that systemd's `Restart=on-failure` starts it
+//! again), the other two keep committing, and once the disk has room the
+//! restarted node catches up from what it had written. Root only: the
+//! node's disk is a small tmpfs of its own.
+
+use crate::common::{self, form_cluster, wait_converged, wait_for, NodeProc};
+use std::ffi::CString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A tmpfs mounted for the test, unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, bytes: u64) -> SmallDisk {
+        std::fs::create_dir_all(dir).expect("disk dir");
+        let c = |s: &[u8]| CString::new(s).expect("no NUL");
+        let (target, fstype, data) = (
+            c(dir.as_os_str().as_bytes()),
+            c(b"tmpfs"),
+            c(format!("size={bytes}").as_bytes()),
+        );
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                fstype.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "this test needs root to mount a tmpfs as the node's disk: {}",
+            std::io::Error::last_os_error()
+        );
+        SmallDisk(dir.to_path_buf())
+    }
+
+    /// Writes a ballast file until the file system has no room left.
+    fn fill(&self) {
+        let mut f = std::fs::File::create(self.0.join("ballast")).expect("ballast");
+        let block = vec![0u8; 1 << 20];
+        loop {
+            match f.write(&block) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("cannot fill the disk: {e}"),
+            }
+        }
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.0.join("ballast")).expect("remove the ballast");
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let target = CString::new(self.0.as_os_str().as_bytes()).expect("no NUL");
+        // SAFETY: a plain syscall on the path this test mounted.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_disk_fills_exits_and_catches_up_once_it_has_room() {
+    let _serial = common::one_at_a_time();
+    let root = tempfile::tempdir().expect("tempdir");
+    let disk = SmallDisk::mount(&root.path().join("disk3"), 96 << 20);
+    let mut nodes: Vec<NodeProc> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| NodeProc::new(root.path(), n, &[]))
+        .collect();
+    nodes[2].data_dir = disk.0.join("n3");
+    let token = form_cluster(&mut nodes);
+    wait_converged(&nodes, &token).await;
+    let client = nodes[0].client(&token);
+
+    disk.fill();
+    // Writes keep committing on the two nodes with room; n3's next log
+    // append fails, and its agent exits.
+    let value = "x".repeat(2048);
+    let mut written = 0u32;
+    let status = wait_for("n3's agent to exit once its disk is full", TIMEOUT, || {
+        let exited = nodes[2].exited();
+        let client = client.clone();
+        let value = value.clone();
+        written += 1;
+        let key = format!("full/{written:04}");
+        async move {
+            // A write may fail while the leader changes; the others
+            // commit without n3.
+            let _ = client.put_attr(&key, &value).await;
+            exited
+        }
+    })
+    .await;
+    assert!(
+        !status.success(),
+        "an agent whose ledger stopped must exit non-zero: {status:?}"
+    );
+    for i in 0..20 {
+        let key = format!("after/{i:02}");
+        wait_for("the other two to commit without n3", TIMEOUT, || {
+            let client = client.clone();
+            let key = key.clone();
+            async move { client.put_attr(&key, "while n3 is down").await.ok() }
+        })
+        .await;
+    }
+
+    // Room again: started as its supervisor would, n3 comes back from its
+    // own data dir and catches up.
+    disk.free();
+    nodes[2].restart();
+    wait_converged(&nodes, &token).await;
+    let n3 = nodes[2].client(&token);
+    wait_for("n3 to write through the ledger again", TIMEOUT, || {
+        let n3 = n3.clone();
+        async move { n3.put_attr("back/n3", "yes").await.ok() }
+    })
+    .await;
+    for n in nodes.iter_mut() {
+        n.kill9();
+    }
+}
