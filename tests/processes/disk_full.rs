@@ -4,6 +4,9 @@
 //! restarted node catches up from what it had written. Root only: the
 //! node's disk is a small tmpfs of its own.
 
+// The serial guard is held across awaits on purpose (see `one_at_a_time`).
+#![allow(clippy::await_holding_lock)]
+
 use crate::common::{self, form_cluster, wait_converged, wait_for, NodeProc};
 use std::ffi::CString;
 use std::io::Write;
