@@ -607,7 +607,13 @@ impl<'a> FailureMemo<'a> {
                 {
                     return Some(Unplaceable {
                         kind: failure.kind,
-                        reason: failure.reason.clone(),
+                        // Nobody reads it without waiting reasons, and a
+                        // copy per job walked was a heap allocation each.
+                        reason: if with_reason {
+                            failure.reason.clone()
+                        } else {
+                            String::new()
+                        },
                     });
                 }
                 if failure.holds_while_gpus_are_taken()
@@ -1296,21 +1302,23 @@ impl<'a> Pass<'a> {
                 request,
                 Some(&held_for_head.reserved),
             );
+            let ends_in_time = now.saturating_add(job.time_limit_s) <= held_for_head.shadow_s;
             let decision = match outside_reservation {
                 Ok(placement) => Ok(placement),
-                Err(_) => {
-                    let anywhere = self.place_in(Area::Free, request, None);
-                    let ends_in_time =
-                        now.saturating_add(job.time_limit_s) <= held_for_head.shadow_s;
-                    match anywhere {
-                        Ok(placement) if ends_in_time => Ok(placement),
-                        Ok(_) => Err(format!(
-                            "backfill: would delay job {} reserved to start by t={}s",
-                            held_for_head.job, held_for_head.shadow_s
-                        )),
-                        Err(unplaceable) => Err(unplaceable.reason),
-                    }
-                }
+                // A job that would outlast the reservation waits whether or
+                // not it fits on free GPUs; only the words depend on that,
+                // so without waiting reasons the search (a full placement
+                // when it fits) is skipped. What the memo would have learnt
+                // from it, a later search finds again.
+                Err(_) if !ends_in_time && !self.waiting_reasons => Err(String::new()),
+                Err(_) => match self.place_in(Area::Free, request, None) {
+                    Ok(placement) if ends_in_time => Ok(placement),
+                    Ok(_) => Err(format!(
+                        "backfill: would delay job {} reserved to start by t={}s",
+                        held_for_head.job, held_for_head.shadow_s
+                    )),
+                    Err(unplaceable) => Err(unplaceable.reason),
+                },
             };
             match decision {
                 Ok(placement) => {
@@ -1504,7 +1512,20 @@ impl<'a> Pass<'a> {
                 Some(release_times[need - 1])
             })
             .collect();
+        // A gang fits at no time before `nodes` nodes are ready: those
+        // probes of the search below are answered without a placement.
+        // The search itself, and so its answer, stays as it is.
+        let mut ready_times: Vec<u64> = node_ready_at.iter().flatten().copied().collect();
+        ready_times.sort_unstable();
+        let first_possible = usize::try_from(request.nodes)
+            .ok()
+            .and_then(|nodes| nodes.checked_sub(1))
+            .and_then(|last| ready_times.get(last))
+            .copied();
         let fits_at = |time: u64| {
+            if first_possible.is_none_or(|first| time < first) {
+                return None;
+            }
             let bound: Vec<u32> = node_ready_at
                 .iter()
                 .map(|ready| match ready {
@@ -1519,18 +1540,19 @@ impl<'a> Pass<'a> {
                 &|gpu| free_from[gpu].is_some_and(|end| end <= time),
                 Some(&bound),
             )
+            .ok()
         };
         let last = *times.last()?;
-        let mut found = fits_at(last).ok().map(|placement| (last, placement))?;
+        let mut found = fits_at(last).map(|placement| (last, placement))?;
         let (mut low, mut high) = (0usize, times.len() - 1);
         while low < high {
             let middle = low + (high - low) / 2;
             match fits_at(times[middle]) {
-                Ok(placement) => {
+                Some(placement) => {
                     found = (times[middle], placement);
                     high = middle;
                 }
-                Err(_) => low = middle + 1,
+                None => low = middle + 1,
             }
         }
         let (shadow_s, placement) = found;
@@ -1576,7 +1598,6 @@ impl<'a> Pass<'a> {
         let below_fair_share =
             self.usage.own_share(preemptor_tenant) + SHARE_EPSILON < fair[preemptor_tenant];
 
-        let holdings = self.gpus_held_on_useful_nodes(request);
         let mut candidates: Vec<&'a RunningJob> = self
             .input
             .running
@@ -1587,7 +1608,7 @@ impl<'a> Pass<'a> {
                     .jobs
                     .get(victim.id)
                     .is_some_and(|slot| self.jobs.preempted[slot]);
-                !preempted && holdings.contains_key(&victim.id)
+                !preempted
             })
             .filter(|victim| {
                 let above_fair_share = self
@@ -1601,6 +1622,15 @@ impl<'a> Pass<'a> {
                     || (victim.tenant == job.tenant && job.priority > victim.priority)
             })
             .collect();
+        // Who holds what on the nodes the gang could use takes a walk over
+        // their GPUs: only worth it when someone may be preempted at all,
+        // which on a cluster where every tenant is within its share is
+        // nobody.
+        if candidates.is_empty() {
+            return false;
+        }
+        let holdings = self.gpus_held_on_useful_nodes(request);
+        candidates.retain(|victim| holdings.contains_key(&victim.id));
         candidates.sort_by_key(|victim| {
             (
                 victim.gpus,
