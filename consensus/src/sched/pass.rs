@@ -33,8 +33,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 use super::fairshare::{
-    order_pending, unknown_tenant, FairOrder, HdrfUsage, PendingDemand, PendingJob, ResourceVector,
-    TenantAllocation, TenantTree,
+    order_pending, unknown_tenant, FairOrder, HdrfUsage, PendingDemand, PendingJob, ResourceSpace,
+    ResourceVector, TenantAllocation, TenantTree,
 };
 use super::model::{GangRequest, JobId, NodeChoice, NodeId, NodeView, Placement, TopologyTier};
 use super::pending_index::{static_problem, PendingIndex, ShapeClass};
@@ -58,8 +58,9 @@ const FREE: u32 = u32::MAX;
 
 type PendingEntry = (PendingJob, GangRequest);
 
-/// Demand vectors by (model, GPUs), shared by the jobs of a fair order.
-type SharedDemands<'a> = BTreeMap<(Option<&'a str>, u32), Rc<ResourceVector>>;
+/// Demands by (model, GPUs), projected on the fair order's resources and
+/// shared by its jobs. A handful of sizes and models: a scan.
+type SharedDemands<'a> = Vec<((Option<&'a str>, u32), Rc<[Option<f64>]>)>;
 
 /// Multiplicative hashing for job ids. Ids come from the consensus log and
 /// are dense integers, for which SipHash is needlessly slow; the maps keyed
@@ -1047,25 +1048,30 @@ impl<'a> Pass<'a> {
                     self.capacity_by_model.iter().copied().enumerate(),
                 );
                 let excluded = &excluded;
-                // One demand vector per (model, size), shared: building one
-                // per job taken from the order showed up in profiles.
+                let space = ResourceSpace::new(&capacity);
+                let projecting = &space;
+                // One demand per (model, size), shared: building one per
+                // job taken from the order showed up in profiles.
                 let demands: RefCell<SharedDemands<'_>> = RefCell::default();
                 let demands = &demands;
-                let order = FairOrder::new(&input.tenants, &capacity, &allocations, |name| {
+                let order = FairOrder::new(&input.tenants, space.clone(), &allocations, |name| {
                     let items = index
                         .tenant_queue(name)
                         .filter(move |position| excluded.binary_search(position).is_err())
                         .filter_map(move |position| {
                             let (job, request) = input.pending.get(position)?;
-                            let model = request.gpu_model.as_deref();
-                            let demand = Rc::clone(
-                                demands
-                                    .borrow_mut()
-                                    .entry((model, job.gpus))
-                                    .or_insert_with(|| {
-                                        Rc::new(ResourceVector::gpus(model, job.gpus))
-                                    }),
-                            );
+                            let key = (request.gpu_model.as_deref(), job.gpus);
+                            let mut demands = demands.borrow_mut();
+                            let demand = match demands.iter().find(|(known, _)| *known == key) {
+                                Some((_, demand)) => Rc::clone(demand),
+                                None => {
+                                    let demand: Rc<[Option<f64>]> = Rc::from(
+                                        projecting.project(&ResourceVector::gpus(key.0, key.1)),
+                                    );
+                                    demands.push((key, Rc::clone(&demand)));
+                                    demand
+                                }
+                            };
                             Some((demand, position))
                         });
                     (waiting_in(name), Box::new(items))
