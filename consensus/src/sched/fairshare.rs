@@ -250,10 +250,7 @@ pub fn order_pending(
 /// One tenant's queue for [`FairOrder`]: its length and its items, best
 /// job first, each with the resources it asks for, as
 /// [`ResourceSpace::project`] gives them.
-pub(crate) type TenantQueue<'q, T> = (
-    usize,
-    Box<dyn Iterator<Item = (Rc<[Option<f64>]>, T)> + 'q>,
-);
+pub(crate) type TenantQueue<'q, T> = (usize, Box<dyn Iterator<Item = (Rc<[Option<f64>]>, T)> + 'q>);
 
 /// The resources a fair order compares: those of which the cluster has a
 /// positive amount, in name order. A vector over them is a slice of
@@ -813,6 +810,9 @@ impl HdrfUsage {
 
 #[cfg(test)]
 mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
     use super::*;
 
     pub(crate) fn tenant(name: &str, parent: Option<&str>, weight: f64) -> TenantView {
@@ -847,6 +847,134 @@ mod tests {
                 resources: ResourceVector::gpus(None, job.gpus),
             })
             .collect()
+    }
+
+    /// Progressive filling as it was written before `FairOrder` kept
+    /// dense usage and cached shares: every share recomputed from the
+    /// name-keyed maps at every step.
+    fn reference_order(
+        tenants: &[TenantView],
+        capacity: &ResourceVector,
+        running: &[TenantAllocation],
+        pending: &[PendingDemand<'_>],
+    ) -> Vec<JobId> {
+        let tree = TenantTree::new(tenants);
+        let mut usage = HdrfUsage::new(&tree, capacity.clone());
+        for allocation in running {
+            if let Some(tenant) = tree.index_of(&allocation.tenant) {
+                usage.charge(tenant, &allocation.resources);
+            }
+        }
+        let mut queues: Vec<Vec<&PendingDemand<'_>>> = vec![Vec::new(); tree.len()];
+        let mut orphans: Vec<&PendingDemand<'_>> = Vec::new();
+        for demand in pending {
+            match tree.index_of(&demand.job.tenant) {
+                Some(tenant) => queues[tenant].push(demand),
+                None => orphans.push(demand),
+            }
+        }
+        // Best job last, popped from the back.
+        for queue in &mut queues {
+            queue.sort_by(|a, b| job_precedence(b.job, a.job));
+        }
+        let mut order = Vec::new();
+        loop {
+            let mut subtree_pending = vec![0usize; tree.len()];
+            for tenant in 0..tree.len() {
+                for ancestor in tree.self_and_ancestors(tenant) {
+                    subtree_pending[ancestor] += queues[tenant].len();
+                }
+            }
+            let shares: Vec<(f64, f64)> = (0..tree.len())
+                .map(|t| {
+                    (
+                        usage.own[t].dominant_share(capacity) / tree.weight(t),
+                        usage.subtree[t].dominant_share(capacity) / tree.weight(t),
+                    )
+                })
+                .collect();
+            let Some(tenant) =
+                HdrfUsage::pick_leaf(&tree, &shares, &|t| !queues[t].is_empty(), &subtree_pending)
+            else {
+                break;
+            };
+            let Some(demand) = queues[tenant].pop() else {
+                break;
+            };
+            usage.charge(tenant, &demand.resources);
+            order.push(demand.job.id);
+        }
+        orphans.sort_by(|a, b| job_precedence(a.job, b.job));
+        order.extend(orphans.into_iter().map(|demand| demand.job.id));
+        order
+    }
+
+    /// Resources from a small set of names, with whole and fractional
+    /// amounts, zeros and the odd negative or huge one.
+    fn random_resources(rng: &mut ChaCha8Rng) -> ResourceVector {
+        const NAMES: [&str; 4] = ["gpu", "gpu/H100", "gpu/A100", "cpu"];
+        let mut resources = ResourceVector::default();
+        for name in NAMES {
+            if rng.random_bool(0.5) {
+                let amount = match rng.random_range(0..10) {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => -1.0,
+                    3 => rng.random_range(0.0..10.0),
+                    4 => 1e300,
+                    _ => f64::from(rng.random_range(1u32..16)),
+                };
+                resources.0.insert(name.to_string(), amount);
+            }
+        }
+        resources
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn fair_order_matches_progressive_filling_over_maps(seed in proptest::prelude::any::<u64>()) {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            const NAMES: [&str; 5] = ["org", "a", "b", "c", "d"];
+            let tenants: Vec<TenantView> = (0..rng.random_range(1..=NAMES.len()))
+                .map(|i| {
+                    let parent = rng
+                        .random_bool(0.5)
+                        .then(|| NAMES[rng.random_range(0..NAMES.len())]);
+                    let weight = match rng.random_range(0..6) {
+                        0 => 0.0,
+                        1 => -2.0,
+                        _ => f64::from(rng.random_range(1u32..4)),
+                    };
+                    tenant(NAMES[i], parent, weight)
+                })
+                .collect();
+            let capacity = random_resources(&mut rng);
+            let running: Vec<TenantAllocation> = (0..rng.random_range(0..4))
+                .map(|_| TenantAllocation {
+                    tenant: NAMES[rng.random_range(0..NAMES.len())].to_string(),
+                    resources: random_resources(&mut rng),
+                })
+                .collect();
+            let jobs: Vec<PendingJob> = (0..rng.random_range(0..40))
+                .map(|i| {
+                    let mut pending = job(i, NAMES[rng.random_range(0..NAMES.len())], 1);
+                    pending.priority = rng.random_range(0..3);
+                    pending.submitted_seq = rng.random_range(0..20);
+                    pending
+                })
+                .collect();
+            let pending: Vec<PendingDemand<'_>> = jobs
+                .iter()
+                .map(|job| PendingDemand {
+                    job,
+                    resources: random_resources(&mut rng),
+                })
+                .collect();
+            proptest::prop_assert_eq!(
+                order_pending(&tenants, &capacity, &running, &pending),
+                reference_order(&tenants, &capacity, &running, &pending)
+            );
+        }
     }
 
     #[test]

@@ -685,6 +685,9 @@ pub(crate) struct Pass<'a> {
     /// Per entry of `input.running`: its job slot, so that per-running-job
     /// loops need no hash lookup.
     running_slots: Vec<usize>,
+    /// Per entry of `input.running`: its tenant's index, once
+    /// `tenant_holdings` has looked them up (empty before).
+    running_tenants: Vec<Option<usize>>,
     /// Per node: free GPUs that placement may use (hostable node, unique
     /// index); an upper bound for every search inside the free area.
     free_usable: Vec<u32>,
@@ -773,6 +776,7 @@ impl<'a> Pass<'a> {
             holder,
             jobs,
             running_slots,
+            running_tenants: Vec::new(),
             free_usable,
             free_by_model,
             node_position,
@@ -877,8 +881,11 @@ impl<'a> Pass<'a> {
         }
         let held = std::mem::replace(&mut self.held, Cow::Borrowed(&[]));
         let mut held_by_tenant: Vec<Held> = vec![Held::default(); self.tree.len()];
+        self.running_tenants.clear();
         for (job, &slot) in self.input.running.iter().zip(&self.running_slots) {
-            let Some(tenant) = self.tree.index_of(&job.tenant) else {
+            let tenant = self.tree.index_of(&job.tenant);
+            self.running_tenants.push(tenant);
+            let Some(tenant) = tenant else {
                 continue;
             };
             let Some(resources) = held.get(slot) else {
@@ -1604,29 +1611,29 @@ impl<'a> Pass<'a> {
         let below_fair_share =
             self.usage.own_share(preemptor_tenant) + SHARE_EPSILON < fair[preemptor_tenant];
 
+        // Per tenant, once: a victim's tenant is judged by index, so the
+        // walk over the running jobs below looks no name up and computes
+        // no share (both showed up in profiles of long replays).
+        let above_fair_share: Vec<bool> = (0..self.tree.len())
+            .map(|t| self.usage.own_share(t) > fair[t] + SHARE_EPSILON)
+            .collect();
+        let running_tenants = &self.running_tenants;
         let mut candidates: Vec<&'a RunningJob> = self
             .input
             .running
             .iter()
-            .filter(|victim| victim.preemptible && now < victim.deadline_s())
-            .filter(|victim| {
-                let preempted = self
-                    .jobs
-                    .get(victim.id)
-                    .is_some_and(|slot| self.jobs.preempted[slot]);
-                !preempted
-            })
-            .filter(|victim| {
-                let above_fair_share = self
-                    .tree
-                    .index_of(&victim.tenant)
-                    .is_some_and(|t| self.usage.own_share(t) > fair[t] + SHARE_EPSILON);
+            .zip(&self.running_slots)
+            .zip(running_tenants.iter().chain(std::iter::repeat(&None)))
+            .filter(|((victim, _), _)| victim.preemptible && now < victim.deadline_s())
+            .filter(|((_, &slot), _)| !self.jobs.preempted[slot])
+            .filter(|((victim, _), &victim_tenant)| {
                 // Priority ranks a tenant's own jobs only: across tenants,
                 // fair share alone decides, or one tenant's --priority
                 // would preempt everyone.
-                (below_fair_share && above_fair_share)
-                    || (victim.tenant == job.tenant && job.priority > victim.priority)
+                (below_fair_share && victim_tenant.is_some_and(|t| above_fair_share[t]))
+                    || (victim_tenant == Some(preemptor_tenant) && job.priority > victim.priority)
             })
+            .map(|((victim, _), _)| victim)
             .collect();
         // Who holds what on the nodes the gang could use takes a walk over
         // their GPUs: only worth it when someone may be preempted at all,
