@@ -231,13 +231,12 @@ pub fn order_pending(
         // always has.
         queue.sort_by(|a, b| job_precedence(b.job, a.job));
         let len = queue.len();
-        let items: Box<dyn Iterator<Item = (Rc<[Option<f64>]>, JobId)> + '_> =
-            Box::new(queue.into_iter().rev().map(move |demand| {
-                (
-                    Rc::from(projecting.project(&demand.resources)),
-                    demand.job.id,
-                )
-            }));
+        let items: TenantItems<'_, JobId> = Box::new(queue.into_iter().rev().map(move |demand| {
+            (
+                Rc::from(projecting.project(&demand.resources)),
+                demand.job.id,
+            )
+        }));
         (len, items)
     })
     .map(|(_, id)| id)
@@ -247,10 +246,16 @@ pub fn order_pending(
     order
 }
 
-/// One tenant's queue for [`FairOrder`]: its length and its items, best
-/// job first, each with the resources it asks for, as
-/// [`ResourceSpace::project`] gives them.
-pub(crate) type TenantQueue<'q, T> = (usize, Box<dyn Iterator<Item = (Rc<[Option<f64>]>, T)> + 'q>);
+/// A demand projected on a [`ResourceSpace`], shared by the jobs that ask
+/// for the same.
+pub(crate) type Projected = Rc<[Option<f64>]>;
+
+/// A tenant's items for [`FairOrder`], best job first, each with the
+/// resources it asks for, as [`ResourceSpace::project`] gives them.
+pub(crate) type TenantItems<'q, T> = Box<dyn Iterator<Item = (Projected, T)> + 'q>;
+
+/// One tenant's queue for [`FairOrder`]: its length and its items.
+pub(crate) type TenantQueue<'q, T> = (usize, TenantItems<'q, T>);
 
 /// The resources a fair order compares: those of which the cluster has a
 /// positive amount, in name order. A vector over them is a slice of
@@ -326,8 +331,8 @@ pub(crate) struct FairOrder<'q, T> {
     own: Vec<Option<f64>>,
     subtree: Vec<Option<f64>>,
     /// Per tenant: its queue, and the next item taken from it.
-    queues: Vec<Box<dyn Iterator<Item = (Rc<[Option<f64>]>, T)> + 'q>>,
-    heads: Vec<Option<(Rc<[Option<f64>]>, T)>>,
+    queues: Vec<TenantItems<'q, T>>,
+    heads: Vec<Option<(Projected, T)>>,
     subtree_pending: Vec<usize>,
     /// Per tenant: `weighted_share`, own and subtree, updated
     /// for the tenants a charge touches: computing every tenant's share at
@@ -880,9 +885,9 @@ mod tests {
         let mut order = Vec::new();
         loop {
             let mut subtree_pending = vec![0usize; tree.len()];
-            for tenant in 0..tree.len() {
+            for (tenant, queue) in queues.iter().enumerate() {
                 for ancestor in tree.self_and_ancestors(tenant) {
-                    subtree_pending[ancestor] += queues[tenant].len();
+                    subtree_pending[ancestor] += queue.len();
                 }
             }
             let shares: Vec<(f64, f64)> = (0..tree.len())

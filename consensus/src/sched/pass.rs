@@ -33,8 +33,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 use super::fairshare::{
-    order_pending, unknown_tenant, FairOrder, HdrfUsage, PendingDemand, PendingJob, ResourceSpace,
-    ResourceVector, TenantAllocation, TenantTree,
+    order_pending, unknown_tenant, FairOrder, HdrfUsage, PendingDemand, PendingJob, Projected,
+    ResourceSpace, ResourceVector, TenantAllocation, TenantTree,
 };
 use super::model::{GangRequest, JobId, NodeChoice, NodeId, NodeView, Placement, TopologyTier};
 use super::pending_index::{static_problem, PendingIndex, ShapeClass};
@@ -60,7 +60,7 @@ type PendingEntry = (PendingJob, GangRequest);
 
 /// Demands by (model, GPUs), projected on the fair order's resources and
 /// shared by its jobs. A handful of sizes and models: a scan.
-type SharedDemands<'a> = Vec<((Option<&'a str>, u32), Rc<[Option<f64>]>)>;
+type SharedDemands<'a> = Vec<((Option<&'a str>, u32), Projected)>;
 
 /// Multiplicative hashing for job ids. Ids come from the consensus log and
 /// are dense integers, for which SipHash is needlessly slow; the maps keyed
@@ -1072,7 +1072,7 @@ impl<'a> Pass<'a> {
                             let demand = match demands.iter().find(|(known, _)| *known == key) {
                                 Some((_, demand)) => Rc::clone(demand),
                                 None => {
-                                    let demand: Rc<[Option<f64>]> = Rc::from(
+                                    let demand: Projected = Rc::from(
                                         projecting.project(&ResourceVector::gpus(key.0, key.1)),
                                     );
                                     demands.push((key, Rc::clone(&demand)));
