@@ -222,19 +222,21 @@ pub fn order_pending(
             None => orphans.push(demand),
         }
     }
-    let mut order: Vec<JobId> = FairOrder::new(tenants, capacity, running, |name| {
+    let space = ResourceSpace::new(capacity);
+    let projecting = &space;
+    let mut order: Vec<JobId> = FairOrder::new(tenants, space.clone(), running, |name| {
         let mut queue = queues.remove(name).unwrap_or_default();
         // Best job last, taken from the back: among listings that compare
         // equal (a repeated id), the last one listed goes first, as it
         // always has.
         queue.sort_by(|a, b| job_precedence(b.job, a.job));
         let len = queue.len();
-        let items: Box<dyn Iterator<Item = (Rc<ResourceVector>, JobId)> + '_> = Box::new(
-            queue
-                .into_iter()
-                .rev()
-                .map(|demand| (Rc::new(demand.resources.clone()), demand.job.id)),
-        );
+        let items: TenantItems<'_, JobId> = Box::new(queue.into_iter().rev().map(move |demand| {
+            (
+                Rc::from(projecting.project(&demand.resources)),
+                demand.job.id,
+            )
+        }));
         (len, items)
     })
     .map(|(_, id)| id)
@@ -244,12 +246,78 @@ pub fn order_pending(
     order
 }
 
-/// One tenant's queue for [`FairOrder`]: its length and its items, best
-/// job first, each with the resources it asks for.
-pub(crate) type TenantQueue<'q, T> = (
-    usize,
-    Box<dyn Iterator<Item = (Rc<ResourceVector>, T)> + 'q>,
-);
+/// A demand projected on a [`ResourceSpace`], shared by the jobs that ask
+/// for the same.
+pub(crate) type Projected = Rc<[Option<f64>]>;
+
+/// A tenant's items for [`FairOrder`], best job first, each with the
+/// resources it asks for, as [`ResourceSpace::project`] gives them.
+pub(crate) type TenantItems<'q, T> = Box<dyn Iterator<Item = (Projected, T)> + 'q>;
+
+/// One tenant's queue for [`FairOrder`]: its length and its items.
+pub(crate) type TenantQueue<'q, T> = (usize, TenantItems<'q, T>);
+
+/// The resources a fair order compares: those of which the cluster has a
+/// positive amount, in name order. A vector over them is a slice of
+/// amounts, `None` where the map it stands for has no entry, so that a
+/// step of the order adds and compares numbers instead of looking names
+/// up in maps (which dominated a long walk). Every amount a share is made
+/// of is added and divided as [`ResourceVector::dominant_share`] does it,
+/// in the same order, so the shares are bit for bit the same: resources
+/// the cluster lacks never count in a share, so they can be left out.
+#[derive(Clone, Debug)]
+pub(crate) struct ResourceSpace {
+    names: Vec<String>,
+    totals: Vec<f64>,
+}
+
+impl ResourceSpace {
+    pub(crate) fn new(capacity: &ResourceVector) -> Self {
+        let (names, totals) = capacity
+            .0
+            .iter()
+            .filter(|&(_, &total)| total > 0.0)
+            .map(|(name, &total)| (name.clone(), total))
+            .unzip();
+        ResourceSpace { names, totals }
+    }
+
+    /// `resources` over this space's resources.
+    pub(crate) fn project(&self, resources: &ResourceVector) -> Box<[Option<f64>]> {
+        self.names
+            .iter()
+            .map(|name| resources.0.get(name).copied())
+            .collect()
+    }
+
+    fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// [`ResourceVector::add`] over projections.
+    fn add(into: &mut [Option<f64>], amounts: &[Option<f64>]) {
+        for (current, amount) in into.iter_mut().zip(amounts) {
+            if let Some(amount) = *amount {
+                *current = Some(match *current {
+                    Some(current) => current + amount,
+                    None => amount,
+                });
+            }
+        }
+    }
+
+    /// [`ResourceVector::dominant_share`] of a projection.
+    fn dominant_share(&self, usage: &[Option<f64>]) -> f64 {
+        usage
+            .iter()
+            .zip(&self.totals)
+            .filter_map(|(amount, total)| {
+                let amount = (*amount)?;
+                amount.is_finite().then(|| amount / total)
+            })
+            .fold(0.0, f64::max)
+    }
+}
 
 /// The HDRF order of [`order_pending`], produced one job at a time, so that
 /// a pass that stops early does not pay for ordering the whole queue.
@@ -257,60 +325,90 @@ pub(crate) type TenantQueue<'q, T> = (
 /// tenant's queue, charged to its tenant as it is taken.
 pub(crate) struct FairOrder<'q, T> {
     tree: TenantTree,
-    usage: HdrfUsage,
+    space: ResourceSpace,
+    /// Per tenant, `space.len()` amounts each: what its own jobs hold and
+    /// what its subtree holds, as `HdrfUsage` kept them.
+    own: Vec<Option<f64>>,
+    subtree: Vec<Option<f64>>,
     /// Per tenant: its queue, and the next item taken from it.
-    queues: Vec<Box<dyn Iterator<Item = (Rc<ResourceVector>, T)> + 'q>>,
-    heads: Vec<Option<(Rc<ResourceVector>, T)>>,
+    queues: Vec<TenantItems<'q, T>>,
+    heads: Vec<Option<(Projected, T)>>,
     subtree_pending: Vec<usize>,
-    /// Per tenant: `HdrfUsage::weighted_share`, own and subtree, updated
+    /// Per tenant: `weighted_share`, own and subtree, updated
     /// for the tenants a charge touches: computing every tenant's share at
     /// every step cost more than the rest of the order.
     shares: Vec<(f64, f64)>,
 }
 
 impl<'q, T> FairOrder<'q, T> {
-    /// `queue_of` gives each tenant's queue by name; it is called once per
-    /// tenant of the tree and must yield exactly the length it reports.
+    /// `space` must be made from the cluster's capacity, and the items of
+    /// `queue_of` projected on it. `queue_of` gives each tenant's queue by
+    /// name; it is called once per tenant of the tree and must yield
+    /// exactly the length it reports.
     pub(crate) fn new(
         tenants: &[TenantView],
-        capacity: &ResourceVector,
+        space: ResourceSpace,
         running: &[TenantAllocation],
         mut queue_of: impl FnMut(&str) -> TenantQueue<'q, T>,
     ) -> Self {
         let tree = TenantTree::new(tenants);
-        let mut usage = HdrfUsage::new(&tree, capacity.clone());
-        for allocation in running {
-            if let Some(tenant) = tree.index_of(&allocation.tenant) {
-                usage.charge(tenant, &allocation.resources);
-            }
-        }
-        let mut queues = Vec::with_capacity(tree.len());
-        let mut heads = Vec::with_capacity(tree.len());
-        let mut subtree_pending = vec![0usize; tree.len()];
-        for tenant in 0..tree.len() {
-            let (len, mut items) = queue_of(tree.name(tenant));
-            for ancestor in tree.self_and_ancestors(tenant) {
-                subtree_pending[ancestor] += len;
-            }
-            heads.push(items.next());
-            queues.push(items);
-        }
-        let shares = (0..tree.len())
-            .map(|t| {
-                (
-                    usage.weighted_share(&tree, t, false),
-                    usage.weighted_share(&tree, t, true),
-                )
-            })
-            .collect();
-        FairOrder {
+        let width = space.len();
+        let mut order = FairOrder {
+            own: vec![None; tree.len() * width],
+            subtree: vec![None; tree.len() * width],
+            queues: Vec::with_capacity(tree.len()),
+            heads: Vec::with_capacity(tree.len()),
+            subtree_pending: vec![0usize; tree.len()],
+            shares: Vec::with_capacity(tree.len()),
+            space,
             tree,
-            usage,
-            queues,
-            heads,
-            subtree_pending,
-            shares,
+        };
+        for allocation in running {
+            if let Some(tenant) = order.tree.index_of(&allocation.tenant) {
+                let resources = order.space.project(&allocation.resources);
+                order.charge(tenant, &resources);
+            }
         }
+        for tenant in 0..order.tree.len() {
+            let (len, mut items) = queue_of(order.tree.name(tenant));
+            for ancestor in order.tree.self_and_ancestors(tenant) {
+                order.subtree_pending[ancestor] += len;
+            }
+            order.heads.push(items.next());
+            order.queues.push(items);
+        }
+        for tenant in 0..order.tree.len() {
+            let shares = (
+                order.weighted_share(tenant, false),
+                order.weighted_share(tenant, true),
+            );
+            order.shares.push(shares);
+        }
+        order
+    }
+
+    /// `HdrfUsage::charge` over projections.
+    fn charge(&mut self, tenant: usize, resources: &[Option<f64>]) {
+        let width = self.space.len();
+        if let Some(own) = self.own.get_mut(tenant * width..(tenant + 1) * width) {
+            ResourceSpace::add(own, resources);
+        }
+        for t in self.tree.self_and_ancestors(tenant) {
+            if let Some(subtree) = self.subtree.get_mut(t * width..(t + 1) * width) {
+                ResourceSpace::add(subtree, resources);
+            }
+        }
+    }
+
+    /// Weighted dominant share of the tenant's own jobs (`subtree` false)
+    /// or of its whole subtree, as `HdrfUsage::pick_leaf` compares them.
+    fn weighted_share(&self, tenant: usize, subtree: bool) -> f64 {
+        let width = self.space.len();
+        let usage = if subtree { &self.subtree } else { &self.own };
+        let share = usage
+            .get(tenant * width..(tenant + 1) * width)
+            .map_or(0.0, |usage| self.space.dominant_share(usage));
+        share / self.tree.weight(tenant)
     }
 }
 
@@ -332,11 +430,12 @@ impl<T> Iterator for FairOrder<'_, T> {
         for ancestor in self.tree.self_and_ancestors(tenant) {
             self.subtree_pending[ancestor] = self.subtree_pending[ancestor].saturating_sub(1);
         }
-        self.usage.charge(tenant, &resources);
+        self.charge(tenant, &resources);
         // A charge changes the tenant's own usage and its chain's subtrees.
-        self.shares[tenant].0 = self.usage.weighted_share(&self.tree, tenant, false);
+        self.shares[tenant].0 = self.weighted_share(tenant, false);
         for ancestor in self.tree.self_and_ancestors(tenant) {
-            self.shares[ancestor].1 = self.usage.weighted_share(&self.tree, ancestor, true);
+            let share = self.weighted_share(ancestor, true);
+            self.shares[ancestor].1 = share;
         }
         Some((tenant, item))
     }
@@ -665,20 +764,10 @@ impl HdrfUsage {
             .map_or(0.0, |usage| usage.dominant_share(&self.capacity))
     }
 
-    /// Weighted dominant share of the tenant's own jobs (`subtree`
-    /// false) or of its whole subtree, as `pick_leaf` compares them.
-    fn weighted_share(&self, tree: &TenantTree, t: usize, subtree: bool) -> f64 {
-        let usage = if subtree {
-            &self.subtree[t]
-        } else {
-            &self.own[t]
-        };
-        usage.dominant_share(&self.capacity) / tree.weight(t)
-    }
-
     /// Progressive filling step: from the root down, the least-served branch
     /// that still has pending work; ties go to the branch that sorts first.
-    /// `shares` holds `weighted_share` of every tenant, own then subtree.
+    /// `shares` holds `FairOrder::weighted_share` of every tenant, own then
+    /// subtree.
     fn pick_leaf(
         tree: &TenantTree,
         shares: &[(f64, f64)],
@@ -726,6 +815,9 @@ impl HdrfUsage {
 
 #[cfg(test)]
 mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
     use super::*;
 
     pub(crate) fn tenant(name: &str, parent: Option<&str>, weight: f64) -> TenantView {
@@ -760,6 +852,134 @@ mod tests {
                 resources: ResourceVector::gpus(None, job.gpus),
             })
             .collect()
+    }
+
+    /// Progressive filling as it was written before `FairOrder` kept
+    /// dense usage and cached shares: every share recomputed from the
+    /// name-keyed maps at every step.
+    fn reference_order(
+        tenants: &[TenantView],
+        capacity: &ResourceVector,
+        running: &[TenantAllocation],
+        pending: &[PendingDemand<'_>],
+    ) -> Vec<JobId> {
+        let tree = TenantTree::new(tenants);
+        let mut usage = HdrfUsage::new(&tree, capacity.clone());
+        for allocation in running {
+            if let Some(tenant) = tree.index_of(&allocation.tenant) {
+                usage.charge(tenant, &allocation.resources);
+            }
+        }
+        let mut queues: Vec<Vec<&PendingDemand<'_>>> = vec![Vec::new(); tree.len()];
+        let mut orphans: Vec<&PendingDemand<'_>> = Vec::new();
+        for demand in pending {
+            match tree.index_of(&demand.job.tenant) {
+                Some(tenant) => queues[tenant].push(demand),
+                None => orphans.push(demand),
+            }
+        }
+        // Best job last, popped from the back.
+        for queue in &mut queues {
+            queue.sort_by(|a, b| job_precedence(b.job, a.job));
+        }
+        let mut order = Vec::new();
+        loop {
+            let mut subtree_pending = vec![0usize; tree.len()];
+            for (tenant, queue) in queues.iter().enumerate() {
+                for ancestor in tree.self_and_ancestors(tenant) {
+                    subtree_pending[ancestor] += queue.len();
+                }
+            }
+            let shares: Vec<(f64, f64)> = (0..tree.len())
+                .map(|t| {
+                    (
+                        usage.own[t].dominant_share(capacity) / tree.weight(t),
+                        usage.subtree[t].dominant_share(capacity) / tree.weight(t),
+                    )
+                })
+                .collect();
+            let Some(tenant) =
+                HdrfUsage::pick_leaf(&tree, &shares, &|t| !queues[t].is_empty(), &subtree_pending)
+            else {
+                break;
+            };
+            let Some(demand) = queues[tenant].pop() else {
+                break;
+            };
+            usage.charge(tenant, &demand.resources);
+            order.push(demand.job.id);
+        }
+        orphans.sort_by(|a, b| job_precedence(a.job, b.job));
+        order.extend(orphans.into_iter().map(|demand| demand.job.id));
+        order
+    }
+
+    /// Resources from a small set of names, with whole and fractional
+    /// amounts, zeros and the odd negative or huge one.
+    fn random_resources(rng: &mut ChaCha8Rng) -> ResourceVector {
+        const NAMES: [&str; 4] = ["gpu", "gpu/H100", "gpu/A100", "cpu"];
+        let mut resources = ResourceVector::default();
+        for name in NAMES {
+            if rng.random_bool(0.5) {
+                let amount = match rng.random_range(0..10) {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => -1.0,
+                    3 => rng.random_range(0.0..10.0),
+                    4 => 1e300,
+                    _ => f64::from(rng.random_range(1u32..16)),
+                };
+                resources.0.insert(name.to_string(), amount);
+            }
+        }
+        resources
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn fair_order_matches_progressive_filling_over_maps(seed in proptest::prelude::any::<u64>()) {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            const NAMES: [&str; 5] = ["org", "a", "b", "c", "d"];
+            let tenants: Vec<TenantView> = (0..rng.random_range(1..=NAMES.len()))
+                .map(|i| {
+                    let parent = rng
+                        .random_bool(0.5)
+                        .then(|| NAMES[rng.random_range(0..NAMES.len())]);
+                    let weight = match rng.random_range(0..6) {
+                        0 => 0.0,
+                        1 => -2.0,
+                        _ => f64::from(rng.random_range(1u32..4)),
+                    };
+                    tenant(NAMES[i], parent, weight)
+                })
+                .collect();
+            let capacity = random_resources(&mut rng);
+            let running: Vec<TenantAllocation> = (0..rng.random_range(0..4))
+                .map(|_| TenantAllocation {
+                    tenant: NAMES[rng.random_range(0..NAMES.len())].to_string(),
+                    resources: random_resources(&mut rng),
+                })
+                .collect();
+            let jobs: Vec<PendingJob> = (0..rng.random_range(0..40))
+                .map(|i| {
+                    let mut pending = job(i, NAMES[rng.random_range(0..NAMES.len())], 1);
+                    pending.priority = rng.random_range(0..3);
+                    pending.submitted_seq = rng.random_range(0..20);
+                    pending
+                })
+                .collect();
+            let pending: Vec<PendingDemand<'_>> = jobs
+                .iter()
+                .map(|job| PendingDemand {
+                    job,
+                    resources: random_resources(&mut rng),
+                })
+                .collect();
+            proptest::prop_assert_eq!(
+                order_pending(&tenants, &capacity, &running, &pending),
+                reference_order(&tenants, &capacity, &running, &pending)
+            );
+        }
     }
 
     #[test]

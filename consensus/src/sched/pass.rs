@@ -33,8 +33,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 use super::fairshare::{
-    order_pending, unknown_tenant, FairOrder, HdrfUsage, PendingDemand, PendingJob, ResourceVector,
-    TenantAllocation, TenantTree,
+    order_pending, unknown_tenant, FairOrder, HdrfUsage, PendingDemand, PendingJob, Projected,
+    ResourceSpace, ResourceVector, TenantAllocation, TenantTree,
 };
 use super::model::{GangRequest, JobId, NodeChoice, NodeId, NodeView, Placement, TopologyTier};
 use super::pending_index::{static_problem, PendingIndex, ShapeClass};
@@ -58,8 +58,9 @@ const FREE: u32 = u32::MAX;
 
 type PendingEntry = (PendingJob, GangRequest);
 
-/// Demand vectors by (model, GPUs), shared by the jobs of a fair order.
-type SharedDemands<'a> = BTreeMap<(Option<&'a str>, u32), Rc<ResourceVector>>;
+/// Demands by (model, GPUs), projected on the fair order's resources and
+/// shared by its jobs. A handful of sizes and models: a scan.
+type SharedDemands<'a> = Vec<((Option<&'a str>, u32), Projected)>;
 
 /// Multiplicative hashing for job ids. Ids come from the consensus log and
 /// are dense integers, for which SipHash is needlessly slow; the maps keyed
@@ -607,7 +608,13 @@ impl<'a> FailureMemo<'a> {
                 {
                     return Some(Unplaceable {
                         kind: failure.kind,
-                        reason: failure.reason.clone(),
+                        // Nobody reads it without waiting reasons, and a
+                        // copy per job walked was a heap allocation each.
+                        reason: if with_reason {
+                            failure.reason.clone()
+                        } else {
+                            String::new()
+                        },
                     });
                 }
                 if failure.holds_while_gpus_are_taken()
@@ -678,6 +685,9 @@ pub(crate) struct Pass<'a> {
     /// Per entry of `input.running`: its job slot, so that per-running-job
     /// loops need no hash lookup.
     running_slots: Vec<usize>,
+    /// Per entry of `input.running`: its tenant's index, once
+    /// `tenant_holdings` has looked them up (empty before).
+    running_tenants: Vec<Option<usize>>,
     /// Per node: free GPUs that placement may use (hostable node, unique
     /// index); an upper bound for every search inside the free area.
     free_usable: Vec<u32>,
@@ -766,6 +776,7 @@ impl<'a> Pass<'a> {
             holder,
             jobs,
             running_slots,
+            running_tenants: Vec::new(),
             free_usable,
             free_by_model,
             node_position,
@@ -870,8 +881,11 @@ impl<'a> Pass<'a> {
         }
         let held = std::mem::replace(&mut self.held, Cow::Borrowed(&[]));
         let mut held_by_tenant: Vec<Held> = vec![Held::default(); self.tree.len()];
+        self.running_tenants.clear();
         for (job, &slot) in self.input.running.iter().zip(&self.running_slots) {
-            let Some(tenant) = self.tree.index_of(&job.tenant) else {
+            let tenant = self.tree.index_of(&job.tenant);
+            self.running_tenants.push(tenant);
+            let Some(tenant) = tenant else {
                 continue;
             };
             let Some(resources) = held.get(slot) else {
@@ -1041,25 +1055,30 @@ impl<'a> Pass<'a> {
                     self.capacity_by_model.iter().copied().enumerate(),
                 );
                 let excluded = &excluded;
-                // One demand vector per (model, size), shared: building one
-                // per job taken from the order showed up in profiles.
+                let space = ResourceSpace::new(&capacity);
+                let projecting = &space;
+                // One demand per (model, size), shared: building one per
+                // job taken from the order showed up in profiles.
                 let demands: RefCell<SharedDemands<'_>> = RefCell::default();
                 let demands = &demands;
-                let order = FairOrder::new(&input.tenants, &capacity, &allocations, |name| {
+                let order = FairOrder::new(&input.tenants, space.clone(), &allocations, |name| {
                     let items = index
                         .tenant_queue(name)
                         .filter(move |position| excluded.binary_search(position).is_err())
                         .filter_map(move |position| {
                             let (job, request) = input.pending.get(position)?;
-                            let model = request.gpu_model.as_deref();
-                            let demand = Rc::clone(
-                                demands
-                                    .borrow_mut()
-                                    .entry((model, job.gpus))
-                                    .or_insert_with(|| {
-                                        Rc::new(ResourceVector::gpus(model, job.gpus))
-                                    }),
-                            );
+                            let key = (request.gpu_model.as_deref(), job.gpus);
+                            let mut demands = demands.borrow_mut();
+                            let demand = match demands.iter().find(|(known, _)| *known == key) {
+                                Some((_, demand)) => Rc::clone(demand),
+                                None => {
+                                    let demand: Projected = Rc::from(
+                                        projecting.project(&ResourceVector::gpus(key.0, key.1)),
+                                    );
+                                    demands.push((key, Rc::clone(&demand)));
+                                    demand
+                                }
+                            };
                             Some((demand, position))
                         });
                     (waiting_in(name), Box::new(items))
@@ -1296,21 +1315,23 @@ impl<'a> Pass<'a> {
                 request,
                 Some(&held_for_head.reserved),
             );
+            let ends_in_time = now.saturating_add(job.time_limit_s) <= held_for_head.shadow_s;
             let decision = match outside_reservation {
                 Ok(placement) => Ok(placement),
-                Err(_) => {
-                    let anywhere = self.place_in(Area::Free, request, None);
-                    let ends_in_time =
-                        now.saturating_add(job.time_limit_s) <= held_for_head.shadow_s;
-                    match anywhere {
-                        Ok(placement) if ends_in_time => Ok(placement),
-                        Ok(_) => Err(format!(
-                            "backfill: would delay job {} reserved to start by t={}s",
-                            held_for_head.job, held_for_head.shadow_s
-                        )),
-                        Err(unplaceable) => Err(unplaceable.reason),
-                    }
-                }
+                // A job that would outlast the reservation waits whether or
+                // not it fits on free GPUs; only the words depend on that,
+                // so without waiting reasons the search (a full placement
+                // when it fits) is skipped. What the memo would have learnt
+                // from it, a later search finds again.
+                Err(_) if !ends_in_time && !self.waiting_reasons => Err(String::new()),
+                Err(_) => match self.place_in(Area::Free, request, None) {
+                    Ok(placement) if ends_in_time => Ok(placement),
+                    Ok(_) => Err(format!(
+                        "backfill: would delay job {} reserved to start by t={}s",
+                        held_for_head.job, held_for_head.shadow_s
+                    )),
+                    Err(unplaceable) => Err(unplaceable.reason),
+                },
             };
             match decision {
                 Ok(placement) => {
@@ -1504,7 +1525,20 @@ impl<'a> Pass<'a> {
                 Some(release_times[need - 1])
             })
             .collect();
+        // A gang fits at no time before `nodes` nodes are ready: those
+        // probes of the search below are answered without a placement.
+        // The search itself, and so its answer, stays as it is.
+        let mut ready_times: Vec<u64> = node_ready_at.iter().flatten().copied().collect();
+        ready_times.sort_unstable();
+        let first_possible = usize::try_from(request.nodes)
+            .ok()
+            .and_then(|nodes| nodes.checked_sub(1))
+            .and_then(|last| ready_times.get(last))
+            .copied();
         let fits_at = |time: u64| {
+            if first_possible.is_none_or(|first| time < first) {
+                return None;
+            }
             let bound: Vec<u32> = node_ready_at
                 .iter()
                 .map(|ready| match ready {
@@ -1519,18 +1553,19 @@ impl<'a> Pass<'a> {
                 &|gpu| free_from[gpu].is_some_and(|end| end <= time),
                 Some(&bound),
             )
+            .ok()
         };
         let last = *times.last()?;
-        let mut found = fits_at(last).ok().map(|placement| (last, placement))?;
+        let mut found = fits_at(last).map(|placement| (last, placement))?;
         let (mut low, mut high) = (0usize, times.len() - 1);
         while low < high {
             let middle = low + (high - low) / 2;
             match fits_at(times[middle]) {
-                Ok(placement) => {
+                Some(placement) => {
                     found = (times[middle], placement);
                     high = middle;
                 }
-                Err(_) => low = middle + 1,
+                None => low = middle + 1,
             }
         }
         let (shadow_s, placement) = found;
@@ -1576,31 +1611,39 @@ impl<'a> Pass<'a> {
         let below_fair_share =
             self.usage.own_share(preemptor_tenant) + SHARE_EPSILON < fair[preemptor_tenant];
 
-        let holdings = self.gpus_held_on_useful_nodes(request);
+        // Per tenant, once: a victim's tenant is judged by index, so the
+        // walk over the running jobs below looks no name up and computes
+        // no share (both showed up in profiles of long replays).
+        let above_fair_share: Vec<bool> = (0..self.tree.len())
+            .map(|t| self.usage.own_share(t) > fair[t] + SHARE_EPSILON)
+            .collect();
+        let running_tenants = &self.running_tenants;
         let mut candidates: Vec<&'a RunningJob> = self
             .input
             .running
             .iter()
-            .filter(|victim| victim.preemptible && now < victim.deadline_s())
-            .filter(|victim| {
-                let preempted = self
-                    .jobs
-                    .get(victim.id)
-                    .is_some_and(|slot| self.jobs.preempted[slot]);
-                !preempted && holdings.contains_key(&victim.id)
-            })
-            .filter(|victim| {
-                let above_fair_share = self
-                    .tree
-                    .index_of(&victim.tenant)
-                    .is_some_and(|t| self.usage.own_share(t) > fair[t] + SHARE_EPSILON);
+            .zip(&self.running_slots)
+            .zip(running_tenants.iter().chain(std::iter::repeat(&None)))
+            .filter(|((victim, _), _)| victim.preemptible && now < victim.deadline_s())
+            .filter(|((_, &slot), _)| !self.jobs.preempted[slot])
+            .filter(|((victim, _), &victim_tenant)| {
                 // Priority ranks a tenant's own jobs only: across tenants,
                 // fair share alone decides, or one tenant's --priority
                 // would preempt everyone.
-                (below_fair_share && above_fair_share)
-                    || (victim.tenant == job.tenant && job.priority > victim.priority)
+                (below_fair_share && victim_tenant.is_some_and(|t| above_fair_share[t]))
+                    || (victim_tenant == Some(preemptor_tenant) && job.priority > victim.priority)
             })
+            .map(|((victim, _), _)| victim)
             .collect();
+        // Who holds what on the nodes the gang could use takes a walk over
+        // their GPUs: only worth it when someone may be preempted at all,
+        // which on a cluster where every tenant is within its share is
+        // nobody.
+        if candidates.is_empty() {
+            return false;
+        }
+        let holdings = self.gpus_held_on_useful_nodes(request);
+        candidates.retain(|victim| holdings.contains_key(&victim.id));
         candidates.sort_by_key(|victim| {
             (
                 victim.gpus,
