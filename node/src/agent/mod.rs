@@ -382,10 +382,7 @@ impl Agent {
         };
         spawn_workers(&node, gossip, gossip_events, cgroups, rank_ca_file.clone());
         workers::spawn(
-            workers::ca_custody::CaCustody {
-                ledger: node.ledger().clone(),
-                data_dir: data_dir.clone(),
-            },
+            workers::ca_custody::CaCustody::new(node.ledger().clone(), data_dir.clone()),
             node.shutdown_signal(),
         );
         workers::spawn(
