@@ -1098,6 +1098,18 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
             Err(e) => tracing::error!(error = %e, "could not leave the cluster cleanly"),
         }
     }
+    if agent.node().ledger().is_leader() {
+        let lease = std::time::Duration::from_millis(cfg.raft.election_timeout_max_ms);
+        let started = std::time::Instant::now();
+        match crate::node::handover::hand_over(agent.node().ledger(), lease).await {
+            Ok(leader) => tracing::info!(
+                leader,
+                ms = started.elapsed().as_millis() as u64,
+                "handed the leadership over"
+            ),
+            Err(e) => tracing::warn!(error = %e, "stopping without handing the leadership over"),
+        }
+    }
     agent.shutdown().await;
     Ok(())
 }

@@ -69,6 +69,10 @@ struct Shared {
     metrics: Arc<Metrics>,
     request_timeout: Duration,
     leader_service: OnceLock<Weak<dyn LeaderService>>,
+    /// This node is handing its leadership over: it proposes nothing more
+    /// (an append would renew the voters' leader lease and keep the
+    /// successor from being elected).
+    stepping_down: std::sync::atomic::AtomicBool,
     /// Test only: judges the requests forwarded to the leader, so that a
     /// node cut off by a fault filter cannot reach the leader this way
     /// either (see [`crate::rpc::faults`]).
@@ -96,6 +100,7 @@ impl LedgerClient {
                 metrics,
                 request_timeout,
                 leader_service: OnceLock::new(),
+                stepping_down: std::sync::atomic::AtomicBool::new(false),
                 faults,
             }),
         }
@@ -358,12 +363,34 @@ impl LedgerClient {
     /// Proposes on this node, which must be the leader. The leader stamps the
     /// time (DESIGN invariant 7); concurrent writes share one log entry.
     pub async fn write_local(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
+        if self.is_stepping_down() {
+            return Err(WireError::new(
+                ErrorCode::NotLeader,
+                format!(
+                    "node {} is stopping and hands its leadership over; retry",
+                    self.shared.me
+                ),
+            ));
+        }
         let started = Instant::now();
         let out = self.shared.batcher.propose(cmd).await;
         if out.is_ok() {
             self.shared.metrics.observe_proposal(started.elapsed());
         }
         out
+    }
+
+    /// From now on this node proposes nothing (see [`crate::node::handover`]).
+    pub fn stop_proposing(&self) {
+        self.shared
+            .stepping_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_stepping_down(&self) -> bool {
+        self.shared
+            .stepping_down
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Confirms with a quorum that this node still leads, so a read of its

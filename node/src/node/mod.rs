@@ -18,6 +18,7 @@ pub mod credentials;
 pub mod federation;
 pub mod gpu;
 pub mod gpu_relay;
+pub mod handover;
 pub mod identity;
 pub mod metrics;
 pub mod peers;

@@ -110,9 +110,31 @@ impl NodeService {
             Request::GpuTelemetry => Ok(Response::GpuTelemetry(crate::node::gpu_relay::own_gpus(
                 &self.gpus.latest(),
             ))),
+            Request::ElectNow => self.elect_now(member).await,
             other => self.serve_as_leader(other).await,
         };
         result.unwrap_or_else(Response::Error)
+    }
+
+    /// A stopping leader hands its leadership over: this voter stands for
+    /// election at once instead of after its own timeout. Only the leader
+    /// this node follows may ask (a member's certificate says who it is,
+    /// not that it leads); the election itself is judged by the voters as
+    /// any other.
+    async fn elect_now(&self, member: NodeId) -> Result<Response, WireError> {
+        if self.ledger.current_leader() != Some(member) {
+            let why = format!("member {member} asked for an election but is not the leader here");
+            self.audit(format!("refused a request: {why}"));
+            return Err(WireError::new(ErrorCode::Forbidden, why));
+        }
+        self.ledger.raft().trigger().elect().await.map_err(|e| {
+            WireError::new(ErrorCode::Unavailable, format!("raft has stopped: {e}"))
+        })?;
+        tracing::info!(
+            from = member,
+            "standing for election: the leader is stopping"
+        );
+        Ok(Response::Holds(true))
     }
 
     /// A Raft message speaks for the node in its vote (the candidate, or the
@@ -308,6 +330,10 @@ impl NodeService {
             Request::GpuTelemetry => Err(WireError::new(
                 ErrorCode::Invalid,
                 "GPU samples are served by the node asked, not routed",
+            )),
+            Request::ElectNow => Err(WireError::new(
+                ErrorCode::Invalid,
+                "an election request is served by the node asked, not routed",
             )),
             Request::Raft(_) | Request::Chunk(_) => Err(WireError::new(
                 ErrorCode::Invalid,

@@ -59,6 +59,9 @@ pub enum Request {
     /// The receiving node's own GPUs' latest samples, for the dashboard's
     /// telemetry relay (served by the node asked, to any member).
     GpuTelemetry,
+    /// A leader that is stopping asks a voter to stand for election at
+    /// once (served by the node asked, only for the current leader).
+    ElectNow,
 }
 
 /// A user's API token on its way to the leader. Only its holder and the
