@@ -1055,6 +1055,7 @@ fn launch(
         .try_clone()
         .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
     mark_launched(&jobs_dir, key)?;
+    discard_uncommitted_steps(&ckpt_dir, a.restore.as_ref().map_or(0, |c| c.step));
     let mut fences = rank_cgroup(host, key, &a.spec, &a.gpus)?;
     fences.lease = lease;
     let cgroup = fences.cgroup.clone();
@@ -1432,6 +1433,38 @@ fn gang_env(
     env
 }
 
+/// Removes the steps above `restored` that an earlier epoch of the job
+/// left in this node's `ckpt/`: none was committed (the restore is the
+/// latest committed step), and the new rank would otherwise report one as
+/// its own part at once — possibly another rank's files, if this node ran
+/// another rank of the job before (chaos seed 24: a committed step whose
+/// rank-1 part held only rank 0's file).
+fn discard_uncommitted_steps(ckpt_dir: &Path, restored: u64) {
+    let Ok(entries) = std::fs::read_dir(ckpt_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let stale = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u64>().ok())
+            .is_some_and(|step| step > restored);
+        if !stale {
+            continue;
+        }
+        // remove_dir_all does not follow links the job may have planted.
+        let path = entry.path();
+        let removed = match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path),
+            Ok(_) => std::fs::remove_file(&path),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = removed {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove an uncommitted checkpoint step");
+        }
+    }
+}
+
 /// The highest step `N` with `<ckpt_dir>/N/.done`.
 pub fn latest_done_step(ckpt_dir: &Path) -> Option<u64> {
     std::fs::read_dir(ckpt_dir)
@@ -1510,7 +1543,37 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::visible_devices;
+    use super::{discard_uncommitted_steps, latest_done_step, visible_devices};
+
+    #[test]
+    fn a_new_epoch_discards_the_steps_no_epoch_committed() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let ckpt = root.path().join("ckpt");
+        let outside = root.path().join("outside");
+        std::fs::create_dir_all(&outside).expect("outside");
+        std::fs::write(outside.join("keep"), b"x").expect("keep");
+        for step in 1..=4 {
+            let d = ckpt.join(step.to_string());
+            std::fs::create_dir_all(&d).expect("step");
+            std::fs::write(d.join(".done"), b"").expect("done");
+        }
+        std::fs::write(ckpt.join("5"), b"not a dir").expect("file");
+        std::fs::create_dir_all(ckpt.join("notes")).expect("notes");
+        std::os::unix::fs::symlink(&outside, ckpt.join("6")).expect("link");
+        discard_uncommitted_steps(&ckpt, 2);
+        let mut left: Vec<String> = std::fs::read_dir(&ckpt)
+            .expect("ckpt")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["1", "2", "notes"]);
+        assert!(
+            outside.join("keep").exists(),
+            "a link's target is left alone"
+        );
+        assert_eq!(latest_done_step(&ckpt), Some(2));
+    }
 
     fn gpu(index: u32, uuid: &str) -> shoal_sdk::GpuInfo {
         shoal_sdk::GpuInfo {
