@@ -477,3 +477,77 @@ async fn a_rank_opens_only_its_own_gpus_device_nodes() {
         admin.cancel_job(job).await.expect("cancel");
     }
 }
+
+/// A frozen agent (SIGSTOP) renews no lease: each rank's guard, a program
+/// of its own that needs nothing of the agent, kills the rank once the
+/// lease lapses, as self-fencing would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_agents_rank_is_killed_by_its_guard_when_the_lease_lapses() {
+    let _mount = root_with_cgroup2();
+    let _serial = common::one_at_a_time();
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut node = NodeProc::new(root.path(), "n1", &[]);
+    node.bootstrap();
+    let token = node.admin_token();
+    let admin = node.client(&token);
+    let marker = format!("shoal-frozen-{}", std::process::id());
+    let script = format!("sleep 1000; echo {marker}");
+    admin
+        .submit_job(&JobSubmitRequest::shell(1, 1, &script))
+        .await
+        .expect("submit");
+    let rank = wait_for("the rank to run", TIMEOUT, || {
+        let marker = marker.clone();
+        async move { processes_with(&marker).first().copied() }
+    })
+    .await;
+    let agent = node.pid().expect("agent") as libc::pid_t;
+    // Its guard: `shoal __lease-guard RANK`, a child of the agent.
+    let guard = wait_for("the rank's guard to run", TIMEOUT, || async move {
+        processes_with("__lease-guard").into_iter().find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.get(2) == Some(&rank.to_string().as_bytes())
+        })
+    })
+    .await;
+    let stat = std::fs::read_to_string(format!("/proc/{guard}/stat")).unwrap_or_default();
+    let parent = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse::<libc::pid_t>().ok());
+    assert_eq!(
+        parent,
+        Some(agent),
+        "the guard is not the agent's child: {stat}"
+    );
+
+    // A live agent renews the lease: its guard leaves the rank alone.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        processes_with(&marker),
+        [rank],
+        "the rank died while its agent ran:\n{}",
+        node.log()
+    );
+
+    // SAFETY: signals to the agent this test started.
+    unsafe { libc::kill(agent, libc::SIGSTOP) };
+    let frozen = std::time::Instant::now();
+    let gone = wait_for("the frozen agent's rank to be killed", TIMEOUT, || {
+        let marker = marker.clone();
+        async move { processes_with(&marker).is_empty().then_some(()) }
+    })
+    .await;
+    let took = frozen.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(agent, libc::SIGCONT) };
+    let () = gone;
+    eprintln!("the frozen agent's rank was killed after {took:?}");
+    // The lease runs SELF_FENCE_MS (2.5 s) past the last ReadIndex read.
+    assert!(
+        took > Duration::from_millis(1500) && took < Duration::from_secs(15),
+        "the rank was killed {took:?} after its agent froze"
+    );
+}

@@ -456,6 +456,10 @@ struct AgentArgs {
 /// printed as one `error:` line; usage errors exit 2, others 1.
 pub fn main() -> i32 {
     let mut argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(crate::executor::LEASE_GUARD_COMMAND) {
+        // A rank's lease guard, exec'd by the agent: nothing else to set up.
+        return crate::executor::run_lease_guard(&argv[2..]);
+    }
     let program = argv
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())

@@ -613,13 +613,19 @@ impl RankCgroup {
 
     /// `cgroup.procs`, opened for the rank to write "0" to between fork
     /// and exec (which moves the writer); close-on-exec.
-    pub fn open_procs(&self) -> Result<OwnedFd, CgroupError> {
+    pub fn open_procs(&self) -> io::Result<OwnedFd> {
         let path = self.dir.join("cgroup.procs");
         std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
             .map(OwnedFd::from)
-            .map_err(io_err("open", &path))
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))
+    }
+
+    /// The cgroup's directory, opened for `clone3` to start the rank inside
+    /// (`CLONE_INTO_CGROUP`); close-on-exec.
+    pub fn open_dir(&self) -> io::Result<OwnedFd> {
+        std::fs::File::open(&self.dir).map(OwnedFd::from)
     }
 
     /// `cgroup.kill`, opened for a rank's lease guard to write to later

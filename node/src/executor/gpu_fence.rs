@@ -23,10 +23,11 @@
 //! ([`run`]) checks in tests that the assembled program decides exactly
 //! like the policy.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// The character-device major of `/dev/nvidia*` (the driver's
 /// `NV_MAJOR_DEVICE_NUMBER`).
@@ -179,6 +180,10 @@ const BPF_PROG_ATTACH: libc::c_long = 8;
 const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
 const BPF_CGROUP_DEVICE: u32 = 6;
 const BPF_F_ALLOW_MULTI: u32 = 2;
+/// Loads tried while the verifier is interrupted (EAGAIN), as libbpf does.
+const LOAD_ATTEMPTS: u32 = 5;
+/// Loaded fences kept for reuse ([`loaded`]).
+const LOADED_MAX: usize = 256;
 
 /// The `BPF_PROG_LOAD` part of `union bpf_attr`, up to the field used.
 #[repr(C)]
@@ -258,7 +263,18 @@ fn load(prog: &[Insn]) -> io::Result<OwnedFd> {
         }
         a
     };
-    let fd = match bpf(BPF_PROG_LOAD, &mut attr(None)) {
+    // The kernel answers EAGAIN when a signal interrupts the verifier (the
+    // agent's runtime signals its threads); libbpf retries too.
+    let mut attempts = 0;
+    let first = loop {
+        match bpf(BPF_PROG_LOAD, &mut attr(None)) {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && attempts < LOAD_ATTEMPTS => {
+                attempts += 1;
+            }
+            other => break other,
+        }
+    };
+    let fd = match first {
         Ok(fd) => fd,
         Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EACCES)) => {
             let mut log = vec![0u8; 16 * 1024];
@@ -281,10 +297,30 @@ fn load(prog: &[Insn]) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Loads the fence allowing `allowed`, or hands out the one loaded for the
+/// same GPUs before: the verifier's pass is most of a fence's cost, and a
+/// program may be attached to any number of cgroups.
+fn loaded(allowed: &BTreeSet<u32>) -> io::Result<Arc<OwnedFd>> {
+    static LOADED: Mutex<BTreeMap<BTreeSet<u32>, Arc<OwnedFd>>> = Mutex::new(BTreeMap::new());
+    let cached = |map: &BTreeMap<BTreeSet<u32>, Arc<OwnedFd>>| map.get(allowed).cloned();
+    if let Some(prog) = LOADED.lock().ok().and_then(|map| cached(&map)) {
+        return Ok(prog);
+    }
+    let prog = Arc::new(load(&program(allowed))?);
+    if let Ok(mut map) = LOADED.lock() {
+        // Bounded: the subsets of a node's GPUs that ranks were given.
+        if map.len() >= LOADED_MAX {
+            map.clear();
+        }
+        map.insert(allowed.clone(), prog.clone());
+    }
+    Ok(prog)
+}
+
 /// Attaches the fence allowing the GPU minors `allowed` to the cgroup
 /// `dir`, before any process is in it.
 pub fn attach(dir: &Path, allowed: &BTreeSet<u32>) -> io::Result<()> {
-    let prog = load(&program(allowed))?;
+    let prog = loaded(allowed)?;
     let cgroup = std::fs::File::open(dir)?;
     let mut attr = ProgAttachAttr {
         target_fd: cgroup.as_raw_fd() as u32,

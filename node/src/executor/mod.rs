@@ -35,9 +35,11 @@ pub mod freshness;
 pub mod gpu_fence;
 mod lease;
 mod plan;
+mod spawn;
 pub mod tasks;
 
 pub use fence::{FenceGuard, RankFence, RankGroups};
+pub use lease::{run_guard as run_lease_guard, GUARD_COMMAND as LEASE_GUARD_COMMAND};
 
 use crate::node::metrics::Metrics;
 use crate::node::peers::SharedPeerView;
@@ -56,7 +58,6 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::process::Child;
 
 const TICK: Duration = Duration::from_millis(100);
 /// Base of the rendezvous port handed to rank 0 (torchrun's default is 29500).
@@ -76,7 +77,10 @@ struct RankKey {
 }
 
 struct RunningRank {
-    child: Child,
+    child: spawn::Process,
+    /// Its lease guard, when it is a program of its own (the agent's
+    /// child, reaped after the rank).
+    guard: Option<spawn::Process>,
     term_sent: Option<Instant>,
     last_usr1: Instant,
     /// Sent the job's `--signal` already.
@@ -214,13 +218,27 @@ pub struct Executor {
     /// The lease every rank's guard watches ([`lease`]); `None` only if the
     /// kernel refused the shared page, which is logged.
     lease: Option<Arc<lease::FenceLease>>,
+    /// The program that runs a rank's lease guard (this agent's `shoal`);
+    /// `None`: the guard is forked from the agent ([`lease`]).
+    guard_program: Option<PathBuf>,
+    /// Guards of exited ranks, reaped once they notice.
+    exited_guards: Vec<spawn::Process>,
     /// When this node's ledger was last known to be current.
     freshness: LedgerFreshness,
 }
 
 impl Executor {
     pub fn new(host: RankHost) -> Self {
+        let guard_program = lease::guard_program(&host.task_launcher);
+        if guard_program.is_none() {
+            tracing::info!(
+                launcher = %host.task_launcher.display(),
+                "the launcher cannot run lease guards; each rank's guard is forked from the agent"
+            );
+        }
         Executor {
+            guard_program,
+            exited_guards: Vec::new(),
             host,
             ranks: BTreeMap::new(),
             exited: BTreeMap::new(),
@@ -433,7 +451,11 @@ impl Worker for Executor {
                         }
                         continue;
                     }
-                    match prepare_and_launch(host, &key, a, self.lease.clone()).await {
+                    let guarding = self.lease.clone().map(|lease| lease::Guarding {
+                        lease,
+                        program: self.guard_program.clone(),
+                    });
+                    match prepare_and_launch(host, &key, a, guarding).await {
                         Ok(rank) => {
                             if let Some(fence) = rank.fence() {
                                 self.groups.lock().insert(key.clone(), fence);
@@ -509,7 +531,9 @@ impl Worker for Executor {
                 report_stall(host, key, silent);
             }
         }
-        // Reap.
+        // Reap: ranks, and the guards of ranks gone, once they have noticed.
+        self.exited_guards
+            .retain_mut(|guard| matches!(guard.try_wait(), Ok(None)));
         let mut done = Vec::new();
         {
             // Reaped and forgotten together: see `RankGroups`.
@@ -527,6 +551,8 @@ impl Worker for Executor {
             let Some(mut rank) = ranks.remove(&key) else {
                 continue;
             };
+            // It watches the group until the last of it is gone.
+            self.exited_guards.extend(rank.guard.take());
             // Whatever the main process left behind dies with it, before the
             // exit (and so its GPUs) is reported.
             let usage = match rank.cgroup.take() {
@@ -784,7 +810,7 @@ async fn prepare_and_launch(
     host: &RankHost,
     key: &RankKey,
     a: &Assignment,
-    lease: Option<Arc<lease::FenceLease>>,
+    lease: Option<lease::Guarding>,
 ) -> Result<RunningRank, String> {
     let account = host.users.resolve(&a.spec.tenant)?;
     let dir = job_dir(&host.jobs_dir, key.job);
@@ -1035,13 +1061,30 @@ async fn report_gpu_faults(host: &RankHost, gpus: &[u32]) {
     }
 }
 
+/// How long each step of a launch took, logged at debug level
+/// (`RUST_LOG=shoal_node::executor=debug`) for the launch profile.
+#[derive(Default, Debug)]
+struct LaunchTimes {
+    /// The launch marker's fsync, on a thread of its own meanwhile.
+    marker: Duration,
+    /// The cgroup, its limits and its GPU fence.
+    cgroup: Duration,
+    /// From clone to the job's exec.
+    spawn: Duration,
+    /// Starting the lease guard.
+    guard: Duration,
+    total: Duration,
+}
+
 fn launch(
     host: &RankHost,
     key: &RankKey,
     a: &Assignment,
     account: &account::Account,
-    lease: Option<Arc<lease::FenceLease>>,
+    lease: Option<lease::Guarding>,
 ) -> Result<RunningRank, String> {
+    let started = Instant::now();
+    let mut times = LaunchTimes::default();
     let jobs_dir = host.jobs_dir.clone();
     let dir = job_dir(&jobs_dir, key.job);
     let ckpt_dir = dir.join("ckpt");
@@ -1054,9 +1097,48 @@ fn launch(
     let err = out
         .try_clone()
         .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
-    mark_launched(&jobs_dir, key)?;
     discard_uncommitted_steps(&ckpt_dir, a.restore.as_ref().map_or(0, |c| c.step));
-    let mut fences = rank_cgroup(host, key, &a.spec, &a.gpus)?;
+    // The marker's fsync and the cgroup (with its BPF fence) are
+    // independent: both at once, and both done before the rank starts.
+    let (marked, fences) = std::thread::scope(|scope| {
+        let marker = std::thread::Builder::new()
+            .name("launch-marker".into())
+            .spawn_scoped(scope, || {
+                let t = Instant::now();
+                mark_launched(&jobs_dir, key).map(|()| t.elapsed())
+            });
+        let t = Instant::now();
+        let fences = rank_cgroup(host, key, &a.spec, &a.gpus);
+        times.cgroup = t.elapsed();
+        let marked = match marker {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|_| Err("the launch marker's thread panicked".to_string())),
+            // No thread to spare: here, then.
+            Err(_) => {
+                let t = Instant::now();
+                mark_launched(&jobs_dir, key).map(|()| t.elapsed())
+            }
+        };
+        (marked, fences)
+    });
+    let mut fences = match (marked, fences) {
+        (Ok(took), Ok(fences)) => {
+            times.marker = took;
+            fences
+        }
+        (Err(e), fences) => {
+            if let Ok(Fences {
+                cgroup: Some(cg), ..
+            }) = fences
+            {
+                // Nothing ran in it.
+                let _ = std::fs::remove_dir(cg.dir());
+            }
+            return Err(e);
+        }
+        (Ok(_), Err(e)) => return Err(e),
+    };
     fences.lease = lease;
     let cgroup = fences.cgroup.clone();
     {
@@ -1088,13 +1170,34 @@ fn launch(
     } else {
         &a.spec.command[..]
     };
-    let launched = spawn(host, key, a, argv, (out, err), account, ckpt_dir, fences);
+    let launched = spawn(
+        host,
+        key,
+        a,
+        argv,
+        (out, err),
+        account,
+        ckpt_dir,
+        fences,
+        &mut times,
+    );
     if launched.is_err() {
         if let Some(cg) = cgroup {
             // Nothing ran in it.
             let _ = std::fs::remove_dir(cg.dir());
         }
     }
+    times.total = started.elapsed();
+    tracing::debug!(
+        job = key.job,
+        rank = key.rank,
+        marker_us = times.marker.as_micros() as u64,
+        cgroup_us = times.cgroup.as_micros() as u64,
+        spawn_us = times.spawn.as_micros() as u64,
+        guard_us = times.guard.as_micros() as u64,
+        total_us = times.total.as_micros() as u64,
+        "launch steps"
+    );
     launched
 }
 
@@ -1102,7 +1205,7 @@ fn launch(
 struct Fences {
     cgroup: Option<Arc<cgroup::RankCgroup>>,
     unenforced: Vec<String>,
-    lease: Option<Arc<lease::FenceLease>>,
+    lease: Option<lease::Guarding>,
     /// Only the rank's GPUs' device nodes open ([`gpu_fence`]).
     gpus_fenced: bool,
 }
@@ -1182,6 +1285,14 @@ fn base_env(account: &account::Account) -> Vec<(String, String)> {
     ]
 }
 
+/// The rank's environment: later entries win, as with `Command::envs`.
+fn rank_env(entries: impl IntoIterator<Item = (String, String)>) -> BTreeMap<String, String> {
+    entries.into_iter().collect()
+}
+
+/// Starts the rank ([`spawn`](mod@spawn): no copy of the agent's memory),
+/// inside its cgroup from its first instruction, as its tenant's user,
+/// leading its own session; then its lease guard.
 #[allow(clippy::too_many_arguments)]
 fn spawn(
     host: &RankHost,
@@ -1192,84 +1303,91 @@ fn spawn(
     account: &account::Account,
     ckpt_dir: PathBuf,
     fences: Fences,
+    times: &mut LaunchTimes,
 ) -> Result<RunningRank, String> {
     use std::os::fd::AsRawFd;
-    let (program, args) = argv
+    use std::os::unix::ffi::OsStrExt;
+    let (program, _) = argv
         .split_first()
         .ok_or_else(|| "the job has no command".to_string())?;
-    // Opened here, written by the child: allocation-free between fork and exec.
-    let procs = fences
-        .cgroup
-        .as_ref()
-        .map(|cg| cg.open_procs())
-        .transpose()
-        .map_err(|e| format!("cannot enter the rank's cgroup: {e}"))?;
-    let procs_fd = procs.as_ref().map(|fd| fd.as_raw_fd());
+    let cannot = |e: std::io::Error| format!("cannot run '{program}': {e}");
+    // The cgroup's directory, for clone3 to start the rank inside, and its
+    // cgroup.procs for kernels without that (the child writes "0").
+    let cgroup_fds = match &fences.cgroup {
+        Some(cg) => Some(
+            cg.open_dir()
+                .and_then(|dir| Ok((dir, cg.open_procs()?)))
+                .map_err(|e| format!("cannot enter the rank's cgroup: {e}"))?,
+        ),
+        None => None,
+    };
     // SAFETY: geteuid has no preconditions.
     let switch = (account.uid != unsafe { libc::geteuid() }).then_some((account.uid, account.gid));
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args)
-        .env_clear()
-        .envs(base_env(account))
-        .envs(gang_env(host, key, a, &ckpt_dir, fences.gpus_fenced))
-        .envs(&a.spec.env)
-        .stdin(std::process::Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true);
-    match &a.spec.workdir {
-        Some(dir) => {
-            cmd.current_dir(dir);
-        }
+    let env = rank_env(
+        base_env(account)
+            .into_iter()
+            .chain(gang_env(host, key, a, &ckpt_dir, fences.gpus_fenced))
+            .chain(a.spec.env.iter().map(|(k, v)| (k.clone(), v.clone()))),
+    );
+    let cwd = match &a.spec.workdir {
+        Some(dir) => Some(PathBuf::from(dir)),
         // Another user cannot be left in the agent's working directory.
-        None if switch.is_some() => {
-            cmd.current_dir(job_dir(&host.jobs_dir, key.job).join("work"));
-        }
-        None => {}
-    }
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Into the rank's cgroup first, before anything else can run
-            // and while still privileged: "0" moves the writing process, and
-            // everything the rank starts is born inside.
-            if let Some(fd) = procs_fd {
-                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            // Own session and process group, so signals reach the rank's
-            // children too and it has no terminal of the agent's.
-            libc::setsid();
-            if let Some((uid, gid)) = switch {
-                // Groups first: once the uid changes it may not.
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            // After the switch: a change of credentials clears it.
-            // Die with the agent: the ledger is the only record of what runs.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            // No setuid binary can give the rank more than it has.
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot run '{program}': {e}"))?;
-    drop(procs);
-    if let (Some(lease), Some(pid)) = (&fences.lease, child.id()) {
+        None if switch.is_some() => Some(job_dir(&host.jobs_dir, key.job).join("work")),
+        None => None,
+    };
+    let null =
+        std::fs::File::open("/dev/null").map_err(|e| format!("cannot open /dev/null: {e}"))?;
+    let nul = |e: std::ffi::NulError| format!("cannot run '{program}': {e}");
+    let plan = spawn::Spawn {
+        candidates: spawn::candidates(program, env.get("PATH").map(String::as_str))
+            .map_err(cannot)?,
+        argv: argv
+            .iter()
+            .map(|arg| std::ffi::CString::new(arg.as_str()).map_err(nul))
+            .collect::<Result<_, _>>()?,
+        envp: spawn::environment(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(cannot)?,
+        fds: vec![
+            (null.as_raw_fd(), 0),
+            (out.as_raw_fd(), 1),
+            (err.as_raw_fd(), 2),
+        ],
+        cwd: cwd
+            .map(|d| std::ffi::CString::new(d.as_os_str().as_bytes()).map_err(nul))
+            .transpose()?,
+        cgroup: cgroup_fds
+            .as_ref()
+            .map(|(dir, procs)| (dir.as_raw_fd(), procs.as_raw_fd())),
+        credentials: switch,
+        new_session: true,
+        // Die with the agent: the ledger is the only record of what runs.
+        parent_death_signal: Some(libc::SIGKILL),
+        no_new_privs: true,
+    };
+    let t = Instant::now();
+    let child = plan.start().map_err(cannot)?;
+    times.spawn = t.elapsed();
+    drop(cgroup_fds);
+    let t = Instant::now();
+    let mut guard = None;
+    if let (Some(guarding), Some(pid)) = (&fences.lease, child.id()) {
         let kill = fences.cgroup.as_ref().and_then(|cg| cg.open_kill());
-        if let Err(e) = lease.guard(pid as libc::pid_t, kill) {
-            tracing::error!(job = key.job, rank = key.rank, error = %e, "cannot start the rank's lease guard");
+        let group = pid as libc::pid_t;
+        let started = match &guarding.program {
+            Some(program) => guarding
+                .lease
+                .spawn_guard(program, group, kill.as_ref())
+                .map(Some),
+            None => guarding.lease.fork_guard(group, kill).map(|()| None),
+        };
+        match started {
+            Ok(g) => guard = g,
+            Err(e) => {
+                tracing::error!(job = key.job, rank = key.rank, error = %e, "cannot start the rank's lease guard");
+            }
         }
     }
+    times.guard = t.elapsed();
     tracing::info!(
         job = key.job,
         epoch = key.epoch,
@@ -1283,6 +1401,7 @@ fn spawn(
     );
     Ok(RunningRank {
         child,
+        guard,
         term_sent: None,
         last_usr1: Instant::now(),
         warned: false,
@@ -1486,7 +1605,7 @@ pub fn latest_done_step(ckpt_dir: &Path) -> Option<u64> {
         .max()
 }
 
-fn signal(child: &Child, sig: libc::c_int) {
+fn signal(child: &spawn::Process, sig: libc::c_int) {
     if let Some(pid) = child.id() {
         if let Ok(pid) = libc::pid_t::try_from(pid) {
             // The rank leads its own process group (setsid), so -pid reaches
