@@ -380,7 +380,8 @@ impl LedgerClient {
         out
     }
 
-    /// From now on this node proposes nothing (see [`crate::node::handover`]).
+    /// From now on this node proposes nothing: it is handing its leadership
+    /// over on a graceful stop.
     pub fn stop_proposing(&self) {
         self.shared
             .stepping_down
