@@ -517,3 +517,30 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Only the leader may ask a voter to stand for election at once (its
+/// graceful hand-over): a follower's certificate asking is refused, and
+/// leadership stays where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_may_ask_a_voter_to_stand() {
+    let _serial = common::one_at_a_time();
+    let c = LocalCluster::start(3, |_, _| {}).await.expect("cluster");
+    c.wait_all_alive(TIMEOUT).await.expect("alive");
+    let leader = agreed_leader(&c).await;
+    let leader_id = leader.id();
+    let followers: Vec<_> = c.agents.iter().filter(|a| a.id() != leader_id).collect();
+    let rogue = impersonate(&c, followers[0].id(), followers[0].name());
+    let answer = call(&rogue, followers[1].rpc_addr(), &Request::ElectNow).await;
+    assert!(
+        matches!(&answer, Response::Error(e) if e.code == ErrorCode::Forbidden),
+        "a follower's ElectNow was served: {answer:?}"
+    );
+    let term = leader.node().ledger().raft_metrics().borrow().current_term;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let metrics = followers[1].node().ledger().raft_metrics().borrow().clone();
+    assert_eq!(
+        (metrics.current_leader, metrics.current_term),
+        (Some(leader_id), term),
+        "leadership moved after a refused ElectNow"
+    );
+}
