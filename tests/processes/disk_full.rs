@@ -8,87 +8,30 @@
 #![allow(clippy::await_holding_lock)]
 
 use crate::common::{self, form_cluster, wait_converged, wait_for, NodeProc};
-use std::ffi::CString;
-use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use shoal_node::bench::chaos::disks::Disks;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
-
-/// A tmpfs mounted for the test, unmounted when dropped.
-struct SmallDisk(std::path::PathBuf);
-
-impl SmallDisk {
-    fn mount(dir: &Path, bytes: u64) -> SmallDisk {
-        std::fs::create_dir_all(dir).expect("disk dir");
-        let c = |s: &[u8]| CString::new(s).expect("no NUL");
-        let (target, fstype, data) = (
-            c(dir.as_os_str().as_bytes()),
-            c(b"tmpfs"),
-            c(format!("size={bytes}").as_bytes()),
-        );
-        // SAFETY: NUL-terminated strings that outlive the call.
-        let rc = unsafe {
-            libc::mount(
-                fstype.as_ptr(),
-                target.as_ptr(),
-                fstype.as_ptr(),
-                0,
-                data.as_ptr().cast(),
-            )
-        };
-        assert_eq!(
-            rc,
-            0,
-            "this test needs root to mount a tmpfs as the node's disk: {}",
-            std::io::Error::last_os_error()
-        );
-        SmallDisk(dir.to_path_buf())
-    }
-
-    /// Writes a ballast file until the file system has no room left.
-    fn fill(&self) {
-        let mut f = std::fs::File::create(self.0.join("ballast")).expect("ballast");
-        let block = vec![0u8; 1 << 20];
-        loop {
-            match f.write(&block) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-                Err(e) => panic!("cannot fill the disk: {e}"),
-            }
-        }
-    }
-
-    fn free(&self) {
-        std::fs::remove_file(self.0.join("ballast")).expect("remove the ballast");
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let target = CString::new(self.0.as_os_str().as_bytes()).expect("no NUL");
-        // SAFETY: a plain syscall on the path this test mounted.
-        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_disk_fills_exits_and_catches_up_once_it_has_room() {
     let _serial = common::one_at_a_time();
     let root = tempfile::tempdir().expect("tempdir");
-    let disk = SmallDisk::mount(&root.path().join("disk3"), 96 << 20);
+    // The chaos runs' per-node disks: a small tmpfs, filled by a ballast.
+    let disks = Disks::mount(root.path(), 1).unwrap_or_else(|e| panic!("{e}"));
+    let disk = disks.of(0).expect("one disk").to_path_buf();
     let mut nodes: Vec<NodeProc> = ["n1", "n2", "n3"]
         .iter()
         .map(|n| NodeProc::new(root.path(), n, &[]))
         .collect();
-    nodes[2].data_dir = disk.0.join("n3");
+    nodes[2].data_dir = disk.join("n3");
     let token = form_cluster(&mut nodes);
     wait_converged(&nodes, &token).await;
     let client = nodes[0].client(&token);
 
-    disk.fill();
+    disks
+        .fill(0)
+        .unwrap_or_else(|e| panic!("cannot fill the disk: {e}"));
     // Writes keep committing on the two nodes with room; n3's next log
     // append fails, and its agent exits.
     let value = "x".repeat(2048);
@@ -123,7 +66,7 @@ async fn a_node_whose_disk_fills_exits_and_catches_up_once_it_has_room() {
 
     // Room again: started as its supervisor would, n3 comes back from its
     // own data dir and catches up.
-    disk.free();
+    disks.free(0);
     nodes[2].restart();
     wait_converged(&nodes, &token).await;
     let n3 = nodes[2].client(&token);

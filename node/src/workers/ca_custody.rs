@@ -19,15 +19,9 @@ use std::time::{Duration, Instant};
 pub struct CaCustody {
     ledger: LedgerClient,
     data_dir: PathBuf,
-    /// The voter set and trusted CAs of the last full check, and when it
-    /// ran: a wakeup that changed neither is skipped.
-    checked: Option<(Instant, Checked)>,
-}
-
-#[derive(PartialEq)]
-struct Checked {
-    voters: std::collections::BTreeSet<NodeId>,
-    trusted: Vec<String>,
+    /// The voter set of the last full check, and when it ran: a wakeup
+    /// that changed no voter is skipped.
+    checked: Option<(Instant, std::collections::BTreeSet<NodeId>)>,
 }
 
 /// A full check at least this often, whatever changed.
@@ -203,20 +197,20 @@ impl Worker for CaCustody {
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {
-        let Some(wanted) = self.wanted() else {
-            return ControlFlow::Continue(());
-        };
+        // Most wakeups are entries that change no voter: skipped before
+        // the ledger's CA certificates are even read (a new CA is seen by
+        // the periodic check).
         let now = Instant::now();
-        let seen = Checked {
-            voters: self.ledger.voters(),
-            trusted: wanted.trusted.clone(),
-        };
+        let voters = self.ledger.voters();
         if let Some((at, last)) = &self.checked {
-            if *last == seen && now.duration_since(*at) < RECHECK {
+            if *last == voters && now.duration_since(*at) < RECHECK {
                 return ControlFlow::Continue(());
             }
         }
-        self.checked = Some((now, seen));
+        self.checked = Some((now, voters));
+        let Some(wanted) = self.wanted() else {
+            return ControlFlow::Continue(());
+        };
         self.drop_retired(&wanted.retired);
         let voter = self.ledger.voters().contains(&self.ledger.me());
         let missing: Vec<&String> = wanted
