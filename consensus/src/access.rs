@@ -138,6 +138,13 @@ fn describe(cmd: &Command) -> &'static str {
             "rotating the cluster CA"
         }
         Command::AsTenant { .. } | Command::Batch(_) => "nesting commands",
+        Command::AddPeerRegion { .. }
+        | Command::RemovePeerRegion { .. }
+        | Command::CheckpointCopied { .. }
+        | Command::RecordForeignCheckpoint { .. }
+        | Command::ForgetForeignJob { .. }
+        | Command::AdoptForeignJob { .. }
+        | Command::JobMoved { .. } => "federating regions",
         _ => "this operation",
     }
 }

@@ -320,6 +320,41 @@ pub enum Command {
     RemovePeerRegion {
         name: String,
     },
+    /// The leader sends (`step: None`: starts sending) a job's committed
+    /// step to `region`, which may take the job over from then on
+    /// ([`crate::federation::copies`]).
+    CheckpointCopied {
+        job: JobId,
+        step: Option<u64>,
+        region: String,
+    },
+    /// A peer region's job and a committed step of it, copied onto this
+    /// region's nodes.
+    RecordForeignCheckpoint {
+        origin: String,
+        origin_job: JobId,
+        spec: Box<crate::workload::JobSpec>,
+        checkpoint: Box<crate::workload::Checkpoint>,
+        origin_index: u64,
+    },
+    /// The copied job ended in its own region.
+    ForgetForeignJob {
+        origin: String,
+        origin_job: JobId,
+    },
+    /// The copied job's region is lost: the job runs here from its copy,
+    /// no earlier than `wait_ms` after this entry.
+    AdoptForeignJob {
+        origin: String,
+        origin_job: JobId,
+        wait_ms: u64,
+    },
+    /// `region` took `job` over as its `remote_job`: it ends here.
+    JobMoved {
+        job: JobId,
+        region: String,
+        remote_job: JobId,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -574,6 +609,42 @@ impl Ledger {
             Command::TouchApiToken { id } => answer(self.touch_api_token(id, now)),
             Command::AddPeerRegion { peer } => answer(self.add_peer_region(peer, now)),
             Command::RemovePeerRegion { name } => answer(self.remove_peer_region(name)),
+            Command::CheckpointCopied { job, step, region } => {
+                answer(self.checkpoint_copied(*job, *step, region))
+            }
+            Command::RecordForeignCheckpoint {
+                origin,
+                origin_job,
+                spec,
+                checkpoint,
+                origin_index,
+            } => answer(self.record_foreign_checkpoint(
+                origin,
+                *origin_job,
+                spec,
+                checkpoint,
+                *origin_index,
+                now,
+            )),
+            Command::ForgetForeignJob { origin, origin_job } => {
+                answer(self.forget_foreign_job(origin, *origin_job))
+            }
+            Command::AdoptForeignJob {
+                origin,
+                origin_job,
+                wait_ms,
+            } => {
+                match self.adopt_foreign_job(origin, *origin_job, now.saturating_add(*wait_ms), now)
+                {
+                    Ok(id) => LedgerResponse::JobId(id),
+                    Err(e) => LedgerResponse::Rejected(e),
+                }
+            }
+            Command::JobMoved {
+                job,
+                region,
+                remote_job,
+            } => answer(self.job_moved(*job, region, *remote_job, now)),
             Command::AsTenant { tenant, cmd } => {
                 if matches!(
                     **cmd,
@@ -774,7 +845,7 @@ impl Ledger {
             .min()
     }
 
-    fn insert_member(&mut self, id: NodeId, spec: MemberSpec, now: u64) {
+    pub(crate) fn insert_member(&mut self, id: NodeId, spec: MemberSpec, now: u64) {
         self.members.insert(
             id,
             Member {

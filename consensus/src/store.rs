@@ -55,10 +55,13 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// their tasks per node, dependencies and warning signal, jobs their hold,
 /// and the ledger its peer regions (federation); version 10 gave job specs
 /// their node choice (nodelist, exclude, exclusive) and a hold at submit,
-/// allocations their signals and master port, and the workload its users.
-pub const SNAPSHOT_VERSION: u8 = 10;
+/// allocations their signals and master port, and the workload its users;
+/// version 11 gave job specs their checkpoint copies (`--ckpt-replicas
+/// L+R`), checkpoints the regions holding them, and the federation state
+/// the copies sent and held.
+pub const SNAPSHOT_VERSION: u8 = 11;
 /// The oldest snapshot version this binary decodes.
-const OLDEST_DECODED_VERSION: u8 = 10;
+const OLDEST_DECODED_VERSION: u8 = 11;
 /// Decoding bound for snapshots and log entries.
 pub const MAX_DECODE: u64 = 1 << 30;
 

@@ -46,8 +46,17 @@ pub fn storage_node(m: &shoal_consensus::ledger::Member) -> NodeInfo {
     }
 }
 
-/// Peers for a part, spread over zones and racks, never this node.
-fn choose_targets(net: &ChunkNet, key: &str) -> Vec<NodeId> {
+/// Peers that receive a part of a job that asked for `peer_copies` (0: the
+/// default, [`REPLICAS`]).
+pub fn peer_copies(peer_copies: u32) -> usize {
+    match peer_copies {
+        0 => REPLICAS,
+        n => (n as usize).min(REPLICAS),
+    }
+}
+
+/// `count` peers for a part, spread over zones and racks, never this node.
+pub fn choose_targets(net: &ChunkNet, key: &str, count: usize) -> Vec<NodeId> {
     let Ok(data) = net.ledger().read() else {
         return Vec::new();
     };
@@ -57,7 +66,7 @@ fn choose_targets(net: &ChunkNet, key: &str) -> Vec<NodeId> {
         .filter(|m| m.id != net.ledger().me())
         .map(storage_node)
         .collect();
-    place_replicas(key.as_bytes(), &nodes, REPLICAS)
+    place_replicas(key.as_bytes(), &nodes, count)
 }
 
 /// What a replication push achieved.
@@ -108,8 +117,8 @@ pub fn push_chained(
     outcome
 }
 
-/// Stores and replicates one rank's part of a step; blocking. Returns the
-/// part to record in the ledger.
+/// Stores and replicates one rank's part of a step on `copies` peers;
+/// blocking. Returns the part to record in the ledger.
 pub fn replicate_part(
     net: &ChunkNet,
     handle: tokio::runtime::Handle,
@@ -117,16 +126,30 @@ pub fn replicate_part(
     rank: u32,
     step: u64,
     dir: &Path,
+    copies: usize,
 ) -> Result<CkptPart, String> {
     let (manifest, _) = build_manifest(dir, net.store())
         .map_err(|e| format!("cannot store checkpoint {}: {e}", dir.display()))?;
-    let targets = choose_targets(net, &format!("{job}/{step}/{rank}"));
+    let targets = choose_targets(net, &format!("{job}/{step}/{rank}"), copies);
+    replicate_manifest(net, handle, &manifest, &targets, step)
+}
+
+/// Pushes a stored manifest's chunks to `targets` and returns the part
+/// with its holders (this node and every target that took it all), once
+/// a write quorum holds it; blocking.
+pub fn replicate_manifest(
+    net: &ChunkNet,
+    handle: tokio::runtime::Handle,
+    manifest: &Manifest,
+    targets: &[NodeId],
+    step: u64,
+) -> Result<CkptPart, String> {
     let mut holders = vec![net.ledger().me()];
     // A one-node cluster has nobody to copy to; the local copy is all there is.
     if !targets.is_empty() {
         let quorum = WRITE_QUORUM.min(targets.len());
         let transport = net.transport(handle);
-        let pushed = push_chained(&manifest, net.store(), &targets, &transport, quorum);
+        let pushed = push_chained(manifest, net.store(), targets, &transport, quorum);
         if pushed.complete.len() < quorum {
             return Err(format!(
                 "checkpoint step {step} reached {} of {quorum} replicas: {:?}",

@@ -251,6 +251,19 @@ impl Client {
         .await
     }
 
+    /// `shoal federation failover REGION` (admin): takes over now the jobs
+    /// of REGION this region holds checkpoint copies of.
+    pub async fn federation_failover(
+        &self,
+        region: &str,
+    ) -> Result<crate::FailoverResponse, ClientError> {
+        self.post(
+            &format!("/v1/federation/regions/{region}/failover"),
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
     /// A joining region registers itself with this one (admin of this one).
     pub async fn federation_register(
         &self,

@@ -57,6 +57,31 @@ pub struct RegionSummary {
     /// API URLs of the region's alive members: where a peer sends
     /// forwarded commands next.
     pub api_urls: Vec<String>,
+    /// Jobs of other regions this region has taken over from its copies
+    /// of their checkpoints: their own region must stop them.
+    #[serde(default)]
+    pub adopted: Vec<AdoptedJob>,
+    /// This region's jobs that keep checkpoint copies in other regions and
+    /// have not ended: a copy of a job missing here is no longer needed.
+    #[serde(default)]
+    pub copied_live: Vec<u64>,
+}
+
+/// A job a region took over from another region (`--ckpt-replicas L+R`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct AdoptedJob {
+    /// The region the job came from, and its id there.
+    pub origin: String,
+    pub origin_job: u64,
+    /// Its id in the region that took it.
+    pub job: u64,
+}
+
+/// What `POST /v1/federation/copies/missing` asks and answers: chunk ids
+/// (hex) of a checkpoint copy, and those the receiving node lacks.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ChunkList {
+    pub chunks: Vec<String>,
 }
 
 impl RegionSummary {
@@ -206,4 +231,17 @@ mod tests {
         assert!("eu-1:x".parse::<RegionJobId>().is_err());
         assert!("".parse::<RegionJobId>().is_err());
     }
+}
+
+/// `POST /v1/federation/regions/{region}/failover`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct FailoverResponse {
+    pub region: String,
+    /// The jobs taken over, each with its new id here.
+    pub adopted: Vec<AdoptedJob>,
+    /// Jobs that could not be taken over, and why.
+    pub refused: Vec<String>,
+    /// They start no earlier than this long from now (the lost region's
+    /// lease on them, and a margin).
+    pub starts_after_ms: u64,
 }

@@ -411,6 +411,11 @@ pub struct JobSubmitRequest {
     /// Submitted held, until `scontrol release` (`sbatch -H/--hold`).
     #[serde(default)]
     pub hold: bool,
+    /// `--ckpt-replicas L[+R]`: each checkpoint part on L peers of the
+    /// job's region besides the writer (1-3, default 3), and each committed
+    /// step copied to R other regions (0-1, default 0).
+    #[serde(default)]
+    pub ckpt_replicas: Option<String>,
 }
 
 impl JobSubmitRequest {
@@ -447,6 +452,7 @@ impl JobSubmitRequest {
             exclude: None,
             exclusive: false,
             hold: false,
+            ckpt_replicas: None,
         }
     }
 }
@@ -724,6 +730,9 @@ pub struct CheckpointInfo {
     pub committed_at: Option<String>,
     pub epoch: u64,
     pub parts: Vec<CheckpointPartInfo>,
+    /// Other regions holding a copy of the step (`--ckpt-replicas L+R`).
+    #[serde(default)]
+    pub regions: Vec<String>,
 }
 
 /// One rank's part: its manifest (hex of the binary encoding) and holders.

@@ -148,6 +148,7 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
         exclude: None,
         exclusive: false,
         hold: false,
+        ckpt_replicas: None,
     };
     let id = clients[0].submit_job(&req).await.expect("submit").id;
     let first = wait_for("a committed checkpoint", TIMEOUT, || {

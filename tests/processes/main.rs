@@ -23,4 +23,5 @@ mod jobs;
 mod metrics;
 mod python_sdk;
 mod recovery;
+mod region_failover;
 mod upgrade;

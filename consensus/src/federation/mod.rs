@@ -12,6 +12,7 @@
 //!
 //! [`placement`] and [`shares`] are pure functions over region summaries.
 
+pub mod copies;
 pub mod placement;
 pub mod shares;
 
@@ -67,6 +68,11 @@ pub fn token_name(region: &str) -> String {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct FederationState {
     pub peers: BTreeMap<String, PeerRegion>,
+    /// Copies of this region's jobs' checkpoints in peer regions: the
+    /// newest step each region holds (0 while the first is on its way).
+    pub copies_out: BTreeMap<crate::workload::JobId, BTreeMap<String, u64>>,
+    /// Copies of peer regions' jobs held here, by region and job id there.
+    pub foreign: BTreeMap<String, BTreeMap<crate::workload::JobId, copies::ForeignJob>>,
 }
 
 impl FederationState {
@@ -187,6 +193,12 @@ impl Ledger {
         match self.federation.peers.remove(name) {
             Some(peer) => {
                 self.api_tokens.remove(&peer.inbound_token_hash);
+                // Neither side may take the other's jobs over any more.
+                self.federation.foreign.remove(name);
+                for copies in self.federation.copies_out.values_mut() {
+                    copies.remove(name);
+                }
+                self.federation.copies_out.retain(|_, c| !c.is_empty());
                 Ok(())
             }
             None => Err(format!("no peer region named '{name}'")),

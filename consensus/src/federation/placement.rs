@@ -181,6 +181,8 @@ mod tests {
             running_jobs: 0,
             centroid: None,
             api_urls: vec![],
+            adopted: vec![],
+            copied_live: vec![],
         }
     }
 

@@ -824,6 +824,7 @@ impl Workload {
                     ranks,
                     parts: BTreeMap::new(),
                     committed_at_ms: None,
+                    regions: Vec::new(),
                 });
                 catalog.sort_by_key(|c| c.step);
                 catalog.iter().position(|c| c.step == step).unwrap_or(0)
@@ -949,6 +950,34 @@ impl Workload {
                 }
             }
         }
+    }
+
+    /// The job was taken over by another region (it resumed there from a
+    /// copy of its checkpoint): it ends here at once, `cancelled` with
+    /// `reason`, and its GPUs are free; agents kill its ranks because
+    /// their epoch is no longer current.
+    pub(crate) fn moved_away(
+        &mut self,
+        id: JobId,
+        reason: String,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        let job = self.jobs.get(&id).ok_or_else(|| format!("no job {id}"))?;
+        if job.state.is_final() {
+            return Ok(());
+        }
+        self.release_allocation(id, now_ms);
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.state = JobState::Cancelled;
+            job.reason = reason;
+            job.ended_at_ms = Some(now_ms);
+            job.waiting_for.clear();
+            job.not_before_ms = None;
+        }
+        for other in self.jobs.values_mut() {
+            other.waiting_for.retain(|victim| *victim != id);
+        }
+        Ok(())
     }
 
     /// Every rank has exited (or the leader gave up on them): settle usage
@@ -1220,7 +1249,7 @@ pub(crate) fn decay_fair_usage(tenant: &mut Tenant, now_ms: u64) {
     }
 }
 
-fn validate_spec(spec: &JobSpec) -> Result<(), String> {
+pub(crate) fn validate_spec(spec: &JobSpec) -> Result<(), String> {
     if spec.nodes == 0 {
         return Err("a job needs at least one node (-N)".into());
     }
@@ -1268,6 +1297,20 @@ fn validate_spec(spec: &JobSpec) -> Result<(), String> {
     }
     if spec.env.keys().any(|k| k.is_empty() || k.contains('=')) {
         return Err("environment names must be non-empty and contain no '='".into());
+    }
+    if spec.ckpt_peer_copies > super::MAX_PEER_COPIES {
+        return Err(format!(
+            "--ckpt-replicas: at most {} copies in the job's region besides the writer's, not {}",
+            super::MAX_PEER_COPIES,
+            spec.ckpt_peer_copies
+        ));
+    }
+    if spec.ckpt_region_copies > super::MAX_REGION_COPIES {
+        return Err(format!(
+            "--ckpt-replicas: at most {} copy in another region, not {}",
+            super::MAX_REGION_COPIES,
+            spec.ckpt_region_copies
+        ));
     }
     Ok(())
 }

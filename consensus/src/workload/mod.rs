@@ -27,6 +27,7 @@
 //! `timeout`.
 
 mod apply;
+pub(crate) use apply::validate_spec;
 mod view;
 
 #[cfg(test)]
@@ -304,7 +305,19 @@ pub struct JobSpec {
     pub choice: NodeChoice,
     /// Submitted held (`sbatch -H/--hold`): it waits for `scontrol release`.
     pub submit_held: bool,
+    /// Peers of the job's region that receive each checkpoint part
+    /// (`--ckpt-replicas L+R`: L); 0 means the default of three.
+    pub ckpt_peer_copies: u32,
+    /// Copies of each committed step kept in another region
+    /// (`--ckpt-replicas L+R`: R, at most [`MAX_REGION_COPIES`]): the job
+    /// can then resume there when its own region is lost.
+    pub ckpt_region_copies: u32,
 }
+
+/// Most peers of its region a checkpoint part is copied to.
+pub const MAX_PEER_COPIES: u32 = 3;
+/// Most regions besides its own that hold a copy of a job's checkpoints.
+pub const MAX_REGION_COPIES: u32 = 1;
 
 /// `--signal [B:|R:]SIG[@SECS]`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -748,6 +761,8 @@ pub struct Checkpoint {
     pub ranks: u32,
     pub parts: BTreeMap<u32, CkptPart>,
     pub committed_at_ms: Option<u64>,
+    /// Other regions holding a copy of this step (`--ckpt-replicas L+R`).
+    pub regions: Vec<String>,
 }
 
 impl Checkpoint {

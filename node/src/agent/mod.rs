@@ -732,6 +732,14 @@ fn spawn_workers(
         node.shutdown_signal(),
     );
     workers::spawn(
+        crate::workers::regions::RegionCopies::new(node.clone()),
+        node.shutdown_signal(),
+    );
+    workers::spawn(
+        crate::workers::regions::RegionTakeover { node: node.clone() },
+        node.shutdown_signal(),
+    );
+    workers::spawn(
         Housekeeping::new(
             ledger.clone(),
             node.peers().clone(),
@@ -775,6 +783,8 @@ fn spawn_workers(
                 .clone()
                 .or_else(|| std::env::current_exe().ok())
                 .unwrap_or_else(|| PathBuf::from("shoal")),
+            regions: node.federation().leases().clone(),
+            region_lease: Duration::from_millis(cfg.federation.region_lease_ms),
         });
         workers::spawn(
             workers::job_files::JobFiles {

@@ -43,6 +43,9 @@ pub const FORWARDABLE: &[(&str, &str)] = &[
 const PEER_ONLY: &[(&str, &str)] = &[
     ("GET", "/v1/federation/summary"),
     ("POST", "/v1/federation/peers/leave"),
+    ("POST", "/v1/federation/copies/missing"),
+    ("PUT", "/v1/federation/copies/chunks/{id}"),
+    ("POST", "/v1/federation/copies"),
 ];
 
 /// Largest forwarded request body (a job submission).
@@ -197,6 +200,7 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
         path: &path,
         body: (!bytes.is_empty()).then(|| bytes.to_vec()),
         tenant: caller.as_ref().and_then(|c| c.tenant.as_deref()),
+        binary: false,
     };
     let target = fed::target(&app, &peer);
     match app
@@ -256,8 +260,14 @@ fn choose_region(app: &Node, job: &JobSubmitRequest) -> Result<String, String> {
     placement::choose_region(&gang, &candidates)
 }
 
-/// `GET /v1/federation/summary`: this region, for its peers.
+/// `GET /v1/federation/summary`: this region, for its peers. Served after
+/// a ReadIndex read: a peer renews its region lease from this answer, so
+/// it must show every takeover committed before it was asked
+/// ([`fed::lease`]).
 pub async fn summary(State(app): State<Arc<Node>>) -> Response {
+    if let Err(e) = fresh_ledger(&app).await {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e);
+    }
     match fed::local_summary(&app) {
         Ok(s) => Json::<RegionSummary>(s).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e),
@@ -407,6 +417,7 @@ pub async fn join(
         path: "/v1/federation/peers",
         body: Some(body),
         tenant: None,
+        binary: false,
     };
     let resp = match app
         .federation()
@@ -519,6 +530,7 @@ pub async fn leave(
         path: "/v1/federation/peers/leave",
         body: Some(b"{}".to_vec()),
         tenant: None,
+        binary: false,
     };
     let told = app
         .federation()
@@ -585,6 +597,7 @@ pub async fn rank_log(
         path: &path,
         body: None,
         tenant: caller.tenant.as_deref(),
+        binary: false,
     };
     let resp = app
         .federation()
@@ -592,4 +605,170 @@ pub async fn rank_log(
         .await
         .ok()?;
     Some(passthrough(resp))
+}
+
+/// Waits until this node has applied everything the leader had committed
+/// when asked (a linearizable read), within the cross-region timeout.
+async fn fresh_ledger(app: &Node) -> Result<(), String> {
+    let limit = fed::request_timeout(app);
+    let status = tokio::time::timeout(limit, app.ledger().status())
+        .await
+        .map_err(|_| "this node cannot reach its region's leader".to_string())?
+        .map_err(|e| e.message)?;
+    app.ledger()
+        .raft()
+        .wait(Some(limit))
+        .applied_index_at_least(Some(status.commit_index), "a fresh ledger")
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("this node's ledger lags its region's leader: {e}"))
+}
+
+/// The peer region a caller's credential stands for, or a 403.
+fn require_peer(caller: &Caller) -> Result<String, Box<Response>> {
+    caller.peer_region.clone().ok_or_else(|| {
+        Box::new(error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "only a peer region's credential sends checkpoint copies",
+        ))
+    })
+}
+
+/// `POST /v1/federation/copies/missing` (peer region): which of the
+/// listed chunks this node lacks.
+pub async fn copies_missing(
+    State(app): State<Arc<Node>>,
+    Extension(caller): Extension<Caller>,
+    Json(list): Json<shoal_sdk::ChunkList>,
+) -> Response {
+    if let Err(r) = require_peer(&caller) {
+        return *r;
+    }
+    let node = app.clone();
+    match tokio::task::spawn_blocking(move || fed::copy::missing_here(&node, &list)).await {
+        Ok(Ok(missing)) => Json(missing).into_response(),
+        Ok(Err(e)) => error(StatusCode::BAD_REQUEST, "invalid", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+    }
+}
+
+/// `PUT /v1/federation/copies/chunks/{id}` (peer region): one chunk frame,
+/// verified against its id before it is stored.
+pub async fn copies_chunk(
+    State(app): State<Arc<Node>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(r) = require_peer(&caller) {
+        return *r;
+    }
+    let node = app.clone();
+    match tokio::task::spawn_blocking(move || fed::copy::store_chunk(&node, &id, body.to_vec()))
+        .await
+    {
+        Ok(Ok(())) => Json(serde_json::json!({})).into_response(),
+        Ok(Err(e)) => error(StatusCode::BAD_REQUEST, "invalid", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+    }
+}
+
+/// `POST /v1/federation/copies` (peer region): a job and a committed step
+/// whose chunks this node holds; copied to peers of this region and
+/// recorded in its ledger.
+pub async fn copies_record(
+    State(app): State<Arc<Node>>,
+    Extension(caller): Extension<Caller>,
+    Json(request): Json<fed::copy::CopyRequest>,
+) -> Response {
+    let origin = match require_peer(&caller) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    let node = app.clone();
+    let handle = tokio::runtime::Handle::current();
+    let from = origin.clone();
+    let req = request.clone();
+    let checkpoint = match tokio::task::spawn_blocking(move || {
+        fed::copy::replicate_here(&node, handle, &from, &req)
+    })
+    .await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+    };
+    let cmd = Command::RecordForeignCheckpoint {
+        origin,
+        origin_job: request.origin_job,
+        spec: Box::new(request.spec),
+        checkpoint: Box::new(checkpoint),
+        origin_index: request.origin_index,
+    };
+    match commit(&app, &caller, cmd).await {
+        Ok(index) => Json(WriteResponse { index }).into_response(),
+        Err(r) => r,
+    }
+}
+
+/// `POST /v1/federation/regions/{region}/failover` (`shoal federation
+/// failover REGION`, admin): takes over now every job of REGION this region
+/// holds a copy of, without waiting for `region_failover_after_ms`; each
+/// still starts only after REGION's lease on it has run out.
+pub async fn failover(
+    State(app): State<Arc<Node>>,
+    Extension(caller): Extension<Caller>,
+    Path(region): Path<String>,
+) -> Response {
+    if let Err(r) = require_admin(&caller, "federation failover") {
+        return *r;
+    }
+    if let Err(why) = fed::peer_named(&app, &region) {
+        return error(StatusCode::NOT_FOUND, "not_found", why);
+    }
+    let pending: Vec<u64> = match app.ledger().read() {
+        Ok(d) => d
+            .ledger
+            .federation
+            .foreign
+            .get(&region)
+            .map(|jobs| {
+                jobs.iter()
+                    .filter(|(_, j)| j.adopted_as.is_none())
+                    .map(|(id, _)| *id)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.message),
+    };
+    let wait_ms = app.config().federation.takeover_wait_ms();
+    let mut adopted = Vec::new();
+    let mut refused = Vec::new();
+    for origin_job in pending {
+        let cmd = Command::AdoptForeignJob {
+            origin: region.clone(),
+            origin_job,
+            wait_ms,
+        };
+        match app.ledger().write_as(&caller.token, cmd).await {
+            Ok((LedgerResponse::JobId(id), _)) => adopted.push(shoal_sdk::AdoptedJob {
+                origin: region.clone(),
+                origin_job,
+                job: id,
+            }),
+            Ok((LedgerResponse::Rejected(why) | LedgerResponse::Denied(why), _)) => {
+                refused.push(format!("{region}:{origin_job}: {why}"))
+            }
+            Ok((other, _)) => refused.push(format!("{region}:{origin_job}: {other:?}")),
+            Err(e) => refused.push(format!("{region}:{origin_job}: {}", e.message)),
+        }
+    }
+    Json(shoal_sdk::FailoverResponse {
+        region,
+        adopted,
+        refused,
+        starts_after_ms: wait_ms,
+    })
+    .into_response()
 }

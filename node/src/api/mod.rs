@@ -210,6 +210,14 @@ fn federation_routes() -> Router<AppState> {
         .route("/federation/peers", post(fed::register))
         .route("/federation/peers/leave", post(fed::peer_leaves))
         .route("/federation/regions/{region}/leave", post(fed::leave))
+        .route("/federation/regions/{region}/failover", post(fed::failover))
+        .route("/federation/copies/missing", post(fed::copies_missing))
+        .route(
+            "/federation/copies/chunks/{id}",
+            axum::routing::put(fed::copies_chunk)
+                .layer(axum::extract::DefaultBodyLimit::max(32 << 20)),
+        )
+        .route("/federation/copies", post(fed::copies_record))
 }
 
 /// Serves the API on `listener`, over HTTPS with `tls`.

@@ -38,6 +38,7 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
         }
     };
     let (max_restarts, requeue) = req.restart_policy();
+    let ckpt_copies = parse_ckpt_replicas(req.ckpt_replicas.as_deref())?;
     let (dependencies, singleton) = match req.dependency.as_deref() {
         None | Some("") => (Vec::new(), false),
         Some(list) => shoal_consensus::workload::Dependency::parse_list(list)?,
@@ -90,7 +91,34 @@ pub fn job_spec(req: &JobSubmitRequest) -> Result<JobSpec, String> {
             ..NodeChoice::default()
         },
         submit_held: req.hold,
+        ckpt_peer_copies: ckpt_copies.0,
+        ckpt_region_copies: ckpt_copies.1,
     })
+}
+
+/// `--ckpt-replicas L[+R]`: peers of the job's region (besides the
+/// writer) and other regions holding each checkpoint; absent: 3 and 0.
+pub fn parse_ckpt_replicas(text: Option<&str>) -> Result<(u32, u32), String> {
+    let Some(text) = text.map(str::trim).filter(|t| !t.is_empty()) else {
+        return Ok((0, 0));
+    };
+    let bad = || {
+        format!(
+            "--ckpt-replicas '{text}': expected L or L+R (copies on L peers of the job's region, 1-3, and in R other regions, 0-1), e.g. 2+1"
+        )
+    };
+    let (local, remote) = match text.split_once('+') {
+        Some((l, r)) => (l, r),
+        None => (text, "0"),
+    };
+    let local: u32 = local.trim().parse().map_err(|_| bad())?;
+    let remote: u32 = remote.trim().parse().map_err(|_| bad())?;
+    if !(1..=shoal_consensus::workload::MAX_PEER_COPIES).contains(&local)
+        || remote > shoal_consensus::workload::MAX_REGION_COPIES
+    {
+        return Err(bad());
+    }
+    Ok((local, remote))
 }
 
 /// The job's node choice with `--nodelist`/`--exclude` host lists resolved
@@ -263,6 +291,7 @@ pub fn checkpoints(ledger: &Ledger, job: u64) -> Option<Vec<CheckpointInfo>> {
                         replicas: c.replicas(),
                         committed_at: c.committed_at_ms.map(rfc3339),
                         epoch: c.epoch,
+                        regions: c.regions.clone(),
                         parts: c
                             .parts
                             .iter()
@@ -747,6 +776,7 @@ mod tests {
             exclude: None,
             exclusive: false,
             hold: false,
+            ckpt_replicas: None,
         };
         let spec = job_spec(&req).expect("valid");
         assert_eq!(spec.name, "python3");

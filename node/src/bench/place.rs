@@ -312,6 +312,7 @@ async fn end_to_end(gangs: usize) -> anyhow::Result<EndToEndRow> {
         exclude: None,
         exclusive: false,
         hold: false,
+        ckpt_replicas: None,
     };
     let clients = 32;
     let started = Instant::now();

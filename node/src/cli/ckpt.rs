@@ -46,19 +46,29 @@ pub async fn run(client: &Client, cmd: &CkptCmd, json: bool) -> anyhow::Result<(
                             "bytes": c.bytes,
                             "replicas": c.replicas,
                             "committed_at": c.committed_at,
+                            "regions": c.regions,
                         })
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
-                println!("{:>8} {:>14} {:<16} COMMITTED", "STEP", "BYTES", "REPLICAS");
+                println!(
+                    "{:>8} {:>14} {:<16} {:<12} COMMITTED",
+                    "STEP", "BYTES", "REPLICAS", "REGIONS"
+                );
                 for c in &list {
                     let replicas: Vec<String> = c.replicas.iter().map(u64::to_string).collect();
+                    let regions = if c.regions.is_empty() {
+                        "-".to_string()
+                    } else {
+                        c.regions.join(",")
+                    };
                     println!(
-                        "{:>8} {:>14} {:<16} {}",
+                        "{:>8} {:>14} {:<16} {:<12} {}",
                         c.step,
                         c.bytes,
                         replicas.join(","),
+                        regions,
                         c.committed_at
                             .clone()
                             .unwrap_or_else(|| "(in progress)".into())

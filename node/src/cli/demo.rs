@@ -108,6 +108,7 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         exclude: None,
         exclusive: false,
         hold: false,
+        ckpt_replicas: None,
     };
     let id = client.submit_job(&request).await.map_err(api)?.id;
     t.event(format!(

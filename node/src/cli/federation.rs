@@ -17,6 +17,11 @@ pub enum FederationCmd {
     },
     /// Stop federating with REGION (both sides forget each other)
     Leave { region: String },
+    /// REGION is lost for good: resume here, now, its jobs this region
+    /// holds checkpoint copies of (`--ckpt-replicas L+R`) instead of
+    /// waiting for federation.region_failover_after_ms. Each still starts
+    /// only once REGION's lease on it has run out
+    Failover { region: String },
 }
 
 fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
@@ -64,6 +69,31 @@ pub async fn run(
                     "it did not answer and still lists this region until its admin runs `shoal federation leave` there"
                 };
                 format!("left region {}; {told}\n", r.region)
+            })
+        }
+        FederationCmd::Failover { region } => {
+            let r = client.federation_failover(region).await.map_err(api)?;
+            crate::cli::emit(json, &r, || {
+                let mut out = String::new();
+                for a in &r.adopted {
+                    out.push_str(&format!(
+                        "job {}:{} resumes here as job {} in {} s at the latest step copied here\n",
+                        a.origin,
+                        a.origin_job,
+                        a.job,
+                        r.starts_after_ms.div_ceil(1000)
+                    ));
+                }
+                for why in &r.refused {
+                    out.push_str(&format!("not taken over: {why}\n"));
+                }
+                if out.is_empty() {
+                    out = format!(
+                        "this region holds no copy of a job of region {} to take over\n",
+                        r.region
+                    );
+                }
+                out
             })
         }
     }

@@ -83,6 +83,11 @@ pub struct JobArgs {
     /// Send SIGUSR1 (a request to checkpoint) this often
     #[arg(long)]
     pub ckpt_interval: Option<String>,
+    /// Checkpoint copies: each part on L peers of the job's region besides
+    /// the writer (1-3, default 3), each committed step also in R other
+    /// regions (0-1), so the job can resume there if its region is lost
+    #[arg(long, value_name = "L[+R]")]
+    pub ckpt_replicas: Option<String>,
     /// Restarts allowed. Without this flag node loss restarts the job up
     /// to 3 times and a rank's own non-zero exit ends it `failed`; with
     /// N > 0 a rank's own failure restarts it too (N restarts in all)
@@ -349,6 +354,13 @@ impl JobArgs {
             exclude: self.exclude.clone(),
             exclusive: self.exclusive,
             hold: self.hold,
+            ckpt_replicas: match &self.ckpt_replicas {
+                Some(text) => {
+                    crate::api::views::parse_ckpt_replicas(Some(text))?;
+                    Some(text.clone())
+                }
+                None => None,
+            },
         })
     }
 }

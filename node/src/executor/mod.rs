@@ -193,6 +193,11 @@ pub struct RankHost {
     pub gpus: crate::node::gpu::Gpus,
     /// The `shoal` binary that starts a rank's tasks (`exec-tasks`).
     pub task_launcher: PathBuf,
+    /// Peer regions' leases on jobs they hold checkpoint copies of: such a
+    /// job's ranks run only while every such region's lease holds.
+    pub regions: crate::node::federation::lease::RegionLeases,
+    /// `federation.region_lease_ms`.
+    pub region_lease: Duration,
 }
 
 /// The executor loop: this node's running ranks and the exits it still has
@@ -435,6 +440,10 @@ impl Worker for Executor {
                     let Some(a) = assigned.get(&key) else {
                         continue;
                     };
+                    if let Err(why) = region_lease(host, key.job, Instant::now()) {
+                        tracing::debug!(job = key.job, %why, "not launching the rank yet");
+                        continue;
+                    }
                     // Every rank starts with the port rank 0's node found
                     // free; rank 0's agent chooses it, the others wait.
                     if a.master_port.is_none() {
@@ -592,6 +601,10 @@ impl Worker for Executor {
             if after.queue_exit {
                 if usage.oom_killed() {
                     self.ends.insert(key.clone(), RankEnd::OomKilled);
+                } else if region_lease(host, key.job, Instant::now()).is_err() {
+                    // Fenced for a peer region's lease: the region's
+                    // fault, not the job's; it restarts like node loss.
+                    self.ends.insert(key.clone(), RankEnd::Lost);
                 }
                 exited.insert(key, code);
             }
@@ -677,11 +690,26 @@ fn self_fenced(host: &RankHost, freshness: &LedgerFreshness, now: Instant) -> bo
     )
 }
 
+/// Whether the peer regions holding copies of `job`'s checkpoints let its
+/// ranks run here now ([`crate::node::federation::lease`]).
+fn region_lease(host: &RankHost, job: u64, now: Instant) -> Result<(), String> {
+    let Ok(d) = host.ledger.read() else {
+        return Ok(());
+    };
+    host.regions
+        .may_run(job, d.ledger.copy_regions(job), now, host.region_lease)
+}
+
 /// Whether this node's ledger still has `key` as one of this node's ranks
-/// (a stopping allocation still is: its ranks get their grace period). An
+/// (a stopping allocation still is: its ranks get their grace period) and
+/// the regions holding copies of the job still lease it here. An
 /// unreadable ledger keeps the rank: the fence handles a node that knows
 /// nothing.
 fn still_allocated(host: &RankHost, key: &RankKey) -> bool {
+    if let Err(why) = region_lease(host, key.job, Instant::now()) {
+        tracing::warn!(job = key.job, rank = key.rank, %why, "no region lease for the job");
+        return false;
+    }
     let Ok(d) = host.ledger.read() else {
         return true;
     };
@@ -947,8 +975,21 @@ async fn record_checkpoint(host: &RankHost, key: &RankKey, step: u64, dir: PathB
     let worker = host.chunks.clone();
     let handle = tokio::runtime::Handle::current();
     let (job, rank) = (key.job, key.rank);
+    let copies = crate::ckpt::peer_copies(
+        host.ledger
+            .read()
+            .ok()
+            .and_then(|d| {
+                d.ledger
+                    .workload
+                    .jobs
+                    .get(&job)
+                    .map(|j| j.spec.ckpt_peer_copies)
+            })
+            .unwrap_or_default(),
+    );
     let part = tokio::task::spawn_blocking(move || {
-        crate::ckpt::replicate_part(&worker, handle, job, rank, step, &dir)
+        crate::ckpt::replicate_part(&worker, handle, job, rank, step, &dir, copies)
     })
     .await
     .map_err(|e| e.to_string())

@@ -159,7 +159,16 @@ impl Durability {
             .values()
             .flatten()
             .flat_map(|c| c.parts.values().map(|p| &p.manifest))
-            .chain(data.ledger.namespace.objects.values().map(|o| &o.manifest));
+            .chain(data.ledger.namespace.objects.values().map(|o| &o.manifest))
+            // Copies of peer regions' checkpoints held here.
+            .chain(
+                data.ledger
+                    .federation
+                    .foreign
+                    .values()
+                    .flat_map(|jobs| jobs.values())
+                    .flat_map(|j| j.checkpoint.parts.values().map(|p| &p.manifest)),
+            );
         let mut live = BTreeSet::new();
         for bytes in manifests {
             let manifest = Manifest::from_bytes(bytes).map_err(|e| e.to_string())?;
@@ -205,6 +214,9 @@ impl Durability {
             .collect();
         let mut out = Vec::new();
         for (job, catalog) in &data.ledger.workload.checkpoints {
+            let peer_copies = data.ledger.workload.jobs.get(job).map_or(REPLICAS, |j| {
+                crate::ckpt::peer_copies(j.spec.ckpt_peer_copies)
+            });
             for ckpt in catalog.iter().filter(|c| c.committed_at_ms.is_some()) {
                 for (rank, part) in &ckpt.parts {
                     if part.holders.contains(&self.chunks.ledger().me()) {
@@ -216,8 +228,8 @@ impl Durability {
                             },
                             manifest: part.manifest.clone(),
                             holders: part.holders.clone(),
-                            // The source copy plus REPLICAS peers, as written.
-                            copies: REPLICAS + 1,
+                            // The source copy plus the job's peers, as written.
+                            copies: peer_copies + 1,
                         });
                     }
                 }

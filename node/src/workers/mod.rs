@@ -13,6 +13,7 @@ pub mod gpu_health;
 pub mod job_files;
 pub mod member_record;
 pub mod reconcile;
+pub mod regions;
 pub mod scheduler;
 
 use crate::node::client::AppliedWatch;

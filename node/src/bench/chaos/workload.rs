@@ -237,6 +237,7 @@ pub async fn job_client(target: Target, log: JobLog, rank_log: PathBuf, nodes: u
                 exclude: None,
                 exclusive: false,
                 hold: false,
+                ckpt_replicas: None,
             };
             match tokio::time::timeout(OP_TIMEOUT, api.submit_job(&req)).await {
                 Ok(Ok(resp)) => log.with(|c| c.acked.push(resp.id)),

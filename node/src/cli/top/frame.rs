@@ -772,6 +772,7 @@ mod tests {
                 committed_at: Some("2026-12-01T10:01:00Z".into()),
                 epoch: 17,
                 parts: Vec::new(),
+                regions: Vec::new(),
             }],
             log_rank: 0,
             log: (0..50).map(|i| format!("step {i} loss 0.{i}")).collect(),

@@ -40,8 +40,10 @@ pub struct PeerRequest<'a> {
     pub method: reqwest::Method,
     /// Path and query, e.g. `/v1/jobs/4?x=1`.
     pub path: &'a str,
-    /// A JSON body.
+    /// A JSON body (or raw bytes, with `binary`).
     pub body: Option<Vec<u8>>,
+    /// The body is raw bytes (`application/octet-stream`), not JSON.
+    pub binary: bool,
     /// The tenant the forwarding region narrows this request to.
     pub tenant: Option<&'a str>,
 }
@@ -61,6 +63,7 @@ pub struct PeerResponse {
 /// client per peer (its CA as the only root).
 pub struct Federation {
     regions: SharedRegions,
+    leases: super::lease::RegionLeases,
     clients: Mutex<HashMap<String, (String, reqwest::Client)>>,
 }
 
@@ -91,12 +94,18 @@ impl Federation {
     pub fn new(unreachable_after_ms: u64) -> Self {
         Federation {
             regions: Arc::new(Mutex::new(RegionTracker::new(unreachable_after_ms))),
+            leases: Default::default(),
             clients: Mutex::new(HashMap::new()),
         }
     }
 
     pub fn regions(&self) -> &SharedRegions {
         &self.regions
+    }
+
+    /// The peer regions' leases on this region's copied jobs.
+    pub fn leases(&self) -> &super::lease::RegionLeases {
+        &self.leases
     }
 
     /// A copy of the tracker (a poisoned lock still holds a usable one).
@@ -173,8 +182,13 @@ impl Federation {
                     builder = builder.header(shoal_sdk::TENANT_HEADER, t);
                 }
                 if let Some(body) = &req.body {
+                    let kind = if req.binary {
+                        "application/octet-stream"
+                    } else {
+                        "application/json"
+                    };
                     builder = builder
-                        .header(reqwest::header::CONTENT_TYPE, "application/json")
+                        .header(reqwest::header::CONTENT_TYPE, kind)
                         .body(body.clone());
                 }
                 let resp = builder.send().await.map_err(|e| causes(&e))?;
@@ -270,6 +284,7 @@ mod tests {
             path: "/v1/federation/summary",
             body: None,
             tenant: None,
+            binary: false,
         };
         let err = fed
             .send(&target, &req, Duration::from_secs(2))

@@ -11,6 +11,8 @@
 //!   other loops and routes (`workers/federation.rs`, `api/federation.rs`).
 
 pub mod config;
+pub mod copy;
+pub mod lease;
 pub mod link;
 pub mod summary;
 pub mod view;
@@ -107,7 +109,9 @@ pub async fn refresh_peer(node: &Node, peer: &PeerRegion) -> Result<(), LinkErro
         path: "/v1/federation/summary",
         body: None,
         tenant: None,
+        binary: false,
     };
+    let asked = std::time::Instant::now();
     let outcome = node
         .federation()
         .send(&target, &req, request_timeout(node))
@@ -138,6 +142,14 @@ pub async fn refresh_peer(node: &Node, peer: &PeerRegion) -> Result<(), LinkErro
     let now = crate::node::wall_ms();
     match outcome {
         Ok((summary, rtt)) => {
+            let own = local_region(node);
+            let taken = summary
+                .adopted
+                .iter()
+                .filter(|a| a.origin == own)
+                .map(|a| a.origin_job)
+                .collect();
+            node.federation().leases().renew(&peer.name, asked, taken);
             node.federation()
                 .update(|t| t.record_summary(&peer.name, summary, rtt.as_secs_f64() * 1000.0, now));
             Ok(())

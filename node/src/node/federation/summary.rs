@@ -78,6 +78,22 @@ pub fn region_summary(ledger: &Ledger, ctx: &SummaryContext) -> RegionSummary {
             .map(|m| m.spec.api_url())
             .take(shoal_consensus::federation::MAX_PEER_URLS)
             .collect(),
+        adopted: ledger
+            .federation
+            .foreign
+            .keys()
+            .flat_map(|origin| {
+                ledger
+                    .adoptions_from(origin)
+                    .into_iter()
+                    .map(|a| shoal_sdk::AdoptedJob {
+                        origin: origin.clone(),
+                        origin_job: a.origin_job,
+                        job: a.job,
+                    })
+            })
+            .collect(),
+        copied_live: ledger.live_copied_jobs(),
     }
 }
 

@@ -206,6 +206,8 @@ mod tests {
             running_jobs: 0,
             centroid: None,
             api_urls: vec!["http://127.0.0.1:1".into()],
+            adopted: vec![],
+            copied_live: vec![],
         }
     }
 
