@@ -24,6 +24,31 @@ pub fn shoal_bin() -> &'static str {
 /// listener — can be handed one of them in between. Each test process
 /// walks its own slice of the range, so two binaries running at once do
 /// not walk the same ports either.
+/// Runs the `shoal` CLI against `api` with `token`: (exit code, stdout,
+/// stderr), both trimmed.
+pub fn cli(args: &[&str], api: &str, token: &str) -> (i32, String, String) {
+    let out = Command::new(shoal_bin())
+        .env_remove("SHOAL_API")
+        .env("SHOAL_TOKEN", token)
+        .arg("--api")
+        .arg(api)
+        .args(args)
+        .output()
+        .expect("run shoal");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    )
+}
+
+/// [`cli`] that must succeed: its stdout.
+pub fn cli_ok(args: &[&str], api: &str, token: &str) -> String {
+    let (code, out, err) = cli(args, api, token);
+    assert_eq!(code, 0, "shoal {args:?} failed: {err}");
+    out
+}
+
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let floor: u32 = 20_000;

@@ -10,9 +10,8 @@
 
 use crate::common;
 
-use common::{one_at_a_time, shoal_bin, start_cluster, wait_for};
+use common::{cli as shoal, cli_ok as ok, one_at_a_time, start_cluster, wait_for};
 use shoal_sdk::{ApiTokenCreateRequest, JobInfo, RegionInfo, TenantRequest};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Summaries every 300 ms; a region silent for 3 s is unreachable; one
@@ -30,28 +29,6 @@ fn region_env(region: &str) -> Vec<(String, String)> {
 }
 
 /// `shoal ARGS` against `api` with `token` as this region's credential.
-fn shoal(args: &[&str], api: &str, token: &str) -> (i32, String, String) {
-    let out = Command::new(shoal_bin())
-        .env_remove("SHOAL_API")
-        .env("SHOAL_TOKEN", token)
-        .arg("--api")
-        .arg(api)
-        .args(args)
-        .output()
-        .expect("run shoal");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        String::from_utf8_lossy(&out.stderr).trim().to_string(),
-    )
-}
-
-fn ok(args: &[&str], api: &str, token: &str) -> String {
-    let (code, out, err) = shoal(args, api, token);
-    assert_eq!(code, 0, "shoal {args:?} failed: {err}");
-    out
-}
-
 fn regions(api: &str, token: &str) -> Vec<RegionInfo> {
     serde_json::from_str(&ok(&["--json", "regions"], api, token)).expect("regions JSON")
 }
@@ -123,6 +100,31 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     assert!(err.starts_with("error: ") && err.contains("admin"), "{err}");
     let (code, _, err) = shoal(&["federation", "leave", "eu-1"], &us_api, &tenant_token);
     assert_eq!(code, 1, "a tenant token must not leave: {err}");
+    // The checkpoint-copy routes answer a peer region's credential only:
+    // an admin or tenant token is refused before the body is read.
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .expect("http client");
+    for token in [&us_token, &tenant_token] {
+        for (method, path) in [
+            (reqwest::Method::POST, "/v1/federation/copies/missing"),
+            (reqwest::Method::PUT, "/v1/federation/copies/chunks/00"),
+            (reqwest::Method::POST, "/v1/federation/copies"),
+        ] {
+            let resp = http
+                .request(method.clone(), format!("{us_api}{path}"))
+                .bearer_auth(token)
+                .body("{}")
+                .send()
+                .await
+                .expect("request");
+            let status = resp.status().as_u16();
+            let body = resp.text().await.unwrap_or_default();
+            assert_eq!(status, 403, "{method} {path}: {body}");
+            assert!(body.contains("peer region"), "{body}");
+        }
+    }
     // Nor does a wrong token of the other region open it.
     let (code, _, err) = shoal(
         &["federation", "join", &eu_api, "--token", "sa1.not-a-token"],

@@ -48,6 +48,14 @@ const PEER_ONLY: &[(&str, &str)] = &[
     ("POST", "/v1/federation/copies"),
 ];
 
+/// Routes that only a peer region's credential reaches: an admin or
+/// tenant token is refused before the body is read.
+const PEER_EXCLUSIVE: &[(&str, &str)] = &[
+    ("POST", "/v1/federation/copies/missing"),
+    ("PUT", "/v1/federation/copies/chunks/{id}"),
+    ("POST", "/v1/federation/copies"),
+];
+
 /// Largest forwarded request body (a job submission).
 const MAX_FORWARDED_BODY: usize = 1 << 20;
 
@@ -94,11 +102,20 @@ fn peer_of(app: &Node, caller: &Caller) -> Option<String> {
 /// and narrows it to the tenant it forwards for. Other callers pass as
 /// they are.
 pub fn admit_peer(app: &Node, mut caller: Caller, req: &Request) -> Result<Caller, Box<Response>> {
-    let Some(region) = peer_of(app, &caller) else {
-        return Ok(caller);
-    };
     let (method, route) = route_of(req);
     let key = (method.as_str(), route.as_str());
+    let Some(region) = peer_of(app, &caller) else {
+        if PEER_EXCLUSIVE.contains(&key) {
+            return Err(Box::new(error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "permission denied: only a peer region's credential reaches {method} {route}"
+                ),
+            )));
+        }
+        return Ok(caller);
+    };
     if !FORWARDABLE.contains(&key) && !PEER_ONLY.contains(&key) {
         return Err(Box::new(error(
             StatusCode::FORBIDDEN,

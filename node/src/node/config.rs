@@ -454,6 +454,8 @@ const ENV_KEYS: &[&str] = &[
     "federation.summary_interval_ms",
     "federation.request_timeout_ms",
     "federation.unreachable_after_ms",
+    "federation.region_lease_ms",
+    "federation.region_failover_after_ms",
     "first_start.bootstrap",
     "first_start.join",
     "first_start.join_token_file",
@@ -679,6 +681,35 @@ pub fn parse_label(kv: &str) -> Result<(String, String), String> {
 
 #[cfg(test)]
 mod tests {
+    /// Every scalar key of the configuration can be set from the
+    /// environment: a key missing from `ENV_KEYS` is silently ignored
+    /// when set that way, which is how a test's tuning can go unseen.
+    #[test]
+    fn every_scalar_config_key_has_an_environment_variable() {
+        fn leaves(prefix: &str, table: &toml::Table, out: &mut Vec<String>) {
+            for (k, v) in table {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                match v {
+                    toml::Value::Table(t) => leaves(&key, t, out),
+                    toml::Value::Array(_) => {}
+                    _ => out.push(key),
+                }
+            }
+        }
+        let table = toml::Table::try_from(super::Config::default()).expect("config as TOML");
+        let mut keys = Vec::new();
+        leaves("", &table, &mut keys);
+        let missing: Vec<&String> = keys
+            .iter()
+            .filter(|k| !super::ENV_KEYS.contains(&k.as_str()))
+            .collect();
+        assert!(missing.is_empty(), "no SHOAL_* variable for {missing:?}");
+    }
+
     use super::*;
 
     proptest::proptest! {

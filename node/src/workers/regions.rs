@@ -306,13 +306,15 @@ impl Worker for RegionTakeover {
                     .and_then(|s| s.last_ok_ms)
                     .map_or(up_ms, |t| now.saturating_sub(t).min(up_ms))
             });
-            let cmd = match verdict(
+            let v = verdict(
                 origin_job,
                 origin_index,
                 summary,
                 silent_ms,
                 tuning.region_failover_after_ms,
-            ) {
+            );
+            tracing::debug!(%origin, origin_job, ?silent_ms, ?summary, ?v, "takeover verdict");
+            let cmd = match v {
                 Verdict::Keep => continue,
                 Verdict::Forget => Command::ForgetForeignJob {
                     origin: origin.clone(),
