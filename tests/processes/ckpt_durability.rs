@@ -96,7 +96,15 @@ async fn lost_holders_are_replaced_and_corrupt_replicas_repaired() {
                 .parts
                 .into_iter()
                 .next()?;
-            (part.holders.len() == 4 && !part.holders.contains(&victim)).then_some(part.holders)
+            // The dead node stays listed (it is down, not removed: it would
+            // come back with its copy) beside four live holders.
+            let live: Vec<u64> = part
+                .holders
+                .iter()
+                .copied()
+                .filter(|h| *h != victim)
+                .collect();
+            (live.len() == 4 && part.holders.contains(&victim)).then_some(live)
         }
     })
     .await;

@@ -57,6 +57,8 @@ pub struct PartPlan {
     /// New holders to add (this node is the lowest live holder and fewer
     /// than the wanted copies are alive); 0 when nothing is to be added.
     pub add_holders: usize,
+    /// This node is the lowest live holder: it alone rewrites the list.
+    pub responsible: bool,
 }
 
 /// The plan for a part held by `me` with `holders`, `copies` wanted, when
@@ -83,7 +85,34 @@ pub fn plan_part(
             0
         },
         live,
+        responsible,
     }
+}
+
+/// The holder list after a repair copied the part to `added` (`None`: it
+/// stays as it is). Every earlier holder that is still a member stays
+/// listed, down or not: a node that is only down comes back with its
+/// copy, and an unlisted copy is garbage to the collector. A removed
+/// member leaves the list, so the list counts the copies that may exist.
+pub fn holders_after_repair(
+    before: &[NodeId],
+    members: &BTreeSet<NodeId>,
+    added: &[NodeId],
+) -> Option<Vec<NodeId>> {
+    let mut holders: Vec<NodeId> = before
+        .iter()
+        .copied()
+        .filter(|h| members.contains(h))
+        .collect();
+    if added.iter().all(|n| holders.contains(n)) && holders.len() == before.len() {
+        return None;
+    }
+    for node in added {
+        if !holders.contains(node) {
+            holders.push(*node);
+        }
+    }
+    Some(holders)
 }
 
 /// The durability loop and its handles.
@@ -267,28 +296,36 @@ impl Durability {
                 // Missing or quarantined chunks come back from the other holders.
                 restore_from_replicas(&manifest, &plan.fetch_from, &transport, net.store())
                     .map_err(|e| format!("cannot complete the local copy: {e}"))?;
-                if plan.add_holders == 0 {
+                if !plan.responsible {
                     return Ok(None);
                 }
                 let live = plan.live;
-                let candidates: Vec<_> = net
-                    .ledger()
-                    .read()
-                    .map_err(|e| e.message)?
-                    .ledger
-                    .active_members()
-                    .filter(|m| !live.contains(&m.id))
-                    .map(storage_node)
-                    .collect();
-                let targets = place_replicas(key.as_bytes(), &candidates, plan.add_holders);
+                let (candidates, members): (Vec<_>, BTreeSet<NodeId>) = {
+                    let data = net.ledger().read().map_err(|e| e.message)?;
+                    let active: Vec<_> = data.ledger.active_members().collect();
+                    (
+                        active
+                            .iter()
+                            .filter(|m| !live.contains(&m.id))
+                            .map(|m| storage_node(m))
+                            .collect(),
+                        active.iter().map(|m| m.id).collect(),
+                    )
+                };
+                let targets = match plan.add_holders {
+                    0 => Vec::new(),
+                    n => place_replicas(key.as_bytes(), &candidates, n),
+                };
                 if targets.is_empty() {
-                    return Ok(None);
+                    return Ok(holders_after_repair(&part.holders, &members, &[]));
                 }
                 let report = replicate_manifest(&manifest, net.store(), &targets, &transport, 1)
                     .map_err(|e| e.to_string())?;
-                let mut holders = live;
-                holders.extend(report.complete_nodes());
-                Ok(Some(holders))
+                Ok(holders_after_repair(
+                    &part.holders,
+                    &members,
+                    &report.complete_nodes(),
+                ))
             })
             .await;
         match outcome {
@@ -339,6 +376,28 @@ mod tests {
         let plan = plan_part(5, &[2, 3, 5], 4, &alive);
         assert_eq!(plan.fetch_from, vec![2]);
         assert_eq!(plan.add_holders, 0);
+    }
+
+    #[test]
+    fn a_repair_keeps_down_holders_listed_and_drops_removed_ones() {
+        let members = set(&[1, 2, 3, 4]);
+        // 2 is down, not removed: it stays listed beside the new copy on 4.
+        assert_eq!(
+            holders_after_repair(&[1, 2, 3], &members, &[4]),
+            Some(vec![1, 2, 3, 4])
+        );
+        // A repair whose copies all failed changes nothing.
+        assert_eq!(holders_after_repair(&[1, 2, 3], &members, &[]), None);
+        assert_eq!(holders_after_repair(&[1, 2, 3], &members, &[3]), None);
+        // 5 was removed: it leaves the list, with or without a new copy.
+        assert_eq!(
+            holders_after_repair(&[1, 5, 3], &members, &[]),
+            Some(vec![1, 3])
+        );
+        assert_eq!(
+            holders_after_repair(&[1, 5, 3], &members, &[4]),
+            Some(vec![1, 3, 4])
+        );
     }
 
     #[test]

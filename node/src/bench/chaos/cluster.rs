@@ -93,6 +93,9 @@ pub struct ChaosCluster {
     /// A file system per slot, for disk-full faults; `None`: all nodes
     /// share the run's.
     disks: Option<super::disks::Disks>,
+    /// Nodes whose data dir is gone for good (wiped, or removed and
+    /// replaced), shared with the run's observer.
+    pub lost_disks: super::observe::LostDisks,
 }
 
 /// A free port on 127.0.0.1 for both TCP and UDP, found by binding port 0.
@@ -176,6 +179,7 @@ impl ChaosCluster {
             tweak,
             root: root.to_path_buf(),
             disks,
+            lost_disks: Default::default(),
         };
         for i in 0..n {
             let name = format!("n{}", i + 1);
@@ -356,6 +360,12 @@ impl ChaosCluster {
     /// replaced); [`ChaosCluster::join`] starts it.
     pub fn replace(&mut self, slot: usize) -> Result<String, String> {
         let old = self.slots[slot].name.clone();
+        if let Some(id) = self.slots[slot].id {
+            self.lost_disks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(id);
+        }
         let generation = self.slots[slot].generation + 1;
         let name = format!("n{}g{generation}", slot + 1);
         let cfg = self.config_for(slot, &name, Some(&self.slots[slot].cfg))?;
@@ -396,6 +406,31 @@ impl ChaosCluster {
             .filter(|(_, s)| {
                 !s.is_paused() && s.agent().is_some_and(|a| a.ledger_stopped().is_some())
             })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Slots whose running node the others' ledgers record as removed: a
+    /// `remove-voter` fault whose removal answered too late for the run to
+    /// see it committed. The fault model has a removed node stop.
+    pub fn removed_but_running(&self) -> Vec<usize> {
+        let left = |id: NodeId| {
+            self.slots.iter().any(|other| {
+                other.id != Some(id)
+                    && other.agent().is_some_and(|a| {
+                        a.ledger().read().is_ok_and(|d| {
+                            d.ledger
+                                .members
+                                .get(&id)
+                                .is_some_and(|m| m.state == shoal_sdk::MemberState::Left)
+                        })
+                    })
+            })
+        };
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_running() && !s.is_paused() && s.id.is_some_and(left))
             .map(|(i, _)| i)
             .collect()
     }

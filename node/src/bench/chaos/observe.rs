@@ -8,6 +8,7 @@
 use shoal_chaos::Violation;
 use shoal_consensus::store::ApplyObserver;
 use shoal_consensus::Ledger;
+use shoal_consensus::NodeId;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -15,8 +16,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// nothing new and costs memory.
 const MAX_VIOLATIONS: usize = 50;
 
+/// Nodes whose data dir is gone for good, as the run loses them.
+pub type LostDisks = Arc<Mutex<BTreeSet<NodeId>>>;
+
+/// A checkpoint part: (job, step, rank).
+pub type PartKey = (u64, u64, u32);
+
 #[derive(Default)]
 struct State {
+    /// For each committed checkpoint part, the most of its recorded
+    /// holders that had lost their disks at one applied index: repair
+    /// rewrites the holder list, so the final one hides earlier losses.
+    worst_lost: HashMap<PartKey, usize>,
     /// The first digest seen at each index, and which node it came from.
     digests: HashMap<u64, (String, blake3::Hash)>,
     violations: Vec<Violation>,
@@ -28,6 +39,7 @@ struct State {
 #[derive(Default)]
 pub struct AppliedWatch {
     state: Mutex<State>,
+    lost: LostDisks,
 }
 
 impl AppliedWatch {
@@ -37,6 +49,16 @@ impl AppliedWatch {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The set the cluster adds a node to when its disk is gone.
+    pub fn lost_disks(&self) -> LostDisks {
+        self.lost.clone()
+    }
+
+    /// The most holders of `part` lost at once, over the run.
+    pub fn worst_holders_lost(&self, part: PartKey) -> usize {
+        self.lock().worst_lost.get(&part).copied().unwrap_or(0)
     }
 
     /// The observer to install in node `node`.
@@ -52,7 +74,26 @@ impl AppliedWatch {
             Ok(bytes) => blake3::hash(&bytes),
             Err(_) => return,
         };
+        let lost = self
+            .lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let mut state = self.lock();
+        if !lost.is_empty() {
+            for (job, catalog) in &ledger.workload.checkpoints {
+                for ckpt in catalog.iter().filter(|c| c.committed_at_ms.is_some()) {
+                    for (rank, part) in &ckpt.parts {
+                        let n = part.holders.iter().filter(|h| lost.contains(h)).count();
+                        let worst = state
+                            .worst_lost
+                            .entry((*job, ckpt.step, *rank))
+                            .or_default();
+                        *worst = (*worst).max(n);
+                    }
+                }
+            }
+        }
         state.applied += 1;
         state.highest = state.highest.max(index);
         let diverged = match state.digests.get(&index) {

@@ -6,7 +6,10 @@
 //! what the rank wrote without keeping a copy. A holder is lost when it is
 //! no longer a member (a node that came back without its disk joins under
 //! a new id and the old one is removed). A step with two holders lost may
-//! be gone: the property does not cover it, and it is counted apart.
+//! be gone: the property does not cover it, and it is counted apart. Two
+//! at once counts too: repair rewrites a part's holder list, so a part
+//! that lost two holders before repair could copy it again ends with one
+//! holder listed, and the run's observer remembers the worst moment.
 
 use super::workload;
 use shoal_chaos::Violation;
@@ -25,8 +28,13 @@ pub struct RestoreCounts {
 }
 
 /// Restores every committed step of every job in `ledger` through `client`
-/// and compares each rank's part with what the rank wrote.
-pub async fn check(client: &Client, ledger: &Ledger) -> (RestoreCounts, Vec<Violation>) {
+/// and compares each rank's part with what the rank wrote. `worst_lost`
+/// tells how many of a part's holders were lost at once during the run.
+pub async fn check(
+    client: &Client,
+    ledger: &Ledger,
+    worst_lost: impl Fn(super::observe::PartKey) -> usize,
+) -> (RestoreCounts, Vec<Violation>) {
     let members: BTreeSet<u64> = ledger.active_members().map(|m| m.id).collect();
     let mut counts = RestoreCounts::default();
     let mut violations = Vec::new();
@@ -56,7 +64,10 @@ pub async fn check(client: &Client, ledger: &Ledger) -> (RestoreCounts, Vec<Viol
             let lost_most = ckpt
                 .parts
                 .iter()
-                .map(|p| p.holders.iter().filter(|h| !members.contains(h)).count())
+                .map(|p| {
+                    let now = p.holders.iter().filter(|h| !members.contains(h)).count();
+                    now.max(worst_lost((job, ckpt.step, p.rank)))
+                })
                 .max()
                 .unwrap_or(0);
             if lost_most >= 2 {

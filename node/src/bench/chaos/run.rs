@@ -205,6 +205,7 @@ async fn run_inner(
         opts.kinds.contains(&FaultKind::DiskFull),
     )
     .await?;
+    cluster.lost_disks = watch.lost_disks();
     let result = drive(opts, steps, report, &mut cluster, &watch, &rank_log).await;
     cluster.shutdown().await;
     result
@@ -346,7 +347,10 @@ async fn drive(
                 violations.extend(invariants::check_final(ledger));
                 violations.extend(lost_jobs(ledger, &jobs));
                 let client = cluster.client(0);
-                let (restored, v) = super::restore_check::check(&client, ledger).await;
+                let (restored, v) = super::restore_check::check(&client, ledger, |part| {
+                    watch.worst_holders_lost(part)
+                })
+                .await;
                 report.ops.checkpoints = restored;
                 violations.extend(v);
                 let members = ledger.active_members().map(|m| m.id).collect();
@@ -550,6 +554,15 @@ impl Pending {
     /// supervisor would, a node whose ledger stopped for good (its agent
     /// exits) is started again.
     async fn attempt(&mut self, cluster: &mut ChaosCluster) -> Result<(), String> {
+        for slot in cluster.removed_but_running() {
+            tracing::info!(slot, "chaos: a removal that timed out was committed: its node stops and a new one joins in its slot");
+            cluster.crash(slot).await;
+            cluster.replace(slot)?;
+            self.queue.retain(
+                |(r, _)| !matches!(r, Restore::Restart(s) | Restore::Join(s) if *s == slot),
+            );
+            self.push(Restore::Join(slot));
+        }
         for slot in cluster.stopped_ledgers() {
             cluster.crash(slot).await;
             if !self
@@ -600,7 +613,9 @@ impl Pending {
         cluster: &mut ChaosCluster,
         until: Instant,
     ) -> Result<(), String> {
-        while !self.queue.is_empty() && Instant::now() < until {
+        while (!self.queue.is_empty() || !cluster.removed_but_running().is_empty())
+            && Instant::now() < until
+        {
             self.attempt(cluster).await?;
             if !self.queue.is_empty() {
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -615,7 +630,9 @@ impl Pending {
         cluster: &mut ChaosCluster,
         deadline: Instant,
     ) -> Result<(), String> {
-        while !self.queue.is_empty() && Instant::now() < deadline {
+        while (!self.queue.is_empty() || !cluster.removed_but_running().is_empty())
+            && Instant::now() < deadline
+        {
             self.attempt(cluster).await?;
             if !self.queue.is_empty() {
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -731,7 +748,10 @@ async fn settle(
         // A ledger may still stop for good now (a disk that was full
         // until the end): its node is started again, as its supervisor
         // would.
-        if !pending.is_empty() || !cluster.stopped_ledgers().is_empty() {
+        if !pending.is_empty()
+            || !cluster.stopped_ledgers().is_empty()
+            || !cluster.removed_but_running().is_empty()
+        {
             let _ = pending.attempt(cluster).await;
         }
         let states: Vec<(NodeId, Option<u64>, Ledger)> = cluster
@@ -761,13 +781,44 @@ async fn settle(
         .map(|(id, i, _)| format!("node {id} at {i:?}"))
         .collect();
     let refs: Vec<(NodeId, &Ledger)> = last.iter().map(|(id, _, l)| (*id, l)).collect();
+    // What Raft says on each node: enough to tell a lagging voter from a
+    // node the leader no longer replicates to.
+    let raft: Vec<String> = cluster
+        .slots
+        .iter()
+        .filter_map(|s| {
+            let agent = s.agent()?;
+            let watch = agent.node().ledger().raft_metrics();
+            let m = watch.borrow();
+            let replication = m.replication.as_ref().map(|r| {
+                r.iter()
+                    .map(|(id, log)| format!("{id}:{}", log.map_or(0, |l| l.index)))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            });
+            Some(format!(
+                "node {} {:?} term {} leader {:?} voters {:?} learners {:?} last_log {:?} snapshot {:?} purged {:?} replication [{}]",
+                agent.id(),
+                m.state,
+                m.current_term,
+                m.current_leader,
+                m.membership_config.membership().voter_ids().collect::<Vec<_>>(),
+                m.membership_config.membership().learner_ids().collect::<Vec<_>>(),
+                m.last_log_index,
+                m.snapshot.map(|l| l.index),
+                m.purged.map(|l| l.index),
+                replication.unwrap_or_default()
+            ))
+        })
+        .collect();
     let mut found = vec![Violation::new(
         "not-converged",
         format!(
-            "{} of {} nodes running; they did not reach one ledger within {timeout:?} of healing: {}",
+            "{} of {} nodes running; they did not reach one ledger within {timeout:?} of healing: {}; raft: {}",
             last.len(),
             cluster.slots.len(),
-            indexes.join(", ")
+            indexes.join(", "),
+            raft.join("; ")
         ),
     )];
     found.extend(invariants::check_converged(&refs));
