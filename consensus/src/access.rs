@@ -315,6 +315,70 @@ mod tests {
         );
     }
 
+    /// Checkpoint copies and takeovers are the regions' business: a tenant
+    /// token can neither plant a copy (a job that would run as anyone's
+    /// once taken over), adopt one, nor end a job as moved.
+    #[test]
+    fn a_tenant_token_may_not_copy_adopt_or_move_jobs_across_regions() {
+        let mut l = ledger_with_tenants();
+        let mut spec = job("a");
+        spec.gpus_per_node = 1;
+        let LedgerResponse::JobId(own) =
+            as_tenant(&mut l, "a", Command::SubmitJob { spec: spec.clone() })
+        else {
+            panic!("a's job refused")
+        };
+        let before = l.clone();
+        let checkpoint = crate::workload::Checkpoint {
+            step: 3,
+            epoch: 1,
+            ranks: 1,
+            parts: BTreeMap::new(),
+            committed_at_ms: Some(1),
+            regions: Vec::new(),
+        };
+        for cmd in [
+            Command::CheckpointCopied {
+                job: own,
+                step: Some(3),
+                region: "eu-1".into(),
+            },
+            Command::RecordForeignCheckpoint {
+                origin: "eu-1".into(),
+                origin_job: 7,
+                spec: Box::new(spec.clone()),
+                checkpoint: Box::new(checkpoint),
+                origin_index: 1,
+            },
+            Command::ForgetForeignJob {
+                origin: "eu-1".into(),
+                origin_job: 7,
+            },
+            Command::AdoptForeignJob {
+                origin: "eu-1".into(),
+                origin_job: 7,
+                wait_ms: 0,
+            },
+            Command::JobMoved {
+                job: own,
+                region: "eu-1".into(),
+                remote_job: 9,
+            },
+        ] {
+            match as_tenant(&mut l, "a", cmd) {
+                LedgerResponse::Denied(why) => {
+                    assert!(
+                        why.contains("federating regions") && why.contains("admin"),
+                        "{why}"
+                    )
+                }
+                other => panic!("a tenant token was answered {other:?}"),
+            }
+        }
+        assert_eq!(l.federation, before.federation);
+        assert_eq!(l.workload.jobs, before.workload.jobs);
+    }
+
     #[test]
     fn another_tenants_job_is_answered_as_one_that_does_not_exist() {
         let mut l = ledger_with_tenants();
