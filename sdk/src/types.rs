@@ -416,6 +416,11 @@ pub struct JobSubmitRequest {
     /// step copied to R other regions (0-1, default 0).
     #[serde(default)]
     pub ckpt_replicas: Option<String>,
+    /// `--near mesh://REGION/path`: the region holding the job's data,
+    /// preferred by `--region auto` among the regions where the gang fits
+    /// as soon (`None`: no preference beyond the submitter's region).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub near: Option<String>,
 }
 
 impl JobSubmitRequest {
@@ -453,6 +458,7 @@ impl JobSubmitRequest {
             exclusive: false,
             hold: false,
             ckpt_replicas: None,
+            near: None,
         }
     }
 }

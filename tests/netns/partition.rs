@@ -149,6 +149,7 @@ async fn a_partitioned_leader_commits_nothing_and_its_ranks_are_fenced() {
         exclusive: false,
         hold: false,
         ckpt_replicas: None,
+        near: None,
     };
     let id = clients[0].submit_job(&req).await.expect("submit").id;
     let first = wait_for("a committed checkpoint", TIMEOUT, || {

@@ -165,6 +165,62 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
         "{local:?}"
     );
 
+    // --near: among regions where the job fits now, its data's region
+    // wins over the submitter's.
+    let near = ok(
+        &[
+            "submit",
+            "--region",
+            "auto",
+            "--near",
+            "mesh://eu-1/datasets/shard-0",
+            "-N",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--",
+            "true",
+        ],
+        &us_api,
+        &us_token,
+    );
+    assert!(
+        near.starts_with("eu-1:"),
+        "--near eu-1 must place there, got {near}"
+    );
+    wait_job(&us_api, &us_token, &near, "completed").await;
+    for (args, says) in [
+        (
+            vec!["submit", "--near", "mesh://eu-1/d", "--", "true"],
+            "--region auto",
+        ),
+        (
+            vec![
+                "submit", "--region", "auto", "--near", "/data", "--", "true",
+            ],
+            "--near wants",
+        ),
+        (
+            vec![
+                "submit",
+                "--region",
+                "auto",
+                "--near",
+                "mesh://mars-1/d",
+                "--",
+                "true",
+            ],
+            "mars-1",
+        ),
+    ] {
+        let (code, _, err) = shoal(&args, &us_api, &us_token);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
+
     // auto with room here: the job stays here (a plain id).
     let here = ok(
         &[

@@ -4,12 +4,13 @@
 //!
 //! Order: a region where the whole gang fits now beats one where it must
 //! wait, which beats one where it never fits (too few GPUs of the model in
-//! total). Among regions where it fits now, the submitter's own region
-//! wins, then the nearest (WAN RTT). Among regions where it must wait, the
-//! one with the least backlog per GPU wins (pending demand plus this gang,
-//! less what is free, over the region's GPUs), ties again going to the
-//! submitter's region, then the nearest. An unreachable peer is never
-//! chosen: a job sent there could not be acknowledged.
+//! total). Among regions where it fits now, the region holding the job's
+//! data (`--near`) wins, then the submitter's own region, then the nearest
+//! (WAN RTT). Among regions where it must wait, the one with the least
+//! backlog per GPU wins (pending demand plus this gang, less what is free,
+//! over the region's GPUs), ties again going to the data's region, the
+//! submitter's, then the nearest. An unreachable peer is never chosen: a
+//! job sent there could not be acknowledged.
 
 use shoal_sdk::RegionSummary;
 use std::cmp::Ordering;
@@ -33,6 +34,8 @@ pub struct Candidate<'a> {
     /// Whether its last summary is fresh (always true for the local one).
     pub reachable: bool,
     pub rtt_ms: Option<f64>,
+    /// It holds the job's data (`--near mesh://REGION/path`).
+    pub holds_data: bool,
 }
 
 /// How soon a gang fits in a region.
@@ -111,6 +114,7 @@ fn compare(a: &(Fit, &Candidate), b: &(Fit, &Candidate)) -> Ordering {
     };
     by_class
         .then(by_backlog)
+        .then(b.1.holds_data.cmp(&a.1.holds_data))
         .then(b.1.local.cmp(&a.1.local))
         .then(rtt(a.1).total_cmp(&rtt(b.1)))
         .then(a.1.summary.region.cmp(&b.1.summary.region))
@@ -204,12 +208,14 @@ mod tests {
                 local: true,
                 reachable: true,
                 rtt_ms: None,
+                holds_data: false,
             },
             Candidate {
                 summary: &eu,
                 local: false,
                 reachable: true,
                 rtt_ms: Some(50.0),
+                holds_data: false,
             },
         ];
         assert_eq!(choose_region(&gang(2, 4), &cands), Ok("eu".into()));
@@ -225,15 +231,53 @@ mod tests {
                 local: false,
                 reachable: true,
                 rtt_ms: Some(0.1),
+                holds_data: false,
             },
             Candidate {
                 summary: &local,
                 local: true,
                 reachable: true,
                 rtt_ms: None,
+                holds_data: false,
             },
         ];
         assert_eq!(choose_region(&gang(1, 4), &cands), Ok("us".into()));
+    }
+
+    #[test]
+    fn the_data_region_wins_among_equal_fits_but_never_waits_for_it() {
+        let local = summary("us", vec![4, 4], 4, 0);
+        let eu = summary("eu", vec![4, 4], 4, 0);
+        fn cands<'a>(local: &'a RegionSummary, eu: &'a RegionSummary) -> Vec<Candidate<'a>> {
+            vec![
+                Candidate {
+                    summary: local,
+                    local: true,
+                    reachable: true,
+                    rtt_ms: None,
+                    holds_data: false,
+                },
+                Candidate {
+                    summary: eu,
+                    local: false,
+                    reachable: true,
+                    rtt_ms: Some(80.0),
+                    holds_data: true,
+                },
+            ]
+        }
+        // Both fit now: the data's region beats the submitter's.
+        assert_eq!(
+            choose_region(&gang(1, 4), &cands(&local, &eu)),
+            Ok("eu".into())
+        );
+        // The data's region is full: the job starts here now rather than
+        // wait there.
+        let eu_full = summary("eu", vec![0, 0], 4, 8);
+        assert_eq!(
+            choose_region(&gang(1, 4), &cands(&local, &eu_full)),
+            Ok("us".into())
+        );
     }
 
     #[test]
@@ -246,12 +290,14 @@ mod tests {
                 local: true,
                 reachable: true,
                 rtt_ms: None,
+                holds_data: false,
             },
             Candidate {
                 summary: &eu,
                 local: false,
                 reachable: false,
                 rtt_ms: Some(1.0),
+                holds_data: false,
             },
         ];
         // It fits the local region later: there it waits.
@@ -270,12 +316,14 @@ mod tests {
                 local: true,
                 reachable: true,
                 rtt_ms: None,
+                holds_data: false,
             },
             Candidate {
                 summary: &eu,
                 local: false,
                 reachable: true,
                 rtt_ms: Some(80.0),
+                holds_data: false,
             },
         ];
         assert_eq!(choose_region(&gang(1, 4), &cands), Ok("eu".into()));
@@ -289,6 +337,7 @@ mod tests {
             local: true,
             reachable: true,
             rtt_ms: None,
+            holds_data: false,
         }];
         let a100 = GangDemand {
             nodes: 1,
@@ -338,6 +387,7 @@ mod tests {
                     local: i == 0,
                     reachable: *reachable,
                     rtt_ms: *rtt,
+                    holds_data: false,
                 })
                 .collect();
             let chosen = choose_region(&g, &cands);

@@ -248,16 +248,26 @@ fn passthrough(resp: fed::link::PeerResponse) -> Response {
         .unwrap_or_else(|e| error(StatusCode::BAD_GATEWAY, "internal", e.to_string()))
 }
 
-/// `--region auto`: the region where the job fits soonest, this one on a
-/// tie ([`placement::choose_region`]).
+/// `--region auto`: the region where the job fits soonest, the data's
+/// region (`--near`) and then this one on a tie
+/// ([`placement::choose_region`]).
 fn choose_region(app: &Node, job: &JobSubmitRequest) -> Result<String, String> {
     let local = fed::local_summary(app)?;
     let peers = app.federation().tracker().summaries(crate::node::wall_ms());
+    if let Some(near) = &job.near {
+        if *near != local.region && !peers.iter().any(|(s, _, _)| s.region == *near) {
+            return Err(format!(
+                "--near names region '{near}', which is neither this region nor a peer"
+            ));
+        }
+    }
+    let holds_data = |region: &str| job.near.as_deref() == Some(region);
     let mut candidates = vec![placement::Candidate {
         summary: &local,
         local: true,
         reachable: true,
         rtt_ms: None,
+        holds_data: holds_data(&local.region),
     }];
     candidates.extend(
         peers
@@ -267,6 +277,7 @@ fn choose_region(app: &Node, job: &JobSubmitRequest) -> Result<String, String> {
                 local: false,
                 reachable: *reachable,
                 rtt_ms: *rtt,
+                holds_data: holds_data(&s.region),
             }),
     );
     let gang = placement::GangDemand {

@@ -777,6 +777,7 @@ mod tests {
             exclusive: false,
             hold: false,
             ckpt_replicas: None,
+            near: None,
         };
         let spec = job_spec(&req).expect("valid");
         assert_eq!(spec.name, "python3");

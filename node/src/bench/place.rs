@@ -313,6 +313,7 @@ async fn end_to_end(gangs: usize) -> anyhow::Result<EndToEndRow> {
         exclusive: false,
         hold: false,
         ckpt_replicas: None,
+        near: None,
     };
     let clients = 32;
     let started = Instant::now();

@@ -109,6 +109,7 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         exclusive: false,
         hold: false,
         ckpt_replicas: None,
+        near: None,
     };
     let id = client.submit_job(&request).await.map_err(api)?.id;
     t.event(format!(

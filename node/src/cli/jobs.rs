@@ -88,6 +88,11 @@ pub struct JobArgs {
     /// regions (0-1), so the job can resume there if its region is lost
     #[arg(long, value_name = "L[+R]")]
     pub ckpt_replicas: Option<String>,
+    /// With `--region auto`: prefer the region holding this data
+    /// (`mesh://REGION/path`; `mesh:/path` is this region's) among the
+    /// regions where the gang fits as soon
+    #[arg(long, value_name = "mesh://REGION/PATH")]
+    pub near: Option<String>,
     /// Restarts allowed. Without this flag node loss restarts the job up
     /// to 3 times and a rank's own non-zero exit ends it `failed`; with
     /// N > 0 a rank's own failure restarts it too (N restarts in all)
@@ -361,7 +366,32 @@ impl JobArgs {
                 }
                 None => None,
             },
+            near: match &self.near {
+                Some(url) => region_of_data(url)?,
+                None => None,
+            },
         })
+    }
+}
+
+/// The region a `--near` URL names: `mesh://REGION/path` is REGION's,
+/// `mesh:/path` this region's (`None`).
+pub fn region_of_data(url: &str) -> Result<Option<String>, String> {
+    let bad = || format!("--near wants mesh://REGION/PATH or mesh:/PATH, not '{url}'");
+    if let Some(rest) = url.strip_prefix("mesh://") {
+        let (region, path) = rest.split_once('/').ok_or_else(bad)?;
+        let valid = !region.is_empty()
+            && region
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !valid || path.is_empty() {
+            return Err(bad());
+        }
+        return Ok(Some(region.to_string()));
+    }
+    match url.strip_prefix("mesh:/") {
+        Some(path) if !path.is_empty() => Ok(None),
+        _ => Err(bad()),
     }
 }
 
@@ -704,6 +734,9 @@ pub async fn submit(
     let req = args
         .request(args.command.clone())
         .map_err(anyhow::Error::msg)?;
+    if args.near.is_some() && client.region() != Some(shoal_sdk::AUTO_REGION) {
+        anyhow::bail!("--near chooses among regions: it needs --region auto");
+    }
     if args.test_only {
         let program = if banner { "sbatch" } else { "submit" };
         return test_only(client, &req, json, program).await;

@@ -238,6 +238,7 @@ pub async fn job_client(target: Target, log: JobLog, rank_log: PathBuf, nodes: u
                 exclusive: false,
                 hold: false,
                 ckpt_replicas: None,
+                near: None,
             };
             match tokio::time::timeout(OP_TIMEOUT, api.submit_job(&req)).await {
                 Ok(Ok(resp)) => log.with(|c| c.acked.push(resp.id)),
