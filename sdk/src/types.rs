@@ -790,11 +790,12 @@ pub struct ObjectInfo {
     pub is_dir: bool,
     pub bytes: u64,
     pub files: u64,
-    /// Node ids holding every chunk.
+    /// Node ids listed as holding every chunk: a holder that is down stays
+    /// listed until it is removed from the cluster.
     pub replicas: Vec<u64>,
     /// Copies asked for.
     pub replica: u32,
-    /// Every holder alive and at least `replica` of them.
+    /// At least `replica` of the holders are alive.
     pub healthy: bool,
     pub tenant: String,
     pub mtime: String,

@@ -326,8 +326,9 @@ pub fn objects(ledger: &Ledger, path: &str) -> Vec<shoal_sdk::ObjectInfo> {
             files: o.files,
             replicas: o.holders.clone(),
             replica: o.replica,
-            healthy: o.holders.iter().all(|h| alive.contains(h))
-                && o.holders.len() >= o.replica as usize,
+            // Live copies, not the list: a holder that is down stays
+            // listed (it comes back with its copy) beside its replacement.
+            healthy: o.holders.iter().filter(|h| alive.contains(h)).count() >= o.replica as usize,
             tenant: o.tenant.clone(),
             mtime: rfc3339(o.mtime_ms),
             manifest_hex: hex::encode(&o.manifest),
