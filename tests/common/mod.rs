@@ -49,6 +49,27 @@ pub fn cli_ok(args: &[&str], api: &str, token: &str) -> String {
     out
 }
 
+/// Creates tenant `name` through the admin `client` and returns a new API
+/// token of that tenant (named `NAME-bot`).
+pub async fn tenant_with_token(client: &Client, name: &str) -> String {
+    client
+        .create_tenant(&shoal_sdk::TenantRequest {
+            name: name.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("tenant");
+    client
+        .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
+            name: Some(format!("{name}-bot")),
+            tenant: Some(name.into()),
+            ttl_s: None,
+        })
+        .await
+        .expect("tenant token")
+        .token
+}
+
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let floor: u32 = 20_000;

@@ -11,7 +11,7 @@
 use crate::common;
 
 use common::{cli as shoal, cli_ok as ok, one_at_a_time, start_cluster, wait_for};
-use shoal_sdk::{ApiTokenCreateRequest, JobInfo, RegionInfo, TenantRequest};
+use shoal_sdk::{JobInfo, RegionInfo};
 use std::time::{Duration, Instant};
 
 /// Summaries every 300 ms; a region silent for 3 s is unreachable; one
@@ -75,22 +75,7 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
 
     // A tenant token may neither join nor leave.
     let admin = us[0].client(&us_token);
-    admin
-        .create_tenant(&TenantRequest {
-            name: "vision".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("tenant");
-    let tenant_token = admin
-        .create_api_token(&ApiTokenCreateRequest {
-            name: Some("vision-bot".into()),
-            tenant: Some("vision".into()),
-            ttl_s: None,
-        })
-        .await
-        .expect("tenant token")
-        .token;
+    let tenant_token = common::tenant_with_token(&admin, "vision").await;
     let (code, _, err) = shoal(
         &["federation", "join", &eu_api, "--token", &eu_token],
         &us_api,

@@ -1323,22 +1323,7 @@ async fn slurm_nodelist_exclusive_test_only_and_hold() {
     );
 
     // A tenant token asks only about its own tenant's jobs.
-    client
-        .create_tenant(&TenantRequest {
-            name: "vision".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("tenant");
-    let token = client
-        .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
-            name: Some("vision-bot".into()),
-            tenant: Some("vision".into()),
-            ttl_s: None,
-        })
-        .await
-        .expect("tenant token")
-        .token;
+    let token = common::tenant_with_token(&client, "vision").await;
     let vision = cluster.nodes[0].client(&token);
     let own = vision
         .test_job(&request(1, 1, "true"))
@@ -1394,22 +1379,7 @@ async fn slurm_scancel_signal_requeue_and_time_limit() {
     .await;
 
     // A tenant token cannot touch another tenant's job: it is "no job N".
-    client
-        .create_tenant(&TenantRequest {
-            name: "vision".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("tenant");
-    let token = client
-        .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
-            name: Some("vision-bot".into()),
-            tenant: Some("vision".into()),
-            ttl_s: None,
-        })
-        .await
-        .expect("tenant token")
-        .token;
+    let token = common::tenant_with_token(&client, "vision").await;
     let vision = cluster.nodes[0].client(&token);
     let refusals = [
         vision.signal_job(id, "USR1").await.map(|_| ()),

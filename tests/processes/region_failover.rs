@@ -15,7 +15,7 @@
 use crate::common;
 
 use common::{cli as shoal, cli_ok as ok, one_at_a_time, start_cluster, wait_for};
-use shoal_sdk::{ApiTokenCreateRequest, JobInfo, RegionInfo, TenantRequest};
+use shoal_sdk::{JobInfo, RegionInfo};
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -334,22 +334,7 @@ async fn an_operator_failover_moves_a_live_job_without_overlap() {
 
     // A tenant token of the holding region may not move work.
     let admin = regions.eu[0].client(&eu_token);
-    admin
-        .create_tenant(&TenantRequest {
-            name: "vision".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("tenant");
-    let tenant_token = admin
-        .create_api_token(&ApiTokenCreateRequest {
-            name: Some("vision-bot".into()),
-            tenant: Some("vision".into()),
-            ttl_s: None,
-        })
-        .await
-        .expect("tenant token")
-        .token;
+    let tenant_token = common::tenant_with_token(&admin, "vision").await;
     let (code, _, err) = shoal(&["federation", "failover", "us-1"], &eu_api, &tenant_token);
     assert_eq!(code, 1, "a tenant token must not fail a region over: {err}");
     assert!(err.starts_with("error: ") && err.contains("admin"), "{err}");
