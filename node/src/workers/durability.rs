@@ -296,7 +296,10 @@ impl Durability {
                 // Missing or quarantined chunks come back from the other holders.
                 restore_from_replicas(&manifest, &plan.fetch_from, &transport, net.store())
                     .map_err(|e| format!("cannot complete the local copy: {e}"))?;
-                if !plan.responsible {
+                // Nothing to add and every holder alive: nothing to rewrite
+                // (the common case, without reading the ledger).
+                let all_alive = plan.live.len() == part.holders.len();
+                if !plan.responsible || (plan.add_holders == 0 && all_alive) {
                     return Ok(None);
                 }
                 let live = plan.live;
