@@ -194,33 +194,41 @@ impl ChaosCluster {
                 id: None,
             });
         }
+        // A cluster that fails to form still owns runtimes; dropping a
+        // runtime inside async code panics, so every started node is
+        // crashed before the error goes up.
+        if let Err(e) = cluster.form().await {
+            cluster.shutdown().await;
+            return Err(e);
+        }
+        Ok(cluster)
+    }
+
+    /// Bootstraps slot 0 and joins every other slot through it.
+    async fn form(&mut self) -> Result<(), String> {
         let first = start_on_own_runtime(
-            cluster.slots[0].cfg.clone(),
+            self.slots[0].cfg.clone(),
             StartMode::Bootstrap,
-            cluster.slots[0].skew.clone(),
+            self.slots[0].skew.clone(),
         )
         .await?;
-        let boot = first
-            .agent
-            .bootstrap
-            .clone()
-            .ok_or("the bootstrap returned no tokens")?;
+        let boot = first.agent.bootstrap.clone();
         let ledger = first.agent.node().ledger().clone();
+        self.slots[0].id = Some(first.agent.id());
+        self.slots[0].running = Some(first);
+        let boot = boot.ok_or("the bootstrap returned no tokens")?;
         let admin = auth::caller(&ledger, &boot.admin_token).ok_or("the admin token is unknown")?;
-        cluster.join_token =
+        self.join_token =
             auth::create_join_token(&ledger, &admin, Duration::from_secs(24 * 3600), JOIN_USES)
                 .await
                 .map_err(|e| format!("cannot create a join token: {e}"))?
                 .token;
-        cluster.admin_token = boot.admin_token;
-        cluster.slots[0].id = Some(first.agent.id());
-        cluster.slots[0].running = Some(first);
-        for i in 1..n {
-            cluster
-                .join(i, Instant::now() + Duration::from_secs(60))
+        self.admin_token = boot.admin_token;
+        for i in 1..self.slots.len() {
+            self.join(i, Instant::now() + Duration::from_secs(60))
                 .await?;
         }
-        Ok(cluster)
+        Ok(())
     }
 
     /// The config of `slot` under the node name `name`: the slot's ports

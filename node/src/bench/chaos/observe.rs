@@ -22,12 +22,35 @@ pub type LostDisks = Arc<Mutex<BTreeSet<NodeId>>>;
 /// A checkpoint part: (job, step, rank).
 pub type PartKey = (u64, u64, u32);
 
+/// Losses of one checkpoint part. Repair rewrites the holder list (the
+/// lost holders leave it, new copies join it), so neither the final list
+/// nor any single one shows that a part listed on {A, B} lost A, was
+/// listed on {B} alone while repair had not yet copied it, and then lost
+/// B: counted per list, that is one loss at a time, and the part is gone.
+#[derive(Default)]
+struct PartLosses {
+    /// Holders lost since the part last had two live holders listed.
+    since_two_live: BTreeSet<NodeId>,
+    worst: usize,
+}
+
+impl PartLosses {
+    fn update(&mut self, holders: &BTreeSet<NodeId>, lost: &BTreeSet<NodeId>) {
+        let lost_now: BTreeSet<NodeId> = holders.intersection(lost).copied().collect();
+        if holders.len() - lost_now.len() >= 2 {
+            self.since_two_live = lost_now;
+        } else {
+            self.since_two_live.extend(lost_now);
+        }
+        self.worst = self.worst.max(self.since_two_live.len());
+    }
+}
+
 #[derive(Default)]
 struct State {
-    /// For each committed checkpoint part, the most of its recorded
-    /// holders that had lost their disks at one applied index: repair
-    /// rewrites the holder list, so the final one hides earlier losses.
-    worst_lost: HashMap<PartKey, usize>,
+    /// Per committed checkpoint part, the holders it lost since it last
+    /// had two live copies listed, and the most of those at any index.
+    parts: HashMap<PartKey, PartLosses>,
     /// The first digest seen at each index, and which node it came from.
     digests: HashMap<u64, (String, blake3::Hash)>,
     violations: Vec<Violation>,
@@ -58,7 +81,7 @@ impl AppliedWatch {
 
     /// The most holders of `part` lost at once, over the run.
     pub fn worst_holders_lost(&self, part: PartKey) -> usize {
-        self.lock().worst_lost.get(&part).copied().unwrap_or(0)
+        self.lock().parts.get(&part).map_or(0, |p| p.worst)
     }
 
     /// The observer to install in node `node`.
@@ -84,12 +107,12 @@ impl AppliedWatch {
             for (job, catalog) in &ledger.workload.checkpoints {
                 for ckpt in catalog.iter().filter(|c| c.committed_at_ms.is_some()) {
                     for (rank, part) in &ckpt.parts {
-                        let n = part.holders.iter().filter(|h| lost.contains(h)).count();
-                        let worst = state
-                            .worst_lost
+                        let holders: BTreeSet<NodeId> = part.holders.iter().copied().collect();
+                        state
+                            .parts
                             .entry((*job, ckpt.step, *rank))
-                            .or_default();
-                        *worst = (*worst).max(n);
+                            .or_default()
+                            .update(&holders, &lost);
                     }
                 }
             }
@@ -130,5 +153,40 @@ fn push(state: &mut State, v: Violation) {
         && state.seen.insert((v.property.clone(), v.detail.clone()))
     {
         state.violations.push(v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PartLosses;
+    use std::collections::BTreeSet;
+
+    fn set(ids: &[u64]) -> BTreeSet<u64> {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn losses_add_up_across_holder_lists_until_two_copies_are_live_again() {
+        let mut part = PartLosses::default();
+        part.update(&set(&[1, 2]), &set(&[]));
+        part.update(&set(&[1, 2]), &set(&[1]));
+        assert_eq!(part.worst, 1);
+        // Repair dropped the lost holder before it could add a copy.
+        part.update(&set(&[2]), &set(&[1]));
+        assert_eq!(part.worst, 1);
+        part.update(&set(&[2]), &set(&[1, 2]));
+        assert_eq!(part.worst, 2, "both copies the part ever had are gone");
+    }
+
+    #[test]
+    fn a_repaired_part_starts_counting_again() {
+        let mut part = PartLosses::default();
+        part.update(&set(&[1, 2]), &set(&[1]));
+        part.update(&set(&[2, 3]), &set(&[1]));
+        part.update(&set(&[2, 3]), &set(&[1, 2]));
+        assert_eq!(part.worst, 1, "3 still holds it");
+        part.update(&set(&[3]), &set(&[1, 2]));
+        part.update(&set(&[3]), &set(&[1, 2, 3]));
+        assert_eq!(part.worst, 2);
     }
 }

@@ -6,10 +6,12 @@
 //! what the rank wrote without keeping a copy. A holder is lost when it is
 //! no longer a member (a node that came back without its disk joins under
 //! a new id and the old one is removed). A step with two holders lost may
-//! be gone: the property does not cover it, and it is counted apart. Two
-//! at once counts too: repair rewrites a part's holder list, so a part
-//! that lost two holders before repair could copy it again ends with one
-//! holder listed, and the run's observer remembers the worst moment.
+//! be gone: the property does not cover it, and it is counted apart. The
+//! losses count from the last time the part had two live holders listed:
+//! repair rewrites a part's holder list, so a part that lost one holder,
+//! was listed on the survivor alone while repair had not copied it yet,
+//! and then lost the survivor never shows two lost holders in one list;
+//! the run's observer remembers them.
 
 use super::workload;
 use shoal_chaos::Violation;
