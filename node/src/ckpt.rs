@@ -56,17 +56,37 @@ pub fn peer_copies(peer_copies: u32) -> usize {
 }
 
 /// `count` peers for a part, spread over zones and racks, never this node.
-pub fn choose_targets(net: &ChunkNet, key: &str, count: usize) -> Vec<NodeId> {
-    let Ok(data) = net.ledger().read() else {
-        return Vec::new();
-    };
+pub fn choose_targets(net: &ChunkNet, key: &str, count: usize) -> Result<Vec<NodeId>, String> {
+    let data = net
+        .ledger()
+        .read()
+        .map_err(|e| format!("cannot read the ledger to place the copies: {}", e.message))?;
     let nodes: Vec<NodeInfo> = data
         .ledger
         .active_members()
         .filter(|m| m.id != net.ledger().me())
         .map(storage_node)
         .collect();
-    place_replicas(key.as_bytes(), &nodes, count)
+    let targets = place_replicas(key.as_bytes(), &nodes, count);
+    check_targets(&targets, count, nodes.len())?;
+    Ok(targets)
+}
+
+/// Only a node with no other member may keep a part to itself. With other
+/// members and none of them alive (this node cut off, or the ledger's view
+/// of liveness stale), a part recorded now would have one copy and be lost
+/// with this node's disk; the step waits for a peer instead.
+pub fn check_targets(
+    targets: &[NodeId],
+    wanted: usize,
+    other_members: usize,
+) -> Result<(), String> {
+    if targets.is_empty() && wanted > 0 && other_members > 0 {
+        return Err(format!(
+            "no live peer to copy to: none of the {other_members} other members is alive"
+        ));
+    }
+    Ok(())
 }
 
 /// What a replication push achieved.
@@ -130,7 +150,8 @@ pub fn replicate_part(
 ) -> Result<CkptPart, String> {
     let (manifest, _) = build_manifest(dir, net.store())
         .map_err(|e| format!("cannot store checkpoint {}: {e}", dir.display()))?;
-    let targets = choose_targets(net, &format!("{job}/{step}/{rank}"), copies);
+    let targets = choose_targets(net, &format!("{job}/{step}/{rank}"), copies)
+        .map_err(|e| format!("checkpoint step {step}: {e}"))?;
     replicate_manifest(net, handle, &manifest, &targets, step)
 }
 
@@ -233,6 +254,15 @@ mod tests {
     use super::*;
     use crate::agent::testkit::LocalCluster;
     use std::time::Duration;
+
+    #[test]
+    fn a_part_is_kept_alone_only_by_a_node_without_other_members() {
+        assert!(check_targets(&[], 3, 0).is_ok(), "a one-node cluster");
+        assert!(check_targets(&[], 0, 2).is_ok(), "no peer copies asked for");
+        assert!(check_targets(&[2], 3, 2).is_ok(), "one live peer of two");
+        let err = check_targets(&[], 3, 2).expect_err("two members, none alive");
+        assert!(err.contains("no live peer"), "{err}");
+    }
 
     fn random_file(path: &Path, bytes: usize, seed: u64) {
         let data = crate::bench::data::Xorshift::new(seed).bytes(bytes);

@@ -27,7 +27,7 @@ const CI_DURATION: Duration = Duration::from_secs(15);
 /// schedule) that once found a bug; docs/reliability.md says which.
 /// An empty list of kinds: the default ones. Disk-full runs mount a
 /// tmpfs per node, so they need root (CI is root).
-const REGRESSIONS: [(u64, Duration, &[FaultKind]); 5] = [
+const REGRESSIONS: [(u64, Duration, &[FaultKind]); 6] = [
     (11, Duration::from_secs(20), &[]),
     (103, Duration::from_secs(25), &[FaultKind::Pause]),
     (
@@ -37,6 +37,7 @@ const REGRESSIONS: [(u64, Duration, &[FaultKind]); 5] = [
     ),
     (16, Duration::from_secs(20), &FaultKind::ALL),
     (102, Duration::from_secs(60), &FaultKind::ALL),
+    (134, Duration::from_secs(60), &FaultKind::ALL),
 ];
 
 fn describe(r: &SeedReport) -> String {

@@ -89,6 +89,14 @@ pub fn plan_part(
     }
 }
 
+/// Whether a repair may copy a part listed on `holders` to `node`: a live
+/// member that is not listed already. A down member is no target (the copy
+/// would fail, tick after tick, while the part stays on too few nodes), nor
+/// is a listed holder that is down (it comes back with its copy).
+pub fn is_repair_target(node: NodeId, holders: &[NodeId], alive: &BTreeSet<NodeId>) -> bool {
+    alive.contains(&node) && !holders.contains(&node)
+}
+
 /// The holder list after a repair copied the part to `added` (`None`: it
 /// stays as it is). Every earlier holder that is still a member stays
 /// listed, down or not: a node that is only down comes back with its
@@ -285,6 +293,7 @@ impl Durability {
         let net = self.chunks.clone();
         let handle = tokio::runtime::Handle::current();
         let owner = part.owner.clone();
+        let alive = alive.clone();
         let key = match &owner {
             Owner::Checkpoint { job, step, rank } => format!("{job}/{step}/{rank}"),
             Owner::Object { path } => path.clone(),
@@ -302,33 +311,40 @@ impl Durability {
                 if !plan.responsible || (plan.add_holders == 0 && all_alive) {
                     return Ok(None);
                 }
-                let live = plan.live;
                 let (candidates, members): (Vec<_>, BTreeSet<NodeId>) = {
                     let data = net.ledger().read().map_err(|e| e.message)?;
                     let active: Vec<_> = data.ledger.active_members().collect();
                     (
                         active
                             .iter()
-                            .filter(|m| !live.contains(&m.id))
+                            .filter(|m| is_repair_target(m.id, &part.holders, &alive))
                             .map(|m| storage_node(m))
                             .collect(),
                         active.iter().map(|m| m.id).collect(),
                     )
                 };
-                let targets = match plan.add_holders {
+                // Every candidate in rendezvous order, so that a target that
+                // fails (cut off, full, not yet serving) gives way to the
+                // next one instead of being retried alone at every tick
+                // while the part stays on too few nodes.
+                let ranked = match plan.add_holders {
                     0 => Vec::new(),
-                    n => place_replicas(key.as_bytes(), &candidates, n),
+                    _ => place_replicas(key.as_bytes(), &candidates, candidates.len()),
                 };
-                if targets.is_empty() {
-                    return Ok(holders_after_repair(&part.holders, &members, &[]));
+                let mut added: Vec<NodeId> = Vec::new();
+                let mut rest = &ranked[..];
+                while added.len() < plan.add_holders && !rest.is_empty() {
+                    let take = (plan.add_holders - added.len()).min(rest.len());
+                    let (targets, later) = rest.split_at(take);
+                    rest = later;
+                    match replicate_manifest(&manifest, net.store(), targets, &transport, 1) {
+                        Ok(report) => added.extend(report.complete_nodes()),
+                        Err(e) => {
+                            tracing::debug!(?targets, error = %e, "a repair target failed; trying the next")
+                        }
+                    }
                 }
-                let report = replicate_manifest(&manifest, net.store(), &targets, &transport, 1)
-                    .map_err(|e| e.to_string())?;
-                Ok(holders_after_repair(
-                    &part.holders,
-                    &members,
-                    &report.complete_nodes(),
-                ))
+                Ok(holders_after_repair(&part.holders, &members, &added))
             })
             .await;
         match outcome {
@@ -401,6 +417,20 @@ mod tests {
             holders_after_repair(&[1, 5, 3], &members, &[4]),
             Some(vec![1, 3, 4])
         );
+    }
+
+    #[test]
+    fn only_live_unlisted_members_are_repair_targets() {
+        let alive = set(&[1, 2, 4]);
+        let holders = [1, 3];
+        assert!(is_repair_target(2, &holders, &alive));
+        assert!(is_repair_target(4, &holders, &alive));
+        assert!(!is_repair_target(1, &holders, &alive), "already a holder");
+        assert!(
+            !is_repair_target(3, &holders, &alive),
+            "a listed holder, down"
+        );
+        assert!(!is_repair_target(5, &holders, &alive), "down");
     }
 
     #[test]

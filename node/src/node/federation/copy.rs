@@ -286,7 +286,7 @@ pub fn replicate_here(
             "{origin}/{}/{}/{rank}",
             request.origin_job, request.checkpoint.step
         );
-        let targets = crate::ckpt::choose_targets(net, &key, copies);
+        let targets = crate::ckpt::choose_targets(net, &key, copies)?;
         let here = crate::ckpt::replicate_manifest(
             net,
             handle.clone(),
