@@ -89,14 +89,6 @@ pub fn plan_part(
     }
 }
 
-/// Whether a repair may copy a part listed on `holders` to `node`: a live
-/// member that is not listed already. A down member is no target (the copy
-/// would fail, tick after tick, while the part stays on too few nodes), nor
-/// is a listed holder that is down (it comes back with its copy).
-pub fn is_repair_target(node: NodeId, holders: &[NodeId], alive: &BTreeSet<NodeId>) -> bool {
-    alive.contains(&node) && !holders.contains(&node)
-}
-
 /// The holder list after a repair copied the part to `added` (`None`: it
 /// stays as it is). Every earlier holder that is still a member stays
 /// listed, down or not: a node that is only down comes back with its
@@ -293,7 +285,6 @@ impl Durability {
         let net = self.chunks.clone();
         let handle = tokio::runtime::Handle::current();
         let owner = part.owner.clone();
-        let alive = alive.clone();
         let key = match &owner {
             Owner::Checkpoint { job, step, rank } => format!("{job}/{step}/{rank}"),
             Owner::Object { path } => path.clone(),
@@ -317,7 +308,9 @@ impl Durability {
                     (
                         active
                             .iter()
-                            .filter(|m| is_repair_target(m.id, &part.holders, &alive))
+                            // Members that are not alive are skipped by
+                            // `place_replicas` (`storage_node` sets `alive`).
+                            .filter(|m| !part.holders.contains(&m.id))
                             .map(|m| storage_node(m))
                             .collect(),
                         active.iter().map(|m| m.id).collect(),
@@ -417,20 +410,6 @@ mod tests {
             holders_after_repair(&[1, 5, 3], &members, &[4]),
             Some(vec![1, 3, 4])
         );
-    }
-
-    #[test]
-    fn only_live_unlisted_members_are_repair_targets() {
-        let alive = set(&[1, 2, 4]);
-        let holders = [1, 3];
-        assert!(is_repair_target(2, &holders, &alive));
-        assert!(is_repair_target(4, &holders, &alive));
-        assert!(!is_repair_target(1, &holders, &alive), "already a holder");
-        assert!(
-            !is_repair_target(3, &holders, &alive),
-            "a listed holder, down"
-        );
-        assert!(!is_repair_target(5, &holders, &alive), "down");
     }
 
     #[test]
