@@ -338,12 +338,25 @@ async fn a_removed_nodes_certificate_is_refused_within_seconds() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The removed node itself notices: connected, it applies its own
+    // removal (or is refused first by a peer that applied it sooner).
+    c.wait_until("the removed node to notice", TIMEOUT, |_| {
+        let heard = removed.removed().is_some();
+        async move { heard }
+    })
+    .await
+    .expect("a connected node notices its own removal");
+    let why = removed.removed().unwrap_or_default();
+    assert!(
+        why.contains("ledger records") || why.contains("refused"),
+        "{why}"
+    );
     stolen.shutdown().await;
     c.shutdown().await;
 }
 
 fn refused_as_left(r: &Response) -> bool {
-    matches!(r, Response::Error(e) if e.code == ErrorCode::Forbidden && e.message.contains("has left"))
+    matches!(r, Response::Error(e) if e.code == ErrorCode::Removed && e.message.contains("has left"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -681,3 +681,83 @@ async fn a_chained_push_is_judged_hop_by_hop_by_the_forwarding_node() {
     assert_eq!(router.filter_stats(cut).map(|s| s.cut), Some(1));
     c.shutdown().await;
 }
+
+/// A follower cut off while the others remove it never applies its own
+/// removal. Healed, it hears of it from the first peer that refuses its
+/// certificate, and its data dir, once marked, never starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_while_it_was_removed_hears_of_it_once_healed() {
+    let _serial = common::one_at_a_time();
+    let router = FaultRouter::new();
+    let c = LocalCluster::start_with_faults(3, router.clone(), |_, cfg| {
+        cfg.executor.enabled = false;
+    })
+    .await
+    .expect("cluster");
+    let leader = formed(&c, 3).await;
+    let gone = ids(&c)
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    router.add(Filter::isolate(gone));
+    let admin = shoal_sdk::Client::new(
+        c.agent(leader).expect("leader").api_url(),
+        Some(c.admin_token.clone()),
+    );
+    admin
+        .remove_node(&gone.to_string())
+        .await
+        .expect("the majority removes the cut-off node");
+    c.wait_until(
+        "the removed node to leave the leader's Raft membership",
+        TIMEOUT,
+        |c| {
+            let listed = c.agreed_leader().is_some_and(|l| {
+                l.node()
+                    .ledger()
+                    .raft_metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .any(|(id, _)| *id == gone)
+            });
+            async move { !listed }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", raft_states(&c)));
+    let gone_agent = c.agent(gone).expect("the removed node's agent");
+    assert_eq!(
+        gone_agent.removed(),
+        None,
+        "a node cut off heard of its removal through the cut"
+    );
+    assert_ne!(
+        member_state(gone_agent, gone),
+        Some(MemberState::Left),
+        "the cut leaked the removal"
+    );
+
+    router.heal();
+    let heard = c
+        .wait_until("the removed node to hear of its removal", TIMEOUT, |_| {
+            let heard = gone_agent.removed().is_some();
+            async move { heard }
+        })
+        .await
+        .expect("a removed node hears of its removal once healed");
+    let why = gone_agent.removed_from_cluster().await;
+    println!("node {gone} heard of its removal {heard:.2?} after healing: {why}");
+    assert!(why.contains("refused"), "{why}");
+    let cfg = gone_agent.node().config().clone();
+    gone_agent.shutdown().await;
+    match Agent::start(cfg, shoal_node::agent::StartMode::Restart).await {
+        Err(shoal_node::agent::AgentError::Removed(msg)) => {
+            assert!(msg.contains("removed from the cluster"), "{msg}")
+        }
+        Err(e) => panic!("a removed node's data dir refused for another reason: {e}"),
+        Ok(_) => panic!("a removed node's data dir started again"),
+    }
+    c.shutdown().await;
+}

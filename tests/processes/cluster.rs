@@ -357,3 +357,127 @@ async fn a_killed_node_is_suspected_then_declared_down_by_every_peer() {
     )
     .await;
 }
+
+fn signal(node: &NodeProc, sig: i32) {
+    let pid = node.pid().expect("a running agent") as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// Waits for `node`'s agent to exit on its own; its exit code.
+async fn exit_code(node: &mut NodeProc, within: Duration) -> Option<i32> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if let Some(status) = node.exited() {
+            return status.code();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// A voter and a learner frozen (SIGSTOP) while the others remove them
+/// and take them out of the Raft membership: woken, each hears of it (from
+/// what it had buffered, or from the first peer that refuses its
+/// certificate: the voter's campaign, the learner's membership probe) and
+/// exits with status 3, which the systemd unit does not restart; its data
+/// dir then refuses to start again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_frozen_while_they_were_removed_exit_on_their_own_and_never_start_again() {
+    let _serial = common::one_at_a_time();
+    let mut c = Cluster::start(4).await;
+    let status = c.client(0).status().await.expect("status");
+    let ids = c.ids().await;
+    let leader = status.leader.expect("a leader");
+    let voter = c.index_of(
+        *status
+            .voters
+            .iter()
+            .find(|v| **v != leader)
+            .expect("a follower voter"),
+        &ids,
+    );
+    let learner = (0..4)
+        .find(|i| !status.voters.contains(&ids[&c.nodes[*i].name]))
+        .expect("a learner among 4 nodes with 3 voters");
+    let survivor = (0..4)
+        .find(|i| *i != voter && *i != learner)
+        .expect("a survivor");
+    for i in [voter, learner] {
+        signal(&c.nodes[i], libc::SIGSTOP);
+    }
+    let admin = c.client(survivor);
+    for i in [voter, learner] {
+        let name = c.nodes[i].name.clone();
+        wait_for(
+            &format!("{name} to be removed"),
+            Duration::from_secs(30),
+            || async { admin.remove_node(&name).await.ok() },
+        )
+        .await;
+    }
+    let removed_at = Instant::now();
+    // Out of the Raft membership too, so that no leader sends to them any
+    // more. (Woken, a node may still apply its removal from what its
+    // socket buffered while it was frozen; the in-process partition test
+    // shows the peer's refusal alone.)
+    let gone: Vec<u64> = [voter, learner]
+        .iter()
+        .map(|i| ids[&c.nodes[*i].name])
+        .collect();
+    wait_for(
+        "the removed nodes to leave the Raft membership",
+        Duration::from_secs(30),
+        || async {
+            let s = admin.status().await.ok()?;
+            let listed = s
+                .voters
+                .iter()
+                .chain(&s.learners)
+                .any(|id| gone.contains(id));
+            (!listed).then_some(())
+        },
+    )
+    .await;
+    for i in [voter, learner] {
+        signal(&c.nodes[i], libc::SIGCONT);
+    }
+    for (i, role) in [(voter, "voter"), (learner, "learner")] {
+        let code = exit_code(&mut c.nodes[i], Duration::from_secs(30)).await;
+        let log = c.nodes[i].log();
+        assert_eq!(
+            code,
+            Some(3),
+            "the removed {role} did not exit with 3 within 30 s: {log}"
+        );
+        assert!(
+            log.contains("this node was removed from the cluster"),
+            "the removed {role} said nothing: {log}"
+        );
+        println!(
+            "removed {role} exited {:.1?} after its removal",
+            removed_at.elapsed()
+        );
+    }
+    c.nodes[voter].restart();
+    let code = exit_code(&mut c.nodes[voter], Duration::from_secs(20)).await;
+    let log = c.nodes[voter].log();
+    assert_eq!(
+        code,
+        Some(3),
+        "a removed node's data dir started again: {log}"
+    );
+    assert!(
+        log.contains("belongs to a node that was removed from the cluster"),
+        "{log}"
+    );
+    // The cluster goes on without them.
+    let nodes = admin.nodes().await.expect("nodes");
+    let alive = nodes
+        .iter()
+        .filter(|n| n.state == MemberState::Alive)
+        .count();
+    assert_eq!(alive, 2, "{nodes:?}");
+}

@@ -70,6 +70,9 @@ pub enum AgentError {
     Join(String),
     #[error("{0}")]
     Raft(String),
+    /// The data dir is a removed node's (see [`crate::node::removal`]).
+    #[error("{0}")]
+    Removed(String),
 }
 
 /// A running node.
@@ -142,6 +145,11 @@ impl Agent {
                 )))
             }
             _ => {}
+        }
+        if let Some(why) = crate::node::removal::marked(&data_dir) {
+            return Err(AgentError::Removed(crate::node::removal::refusal(
+                &data_dir, &why,
+            )));
         }
         identity::ensure_data_dir(&data_dir)
             .map_err(|e| io(&format!("cannot create data dir {}", data_dir.display()), e))?;
@@ -275,11 +283,15 @@ impl Agent {
         )
         .map_err(|e| io("opening the chunk store", e))?;
         let contacts = ContactTracker::default();
+        let removal = crate::node::removal::RemovalNotice::default();
         // Below the contact tracker, so that a message a fault filter cuts
         // is no sign of life either.
         let raft_transport = faults::wrap_raft(
             ident.node_id,
-            Arc::new(MeshTransport { rpc: rpc.clone() }),
+            Arc::new(MeshTransport {
+                rpc: rpc.clone(),
+                removal: removal.clone(),
+            }),
             cfg.test_faults.as_ref(),
         );
         let network = NetworkFactory::new(raft_transport, contacts.clone());
@@ -307,6 +319,7 @@ impl Agent {
             metrics.clone(),
             Duration::from_millis(cfg.membership.request_timeout_ms),
             cfg.test_faults.clone(),
+            removal,
         );
         let chunks = ChunkNet::new(
             ledger.clone(),
@@ -474,6 +487,23 @@ impl Agent {
             .as_ref()
             .err()
             .map(|f| f.to_string());
+        why
+    }
+
+    /// Why this node was removed from the cluster, once it heard.
+    pub fn removed(&self) -> Option<String> {
+        self.node.ledger().removal().get()
+    }
+
+    /// Waits until this node hears that it was removed from the cluster,
+    /// marks its data dir so that it never starts again, and says why. The
+    /// agent then exits: its id and certificate are refused for good, and
+    /// its ranks belong to jobs the cluster has already moved.
+    pub async fn removed_from_cluster(&self) -> String {
+        let why = self.node.ledger().removal().wait().await;
+        if let Err(e) = crate::node::removal::mark(self.data_dir(), &why) {
+            tracing::error!(error = %e, "cannot mark the data dir as a removed node's");
+        }
         why
     }
 
@@ -831,6 +861,10 @@ fn spawn_workers(
             ledger: ledger.clone(),
             gpus: node.gpus().clone(),
         },
+        node.shutdown_signal(),
+    );
+    workers::spawn(
+        workers::own_removal::OwnRemoval::new(ledger.clone()),
         node.shutdown_signal(),
     );
     workers::spawn(MemberRecord { local, ledger }, node.shutdown_signal());

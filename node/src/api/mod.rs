@@ -92,7 +92,8 @@ impl IntoResponse for ApiError {
 impl From<WireError> for ApiError {
     fn from(e: WireError) -> Self {
         let (status, code) = match e.code {
-            ErrorCode::NotLeader | ErrorCode::Unavailable => {
+            // A removed node serves nothing the cluster commits.
+            ErrorCode::NotLeader | ErrorCode::Unavailable | ErrorCode::Removed => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
             ErrorCode::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthorized"),

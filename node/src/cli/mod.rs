@@ -1029,7 +1029,14 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
         (StartMode::Join { .. }, true) => cfg.first_start.join_token_file.clone(),
         _ => None,
     };
-    let agent = Agent::start(cfg, mode).await?;
+    let agent = match Agent::start(cfg, mode).await {
+        Ok(agent) => agent,
+        Err(e @ crate::agent::AgentError::Removed(_)) => {
+            eprintln!("error: {e}");
+            return Err(crate::cli::jobs::ExitWith(crate::node::removal::EXIT_STATUS).into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     // Joined: the identity is saved, the token spent.
     if let Some(file) = &token_file {
         scrub_join_token(file);
@@ -1082,6 +1089,13 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
     }
     tokio::select! {
         _ = wait_for_signal() => {}
+        why = agent.removed_from_cluster() => {
+            tracing::error!(reason = %why, "this node was removed from the cluster; exiting for good");
+            crate::agent::notify::notify("STOPPING=1");
+            agent.shutdown().await;
+            eprintln!("error: this node was removed from the cluster ({why}); its data dir never starts again: start with an empty --data-dir and --join to come back as a new member");
+            return Err(crate::cli::jobs::ExitWith(crate::node::removal::EXIT_STATUS).into());
+        }
         why = agent.ledger_stopped_for_good() => {
             tracing::error!(error = %why, "this node's ledger stopped; exiting so that its supervisor starts it again");
             crate::agent::notify::notify("STOPPING=1");

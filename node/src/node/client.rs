@@ -5,6 +5,7 @@
 
 use super::batcher::Batcher;
 use super::metrics::Metrics;
+use super::removal::RemovalNotice;
 use crate::rpc::faults::{Channel, FaultRouter, Verdict, RAFT_DROP_WAIT_MAX};
 use crate::rpc::proto::{self, ErrorCode, Query, Request, Response, UserToken, WireError};
 use futures::future::BoxFuture;
@@ -77,6 +78,8 @@ struct Shared {
     /// node cut off by a fault filter cannot reach the leader this way
     /// either (see [`crate::rpc::faults`]).
     faults: Option<FaultRouter>,
+    /// Set when a peer refuses this node as removed.
+    removal: RemovalNotice,
 }
 
 impl LedgerClient {
@@ -88,6 +91,7 @@ impl LedgerClient {
         metrics: Arc<Metrics>,
         request_timeout: Duration,
         faults: Option<FaultRouter>,
+        removal: RemovalNotice,
     ) -> Self {
         let batcher = Batcher::spawn(raft.clone(), me);
         LedgerClient {
@@ -102,6 +106,7 @@ impl LedgerClient {
                 leader_service: OnceLock::new(),
                 stepping_down: std::sync::atomic::AtomicBool::new(false),
                 faults,
+                removal,
             }),
         }
     }
@@ -113,6 +118,11 @@ impl LedgerClient {
 
     pub fn me(&self) -> NodeId {
         self.shared.me
+    }
+
+    /// Whether (and why) this node was removed from the cluster.
+    pub fn removal(&self) -> &RemovalNotice {
+        &self.shared.removal
     }
 
     /// This node's applied ledger (possibly behind the leader's).
@@ -212,6 +222,8 @@ impl LedgerClient {
                 format!("node {id} has an invalid address '{addr}'"),
             )
         })?;
+        self.pass_faults(id, self.shared.request_timeout, "node")
+            .await?;
         let reply = self
             .shared
             .rpc
@@ -219,7 +231,10 @@ impl LedgerClient {
             .await
             .map_err(|e| WireError::new(ErrorCode::Unavailable, format!("node {id}: {e}")))?;
         match proto::decode::<Response>(&reply)? {
-            Response::Error(e) => Err(e),
+            Response::Error(e) => {
+                self.shared.removal.note_refusal(id, &e);
+                Err(e)
+            }
             ok => Ok(ok),
         }
     }
@@ -306,32 +321,46 @@ impl LedgerClient {
         let budget = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
-        if let Some(router) = &self.shared.faults {
-            let unreachable = |why: &str| {
-                WireError::new(
-                    ErrorCode::Unavailable,
-                    format!("leader {id} unreachable: {why}"),
-                )
-            };
-            match router.verdict(Channel::Raft, self.shared.me, id) {
-                Verdict::Deliver => {}
-                Verdict::Delay(delay) => tokio::time::sleep(delay.min(budget)).await,
-                Verdict::Drop => {
-                    tokio::time::sleep(budget.min(RAFT_DROP_WAIT_MAX)).await;
-                    return Err(unreachable("request dropped by a fault filter"));
-                }
-                Verdict::Cut => return Err(unreachable("link cut by a fault filter")),
-            }
-        }
+        self.pass_faults(id, budget, "leader").await?;
         tokio::select! {
             r = self.shared.rpc.call(addr, body, budget) => match r {
                 Ok(reply) => match proto::decode::<Response>(&reply)? {
-                    Response::Error(e) => Err(e),
+                    Response::Error(e) => {
+                        self.shared.removal.note_refusal(id, &e);
+                        Err(e)
+                    }
                     ok => Ok(ok),
                 },
                 Err(e) => Err(WireError::new(ErrorCode::Unavailable, format!("leader {id} unreachable: {e}"))),
             },
             _ = leader_changed => Err(WireError::new(ErrorCode::NotLeader, format!("node {id} is no longer the leader"))),
+        }
+    }
+
+    /// Test only: what the fault filters do to a call from this node to
+    /// `to` (Raft's channel: a node cut off from its peers reaches them in
+    /// no other way either). `role` names `to` in the error.
+    async fn pass_faults(&self, to: NodeId, budget: Duration, role: &str) -> Result<(), WireError> {
+        let Some(router) = &self.shared.faults else {
+            return Ok(());
+        };
+        let unreachable = |why: &str| {
+            WireError::new(
+                ErrorCode::Unavailable,
+                format!("{role} {to} unreachable: {why}"),
+            )
+        };
+        match router.verdict(Channel::Raft, self.shared.me, to) {
+            Verdict::Deliver => Ok(()),
+            Verdict::Delay(delay) => {
+                tokio::time::sleep(delay.min(budget)).await;
+                Ok(())
+            }
+            Verdict::Drop => {
+                tokio::time::sleep(budget.min(RAFT_DROP_WAIT_MAX)).await;
+                Err(unreachable("request dropped by a fault filter"))
+            }
+            Verdict::Cut => Err(unreachable("link cut by a fault filter")),
         }
     }
 

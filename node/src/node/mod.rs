@@ -23,6 +23,7 @@ pub mod identity;
 pub mod metrics;
 pub mod peers;
 pub mod procstat;
+pub mod removal;
 
 pub use client::LedgerClient;
 pub use clock::wall_ms;

@@ -69,7 +69,7 @@ impl NodeService {
                 "node {member} has left the cluster; its certificate is no longer accepted"
             );
             self.audit(format!("refused a request: {why}"));
-            return Response::Error(WireError::new(ErrorCode::Forbidden, why));
+            return Response::Error(WireError::new(ErrorCode::Removed, why));
         }
         let result = match req {
             Request::Raft(rpc) => match self.authorize_raft(member, &rpc) {
@@ -111,6 +111,7 @@ impl NodeService {
                 &self.gpus.latest(),
             ))),
             Request::ElectNow => self.elect_now(member).await,
+            Request::StillMember => Ok(Response::Holds(true)),
             other => self.serve_as_leader(other).await,
         };
         result.unwrap_or_else(Response::Error)
@@ -334,6 +335,10 @@ impl NodeService {
             Request::ElectNow => Err(WireError::new(
                 ErrorCode::Invalid,
                 "an election request is served by the node asked, not routed",
+            )),
+            Request::StillMember => Err(WireError::new(
+                ErrorCode::Invalid,
+                "a membership probe is served by the node asked, not routed",
             )),
             Request::Raft(_) | Request::Chunk(_) => Err(WireError::new(
                 ErrorCode::Invalid,

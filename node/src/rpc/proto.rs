@@ -62,6 +62,10 @@ pub enum Request {
     /// A leader that is stopping asks a voter to stand for election at
     /// once (served by the node asked, only for the current leader).
     ElectNow,
+    /// Whether the caller is still a member: `Holds(true)`, or refused with
+    /// [`ErrorCode::Removed`]. A learner never campaigns, so one that was
+    /// cut off while it was removed hears of it only by asking.
+    StillMember,
 }
 
 /// A user's API token on its way to the leader. Only its holder and the
@@ -209,6 +213,9 @@ pub enum ErrorCode {
     Unavailable,
     Internal,
     NotFound,
+    /// The caller was removed from the cluster: its certificate is refused
+    /// for good, and a node told so stops (see [`crate::node::removal`]).
+    Removed,
 }
 
 impl WireError {

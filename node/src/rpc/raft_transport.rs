@@ -2,6 +2,7 @@
 //! crate's transport trait.
 
 use super::proto::{self, Request, Response};
+use crate::node::removal::RemovalNotice;
 use shoal_consensus::network::{RaftRpc, RaftTransport, TransportError, TransportFuture};
 use shoal_consensus::NodeId;
 use shoal_mesh::{RpcEndpoint, RpcError};
@@ -10,6 +11,9 @@ use std::time::Duration;
 
 pub struct MeshTransport {
     pub rpc: RpcEndpoint,
+    /// A peer that refuses this node as removed says so on a Raft call
+    /// first: a removed node's campaign reaches every voter.
+    pub removal: RemovalNotice,
 }
 
 /// Room left in a frame for the request envelope around a Raft message.
@@ -22,6 +26,7 @@ impl RaftTransport for MeshTransport {
 
     fn send(&self, target: NodeId, addr: &str, rpc: RaftRpc, timeout: Duration) -> TransportFuture {
         let endpoint = self.rpc.clone();
+        let removal = self.removal.clone();
         let addr = addr.to_string();
         Box::pin(async move {
             let sock: SocketAddr = addr.parse().map_err(|_| {
@@ -41,10 +46,13 @@ impl RaftTransport for MeshTransport {
                 })?;
             match proto::decode::<Response>(&reply) {
                 Ok(Response::Raft(r)) => Ok(r),
-                Ok(Response::Error(e)) => Err(TransportError::Failed(format!(
-                    "node {target}: {}",
-                    e.message
-                ))),
+                Ok(Response::Error(e)) => {
+                    removal.note_refusal(target, &e);
+                    Err(TransportError::Failed(format!(
+                        "node {target}: {}",
+                        e.message
+                    )))
+                }
                 Ok(_) => Err(TransportError::Failed(format!(
                     "node {target} answered a Raft RPC with something else"
                 ))),

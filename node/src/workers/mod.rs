@@ -12,6 +12,7 @@ pub mod gossip;
 pub mod gpu_health;
 pub mod job_files;
 pub mod member_record;
+pub mod own_removal;
 pub mod reconcile;
 pub mod regions;
 pub mod scheduler;

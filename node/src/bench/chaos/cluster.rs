@@ -418,9 +418,22 @@ impl ChaosCluster {
             .collect()
     }
 
+    /// Slots whose running node heard that it was removed from the
+    /// cluster: its agent exits (see [`Agent::removed_from_cluster`]).
+    pub fn stopped_as_removed(&self) -> Vec<usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.is_paused() && s.agent().is_some_and(|a| a.removed().is_some()))
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// Slots whose running node the others' ledgers record as removed: a
     /// `remove-voter` fault whose removal answered too late for the run to
-    /// see it committed. The fault model has a removed node stop.
+    /// see it committed, or a node cut off while it was removed. The node
+    /// must notice and stop on its own ([`Self::stopped_as_removed`]); one
+    /// still here when the run settles is a violation.
     pub fn removed_but_running(&self) -> Vec<usize> {
         let left = |id: NodeId| {
             self.slots.iter().any(|other| {

@@ -554,8 +554,11 @@ impl Pending {
     /// supervisor would, a node whose ledger stopped for good (its agent
     /// exits) is started again.
     async fn attempt(&mut self, cluster: &mut ChaosCluster) -> Result<(), String> {
-        for slot in cluster.removed_but_running() {
-            tracing::info!(slot, "chaos: a removal that timed out was committed: its node stops and a new one joins in its slot");
+        for slot in cluster.stopped_as_removed() {
+            tracing::info!(
+                slot,
+                "chaos: a node heard of its removal and stops; a new one joins in its slot"
+            );
             cluster.crash(slot).await;
             cluster.replace(slot)?;
             self.queue.retain(
@@ -576,6 +579,15 @@ impl Pending {
         let mut left = Vec::new();
         for (r, _) in std::mem::take(&mut self.queue) {
             let result = match &r {
+                Restore::Restart(slot)
+                    if crate::node::removal::marked(&cluster.slots[*slot].data_dir()).is_some() =>
+                {
+                    // It heard of its removal before it crashed: its data
+                    // dir never starts again, a new node joins instead.
+                    cluster.replace(*slot)?;
+                    left.push((Restore::Join(*slot), "removed".into()));
+                    Ok(())
+                }
                 Restore::Restart(slot) => cluster.try_restart(*slot).await,
                 Restore::Join(slot) => match cluster.try_join(*slot).await {
                     Err(e) if e.contains("already a member") || e.contains("no answer") => {
@@ -811,7 +823,20 @@ async fn settle(
             ))
         })
         .collect();
-    let mut found = vec![Violation::new(
+    let mut found: Vec<Violation> = cluster
+        .removed_but_running()
+        .into_iter()
+        .map(|slot| {
+            Violation::new(
+                "removed-runs-on",
+                format!(
+                    "{} was removed from the cluster and still runs as a member: it never noticed",
+                    cluster.slots[slot].name
+                ),
+            )
+        })
+        .collect();
+    found.push(Violation::new(
         "not-converged",
         format!(
             "{} of {} nodes running; they did not reach one ledger within {timeout:?} of healing: {}; raft: {}",
@@ -820,7 +845,7 @@ async fn settle(
             indexes.join(", "),
             raft.join("; ")
         ),
-    )];
+    ));
     found.extend(invariants::check_converged(&refs));
     Err(found)
 }
