@@ -315,11 +315,13 @@ impl Agent {
             ident.node_id,
             raft.clone(),
             ledger_state,
-            rpc.clone(),
             metrics.clone(),
-            Duration::from_millis(cfg.membership.request_timeout_ms),
-            cfg.test_faults.clone(),
-            removal,
+            crate::node::client::PeerLinks {
+                rpc: rpc.clone(),
+                request_timeout: Duration::from_millis(cfg.membership.request_timeout_ms),
+                faults: cfg.test_faults.clone(),
+                removal,
+            },
         );
         let chunks = ChunkNet::new(
             ledger.clone(),

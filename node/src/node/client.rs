@@ -82,17 +82,31 @@ struct Shared {
     removal: RemovalNotice,
 }
 
+/// How the ledger client reaches the other members.
+pub struct PeerLinks {
+    pub rpc: RpcEndpoint,
+    pub request_timeout: Duration,
+    /// Test only: judges the calls to other members (see
+    /// [`crate::rpc::faults`]).
+    pub faults: Option<FaultRouter>,
+    /// Shared with the Raft transport, which hears a refusal first.
+    pub removal: RemovalNotice,
+}
+
 impl LedgerClient {
     pub fn new(
         me: NodeId,
         raft: Raft,
         state: LedgerHandle,
-        rpc: RpcEndpoint,
         metrics: Arc<Metrics>,
-        request_timeout: Duration,
-        faults: Option<FaultRouter>,
-        removal: RemovalNotice,
+        links: PeerLinks,
     ) -> Self {
+        let PeerLinks {
+            rpc,
+            request_timeout,
+            faults,
+            removal,
+        } = links;
         let batcher = Batcher::spawn(raft.clone(), me);
         LedgerClient {
             shared: Arc::new(Shared {
