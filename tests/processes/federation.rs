@@ -150,6 +150,63 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
         "{local:?}"
     );
 
+    // The credential us-1 holds for eu-1 (in its ledger, in clear: every
+    // us-1 node calls eu-1 with it) forwards job commands and reads the
+    // summary there, and reaches no admin route.
+    let backup = root.path().join("us-1.ledger");
+    ok(
+        &["snapshot", "save", backup.to_str().expect("utf-8 path")],
+        &us_api,
+        &us_token,
+    );
+    let (_, saved) = shoal_node::node::backup::read_file(&backup).expect("the us-1 backup");
+    let peer_secret = saved.ledger.federation.peers["eu-1"]
+        .outbound_secret
+        .clone();
+    let as_peer = |method: reqwest::Method, path: &str| {
+        http.request(method, format!("{eu_api}{path}"))
+            .bearer_auth(&peer_secret)
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+    };
+    let listed = as_peer(reqwest::Method::GET, "/v1/jobs")
+        .await
+        .expect("request");
+    assert_eq!(
+        listed.status().as_u16(),
+        200,
+        "the peer credential is valid"
+    );
+    for (method, path) in [
+        (reqwest::Method::POST, "/v1/tokens"),
+        (reqwest::Method::POST, "/v1/api-tokens/rotate-admin"),
+        (reqwest::Method::POST, "/v1/nodes/eu2/remove"),
+        (reqwest::Method::POST, "/v1/nodes/eu2/drain"),
+        (reqwest::Method::POST, "/v1/tenants"),
+        (reqwest::Method::POST, "/v1/users"),
+        (reqwest::Method::POST, "/v1/attrs"),
+        (reqwest::Method::POST, "/v1/ca/rotate"),
+        (reqwest::Method::GET, "/v1/snapshot"),
+        (reqwest::Method::POST, "/v1/federation/join"),
+        (reqwest::Method::POST, "/v1/federation/regions/us-1/leave"),
+        (
+            reqwest::Method::POST,
+            "/v1/federation/regions/us-1/failover",
+        ),
+        (reqwest::Method::POST, "/v1/objects"),
+        (reqwest::Method::POST, "/v1/jobs/1/requeue"),
+    ] {
+        let resp = as_peer(method.clone(), path).await.expect("request");
+        let status = resp.status().as_u16();
+        let body = resp.text().await.unwrap_or_default();
+        assert_eq!(
+            status, 403,
+            "{method} {path} with a peer region's credential: {body}"
+        );
+        assert!(body.contains("may forward job commands"), "{body}");
+    }
+
     // --near: among regions where the job fits now, its data's region
     // wins over the submitter's.
     let near = ok(
