@@ -97,6 +97,16 @@ async fn a_tree_survives_a_lost_holder_and_comes_back_identical() {
     let replicas: Vec<u64> = serde_json::from_value(stat["replicas"].clone()).expect("replicas");
     assert_eq!(replicas.len(), 3, "three distinct holders: {replicas:?}");
     assert_eq!(stat["healthy"], true);
+    // mesh://REGION/PATH: this region's name is the same object; another
+    // region's is refused with one error line, not read as a path here.
+    let region = client.status().await.expect("status").region;
+    let named = cli.json(&["stat", "--json", &format!("mesh://{region}/data")]);
+    assert_eq!(named["path"], "/data");
+    cli.fails(
+        &["cp", &src_s, "mesh://elsewhere-1/data"],
+        "is in region elsewhere-1",
+    );
+    cli.fails(&["ls", "mesh://elsewhere-1/"], "is in region elsewhere-1");
 
     // Unchanged data is not sent again.
     let again = cli.json(&["cp", "-r", "--force", "--json", &src_s, "mesh:/data"]);

@@ -57,9 +57,47 @@ enum Location {
     Mesh(String),
 }
 
-fn location(s: &str) -> Result<Location, String> {
-    match s.strip_prefix("mesh:") {
-        Some(path) => shoal_consensus::namespace::normalize(path).map(Location::Mesh),
+/// The path part of a mesh URL, as written: `mesh:/PATH` is this region's,
+/// `mesh://REGION/PATH` names a region. `None`: not a mesh URL.
+fn split_mesh(s: &str) -> Option<(Option<&str>, &str)> {
+    let rest = s.strip_prefix("mesh:")?;
+    match rest.strip_prefix("//") {
+        Some(named) => match named.split_once('/') {
+            Some((region, path)) => Some((Some(region), path)),
+            None => Some((Some(named), "/")),
+        },
+        None => Some((None, rest)),
+    }
+}
+
+/// The path of mesh URL `s` in the region `client` talks to; `None`: a
+/// local path. `mesh://REGION/PATH` is accepted for this region only: an
+/// object lives in the region that stored it, and the copy would need that
+/// region's nodes and credentials, so another region's is refused with
+/// how to reach it rather than read as a path here.
+async fn mesh_path_here(client: &Client, s: &str) -> anyhow::Result<Option<String>> {
+    let Some((region, path)) = split_mesh(s) else {
+        return Ok(None);
+    };
+    if let Some(region) = region {
+        let here = client.status().await.map_err(api)?.region;
+        if region != here {
+            anyhow::bail!(
+                "{s} is in region {region}; this command reaches region {here} only: run it against a node of {region} (--api URL, with a token of {region})"
+            );
+        }
+    }
+    Ok(Some(match region {
+        Some(_) => format!("/{path}"),
+        None => path.to_string(),
+    }))
+}
+
+async fn location(client: &Client, s: &str) -> anyhow::Result<Location> {
+    match mesh_path_here(client, s).await? {
+        Some(path) => shoal_consensus::namespace::normalize(&path)
+            .map(Location::Mesh)
+            .map_err(anyhow::Error::msg),
         None => Ok(Location::Local(PathBuf::from(s))),
     }
 }
@@ -83,12 +121,12 @@ pub async fn cp(client: &Client, args: &CpArgs, json: bool) -> anyhow::Result<()
         .paths
         .split_last()
         .ok_or_else(|| anyhow::anyhow!("cp needs a source and a destination"))?;
-    let dst = location(dst_raw).map_err(anyhow::Error::msg)?;
+    let dst = location(client, dst_raw).await?;
     let many = srcs.len() > 1 || dst_raw.ends_with('/');
     let started = Instant::now();
     let mut summary = CpSummary::default();
     for src_raw in srcs {
-        let src = location(src_raw).map_err(anyhow::Error::msg)?;
+        let src = location(client, src_raw).await?;
         match (&src, &dst) {
             (Location::Local(from), Location::Mesh(to)) => {
                 let to = if many {
@@ -528,9 +566,9 @@ pub(crate) async fn download(
 }
 
 pub async fn ls(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
-    let path = match path.strip_prefix("mesh:") {
+    let path = match mesh_path_here(client, path).await? {
         Some(p) if p.trim_matches('/').is_empty() => String::new(),
-        Some(p) => shoal_consensus::namespace::normalize(p).map_err(anyhow::Error::msg)?,
+        Some(p) => shoal_consensus::namespace::normalize(&p).map_err(anyhow::Error::msg)?,
         None => anyhow::bail!("ls takes a mesh: path, e.g. mesh:/data"),
     };
     let objects = client.objects(&path).await.map_err(api)?;
@@ -557,10 +595,10 @@ pub async fn ls(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
 }
 
 pub async fn stat(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
-    let path = path
-        .strip_prefix("mesh:")
+    let path = mesh_path_here(client, path)
+        .await?
         .ok_or_else(|| anyhow::anyhow!("stat takes a mesh: path, e.g. mesh:/data"))?;
-    let path = shoal_consensus::namespace::normalize(path).map_err(anyhow::Error::msg)?;
+    let path = shoal_consensus::namespace::normalize(&path).map_err(anyhow::Error::msg)?;
     let o = stat_object(client, &path).await?;
     if json {
         println!(
@@ -587,9 +625,23 @@ pub async fn stat(client: &Client, path: &str, json: bool) -> anyhow::Result<()>
 }
 
 pub async fn rm(client: &Client, path: &str) -> anyhow::Result<()> {
-    let path = path
-        .strip_prefix("mesh:")
+    let path = mesh_path_here(client, path)
+        .await?
         .ok_or_else(|| anyhow::anyhow!("rm takes a mesh: path, e.g. mesh:/data"))?;
-    client.remove_object(path).await.map_err(api)?;
+    client.remove_object(&path).await.map_err(api)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_mesh;
+
+    #[test]
+    fn a_mesh_url_names_its_region_or_none() {
+        assert_eq!(split_mesh("mesh:/a/b"), Some((None, "/a/b")));
+        assert_eq!(split_mesh("mesh://eu-1/a/b"), Some((Some("eu-1"), "a/b")));
+        assert_eq!(split_mesh("mesh://eu-1"), Some((Some("eu-1"), "/")));
+        assert_eq!(split_mesh("./mesh:/a"), None);
+        assert_eq!(split_mesh("/tmp/x"), None);
+    }
 }
