@@ -214,7 +214,7 @@ pub enum ErrorCode {
     Internal,
     NotFound,
     /// The caller was removed from the cluster: its certificate is refused
-    /// for good, and a node told so stops (see [`crate::node::removal`]).
+    /// for good, and a node told so stops (see the node's removal notice).
     Removed,
 }
 
