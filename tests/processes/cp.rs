@@ -106,7 +106,10 @@ async fn a_tree_survives_a_lost_holder_and_comes_back_identical() {
         &["cp", &src_s, "mesh://elsewhere-1/data"],
         "is in region elsewhere-1",
     );
-    cli.fails(&["ls", "mesh://elsewhere-1/"], "is in region elsewhere-1");
+    cli.fails(
+        &["ls", "mesh://elsewhere-1/"],
+        "no peer region named 'elsewhere-1'",
+    );
 
     // Unchanged data is not sent again.
     let again = cli.json(&["cp", "-r", "--force", "--json", &src_s, "mesh:/data"]);

@@ -207,6 +207,60 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
         assert!(body.contains("may forward job commands"), "{body}");
     }
 
+    // Another region's objects: ls, stat and rm of mesh://eu-1/PATH are
+    // forwarded; a copy to or from there is refused with how to reach it;
+    // a tenant sees and removes only its own there too.
+    let notes = root.path().join("notes.txt");
+    std::fs::write(&notes, b"kept in eu-1").expect("write notes");
+    let notes_s = notes.to_str().expect("utf-8 path");
+    ok(
+        &["cp", "--replica", "2", notes_s, "mesh:/notes"],
+        &eu_api,
+        &eu_token,
+    );
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&ok(&["ls", "--json", "mesh://eu-1/"], &us_api, &us_token))
+            .expect("ls JSON");
+    assert!(listed.iter().any(|o| o["path"] == "/notes"), "{listed:?}");
+    let stat: serde_json::Value = serde_json::from_str(&ok(
+        &["stat", "--json", "mesh://eu-1/notes"],
+        &us_api,
+        &us_token,
+    ))
+    .expect("stat JSON");
+    assert_eq!(stat["bytes"], 12, "{stat}");
+    let (code, _, err) = shoal(
+        &[
+            "cp",
+            "mesh://eu-1/notes",
+            root.path().join("back").to_str().expect("utf-8"),
+        ],
+        &us_api,
+        &us_token,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("is in region eu-1"),
+        "{err}"
+    );
+    let seen: Vec<serde_json::Value> = serde_json::from_str(&ok(
+        &["ls", "--json", "mesh://eu-1/"],
+        &us_api,
+        &tenant_token,
+    ))
+    .expect("ls JSON");
+    assert!(
+        seen.is_empty(),
+        "a tenant sees another's object there: {seen:?}"
+    );
+    let (code, _, err) = shoal(&["rm", "mesh://eu-1/notes"], &us_api, &tenant_token);
+    assert_eq!(code, 1, "a tenant removed another's object: {err}");
+    ok(&["rm", "mesh://eu-1/notes"], &us_api, &us_token);
+    let left: Vec<serde_json::Value> =
+        serde_json::from_str(&ok(&["ls", "--json", "mesh:/"], &eu_api, &eu_token))
+            .expect("ls JSON");
+    assert!(left.iter().all(|o| o["path"] != "/notes"), "{left:?}");
+
     // --near: among regions where the job fits now, its data's region
     // wins over the submitter's.
     let near = ok(

@@ -29,7 +29,9 @@ use shoal_sdk::{
 };
 use std::sync::Arc;
 
-/// The job commands `--region R` forwards to another region.
+/// The job commands `--region R` forwards to another region, and the
+/// object-namespace reads and removals of `mesh://R/PATH` (small JSON
+/// bodies; a copy moves chunks between the caller and R's own nodes).
 pub const FORWARDABLE: &[(&str, &str)] = &[
     ("POST", "/v1/jobs"),
     ("GET", "/v1/jobs"),
@@ -37,6 +39,8 @@ pub const FORWARDABLE: &[(&str, &str)] = &[
     ("POST", "/v1/jobs/{id}/cancel"),
     ("GET", "/v1/jobs/{id}/logs"),
     ("GET", "/v1/jobs/{id}/checkpoints"),
+    ("GET", "/v1/objects"),
+    ("POST", "/v1/objects/rm"),
 ];
 
 /// What a peer region's credential reaches besides [`FORWARDABLE`].
@@ -121,7 +125,7 @@ pub fn admit_peer(app: &Node, mut caller: Caller, req: &Request) -> Result<Calle
             StatusCode::FORBIDDEN,
             "forbidden",
             format!(
-                "permission denied: region {region}'s credential may forward job commands and read the summary, not {method} {route}"
+                "permission denied: region {region}'s credential may forward job commands and object reads and removals, and read the summary, not {method} {route}"
             ),
         )));
     }
@@ -154,7 +158,7 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
         return error(
             StatusCode::BAD_REQUEST,
             "invalid",
-            format!("--region applies to job commands (submit, queue, show, cancel, logs); {method} {route} runs in this region"),
+            format!("--region applies to job commands (submit, queue, show, cancel, logs) and to ls, stat and rm of mesh://REGION/PATH; {method} {route} runs in this region"),
         );
     }
     let (parts, body) = req.into_parts();

@@ -70,27 +70,59 @@ fn split_mesh(s: &str) -> Option<(Option<&str>, &str)> {
     }
 }
 
-/// The path of mesh URL `s` in the region `client` talks to; `None`: a
-/// local path. `mesh://REGION/PATH` is accepted for this region only: an
-/// object lives in the region that stored it, and the copy would need that
-/// region's nodes and credentials, so another region's is refused with
-/// how to reach it rather than read as a path here.
-async fn mesh_path_here(client: &Client, s: &str) -> anyhow::Result<Option<String>> {
+/// Where a mesh URL points: the region to ask (`None`: the one `client`
+/// talks to) and the path there. `None` overall: a local path.
+struct MeshTarget {
+    region: Option<String>,
+    path: String,
+}
+
+impl MeshTarget {
+    /// `client`, or the same client forwarding to the named region.
+    fn client(&self, client: &Client) -> Client {
+        match &self.region {
+            Some(r) => client.in_region(Some(r)),
+            None => client.clone(),
+        }
+    }
+}
+
+/// Resolves mesh URL `s` against the region `client` talks to: a
+/// `mesh://REGION/PATH` naming that region is a local path; another
+/// region's is kept for forwarding (`ls`, `stat`, `rm`).
+async fn mesh_target(client: &Client, s: &str) -> anyhow::Result<Option<MeshTarget>> {
     let Some((region, path)) = split_mesh(s) else {
         return Ok(None);
     };
-    if let Some(region) = region {
-        let here = client.status().await.map_err(api)?.region;
-        if region != here {
-            anyhow::bail!(
-                "{s} is in region {region}; this command reaches region {here} only: run it against a node of {region} (--api URL, with a token of {region})"
-            );
-        }
-    }
-    Ok(Some(match region {
-        Some(_) => format!("/{path}"),
-        None => path.to_string(),
+    let Some(region) = region else {
+        return Ok(Some(MeshTarget {
+            region: None,
+            path: path.to_string(),
+        }));
+    };
+    let here = client.status().await.map_err(api)?.region;
+    Ok(Some(MeshTarget {
+        region: (region != here).then(|| region.to_string()),
+        path: format!("/{path}"),
     }))
+}
+
+/// The path of mesh URL `s` in the region `client` talks to; `None`: a
+/// local path. A copy moves chunks between this machine and the holders,
+/// which are that region's nodes, reached with its credentials; so another
+/// region's object is refused with how to reach it rather than read as a
+/// path here.
+async fn mesh_path_here(client: &Client, s: &str) -> anyhow::Result<Option<String>> {
+    let Some(target) = mesh_target(client, s).await? else {
+        return Ok(None);
+    };
+    if let Some(region) = &target.region {
+        let here = client.status().await.map_err(api)?.region;
+        anyhow::bail!(
+            "{s} is in region {region}; cp moves data to and from region {here} only: run it against a node of {region} (--api URL, with a token of {region})"
+        );
+    }
+    Ok(Some(target.path))
 }
 
 async fn location(client: &Client, s: &str) -> anyhow::Result<Location> {
@@ -566,12 +598,14 @@ pub(crate) async fn download(
 }
 
 pub async fn ls(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
-    let path = match mesh_path_here(client, path).await? {
-        Some(p) if p.trim_matches('/').is_empty() => String::new(),
-        Some(p) => shoal_consensus::namespace::normalize(&p).map_err(anyhow::Error::msg)?,
-        None => anyhow::bail!("ls takes a mesh: path, e.g. mesh:/data"),
+    let Some(target) = mesh_target(client, path).await? else {
+        anyhow::bail!("ls takes a mesh: path, e.g. mesh:/data");
     };
-    let objects = client.objects(&path).await.map_err(api)?;
+    let path = match target.path.trim_matches('/') {
+        "" => String::new(),
+        _ => shoal_consensus::namespace::normalize(&target.path).map_err(anyhow::Error::msg)?,
+    };
+    let objects = target.client(client).objects(&path).await.map_err(api)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&objects)?);
         return Ok(());
@@ -595,11 +629,11 @@ pub async fn ls(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
 }
 
 pub async fn stat(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
-    let path = mesh_path_here(client, path)
+    let target = mesh_target(client, path)
         .await?
         .ok_or_else(|| anyhow::anyhow!("stat takes a mesh: path, e.g. mesh:/data"))?;
-    let path = shoal_consensus::namespace::normalize(&path).map_err(anyhow::Error::msg)?;
-    let o = stat_object(client, &path).await?;
+    let path = shoal_consensus::namespace::normalize(&target.path).map_err(anyhow::Error::msg)?;
+    let o = stat_object(&target.client(client), &path).await?;
     if json {
         println!(
             "{}",
@@ -625,10 +659,14 @@ pub async fn stat(client: &Client, path: &str, json: bool) -> anyhow::Result<()>
 }
 
 pub async fn rm(client: &Client, path: &str) -> anyhow::Result<()> {
-    let path = mesh_path_here(client, path)
+    let target = mesh_target(client, path)
         .await?
         .ok_or_else(|| anyhow::anyhow!("rm takes a mesh: path, e.g. mesh:/data"))?;
-    client.remove_object(&path).await.map_err(api)?;
+    target
+        .client(client)
+        .remove_object(&target.path)
+        .await
+        .map_err(api)?;
     Ok(())
 }
 
