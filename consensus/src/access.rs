@@ -144,7 +144,8 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::RecordForeignCheckpoint { .. }
         | Command::ForgetForeignJob { .. }
         | Command::AdoptForeignJob { .. }
-        | Command::JobMoved { .. } => "federating regions",
+        | Command::JobMoved { .. }
+        | Command::SetPeerCa { .. } => "federating regions",
         _ => "this operation",
     }
 }
@@ -363,6 +364,10 @@ mod tests {
                 job: own,
                 region: "eu-1".into(),
                 remote_job: 9,
+            },
+            Command::SetPeerCa {
+                region: "eu-1".into(),
+                ca_cert_pem: "-----BEGIN CERTIFICATE-----".into(),
             },
         ] {
             match as_tenant(&mut l, "a", cmd) {

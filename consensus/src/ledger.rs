@@ -355,6 +355,12 @@ pub enum Command {
         region: String,
         remote_job: JobId,
     },
+    /// A peer region's CA certificates, as its summary names them while it
+    /// rotates its CA (proposed by the leader only: no node or token may).
+    SetPeerCa {
+        region: String,
+        ca_cert_pem: String,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -609,6 +615,10 @@ impl Ledger {
             Command::TouchApiToken { id } => answer(self.touch_api_token(id, now)),
             Command::AddPeerRegion { peer } => answer(self.add_peer_region(peer, now)),
             Command::RemovePeerRegion { name } => answer(self.remove_peer_region(name)),
+            Command::SetPeerCa {
+                region,
+                ca_cert_pem,
+            } => answer(self.set_peer_ca(region, ca_cert_pem)),
             Command::CheckpointCopied { job, step, region } => {
                 answer(self.checkpoint_copied(*job, *step, region))
             }

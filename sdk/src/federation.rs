@@ -65,6 +65,11 @@ pub struct RegionSummary {
     /// have not ended: a copy of a job missing here is no longer needed.
     #[serde(default)]
     pub copied_live: Vec<u64>,
+    /// The CA certificates (PEM) the region trusts: during its CA rotation
+    /// both, so a peer learns the new CA while the old one still vouches
+    /// for it.
+    #[serde(default)]
+    pub trusted_ca_pem: String,
 }
 
 /// A job a region took over from another region (`--ckpt-replicas L+R`).

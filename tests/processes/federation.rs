@@ -261,6 +261,55 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
             .expect("ls JSON");
     assert!(left.iter().all(|o| o["path"] != "/notes"), "{left:?}");
 
+    // eu-1 rotates its CA: us-1 learns the new one from eu-1's summaries
+    // while the old one still vouches for it, and reaches eu-1 after the
+    // old one retired (a fresh TLS client: it is keyed by the CAs trusted).
+    let eu_ca = |args: &[&str]| -> serde_json::Value {
+        serde_json::from_str(&ok(args, &eu_api, &eu_token)).expect("ca JSON")
+    };
+    let rotated = eu_ca(&["ca", "rotate", "--json"]);
+    let new_ca = rotated["new_fingerprint"]
+        .as_str()
+        .expect("fingerprint")
+        .to_string();
+    let eu_trusts = wait_for("eu-1's CA rotation done", Duration::from_secs(60), || {
+        let s = eu_ca(&["ca", "status", "--json"]);
+        let done = s["phase"] == "stable" && s["signing_fingerprint"] == new_ca.as_str();
+        async move { done.then(|| s["trusted_pem"].as_str().unwrap_or_default().to_string()) }
+    })
+    .await;
+    let before_ca = saved.ledger.federation.peers["eu-1"].ca_cert_pem.clone();
+    assert_ne!(before_ca.trim_end(), eu_trusts.trim_end());
+    wait_for(
+        "us-1 to record eu-1's new CA",
+        Duration::from_secs(30),
+        || {
+            ok(
+                &["snapshot", "save", backup.to_str().expect("utf-8 path")],
+                &us_api,
+                &us_token,
+            );
+            let learned = shoal_node::node::backup::read_file(&backup)
+                .map(|(_, l)| l.ledger.federation.peers["eu-1"].ca_cert_pem.clone())
+                .unwrap_or_default();
+            let hit = learned.trim_end() == eu_trusts.trim_end();
+            async move { hit.then_some(()) }
+        },
+    )
+    .await;
+    let after: Vec<serde_json::Value> =
+        serde_json::from_str(&ok(&["ls", "--json", "mesh://eu-1/"], &us_api, &us_token))
+            .expect("ls JSON");
+    assert!(after.iter().all(|o| o["path"] != "/notes"), "{after:?}");
+    wait_region(
+        &us_api,
+        &us_token,
+        "eu-1",
+        "eu-1 reachable after its rotation",
+        |r| r.reachable && r.last_summary_age_ms.is_some_and(|a| a < 1_000),
+    )
+    .await;
+
     // --near: among regions where the job fits now, its data's region
     // wins over the submitter's.
     let near = ok(

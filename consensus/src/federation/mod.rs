@@ -187,6 +187,27 @@ impl Ledger {
         Ok(())
     }
 
+    /// `Command::SetPeerCa`: the CA certificates a peer's API chains to
+    /// from now on. The leader proposes it from a summary the peer served
+    /// over TLS that chained to the CAs recorded so far (during the peer's
+    /// rotation its nodes carry a certificate of the new CA signed by the
+    /// old one), so trust passes from the old CA to the new one.
+    pub(crate) fn set_peer_ca(&mut self, region: &str, ca_cert_pem: &str) -> Result<(), String> {
+        if ca_cert_pem.len() > MAX_CA_PEM {
+            return Err(format!(
+                "region {region}'s CA certificates are longer than {MAX_CA_PEM} bytes"
+            ));
+        }
+        if !ca_cert_pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(format!("region {region} named no CA certificate"));
+        }
+        let Some(peer) = self.federation.peers.get_mut(region) else {
+            return Err(format!("no peer region named '{region}'"));
+        };
+        peer.ca_cert_pem = ca_cert_pem.to_string();
+        Ok(())
+    }
+
     /// `Command::RemovePeerRegion`: forgets the peer; its secret stops
     /// working here in the same entry.
     pub(crate) fn remove_peer_region(&mut self, name: &str) -> Result<(), String> {
@@ -265,6 +286,34 @@ mod tests {
                 .map(|p| p.name.as_str()),
             Some("eu-1")
         );
+    }
+
+    #[test]
+    fn a_peers_ca_is_replaced_only_for_a_known_peer_and_a_certificate() {
+        let mut l = ledger("us-1");
+        apply(
+            &mut l,
+            Command::AddPeerRegion {
+                peer: peer("eu-1", "h1"),
+            },
+        );
+        let set = |region: &str, pem: &str| Command::SetPeerCa {
+            region: region.into(),
+            ca_cert_pem: pem.into(),
+        };
+        let both = "-----BEGIN CERTIFICATE-----\nold\n-----BEGIN CERTIFICATE-----\nnew\n";
+        assert_eq!(apply(&mut l, set("eu-1", both)), LedgerResponse::Ok);
+        assert_eq!(l.federation.peers["eu-1"].ca_cert_pem, both);
+        for (region, pem) in [
+            ("mars-1", both),
+            ("eu-1", ""),
+            ("eu-1", "not a certificate"),
+            ("eu-1", &"-----BEGIN CERTIFICATE-----".repeat(1000)),
+        ] {
+            let r = apply(&mut l, set(region, pem));
+            assert!(matches!(r, LedgerResponse::Rejected(_)), "{region}: {r:?}");
+        }
+        assert_eq!(l.federation.peers["eu-1"].ca_cert_pem, both);
     }
 
     #[test]

@@ -187,6 +187,7 @@ mod tests {
             api_urls: vec![],
             adopted: vec![],
             copied_live: vec![],
+            trusted_ca_pem: String::new(),
         }
     }
 

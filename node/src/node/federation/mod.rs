@@ -69,6 +69,37 @@ pub fn peer_named(node: &Node, region: &str) -> Result<PeerRegion, String> {
         })
 }
 
+/// Records the CAs `peer` says it trusts when they differ from the ones
+/// its answer was checked against: during the peer's CA rotation its
+/// nodes' certificates chain to the old CA too, so the peer's new CA is
+/// learned over a link the old one authenticated, and the link keeps
+/// working after the old CA retires. The leader proposes it, once per
+/// change (the others see it applied); a peer that stayed unreachable
+/// through a whole rotation needs a new `federation join`.
+async fn learn_peer_ca(node: &Node, peer: &PeerRegion, trusted_ca_pem: &str) {
+    if trusted_ca_pem.trim_end().is_empty()
+        || trusted_ca_pem.trim_end() == peer.ca_cert_pem.trim_end()
+        || !node.ledger().is_leader()
+    {
+        return;
+    }
+    let cmd = shoal_consensus::Command::SetPeerCa {
+        region: peer.name.clone(),
+        ca_cert_pem: trusted_ca_pem.to_string(),
+    };
+    match node.ledger().write(cmd).await {
+        Ok((shoal_consensus::LedgerResponse::Ok, _)) => {
+            tracing::info!(region = %peer.name, "a peer region's CA certificates changed; recorded")
+        }
+        Ok((answer, _)) => {
+            tracing::warn!(region = %peer.name, ?answer, "a peer region's new CA was not recorded")
+        }
+        Err(e) => {
+            tracing::debug!(region = %peer.name, error = %e.message, "a peer region's new CA is not committed yet")
+        }
+    }
+}
+
 /// The longest one cross-region request may take.
 pub fn request_timeout(node: &Node) -> Duration {
     Duration::from_millis(node.config().federation.request_timeout_ms)
@@ -142,6 +173,7 @@ pub async fn refresh_peer(node: &Node, peer: &PeerRegion) -> Result<(), LinkErro
     let now = crate::node::wall_ms();
     match outcome {
         Ok((summary, rtt)) => {
+            learn_peer_ca(node, peer, &summary.trusted_ca_pem).await;
             let own = local_region(node);
             let taken = summary
                 .adopted

@@ -208,6 +208,7 @@ mod tests {
             api_urls: vec!["http://127.0.0.1:1".into()],
             adopted: vec![],
             copied_live: vec![],
+            trusted_ca_pem: String::new(),
         }
     }
 
