@@ -117,9 +117,9 @@ impl Federation {
     }
 
     /// Runs `f` on the tracker.
-    pub fn update(&self, f: impl FnOnce(&mut RegionTracker)) {
+    pub fn update<T>(&self, f: impl FnOnce(&mut RegionTracker) -> T) -> T {
         let mut guard = self.regions.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut guard);
+        f(&mut guard)
     }
 
     fn http(&self, target: &PeerTarget) -> Result<reqwest::Client, LinkError> {

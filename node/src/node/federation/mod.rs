@@ -173,7 +173,7 @@ pub async fn refresh_peer(node: &Node, peer: &PeerRegion) -> Result<(), LinkErro
     let now = crate::node::wall_ms();
     match outcome {
         Ok((summary, rtt)) => {
-            learn_peer_ca(node, peer, &summary.trusted_ca_pem).await;
+            let trusted_ca_pem = summary.trusted_ca_pem.clone();
             let own = local_region(node);
             let taken = summary
                 .adopted
@@ -182,8 +182,15 @@ pub async fn refresh_peer(node: &Node, peer: &PeerRegion) -> Result<(), LinkErro
                 .map(|a| a.origin_job)
                 .collect();
             node.federation().leases().renew(&peer.name, asked, taken);
-            node.federation()
+            let newest = node
+                .federation()
                 .update(|t| t.record_summary(&peer.name, summary, rtt.as_secs_f64() * 1000.0, now));
+            // A lagging node of the peer, or an answer overtaken by a newer
+            // one, may still name the CAs trusted before a rotation ended;
+            // recording them would widen trust again until the next pull.
+            if newest {
+                learn_peer_ca(node, peer, &trusted_ca_pem).await;
+            }
             Ok(())
         }
         Err(e) => {

@@ -45,15 +45,17 @@ impl RegionTracker {
 
     /// The region answered with `summary` after `rtt_ms`. An answer that
     /// reflects an older ledger than the summary already held (a slow
-    /// response overtaken by a newer one) proves the region is alive but
-    /// does not replace the newer summary.
+    /// response overtaken by a newer one, or a lagging node's) proves the
+    /// region is alive but does not replace the newer summary. Returns
+    /// whether `summary` is now the one held, so that nothing is learned
+    /// from an overtaken one.
     pub fn record_summary(
         &mut self,
         region: &str,
         summary: RegionSummary,
         rtt_ms: f64,
         now_ms: u64,
-    ) {
+    ) -> bool {
         let p = self.peers.entry(region.to_string()).or_default();
         let newer = p.summary.as_ref().is_none_or(|old| {
             (summary.ledger_index, summary.generated_at_ms)
@@ -67,6 +69,7 @@ impl RegionTracker {
         p.rtt_ms = Some(rtt_ms);
         p.failures_in_a_row = 0;
         p.last_error = None;
+        newer
     }
 
     /// A request to the region failed (`error` says how).
@@ -258,6 +261,22 @@ mod tests {
         assert_eq!(
             t.urls("eu", &fallback),
             vec!["http://127.0.0.1:1".to_string()]
+        );
+    }
+
+    #[test]
+    fn an_overtaken_summary_is_not_kept_and_says_so() {
+        let mut t = RegionTracker::new(5_000);
+        assert!(t.record_summary("eu", summary(7, 70, 4), 3.0, 1));
+        assert!(!t.record_summary("eu", summary(6, 90, 2), 3.0, 2));
+        let kept = t.status("eu").and_then(|p| p.summary.clone());
+        assert_eq!(kept.map(|s| s.ledger_index), Some(7));
+        assert!(t.reachable("eu", 2), "the late answer still shows it alive");
+        let mut rebuilt = summary(1, 1, 4);
+        rebuilt.cluster_id = "another cluster".into();
+        assert!(
+            t.record_summary("eu", rebuilt, 3.0, 3),
+            "a region bootstrapped again starts its indexes over"
         );
     }
 
