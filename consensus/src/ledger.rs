@@ -361,6 +361,14 @@ pub enum Command {
         region: String,
         ca_cert_pem: String,
     },
+    /// A routed write with its sender's id ([`crate::once`]): applied the
+    /// first time, answered from the record when a retry repeats it. Only
+    /// the leader wraps a command so (the origin is the member whose
+    /// certificate carried it), and nothing is nested inside another.
+    Once {
+        id: crate::once::WriteId,
+        cmd: Box<Command>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -430,6 +438,9 @@ pub struct Ledger {
     pub clock_ms: u64,
     /// Peer regions ([`crate::federation`]).
     pub federation: crate::federation::FederationState,
+    /// The answers of recent routed writes ([`crate::once`]). Last, so a
+    /// version 11 snapshot decodes with an empty table appended.
+    pub recent_writes: crate::once::RecentWrites,
 }
 
 /// Checks a node name: DNS-label-like so it is safe in paths, labels and
@@ -655,10 +666,24 @@ impl Ledger {
                 region,
                 remote_job,
             } => answer(self.job_moved(*job, region, *remote_job, now)),
+            Command::Once { id, cmd } => {
+                if let Some(answer) = self.recent_writes.answer(id) {
+                    return answer.clone();
+                }
+                if matches!(**cmd, Command::Once { .. }) {
+                    return LedgerResponse::Rejected("write ids do not nest".into());
+                }
+                let answer = self.apply_command(index, cmd, checks);
+                self.recent_writes.record(*id, answer.clone(), now);
+                answer
+            }
             Command::AsTenant { tenant, cmd } => {
                 if matches!(
                     **cmd,
-                    Command::AsTenant { .. } | Command::AsNode { .. } | Command::Batch(_)
+                    Command::AsTenant { .. }
+                        | Command::AsNode { .. }
+                        | Command::Batch(_)
+                        | Command::Once { .. }
                 ) {
                     return LedgerResponse::Rejected("tenant commands do not nest".into());
                 }
@@ -679,7 +704,10 @@ impl Ledger {
             Command::AsNode { node, cmd } => {
                 let refusal = if matches!(
                     **cmd,
-                    Command::AsTenant { .. } | Command::AsNode { .. } | Command::Batch(_)
+                    Command::AsTenant { .. }
+                        | Command::AsNode { .. }
+                        | Command::Batch(_)
+                        | Command::Once { .. }
                 ) {
                     Some(format!("node {node} may not nest commands"))
                 } else {
@@ -937,6 +965,108 @@ mod tests {
         );
         assert_eq!(r, LedgerResponse::NodeId(1));
         l
+    }
+
+    #[test]
+    fn a_repeated_write_id_is_answered_from_the_record_and_applied_once() {
+        let mut l = bootstrapped();
+        let once = |origin: NodeId, nonce: u64, cmd: Command| Command::Once {
+            id: crate::once::WriteId { origin, nonce },
+            cmd: Box::new(cmd),
+        };
+        let at =
+            |l: &mut Ledger, ms: u64, cmd: Command| l.apply(2, &LedgerRequest { now_ms: ms, cmd });
+        let create = Command::CreateTenant {
+            name: "vision".into(),
+            limits: Default::default(),
+        };
+        assert_eq!(
+            at(&mut l, 1100, once(1, 9, create.clone())),
+            LedgerResponse::Ok
+        );
+        let created_at = l.workload.tenants["vision"].created_at_ms;
+        // The retry of a write whose first attempt committed.
+        assert_eq!(
+            at(&mut l, 1200, once(1, 9, create.clone())),
+            LedgerResponse::Ok
+        );
+        assert_eq!(l.workload.tenants["vision"].created_at_ms, created_at);
+        // Another member's write with the same nonce is another write.
+        let again = at(&mut l, 1300, once(2, 9, create.clone()));
+        assert!(
+            matches!(&again, LedgerResponse::Rejected(m) if m.contains("exists")),
+            "{again:?}"
+        );
+
+        let object = crate::namespace::MeshObject {
+            path: "/data".into(),
+            is_dir: false,
+            manifest: vec![1],
+            bytes: 1,
+            files: 1,
+            holders: vec![1],
+            replica: 1,
+            tenant: "default".into(),
+            mtime_ms: 0,
+        };
+        let put = Command::PutObject {
+            object,
+            replace: false,
+        };
+        assert_eq!(at(&mut l, 1400, put), LedgerResponse::Ok);
+        let remove = Command::RemoveObject {
+            path: "/data".into(),
+        };
+        assert_eq!(
+            at(&mut l, 1500, once(1, 10, remove.clone())),
+            LedgerResponse::Ok
+        );
+        assert_eq!(
+            at(&mut l, 1600, once(1, 10, remove.clone())),
+            LedgerResponse::Ok,
+            "a removal's retry is not answered 'does not exist'"
+        );
+        let unrouted = at(&mut l, 1700, remove);
+        assert!(
+            matches!(&unrouted, LedgerResponse::Rejected(m) if m.contains("does not exist")),
+            "{unrouted:?}"
+        );
+
+        // Only the leader wraps a write: never inside another wrapper.
+        let nested = at(
+            &mut l,
+            1800,
+            once(
+                1,
+                11,
+                once(
+                    1,
+                    12,
+                    Command::PutAttr {
+                        key: "k".into(),
+                        value: "v".into(),
+                    },
+                ),
+            ),
+        );
+        assert!(matches!(nested, LedgerResponse::Rejected(_)), "{nested:?}");
+        let forged = at(
+            &mut l,
+            1900,
+            Command::AsNode {
+                node: 1,
+                cmd: Box::new(once(
+                    2,
+                    13,
+                    Command::PutAttr {
+                        key: "k".into(),
+                        value: "v".into(),
+                    },
+                )),
+            },
+        );
+        assert!(matches!(forged, LedgerResponse::Denied(_)), "{forged:?}");
+        assert!(!l.attrs.contains_key("k"));
     }
 
     #[test]

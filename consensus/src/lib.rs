@@ -12,6 +12,7 @@ pub mod limits;
 pub mod namespace;
 pub mod network;
 pub mod node_access;
+pub mod once;
 pub mod recovery;
 pub mod sched;
 pub mod store;

@@ -58,8 +58,11 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// allocations their signals and master port, and the workload its users;
 /// version 11 gave job specs their checkpoint copies (`--ckpt-replicas
 /// L+R`), checkpoints the regions holding them, and the federation state
-/// the copies sent and held.
-pub const SNAPSHOT_VERSION: u8 = 11;
+/// the copies sent and held; version 12 gave the ledger the answers of
+/// recent routed writes (`recent_writes`, exactly-once retries), its last
+/// field, so a version 11 snapshot decodes as itself with an empty table
+/// appended.
+pub const SNAPSHOT_VERSION: u8 = 12;
 /// The oldest snapshot version this binary decodes.
 const OLDEST_DECODED_VERSION: u8 = 11;
 /// Decoding bound for snapshots and log entries.
@@ -311,6 +314,11 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
             let mut dec = zstd::Decoder::new(body).map_err(read_err)?;
             std::io::Read::read_to_end(&mut std::io::Read::take(&mut dec, MAX_DECODE), &mut plain)
                 .map_err(read_err)?;
+            if v == 11 {
+                // The ledger is the last field of the state machine and the
+                // table the last of the ledger.
+                plain.extend(encode(&crate::once::RecentWrites::default()).map_err(read_err)?);
+            }
             decode(&plain).map_err(read_err)
         }
         Some((v, _)) if *v > SNAPSHOT_VERSION => Err(read_err(format!(
@@ -548,6 +556,29 @@ mod tests {
     #[test]
     fn openraft_storage_suite_passes() -> Result<(), StorageError> {
         Suite::test_all(RedbBuilder)
+    }
+
+    /// A version 11 snapshot is a version 12 one without the (then empty)
+    /// table of recent writes at its end, and decodes to the same state.
+    #[test]
+    fn a_version_11_snapshot_decodes_with_no_recent_writes() {
+        let mut data = StateMachineData::default();
+        data.ledger.attrs.insert("k".into(), "v".into());
+        data.ledger.next_node_id = 4;
+        let plain = encode(&data).expect("encode");
+        let table = encode(&crate::once::RecentWrites::default()).expect("encode");
+        let v11 = &plain[..plain.len() - table.len()];
+        let mut bytes = vec![11u8];
+        bytes.extend(zstd::encode_all(v11, 3).expect("zstd"));
+        let old = decode_snapshot(&bytes).expect("a version 11 snapshot");
+        assert_eq!(old.ledger, data.ledger);
+        assert!(old.ledger.recent_writes.is_empty());
+        let current = encode_snapshot(&data).expect("encode");
+        assert_eq!(current[0], SNAPSHOT_VERSION);
+        assert_eq!(
+            decode_snapshot(&current).expect("decode").ledger,
+            data.ledger
+        );
     }
 
     #[test]

@@ -284,6 +284,62 @@ async fn a_member_certificate_proves_identity_not_authority() {
         ),
         "{answer:?}"
     );
+
+    // A write sent again with the same id (a retry after an attempt whose
+    // answer was lost) is answered as the first was and applied once; the
+    // id is the member's own, so a forged inner id is refused.
+    let create = Request::WriteAs {
+        token: UserToken(c.admin_token.clone()),
+        cmd: Command::CreateTenant {
+            name: "once".into(),
+            limits: Default::default(),
+        },
+    };
+    let once = |nonce: u64, req: &Request| Request::Once {
+        nonce,
+        req: Box::new(proto::decode(&proto::encode(req)).expect("a copy")),
+    };
+    let written = |r: &Response| match r {
+        Response::Write { response, .. } => response.clone(),
+        other => panic!("not a write answer: {other:?}"),
+    };
+    let first = call(&rogue, leader.rpc_addr(), &once(77, &create)).await;
+    assert_eq!(written(&first), LedgerResponse::Ok);
+    let retry = call(&rogue, leader.rpc_addr(), &once(77, &create)).await;
+    assert_eq!(
+        written(&retry),
+        LedgerResponse::Ok,
+        "the retry is answered as the first attempt"
+    );
+    let another = call(&rogue, leader.rpc_addr(), &once(78, &create)).await;
+    assert!(
+        matches!(written(&another), LedgerResponse::Rejected(m) if m.contains("exists")),
+        "{another:?}"
+    );
+    let forged = Request::Write(Command::Once {
+        id: shoal_consensus::once::WriteId {
+            origin: other.id(),
+            nonce: 77,
+        },
+        cmd: Box::new(Command::PutAttr {
+            key: "forged".into(),
+            value: "v".into(),
+        }),
+    });
+    let answer = call(&rogue, leader.rpc_addr(), &once(79, &forged)).await;
+    assert!(
+        refused(&answer),
+        "a member chose a write id's origin: {answer:?}"
+    );
+    let forged_attr = leader
+        .ledger()
+        .read()
+        .expect("ledger")
+        .ledger
+        .attrs
+        .contains_key("forged");
+    assert!(!forged_attr, "the forged write was applied");
+
     rogue.shutdown().await;
     c.shutdown().await;
 }

@@ -124,7 +124,7 @@ async fn a_cluster_is_upgraded_node_by_node_and_refuses_a_node_without_a_common_
     let root = tempfile::tempdir().expect("tempdir");
     let (mut nodes, token) =
         common::start_cluster(root.path(), &["n1", "n2", "n3"], |_| Vec::new()).await;
-    let old = format!("{N}..{N}");
+    let old = format!("{}..{N}", shoal_mesh::protocol::MIN_PROTOCOL);
     let next = format!("{N}..{}", N + 1);
     let status = status_json(&nodes[0], &token).expect("status --json");
     for n in &nodes {

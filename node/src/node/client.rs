@@ -24,6 +24,9 @@ use tokio::sync::watch;
 
 /// What the leader serves: the node's RPC handler, installed once the node
 /// is wired. A trait, so that routing does not depend on what it routes to.
+// This build must speak the protocol that brought write ids.
+const _: () = assert!(shoal_mesh::protocol::PROTOCOL >= shoal_consensus::once::SINCE_PROTOCOL);
+
 pub trait LeaderService: Send + Sync + 'static {
     fn serve(&self, req: Request) -> BoxFuture<'_, Result<Response, WireError>>;
 }
@@ -258,6 +261,22 @@ impl LedgerClient {
     /// the request timeout.
     pub async fn route(&self, req: Request) -> Result<Response, WireError> {
         let deadline = Instant::now() + self.shared.request_timeout;
+        // An attempt may commit and still fail here (the leader changed or
+        // the link broke while it was in flight); its retry carries the same
+        // id, so the leader answers it from the record instead of applying
+        // it twice.
+        let ids_spoken = self
+            .read()
+            .ok()
+            .and_then(|d| d.ledger.effective_protocol())
+            .is_some_and(|p| p >= shoal_consensus::once::SINCE_PROTOCOL);
+        let req = match req {
+            write @ (Request::Write(_) | Request::WriteAs { .. }) if ids_spoken => Request::Once {
+                nonce: rand::random(),
+                req: Box::new(write),
+            },
+            other => other,
+        };
         let body = proto::encode(&req);
         let mut local = Some(req);
         loop {

@@ -11,6 +11,7 @@ use crate::node::{auth, client::LeaderService, LedgerClient};
 use futures::future::BoxFuture;
 use shoal_consensus::events::{EventSpec, Severity};
 use shoal_consensus::network::{RaftRpc, RaftRpcReply};
+use shoal_consensus::once::WriteId;
 use shoal_consensus::{Command, NodeId};
 use shoal_mesh::{PeerInfo, RpcHandler};
 use shoal_sdk::MemberState;
@@ -91,6 +92,37 @@ impl NodeService {
                 }))
                 .await
             }
+            // The id's origin is the member that sent it, whatever it wrote.
+            Request::Once { nonce, req } => match *req {
+                Request::Write(cmd) => {
+                    let cmd = Command::AsNode {
+                        node: member,
+                        cmd: Box::new(cmd),
+                    };
+                    self.serve_write(
+                        Some(WriteId {
+                            origin: member,
+                            nonce,
+                        }),
+                        Request::Write(cmd),
+                    )
+                    .await
+                }
+                req @ Request::WriteAs { .. } => {
+                    self.serve_write(
+                        Some(WriteId {
+                            origin: member,
+                            nonce,
+                        }),
+                        req,
+                    )
+                    .await
+                }
+                _ => Err(WireError::new(
+                    ErrorCode::Invalid,
+                    "only writes carry a write id",
+                )),
+            },
             Request::RemoveMember { id, token: None } if id != member => {
                 self.audit(format!(
                     "refused a request from member {member}: it may remove only itself, not node {id}"
@@ -272,16 +304,37 @@ impl NodeService {
         }
     }
 
+    /// A write, applied once per id when it has one: `Write`'s command as
+    /// it is, `WriteAs`'s as far as its token's holder may.
+    async fn serve_write(&self, id: Option<WriteId>, req: Request) -> Result<Response, WireError> {
+        let cmd = match req {
+            Request::Write(cmd) => cmd,
+            Request::WriteAs { token, cmd } => self.user(&token)?.scoped(cmd),
+            _ => return Err(WireError::new(ErrorCode::Invalid, "not a write")),
+        };
+        let cmd = match id {
+            Some(id) => Command::Once {
+                id,
+                cmd: Box::new(cmd),
+            },
+            None => cmd,
+        };
+        let (response, index) = self.ledger.write_local(cmd).await?;
+        Ok(Response::Write { response, index })
+    }
+
     async fn serve_as_leader(&self, req: Request) -> Result<Response, WireError> {
         match req {
-            Request::Write(cmd) => {
-                let (response, index) = self.ledger.write_local(cmd).await?;
-                Ok(Response::Write { response, index })
+            req @ (Request::Write(_) | Request::WriteAs { .. }) => {
+                self.serve_write(None, req).await
             }
-            Request::WriteAs { token, cmd } => {
-                let caller = self.user(&token)?;
-                let (response, index) = self.ledger.write_local(caller.scoped(cmd)).await?;
-                Ok(Response::Write { response, index })
+            // This node's own write, routed to itself as the leader.
+            Request::Once { nonce, req } => {
+                let id = WriteId {
+                    origin: self.ledger.me(),
+                    nonce,
+                };
+                self.serve_write(Some(id), *req).await
             }
             Request::Query(q) => {
                 self.ledger.ensure_linearizable().await?;

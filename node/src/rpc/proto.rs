@@ -66,6 +66,14 @@ pub enum Request {
     /// [`ErrorCode::Removed`]. A learner never campaigns, so one that was
     /// cut off while it was removed hears of it only by asking.
     StillMember,
+    /// A `Write` or `WriteAs` with the sender's id for it, the same on every
+    /// attempt: the leader applies it as `Command::Once` under the id of
+    /// the member whose certificate carried it, so a retry of a write that
+    /// did commit is answered as the first attempt was.
+    Once {
+        nonce: u64,
+        req: Box<Request>,
+    },
 }
 
 /// A user's API token on its way to the leader. Only its holder and the
