@@ -151,7 +151,7 @@ fn describe(cmd: &Command) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ledger::{LedgerRequest, LedgerResponse, MemberSpec};
     use crate::namespace::MeshObject;
@@ -214,7 +214,9 @@ mod tests {
         l
     }
 
-    fn object(path: &str, tenant: &str) -> MeshObject {
+    /// A one-chunk object of `tenant` held by node 1 (also used by the
+    /// ledger's tests).
+    pub(crate) fn object(path: &str, tenant: &str) -> MeshObject {
         MeshObject {
             path: path.into(),
             is_dir: false,

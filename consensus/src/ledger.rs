@@ -998,17 +998,7 @@ mod tests {
             "{again:?}"
         );
 
-        let object = crate::namespace::MeshObject {
-            path: "/data".into(),
-            is_dir: false,
-            manifest: vec![1],
-            bytes: 1,
-            files: 1,
-            holders: vec![1],
-            replica: 1,
-            tenant: "default".into(),
-            mtime_ms: 0,
-        };
+        let object = crate::access::tests::object("/data", "default");
         let put = Command::PutObject {
             object,
             replace: false,
