@@ -94,6 +94,58 @@ pub fn choose_voters(candidates: &[VoterCandidate], leader: NodeId) -> Option<BT
     Some(chosen.iter().map(|c| c.id).collect())
 }
 
+/// Why removing a voter now would cost the cluster its quorum.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuorumAtRisk {
+    /// The voters that would remain.
+    pub remaining: BTreeSet<NodeId>,
+    /// Those of them the leader hears from.
+    pub answering: BTreeSet<NodeId>,
+}
+
+impl std::fmt::Display for QuorumAtRisk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let silent: Vec<NodeId> = self
+            .remaining
+            .difference(&self.answering)
+            .copied()
+            .collect();
+        write!(
+            f,
+            "it would leave voters {:?}, of which {:?} do not answer the leader, without a majority",
+            self.remaining, silent
+        )
+    }
+}
+
+/// Whether `removing` may leave now (etcd's strict reconfiguration check).
+/// The leader takes a member that left out of the voters by one change of
+/// membership, which commits only with a majority of the old voters and a
+/// majority of the new ones: removing a voter while too few of the others
+/// answer stops the ledger until the silent ones come back, and for good
+/// if they never do (a machine lost with its disk). `answering` are the
+/// voters the leader heard from recently, itself included. Removing a
+/// member that does not vote never changes a quorum.
+pub fn removal_keeps_a_quorum(
+    voters: &BTreeSet<NodeId>,
+    removing: NodeId,
+    answering: &BTreeSet<NodeId>,
+) -> Result<(), QuorumAtRisk> {
+    if !voters.contains(&removing) {
+        return Ok(());
+    }
+    let mut remaining = voters.clone();
+    remaining.remove(&removing);
+    let majority = |set: &BTreeSet<NodeId>| set.intersection(answering).count() * 2 > set.len();
+    if majority(voters) && majority(&remaining) {
+        return Ok(());
+    }
+    Err(QuorumAtRisk {
+        answering: remaining.intersection(answering).copied().collect(),
+        remaining,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +247,60 @@ mod tests {
                 let zones: BTreeSet<_> = cands.iter().filter(|c| c.healthy || c.id == leader).map(|c| c.zone.clone()).collect();
                 let covered: BTreeSet<_> = v.iter().filter_map(|id| cands.iter().find(|c| c.id == *id)).map(|c| c.zone.clone()).collect();
                 prop_assert_eq!(covered.len(), zones.len().min(v.len()));
+            }
+        }
+    }
+
+    fn ids(v: &[NodeId]) -> BTreeSet<NodeId> {
+        v.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_voter_may_leave_only_while_the_others_keep_a_majority() {
+        let voters = ids(&[1, 2, 3]);
+        // All answer: any one may go.
+        assert_eq!(removal_keeps_a_quorum(&voters, 2, &ids(&[1, 2, 3])), Ok(()));
+        // A lost voter may be removed: the two left both answer.
+        assert_eq!(removal_keeps_a_quorum(&voters, 1, &ids(&[2, 3])), Ok(()));
+        // A live voter may not while another is silent: {1, 3} with 1
+        // silent has no majority (chaos seed 511).
+        let refused = removal_keeps_a_quorum(&voters, 2, &ids(&[2, 3])).expect_err("refused");
+        assert_eq!(refused.remaining, ids(&[1, 3]));
+        assert_eq!(refused.answering, ids(&[3]));
+        assert!(refused.to_string().contains("[1]"), "{refused}");
+        // A learner may always go.
+        assert_eq!(removal_keeps_a_quorum(&voters, 7, &ids(&[3])), Ok(()));
+        // Four voters, one silent, removing the silent one: three of three
+        // answer, but the old set's 3 of 4 is a majority too.
+        let four = ids(&[1, 2, 3, 4]);
+        assert_eq!(removal_keeps_a_quorum(&four, 4, &ids(&[1, 2, 3])), Ok(()));
+        // Four voters, two silent: the old set has no majority.
+        assert!(removal_keeps_a_quorum(&four, 4, &ids(&[1, 2])).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn an_allowed_removal_leaves_both_configurations_a_majority(
+            voters in proptest::collection::btree_set(1u64..8, 1..6),
+            answering in proptest::collection::btree_set(1u64..8, 0..8),
+            removing in 1u64..9,
+        ) {
+            let allowed = removal_keeps_a_quorum(&voters, removing, &answering).is_ok();
+            if !voters.contains(&removing) {
+                prop_assert!(allowed);
+            } else {
+                let mut rest = voters.clone();
+                rest.remove(&removing);
+                let live_old = voters.intersection(&answering).count();
+                let live_new = rest.intersection(&answering).count();
+                prop_assert_eq!(
+                    allowed,
+                    live_old * 2 > voters.len() && live_new * 2 > rest.len()
+                );
+                // The last voter can never go: nothing would remain to vote.
+                if rest.is_empty() {
+                    prop_assert!(!allowed);
+                }
             }
         }
     }

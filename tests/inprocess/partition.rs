@@ -684,7 +684,9 @@ async fn a_chained_push_is_judged_hop_by_hop_by_the_forwarding_node() {
 
 /// A follower cut off while the others remove it never applies its own
 /// removal. Healed, it hears of it from the first peer that refuses its
-/// certificate, and its data dir, once marked, never starts again.
+/// certificate, and its data dir, once marked, never starts again. While
+/// it is cut off, the other follower may not be removed: the two voters
+/// left would need the silent one for a majority.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_while_it_was_removed_hears_of_it_once_healed() {
     let _serial = common::one_at_a_time();
@@ -703,6 +705,35 @@ async fn a_node_cut_off_while_it_was_removed_hears_of_it_once_healed() {
     let admin = shoal_sdk::Client::new(
         c.agent(leader).expect("leader").api_url(),
         Some(c.admin_token.clone()),
+    );
+    let other = ids(&c)
+        .into_iter()
+        .find(|id| *id != leader && *id != gone)
+        .expect("the other follower");
+    let leader_agent = c.agent(leader).expect("leader");
+    c.wait_until("the leader to stop hearing from the cut-off node", TIMEOUT, |_| {
+        let silent = leader_agent
+            .node()
+            .contacts()
+            .last_contact(gone)
+            .is_none_or(|at| at.elapsed() > Duration::from_secs(2));
+        async move { silent }
+    })
+    .await
+    .expect("silent");
+    let refused = admin
+        .remove_node(&other.to_string())
+        .await
+        .expect_err("removing a live voter while another is silent");
+    assert!(
+        refused.to_string().contains("cannot be removed now")
+            && refused.to_string().contains(&format!("[{gone}]")),
+        "{refused}"
+    );
+    assert_ne!(
+        member_state(leader_agent, other),
+        Some(MemberState::Left),
+        "a refused removal changed the ledger"
     );
     admin
         .remove_node(&gone.to_string())

@@ -350,6 +350,12 @@ impl Agent {
                 data_dir: data_dir.clone(),
                 lifetime: Duration::from_secs(cfg.cert_lifetime_s),
             },
+            crate::rpc::handler::VoterContacts {
+                tracker: contacts.clone(),
+                // Heartbeats go out every heartbeat_ms; two election
+                // timeouts without an answer is a voter that is not there.
+                within: Duration::from_millis(cfg.raft.election_timeout_min_ms.saturating_mul(2)),
+            },
         ));
         let leader_service: Arc<dyn LeaderService> = service.clone();
         ledger.serve_leader_requests_with(Arc::downgrade(&leader_service));

@@ -25,6 +25,16 @@ pub struct NodeService {
     gpus: Gpus,
     /// How this node signs certificates while it leads.
     signing: auth::Signing,
+    /// Which voters answer this node's Raft RPCs, for the removal check.
+    contacts: VoterContacts,
+}
+
+/// When each peer last answered this node's Raft RPCs, and how recent an
+/// answer must be for its voter to count as present.
+#[derive(Clone)]
+pub struct VoterContacts {
+    pub tracker: shoal_consensus::network::ContactTracker,
+    pub within: std::time::Duration,
 }
 
 impl NodeService {
@@ -34,6 +44,7 @@ impl NodeService {
         peers: SharedPeerView,
         gpus: Gpus,
         signing: auth::Signing,
+        contacts: VoterContacts,
     ) -> Self {
         NodeService {
             ledger,
@@ -41,6 +52,7 @@ impl NodeService {
             peers,
             gpus,
             signing,
+            contacts,
         }
     }
 
@@ -441,6 +453,28 @@ impl NodeService {
             return Err(WireError::new(
                 ErrorCode::Rejected,
                 format!("node {id} is the current leader: stop it first (another node takes over), then remove it"),
+            ));
+        }
+        let me = self.ledger.me();
+        let answering: std::collections::BTreeSet<NodeId> = self
+            .ledger
+            .voters()
+            .into_iter()
+            .filter(|v| {
+                *v == me
+                    || self
+                        .contacts
+                        .tracker
+                        .last_contact(*v)
+                        .is_some_and(|at| at.elapsed() <= self.contacts.within)
+            })
+            .collect();
+        if let Err(risk) =
+            shoal_consensus::voters::removal_keeps_a_quorum(&self.ledger.voters(), id, &answering)
+        {
+            return Err(WireError::new(
+                ErrorCode::Rejected,
+                format!("node {id} cannot be removed now: {risk}; bring those voters back, or remove a lost one first"),
             ));
         }
         // Only the ledger changes here: the leader's housekeeping loop takes
