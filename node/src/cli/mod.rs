@@ -882,9 +882,12 @@ fn api_err(e: ClientError) -> anyhow::Error {
 fn init_logging_quiet() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off"));
+    // Thread names say which node a line is from: a chaos run's nodes
+    // each run on threads named after their slot.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_thread_names(true)
         .try_init();
 }
 

@@ -99,15 +99,27 @@ pub struct ChaosCluster {
 }
 
 /// A free port on 127.0.0.1 for both TCP and UDP, found by binding port 0.
+/// Ports a slot listens on are drawn from below the kernel's ephemeral
+/// range (32768–60999 by default): a port the kernel handed out for a
+/// bind to 0 is free only until the next outgoing connection or QUIC
+/// client endpoint of any run on the machine takes it, and a restarted
+/// slot binds it again seconds later (seeds 360, 517 and 531, run four
+/// at a time, lost a slot that way).
+const SLOT_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
 fn free_port() -> Result<u16, String> {
-    for _ in 0..50 {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        let port = tcp.local_addr().map_err(|e| e.to_string())?.port();
-        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+    for _ in 0..200 {
+        let port = rand::random_range(SLOT_PORTS);
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
             return Ok(port);
         }
     }
-    Err("no port free for both TCP and UDP".into())
+    Err(format!(
+        "no port in {}..{} free for both TCP and UDP",
+        SLOT_PORTS.start, SLOT_PORTS.end
+    ))
 }
 
 fn node_runtime(name: &str, skew: Arc<AtomicI64>) -> Result<Runtime, String> {
