@@ -478,14 +478,15 @@ async fn install(cluster: &mut ChaosCluster, fault: &Fault, seed: u64) -> Instal
         },
         Fault::RemoveVoter { node } => {
             let name = cluster.slots[*node].name.clone();
-            if remove_member(cluster, &name, *node, Duration::from_secs(5))
-                .await
-                .is_ok()
-            {
-                cluster.crash(*node).await;
-                Installed::Removed(*node)
-            } else {
-                Installed::RemovalInDoubt { slot: *node, name }
+            match remove_member(cluster, &name, *node, Duration::from_secs(5)).await {
+                Ok(()) => {
+                    cluster.crash(*node).await;
+                    Installed::Removed(*node)
+                }
+                // Every attempt was answered with a refusal: nothing of it
+                // can commit later.
+                Err(e) if !e.in_doubt => Installed::Nothing,
+                Err(_) => Installed::RemovalInDoubt { slot: *node, name },
             }
         }
     }
@@ -631,21 +632,29 @@ impl Pending {
                     other => other,
                 },
                 Restore::RemoveOld { slot, name } => {
-                    remove_member(cluster, name, *slot, Duration::from_millis(1)).await
+                    remove_member(cluster, name, *slot, Duration::from_millis(1))
+                        .await
+                        .map_err(|e| e.last)
                 }
                 // The node heard of its removal and was replaced already.
                 Restore::FinishRemoval { slot, name } if cluster.slots[*slot].name != *name => {
                     Ok(())
                 }
                 Restore::FinishRemoval { slot, name } => {
-                    let removed =
-                        remove_member(cluster, name, *slot, Duration::from_millis(1)).await;
-                    if removed.is_ok() {
-                        cluster.crash(*slot).await;
-                        cluster.replace(*slot)?;
-                        left.push((Restore::Join(*slot), "not tried yet".into()));
+                    match remove_member(cluster, name, *slot, Duration::from_millis(1)).await {
+                        Ok(()) => {
+                            cluster.crash(*slot).await;
+                            cluster.replace(*slot)?;
+                            left.push((Restore::Join(*slot), "not tried yet".into()));
+                            Ok(())
+                        }
+                        // It leads now: the attempt in doubt did not
+                        // commit (a leader's log holds every committed
+                        // entry, and it would have answered "already
+                        // left"), and it stays.
+                        Err(e) if e.last.contains("is the current leader") => Ok(()),
+                        Err(e) => Err(e.last),
                     }
-                    removed
                 }
             };
             if let Err(e) = result {
@@ -694,14 +703,23 @@ impl Pending {
 
 /// `shoal node remove NAME` through any other running node, retried for
 /// `within` (a removal needs a leader); the last refusal on failure.
+/// Why a removal did not succeed: the last error, and whether any
+/// attempt went unanswered (or failed in flight), so that it may still
+/// commit.
+struct RemoveFailed {
+    last: String,
+    in_doubt: bool,
+}
+
 async fn remove_member(
     cluster: &ChaosCluster,
     name: &str,
     not: usize,
     within: Duration,
-) -> Result<(), String> {
+) -> Result<(), RemoveFailed> {
     let deadline = Instant::now() + within;
     let mut last = String::from("no running node to ask");
+    let mut in_doubt = false;
     loop {
         for (i, s) in cluster.slots.iter().enumerate() {
             if i == not || !s.is_running() || s.is_paused() {
@@ -722,12 +740,24 @@ async fn remove_member(
                 {
                     return Ok(())
                 }
-                Ok(Err(e)) => last = format!("{}: {e}", s.name),
-                Err(_) => last = format!("{}: no answer in {:?}", s.name, workload::OP_TIMEOUT),
+                Ok(Err(e)) => {
+                    // A refusal the leader answered (a 4xx) committed
+                    // nothing; anything else may have.
+                    let refused = matches!(
+                        &e,
+                        shoal_sdk::ClientError::Api { status, .. } if (400..500).contains(status)
+                    );
+                    in_doubt |= !refused;
+                    last = format!("{}: {e}", s.name);
+                }
+                Err(_) => {
+                    in_doubt = true;
+                    last = format!("{}: no answer in {:?}", s.name, workload::OP_TIMEOUT);
+                }
             }
         }
         if Instant::now() >= deadline {
-            return Err(last);
+            return Err(RemoveFailed { last, in_doubt });
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
