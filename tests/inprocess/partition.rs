@@ -711,14 +711,18 @@ async fn a_node_cut_off_while_it_was_removed_hears_of_it_once_healed() {
         .find(|id| *id != leader && *id != gone)
         .expect("the other follower");
     let leader_agent = c.agent(leader).expect("leader");
-    c.wait_until("the leader to stop hearing from the cut-off node", TIMEOUT, |_| {
-        let silent = leader_agent
-            .node()
-            .contacts()
-            .last_contact(gone)
-            .is_none_or(|at| at.elapsed() > Duration::from_secs(2));
-        async move { silent }
-    })
+    c.wait_until(
+        "the leader to stop hearing from the cut-off node",
+        TIMEOUT,
+        |_| {
+            let silent = leader_agent
+                .node()
+                .contacts()
+                .last_contact(gone)
+                .is_none_or(|at| at.elapsed() > Duration::from_secs(2));
+            async move { silent }
+        },
+    )
     .await
     .expect("silent");
     let refused = admin

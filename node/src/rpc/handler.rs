@@ -456,10 +456,10 @@ impl NodeService {
             ));
         }
         let me = self.ledger.me();
-        let answering: std::collections::BTreeSet<NodeId> = self
-            .ledger
-            .voters()
-            .into_iter()
+        let voters = self.ledger.voters();
+        let answering: std::collections::BTreeSet<NodeId> = voters
+            .iter()
+            .copied()
             .filter(|v| {
                 *v == me
                     || self
@@ -469,8 +469,7 @@ impl NodeService {
                         .is_some_and(|at| at.elapsed() <= self.contacts.within)
             })
             .collect();
-        if let Err(risk) =
-            shoal_consensus::voters::removal_keeps_a_quorum(&self.ledger.voters(), id, &answering)
+        if let Err(risk) = shoal_consensus::voters::removal_keeps_a_quorum(&voters, id, &answering)
         {
             return Err(WireError::new(
                 ErrorCode::Rejected,
