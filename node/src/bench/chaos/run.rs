@@ -602,14 +602,21 @@ impl Pending {
             }
         }
         let mut left = Vec::new();
+        // Slots given a new node in this pass: a restart queued for the
+        // node they had is moot (seed 553: a removal finished here, and
+        // the restart of the removed node queued after it started a second
+        // copy of the new one, which found its ports taken).
+        let mut replaced = std::collections::BTreeSet::new();
         for (r, _) in std::mem::take(&mut self.queue) {
             let result = match &r {
+                Restore::Restart(slot) if replaced.contains(slot) => Ok(()),
                 Restore::Restart(slot)
                     if crate::node::removal::marked(&cluster.slots[*slot].data_dir()).is_some() =>
                 {
                     // It heard of its removal before it crashed: its data
                     // dir never starts again, a new node joins instead.
                     cluster.replace(*slot)?;
+                    replaced.insert(*slot);
                     left.push((Restore::Join(*slot), "removed".into()));
                     Ok(())
                 }
@@ -645,6 +652,7 @@ impl Pending {
                         Ok(()) => {
                             cluster.crash(*slot).await;
                             cluster.replace(*slot)?;
+                            replaced.insert(*slot);
                             left.push((Restore::Join(*slot), "not tried yet".into()));
                             Ok(())
                         }
