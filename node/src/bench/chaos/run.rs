@@ -709,8 +709,6 @@ impl Pending {
     }
 }
 
-/// `shoal node remove NAME` through any other running node, retried for
-/// `within` (a removal needs a leader); the last refusal on failure.
 /// Why a removal did not succeed: the last error, and whether any
 /// attempt went unanswered (or failed in flight), so that it may still
 /// commit.
@@ -719,6 +717,8 @@ struct RemoveFailed {
     in_doubt: bool,
 }
 
+/// `shoal node remove NAME` through any other running node, retried for
+/// `within` (a removal needs a leader); the last refusal on failure.
 async fn remove_member(
     cluster: &ChaosCluster,
     name: &str,
