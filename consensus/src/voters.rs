@@ -125,13 +125,17 @@ impl std::fmt::Display for QuorumAtRisk {
 /// answer stops the ledger until the silent ones come back, and for good
 /// if they never do (a machine lost with its disk). `answering` are the
 /// voters the leader heard from recently, itself included. Removing a
-/// member that does not vote never changes a quorum.
+/// member that does not vote, or a voter that does not answer, never
+/// costs a quorum that is there: the silent voter counted for nothing,
+/// and refusing it would only keep a lost machine's vote in the set
+/// (chaos seeds 671 and 685: lost replacements piled up as voters while
+/// their removal was refused, until too many of them were dead).
 pub fn removal_keeps_a_quorum(
     voters: &BTreeSet<NodeId>,
     removing: NodeId,
     answering: &BTreeSet<NodeId>,
 ) -> Result<(), QuorumAtRisk> {
-    if !voters.contains(&removing) {
+    if !voters.contains(&removing) || !answering.contains(&removing) {
         return Ok(());
     }
     let mut remaining = voters.clone();
@@ -274,19 +278,26 @@ mod tests {
         // answer, but the old set's 3 of 4 is a majority too.
         let four = ids(&[1, 2, 3, 4]);
         assert_eq!(removal_keeps_a_quorum(&four, 4, &ids(&[1, 2, 3])), Ok(()));
-        // Four voters, two silent: the old set has no majority.
-        assert!(removal_keeps_a_quorum(&four, 4, &ids(&[1, 2])).is_err());
+        // Four voters, two silent: a silent one may still go (it counted
+        // for nothing), a live one may not.
+        assert_eq!(removal_keeps_a_quorum(&four, 4, &ids(&[1, 2])), Ok(()));
+        assert!(removal_keeps_a_quorum(&four, 2, &ids(&[1, 2])).is_err());
+        // Five voters, three lost: every lost one may be removed.
+        let five = ids(&[1, 2, 3, 4, 5]);
+        for lost in [3, 4, 5] {
+            assert_eq!(removal_keeps_a_quorum(&five, lost, &ids(&[1, 2])), Ok(()));
+        }
     }
 
     proptest! {
         #[test]
-        fn an_allowed_removal_leaves_both_configurations_a_majority(
+        fn a_live_voter_leaves_only_if_both_configurations_keep_a_majority(
             voters in proptest::collection::btree_set(1u64..8, 1..6),
             answering in proptest::collection::btree_set(1u64..8, 0..8),
             removing in 1u64..9,
         ) {
             let allowed = removal_keeps_a_quorum(&voters, removing, &answering).is_ok();
-            if !voters.contains(&removing) {
+            if !voters.contains(&removing) || !answering.contains(&removing) {
                 prop_assert!(allowed);
             } else {
                 let mut rest = voters.clone();
