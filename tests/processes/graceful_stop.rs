@@ -62,9 +62,10 @@ async fn a_draining_stop_moves_its_gang_off_first_and_undrains_on_return() {
     let job = client.job(on_n2).await.expect("job");
     assert!(
         matches!(job.state.as_str(), "requeued" | "pending"),
-        "{} ({})",
+        "{} ({}); n2's log ends:\n{}",
         job.state,
-        job.reason
+        job.reason,
+        log_tail(&nodes[1].log(), 40)
     );
     assert_eq!(job.restarts, 0, "a drain is not a failure");
     let n2 = client
@@ -94,4 +95,9 @@ async fn a_draining_stop_moves_its_gang_off_first_and_undrains_on_return() {
         .find(|n| n.name == "n2")
         .expect("n2");
     assert!(!n2.drained);
+}
+
+fn log_tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }

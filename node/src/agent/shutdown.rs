@@ -28,7 +28,7 @@ pub async fn drain_before_stop(node: &Node, limit: Duration) {
         tracing::warn!(error = %e, "cannot mark the drain; the node will stay drained after its restart");
     }
     let started = Instant::now();
-    loop {
+    let drained_at = loop {
         match node
             .ledger()
             .write(Command::SetDrain {
@@ -37,7 +37,7 @@ pub async fn drain_before_stop(node: &Node, limit: Duration) {
             })
             .await
         {
-            Ok(_) => break,
+            Ok((_, index)) => break index,
             Err(e) if started.elapsed() < limit => {
                 tracing::debug!(error = %e.message, "cannot drain this node yet");
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -47,8 +47,23 @@ pub async fn drain_before_stop(node: &Node, limit: Duration) {
                 return;
             }
         }
-    }
+    };
     tracing::info!("draining this node before it stops");
+    // The drain was committed through the leader; until this node has
+    // applied it, its own ledger may not yet hold a gang placed here just
+    // before (placed, committed, not applied here), and "runs no rank"
+    // would be read from a ledger that is behind.
+    let left = limit.saturating_sub(started.elapsed());
+    if let Err(e) = node
+        .ledger()
+        .raft()
+        .wait(Some(left))
+        .applied_index_at_least(Some(drained_at), "this node's own drain")
+        .await
+    {
+        tracing::warn!(error = %e, "stopping without draining: this node did not apply its own drain in time");
+        return;
+    }
     while runs_ranks(node) && started.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
