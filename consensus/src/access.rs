@@ -130,7 +130,9 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::RotateApiToken { .. }
         | Command::TouchApiToken { .. } => "managing tokens",
         Command::PutAttr { .. } => "setting cluster attributes",
-        Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "managing tenants",
+        Command::CreateTenant { .. }
+        | Command::UpdateTenant { .. }
+        | Command::SetGlobalGpus { .. } => "managing tenants",
         Command::SetUser { .. } => "managing users",
         Command::SetDrain { .. } => "draining nodes",
         Command::SetGpuFault { .. } => "draining GPUs",
@@ -145,7 +147,9 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::ForgetForeignJob { .. }
         | Command::AdoptForeignJob { .. }
         | Command::JobMoved { .. }
-        | Command::SetPeerCa { .. } => "federating regions",
+        | Command::SetPeerCa { .. }
+        | Command::AdoptGlobalTenant { .. }
+        | Command::ShareRound { .. } => "federating regions",
         _ => "this operation",
     }
 }
@@ -316,6 +320,21 @@ pub(crate) mod tests {
                 .contains("draining nodes needs an admin token"),
             "{err:?}"
         );
+        // Nor may it lift or raise its own cap across regions.
+        let err = authorize(
+            &l,
+            "a",
+            &Command::SetGlobalGpus {
+                tenant: "a".into(),
+                gpus: None,
+            },
+        )
+        .unwrap_err();
+        assert!(
+            err.message()
+                .contains("managing tenants needs an admin token"),
+            "{err:?}"
+        );
     }
 
     /// Checkpoint copies and takeovers are the regions' business: a tenant
@@ -370,6 +389,17 @@ pub(crate) mod tests {
             Command::SetPeerCa {
                 region: "eu-1".into(),
                 ca_cert_pem: "-----BEGIN CERTIFICATE-----".into(),
+            },
+            Command::AdoptGlobalTenant {
+                tenant: "a".into(),
+                home: "eu-1".into(),
+                gpus: Some(1000),
+                limits: TenantLimits::default(),
+            },
+            Command::ShareRound {
+                tenant: "a".into(),
+                received: [("eu-1".to_string(), 1000)].into(),
+                given: BTreeMap::new(),
             },
         ] {
             match as_tenant(&mut l, "a", cmd) {

@@ -369,6 +369,33 @@ pub enum Command {
         id: crate::once::WriteId,
         cmd: Box<Command>,
     },
+    /// `shoal tenant set NAME --global-gpus N|none` (admin, in the tenant's
+    /// home region): caps the tenant's GPUs in all federated regions
+    /// together. The region that sets it first is the tenant's home and
+    /// holds the whole cap until it grants parts of it to the others
+    /// ([`crate::federation::escrow`]); `None` lifts the cap.
+    SetGlobalGpus {
+        tenant: String,
+        gpus: Option<u32>,
+    },
+    /// A peer region's tenant with a global cap, as its home region's
+    /// summary defines it (the leader only): created here or brought up to
+    /// date; `gpus: None`, the home lifted the cap.
+    AdoptGlobalTenant {
+        tenant: String,
+        home: String,
+        gpus: Option<u32>,
+        limits: crate::workload::TenantLimits,
+    },
+    /// The leader's round for a tenant with a global cap: the grants of
+    /// share it read in the peers' summaries and the grants it makes.
+    /// Both totals only grow; a round that would leave this region less
+    /// share than the tenant holds here is refused.
+    ShareRound {
+        tenant: String,
+        received: BTreeMap<String, u64>,
+        given: BTreeMap<String, u64>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -438,9 +465,12 @@ pub struct Ledger {
     pub clock_ms: u64,
     /// Peer regions ([`crate::federation`]).
     pub federation: crate::federation::FederationState,
-    /// The answers of recent routed writes ([`crate::once`]). Last, so a
-    /// version 11 snapshot decodes with an empty table appended.
+    /// The answers of recent routed writes ([`crate::once`]).
     pub recent_writes: crate::once::RecentWrites,
+    /// Tenants whose GPUs are capped across regions, and this region's
+    /// part of each cap ([`crate::federation::escrow`]). Last, so an older
+    /// snapshot decodes with an empty map appended.
+    pub global_caps: BTreeMap<String, crate::federation::escrow::GlobalCap>,
 }
 
 /// Checks a node name: DNS-label-like so it is safe in paths, labels and
@@ -626,6 +656,18 @@ impl Ledger {
             Command::TouchApiToken { id } => answer(self.touch_api_token(id, now)),
             Command::AddPeerRegion { peer } => answer(self.add_peer_region(peer, now)),
             Command::RemovePeerRegion { name } => answer(self.remove_peer_region(name)),
+            Command::SetGlobalGpus { tenant, gpus } => answer(self.set_global_gpus(tenant, *gpus)),
+            Command::AdoptGlobalTenant {
+                tenant,
+                home,
+                gpus,
+                limits,
+            } => answer(self.adopt_global_tenant(tenant, home, *gpus, limits, now)),
+            Command::ShareRound {
+                tenant,
+                received,
+                given,
+            } => answer(self.share_round(tenant, received, given)),
             Command::SetPeerCa {
                 region,
                 ca_cert_pem,
@@ -747,10 +789,15 @@ impl Ledger {
             Command::UpdateTenant { name, update } => {
                 answer(self.workload.update_tenant(name, update))
             }
-            Command::SubmitJob { spec } => match self.workload.submit(spec, &self.members, now) {
-                Ok(id) => LedgerResponse::JobId(id),
-                Err(reason) => LedgerResponse::Rejected(reason),
-            },
+            Command::SubmitJob { spec } => {
+                if let Err(reason) = self.fits_global_caps(spec) {
+                    return LedgerResponse::Rejected(reason);
+                }
+                match self.workload.submit(spec, &self.members, now) {
+                    Ok(id) => LedgerResponse::JobId(id),
+                    Err(reason) => LedgerResponse::Rejected(reason),
+                }
+            }
             Command::CancelJob { job } => answer(self.workload.cancel(*job, now)),
             Command::HoldJob { job, hold } => answer(self.workload.hold(*job, *hold)),
             Command::SignalJob { job, signal } => answer(self.workload.signal(*job, *signal)),
@@ -766,9 +813,10 @@ impl Ledger {
             }
             Command::Schedule(plan) => {
                 let validate = !checks.skip_plan_validation;
-                let outcome = self
-                    .workload
-                    .apply_plan(plan, &self.members, index, now, validate);
+                let shares = self.regional_shares();
+                let outcome =
+                    self.workload
+                        .apply_plan(plan, &self.members, index, now, validate, &shares);
                 LedgerResponse::Scheduled {
                     started: outcome.started,
                     refused: outcome.refused,

@@ -174,7 +174,10 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::RevokeApiToken { .. }
         | Command::RotateApiToken { .. } => "revoke or rotate tokens",
         Command::PutAttr { .. } => "set cluster attributes",
-        Command::CreateTenant { .. } | Command::UpdateTenant { .. } => "manage tenants",
+        Command::CreateTenant { .. }
+        | Command::UpdateTenant { .. }
+        | Command::SetGlobalGpus { .. } => "manage tenants",
+        Command::AdoptGlobalTenant { .. } | Command::ShareRound { .. } => "move global caps",
         Command::SubmitJob { .. }
         | Command::CancelJob { .. }
         | Command::HoldJob { .. }

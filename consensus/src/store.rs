@@ -24,6 +24,7 @@ use openraft::{
 };
 use redb::{Database, Durability, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::RangeBounds;
@@ -59,10 +60,12 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// version 11 gave job specs their checkpoint copies (`--ckpt-replicas
 /// L+R`), checkpoints the regions holding them, and the federation state
 /// the copies sent and held; version 12 gave the ledger the answers of
-/// recent routed writes (`recent_writes`, exactly-once retries), its last
-/// field, so a version 11 snapshot decodes as itself with an empty table
-/// appended.
-pub const SNAPSHOT_VERSION: u8 = 12;
+/// recent routed writes (`recent_writes`, exactly-once retries), then its
+/// last field, so a version 11 snapshot decodes as itself with an empty
+/// table appended; version 13 gave the ledger the tenants capped across
+/// regions (`global_caps`), now its last field, appended empty to older
+/// snapshots the same way.
+pub const SNAPSHOT_VERSION: u8 = 13;
 /// The oldest snapshot version this binary decodes.
 const OLDEST_DECODED_VERSION: u8 = 11;
 /// Decoding bound for snapshots and log entries.
@@ -314,10 +317,14 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
             let mut dec = zstd::Decoder::new(body).map_err(read_err)?;
             std::io::Read::read_to_end(&mut std::io::Read::take(&mut dec, MAX_DECODE), &mut plain)
                 .map_err(read_err)?;
-            if v == 11 {
-                // The ledger is the last field of the state machine and the
-                // table the last of the ledger.
+            // The ledger is the last field of the state machine, and the
+            // fields each version added are the last of the ledger.
+            if v <= 11 {
                 plain.extend(encode(&crate::once::RecentWrites::default()).map_err(read_err)?);
+            }
+            if v <= 12 {
+                let none: BTreeMap<String, crate::federation::escrow::GlobalCap> = BTreeMap::new();
+                plain.extend(encode(&none).map_err(read_err)?);
             }
             decode(&plain).map_err(read_err)
         }
@@ -558,21 +565,27 @@ mod tests {
         Suite::test_all(RedbBuilder)
     }
 
-    /// A version 11 snapshot is a version 12 one without the (then empty)
-    /// table of recent writes at its end, and decodes to the same state.
+    /// Version 11 and 12 snapshots are the current one without the (then
+    /// empty) fields added since at the ledger's end, and decode to the
+    /// same state.
     #[test]
-    fn a_version_11_snapshot_decodes_with_no_recent_writes() {
+    fn older_snapshots_decode_with_the_newer_fields_empty() {
         let mut data = StateMachineData::default();
         data.ledger.attrs.insert("k".into(), "v".into());
         data.ledger.next_node_id = 4;
         let plain = encode(&data).expect("encode");
         let table = encode(&crate::once::RecentWrites::default()).expect("encode");
-        let v11 = &plain[..plain.len() - table.len()];
-        let mut bytes = vec![11u8];
-        bytes.extend(zstd::encode_all(v11, 3).expect("zstd"));
-        let old = decode_snapshot(&bytes).expect("a version 11 snapshot");
-        assert_eq!(old.ledger, data.ledger);
-        assert!(old.ledger.recent_writes.is_empty());
+        let caps = encode(&data.ledger.global_caps).expect("encode");
+        let v12 = &plain[..plain.len() - caps.len()];
+        let v11 = &v12[..v12.len() - table.len()];
+        for (version, body) in [(11u8, v11), (12, v12)] {
+            let mut bytes = vec![version];
+            bytes.extend(zstd::encode_all(body, 3).expect("zstd"));
+            let old = decode_snapshot(&bytes).expect("an older snapshot");
+            assert_eq!(old.ledger, data.ledger, "version {version}");
+            assert!(old.ledger.recent_writes.is_empty());
+            assert!(old.ledger.global_caps.is_empty());
+        }
         let current = encode_snapshot(&data).expect("encode");
         assert_eq!(current[0], SNAPSHOT_VERSION);
         assert_eq!(

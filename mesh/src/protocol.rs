@@ -22,8 +22,9 @@ use std::sync::OnceLock;
 
 /// The newest protocol version this build speaks. Version 2: routed writes
 /// carry a write id (`Request::Once`, `Command::Once`), proposed only once
-/// every member speaks 2.
-pub const PROTOCOL: u16 = 2;
+/// every member speaks 2. Version 3: tenants capped across regions
+/// (`Command::SetGlobalGpus`, `AdoptGlobalTenant`, `ShareRound`), likewise.
+pub const PROTOCOL: u16 = 3;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL: u16 = 1;
 /// Test only: overrides the range a process speaks (`min..max`).

@@ -528,6 +528,13 @@ impl Client {
         self.get("/v1/tenants").await
     }
 
+    /// Tenants capped across regions (`shoal tenant global`).
+    pub async fn global_tenants(
+        &self,
+    ) -> Result<Vec<crate::federation::GlobalTenantInfo>, ClientError> {
+        self.get("/v1/global-tenants").await
+    }
+
     pub async fn quota(&self) -> Result<Vec<QuotaInfo>, ClientError> {
         self.get("/v1/quota").await
     }

@@ -70,6 +70,75 @@ pub struct RegionSummary {
     /// for it.
     #[serde(default)]
     pub trusted_ca_pem: String,
+    /// The tenants capped across regions, as this region holds their
+    /// caps: its share of each, and the grants of share it has made and
+    /// counted (docs/federation.md, "Tenants across regions").
+    #[serde(default)]
+    pub global_tenants: Vec<GlobalTenantReport>,
+}
+
+/// One tenant with a global GPU cap, in a region's summary.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct GlobalTenantReport {
+    pub tenant: String,
+    /// The region that defines the tenant and keeps its cap.
+    pub home: String,
+    /// The cap, all regions together.
+    pub gpus: u32,
+    /// The summarising region's share of it.
+    pub share: u32,
+    /// GPUs the tenant (with the tenants below it) holds there, and GPUs
+    /// its waiting jobs there ask for.
+    pub in_use: u32,
+    pub demand: u32,
+    /// GPUs of share granted to each other region, in total ever.
+    #[serde(default)]
+    pub given: std::collections::BTreeMap<String, u64>,
+    /// GPUs of share counted from each other region, in total ever.
+    #[serde(default)]
+    pub received: std::collections::BTreeMap<String, u64>,
+    /// The tenant's definition, when the summarising region is its home:
+    /// the other regions create or update the tenant from it.
+    #[serde(default)]
+    pub definition: Option<GlobalTenantDefinition>,
+}
+
+/// A tenant's limits as its home region defines them (each applies in
+/// every region on its own, as per-region limits).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct GlobalTenantDefinition {
+    pub parent: Option<String>,
+    pub max_gpus: Option<u32>,
+    pub gpu_seconds_limit: Option<u64>,
+    pub weight: u32,
+    pub max_pending_jobs: Option<u32>,
+    pub max_objects: Option<u32>,
+    pub max_manifest_bytes: Option<u64>,
+    pub max_priority: Option<i32>,
+}
+
+/// `shoal tenant global --json`: a tenant with a global cap as this
+/// region sees it, with each federated region's share from its latest
+/// summary.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct GlobalTenantInfo {
+    pub tenant: String,
+    pub home: String,
+    pub gpus: u32,
+    /// This region first, then each peer region that reported the tenant.
+    pub regions: Vec<GlobalTenantRegion>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct GlobalTenantRegion {
+    pub region: String,
+    pub share: u32,
+    pub in_use: u32,
+    pub demand: u32,
+    /// Whether the figures are this region's own (else a peer's summary).
+    pub local: bool,
+    /// Whether that peer answers now.
+    pub reachable: bool,
 }
 
 /// A job a region took over from another region (`--ckpt-replicas L+R`).

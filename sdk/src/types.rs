@@ -657,9 +657,14 @@ pub struct TenantRequest {
     /// Highest `--priority` a tenant token may give the tenant's jobs.
     #[serde(default)]
     pub max_priority: Option<i32>,
-    /// Limits to remove on set: `max_gpus`, `gpu_hours`, `parent` (then
-    /// unlimited, or a root), or `max_pending_jobs`, `max_objects`,
-    /// `max_manifest_bytes`, `max_priority` (then the cluster default).
+    /// GPUs the tenant may hold in all federated regions together; set in
+    /// the tenant's home region, which the other regions adopt it from.
+    #[serde(default)]
+    pub global_gpus: Option<u32>,
+    /// Limits to remove on set: `max_gpus`, `gpu_hours`, `parent`,
+    /// `global_gpus` (then unlimited, or a root), or `max_pending_jobs`,
+    /// `max_objects`, `max_manifest_bytes`, `max_priority` (then the
+    /// cluster default).
     #[serde(default)]
     pub unset: Vec<String>,
 }

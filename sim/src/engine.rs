@@ -246,6 +246,7 @@ impl<'t> Engine<'t> {
                 gpu_hours_limit: None,
                 gpu_hours_used: 0.0,
                 gpus_in_use: 0,
+                global_cap: None,
             })
             .collect();
         let jobs: Vec<JobState> = trace

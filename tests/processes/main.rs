@@ -15,6 +15,7 @@ mod dashboard;
 mod disk_full;
 mod doctor;
 mod federation;
+mod global_caps;
 mod graceful_stop;
 mod https_api;
 mod install;

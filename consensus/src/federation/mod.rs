@@ -13,6 +13,8 @@
 //! [`placement`] and [`shares`] are pure functions over region summaries.
 
 pub mod copies;
+pub mod escrow;
+pub mod global_tenants;
 pub mod placement;
 pub mod shares;
 
@@ -220,6 +222,7 @@ impl Ledger {
                     copies.remove(name);
                 }
                 self.federation.copies_out.retain(|_, c| !c.is_empty());
+                self.forget_region_grants(name);
                 Ok(())
             }
             None => Err(format!("no peer region named '{name}'")),

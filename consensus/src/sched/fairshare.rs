@@ -120,6 +120,10 @@ pub struct TenantView {
     pub gpu_hours_used: f64,
     /// Held by this tenant's own jobs; subtree sums are computed here.
     pub gpus_in_use: u32,
+    /// When `max_gpus` is this region's share of a cap across regions, that
+    /// cap (for the waiting reason only).
+    #[serde(default)]
+    pub global_cap: Option<u32>,
 }
 
 /// A job waiting for GPUs.
@@ -470,6 +474,7 @@ pub(crate) struct TenantTree {
     roots: Vec<usize>,
     weight: Vec<f64>,
     max_gpus: Vec<Option<u32>>,
+    global_caps: Vec<Option<u32>>,
     hours_limit: Vec<Option<f64>>,
     subtree_gpus: Vec<u64>,
     subtree_hours: Vec<f64>,
@@ -535,6 +540,7 @@ impl TenantTree {
                 })
                 .collect(),
             max_gpus: views.iter().map(|v| v.max_gpus).collect(),
+            global_caps: views.iter().map(|v| v.global_cap).collect(),
             hours_limit: views.iter().map(|v| v.gpu_hours_limit).collect(),
             subtree_gpus: vec![0; count],
             subtree_hours: vec![0.0; count],
@@ -612,13 +618,20 @@ impl TenantTree {
             if let Some(max) = self.max_gpus[t] {
                 let in_use = self.subtree_gpus[t];
                 if in_use.saturating_add(u64::from(job.gpus)) > u64::from(max) {
-                    return Err(QuotaDenied {
-                        tenant: name.to_string(),
-                        kind: QuotaKind::Gpus,
-                        reason: format!(
+                    let reason = match self.global_caps[t] {
+                        Some(global) => format!(
+                            "quota: {name} uses {in_use} of the {max} GPUs this region holds of its global cap of {global}, job needs {}; the other regions grant share they leave idle",
+                            job.gpus
+                        ),
+                        None => format!(
                             "quota: {name} uses {in_use}/{max} GPUs, job needs {}",
                             job.gpus
                         ),
+                    };
+                    return Err(QuotaDenied {
+                        tenant: name.to_string(),
+                        kind: QuotaKind::Gpus,
+                        reason,
                     });
                 }
             }
@@ -829,6 +842,7 @@ mod tests {
             gpu_hours_limit: None,
             gpu_hours_used: 0.0,
             gpus_in_use: 0,
+            global_cap: None,
         }
     }
 

@@ -40,6 +40,7 @@ pub fn tenant(name: &str, weight: f64) -> TenantView {
         gpu_hours_limit: None,
         gpu_hours_used: 0.0,
         gpus_in_use: 0,
+        global_cap: None,
     }
 }
 

@@ -11,6 +11,7 @@ use super::{
     MAX_FINISHED_JOBS, MAX_JOB_SIGNALS, MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES, MAX_NAMED_NODES,
     MAX_USERS, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
 };
+use crate::federation::escrow::RegionalShares;
 use crate::ledger::{validate_name, Member};
 use crate::sched::gpu_model_matches;
 use crate::types::NodeId;
@@ -419,6 +420,7 @@ impl Workload {
         epoch: u64,
         now_ms: u64,
         validate: bool,
+        shares: &RegionalShares,
     ) -> PlanOutcome {
         for id in &plan.timed_out {
             if let Some(alloc) = self.jobs.get_mut(id).and_then(|job| job.alloc.as_mut()) {
@@ -457,7 +459,7 @@ impl Workload {
         let mut used = self.used_nodes();
         for placement in &plan.placements {
             let verdict = if validate {
-                self.validate_placement(placement, members, &busy, &used, now_ms)
+                self.validate_placement(placement, members, &busy, &used, now_ms, shares)
             } else {
                 Ok(())
             };
@@ -526,6 +528,7 @@ impl Workload {
         busy: &BTreeSet<(NodeId, u32)>,
         used: &BTreeMap<NodeId, bool>,
         now_ms: u64,
+        shares: &RegionalShares,
     ) -> Result<(), String> {
         let job = self
             .jobs
@@ -631,12 +634,12 @@ impl Workload {
                 }
             }
         }
-        self.check_quota_for(spec)
+        self.check_quota_for(spec, shares)
     }
 
     /// The tenant and its ancestors must stay within their GPU caps and
     /// budgets once this job holds its GPUs.
-    fn check_quota_for(&self, spec: &JobSpec) -> Result<(), String> {
+    fn check_quota_for(&self, spec: &JobSpec, shares: &RegionalShares) -> Result<(), String> {
         if !self.tenants.contains_key(&spec.tenant) {
             return Err(format!("quota: unknown tenant {}", spec.tenant));
         }
@@ -644,6 +647,20 @@ impl Workload {
         for name in self.ancestry(&spec.tenant) {
             let subtree = self.subtree(name);
             let limits = &self.tenants[name].limits;
+            if let Some(part) = shares.get(name) {
+                let in_use: u32 = subtree
+                    .iter()
+                    .map(|t| held.get(t).copied().unwrap_or(0))
+                    .sum();
+                if in_use.saturating_add(spec.total_gpus()) > part.share {
+                    return Err(format!(
+                        "quota: {name} uses {in_use} of the {} GPUs of its global cap of {} this region holds, job needs {}",
+                        part.share,
+                        part.global,
+                        spec.total_gpus()
+                    ));
+                }
+            }
             if let Some(max) = limits.max_gpus {
                 let in_use: u32 = subtree
                     .iter()

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use shoal_sdk::MemberState;
 
 use super::{Plan, PlannedPlacement, Workload};
+use crate::federation::escrow::RegionalShares;
 use crate::ledger::Ledger;
 use crate::sched::{
     place_gang, schedule, GangRequest, GpuView, JobId, NodeView, PendingJob, Policy, Proximity,
@@ -21,7 +22,9 @@ pub struct SchedSnapshot {
 /// Tenants with their current holdings; `gpu_hours_used` is what the budget
 /// check counts (finished usage plus running jobs' worst case), so that the
 /// scheduler and `apply` agree on admission.
-pub fn tenant_views(workload: &Workload) -> Vec<TenantView> {
+/// A tenant with a global cap counts this region's share of it as one
+/// more cap.
+pub fn tenant_views(workload: &Workload, shares: &RegionalShares) -> Vec<TenantView> {
     let held = workload.gpus_in_use();
     workload
         .tenants
@@ -30,7 +33,14 @@ pub fn tenant_views(workload: &Workload) -> Vec<TenantView> {
             name: tenant.name.clone(),
             parent: tenant.limits.parent.clone(),
             weight: f64::from(tenant.limits.weight.max(1)),
-            max_gpus: tenant.limits.max_gpus,
+            max_gpus: match (tenant.limits.max_gpus, shares.get(&tenant.name)) {
+                (Some(max), Some(part)) => Some(max.min(part.share)),
+                (max, part) => max.or(part.map(|p| p.share)),
+            },
+            global_cap: shares
+                .get(&tenant.name)
+                .filter(|part| tenant.limits.max_gpus.is_none_or(|max| part.share < max))
+                .map(|part| part.global),
             gpu_hours_limit: tenant.limits.gpu_seconds_limit.map(|s| s as f64 / 3600.0),
             gpu_hours_used: workload.committed_gpu_seconds(&tenant.name) as f64 / 3600.0,
             gpus_in_use: held.get(tenant.name.as_str()).copied().unwrap_or(0),
@@ -131,7 +141,7 @@ impl SchedSnapshot {
             input: SchedInput {
                 now_s: now_ms / 1000,
                 nodes,
-                tenants: tenant_views(workload),
+                tenants: tenant_views(workload, &ledger.regional_shares()),
                 running,
                 pending,
                 policy,

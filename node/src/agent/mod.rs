@@ -778,6 +778,10 @@ fn spawn_workers(
         node.shutdown_signal(),
     );
     workers::spawn(
+        crate::workers::global_caps::GlobalCaps { node: node.clone() },
+        node.shutdown_signal(),
+    );
+    workers::spawn(
         Housekeeping::new(
             ledger.clone(),
             node.peers().clone(),

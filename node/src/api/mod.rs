@@ -167,6 +167,7 @@ pub fn router(state: AppState) -> Router {
         .route("/tenants", post(create_tenant).get(list_tenants))
         .route("/users", post(set_user).get(list_users))
         .route("/tenants/{name}", post(set_tenant))
+        .route("/global-tenants", get(list_global_tenants))
         .route("/quota", get(quota))
         .route("/events", get(list_events))
         .route("/snapshot", get(snapshot::get_snapshot))
@@ -386,12 +387,7 @@ fn record_audit(
         message: format!("{who}: {what}"),
         resource,
     };
-    let ledger = app.ledger().clone();
-    tokio::spawn(async move {
-        if let Err(e) = ledger.write(Command::RecordEvent(spec)).await {
-            tracing::warn!(error = %e.message, "could not record an audit event");
-        }
-    });
+    app.record_audit(spec);
 }
 
 async fn count_requests(State(app): State<AppState>, req: Request, next: Next) -> Response {
@@ -1003,16 +999,50 @@ async fn create_tenant(
     Json(req): Json<TenantRequest>,
 ) -> Result<Json<WriteResponse>, ApiError> {
     let limits = views::tenant_limits(&req).map_err(bad_request)?;
-    let (_, index) = write_or_reject(
+    let global = views::global_gpus_change(&req);
+    if global.is_some() {
+        global_caps_spoken(&app)?;
+    }
+    let (_, mut index) = write_or_reject(
         &app,
         &caller,
         Command::CreateTenant {
-            name: req.name,
+            name: req.name.clone(),
             limits,
         },
     )
     .await?;
+    if let Some(gpus) = global {
+        index = set_global_gpus(&app, &caller, req.name, gpus).await?;
+    }
     Ok(Json(WriteResponse { index }))
+}
+
+/// Tenants capped across regions need every member to know the commands.
+fn global_caps_spoken(app: &Node) -> Result<(), ApiError> {
+    let spoken = app.ledger().read()?.ledger.effective_protocol();
+    let since = shoal_consensus::federation::global_tenants::SINCE_PROTOCOL;
+    if spoken.is_some_and(|p| p >= since) {
+        return Ok(());
+    }
+    Err(WireError::new(
+        ErrorCode::Rejected,
+        format!(
+            "--global-gpus needs every member at protocol {since} or newer (this cluster speaks {}): upgrade every node first",
+            spoken.map_or("none".to_string(), |p| p.to_string())
+        ),
+    )
+    .into())
+}
+
+async fn set_global_gpus(
+    app: &Arc<Node>,
+    caller: &Caller,
+    tenant: String,
+    gpus: Option<u32>,
+) -> Result<u64, ApiError> {
+    let (_, index) = write_or_reject(app, caller, Command::SetGlobalGpus { tenant, gpus }).await?;
+    Ok(index)
 }
 
 async fn set_tenant(
@@ -1022,8 +1052,76 @@ async fn set_tenant(
     Json(req): Json<TenantRequest>,
 ) -> Result<Json<WriteResponse>, ApiError> {
     let update = views::tenant_update(&req).map_err(bad_request)?;
-    let (_, index) = write_or_reject(&app, &caller, Command::UpdateTenant { name, update }).await?;
+    let global = views::global_gpus_change(&req);
+    if global.is_some() {
+        global_caps_spoken(&app)?;
+    }
+    let only_global =
+        global.is_some() && update == shoal_consensus::workload::TenantUpdate::default();
+    let mut index = 0;
+    if !only_global {
+        let cmd = Command::UpdateTenant {
+            name: name.clone(),
+            update,
+        };
+        index = write_or_reject(&app, &caller, cmd).await?.1;
+    }
+    if let Some(gpus) = global {
+        index = set_global_gpus(&app, &caller, name, gpus).await?;
+    }
     Ok(Json(WriteResponse { index }))
+}
+
+/// `shoal tenant global`: the tenants capped across regions, this
+/// region's share of each and the peers' from their latest summaries.
+async fn list_global_tenants(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<shoal_sdk::GlobalTenantInfo>>, ApiError> {
+    let now = crate::node::wall_ms();
+    let tracker = app.federation().tracker();
+    let summaries = tracker.summaries(now);
+    let d = app.ledger().read()?;
+    let ledger = &d.ledger;
+    let me = ledger.region_name().to_string();
+    let infos = ledger
+        .global_reports()
+        .into_iter()
+        .filter(|r| scope::sees_tenant(ledger, &caller, &r.tenant))
+        .map(|own| {
+            let mut regions = vec![shoal_sdk::GlobalTenantRegion {
+                region: me.clone(),
+                share: own.share,
+                in_use: own.in_use,
+                demand: own.demand,
+                local: true,
+                reachable: true,
+            }];
+            for (summary, reachable, _) in &summaries {
+                if let Some(r) = summary
+                    .global_tenants
+                    .iter()
+                    .find(|r| r.tenant == own.tenant)
+                {
+                    regions.push(shoal_sdk::GlobalTenantRegion {
+                        region: summary.region.clone(),
+                        share: r.share,
+                        in_use: r.in_use,
+                        demand: r.demand,
+                        local: false,
+                        reachable: *reachable,
+                    });
+                }
+            }
+            shoal_sdk::GlobalTenantInfo {
+                tenant: own.tenant,
+                home: own.home,
+                gpus: own.gpus,
+                regions,
+            }
+        })
+        .collect();
+    Ok(Json(infos))
 }
 
 async fn list_tenants(

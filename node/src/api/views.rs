@@ -362,6 +362,14 @@ pub fn events(ledger: &Ledger, after: u64) -> Vec<shoal_sdk::EventInfo> {
         .collect()
 }
 
+/// The change of a tenant's global cap `req` asks for: `Some(None)` lifts it.
+pub fn global_gpus_change(req: &TenantRequest) -> Option<Option<u32>> {
+    if req.unset.iter().any(|f| f == "global_gpus") {
+        return Some(None);
+    }
+    req.global_gpus.map(Some)
+}
+
 pub fn tenant_limits(req: &TenantRequest) -> Result<TenantLimits, String> {
     if let Some(unknown) = req.unset.first() {
         return Err(format!(
@@ -400,9 +408,14 @@ pub fn tenant_update(req: &TenantRequest) -> Result<TenantUpdate, String> {
             "max_objects" => update.max_objects = Some(None),
             "max_manifest_bytes" => update.max_manifest_bytes = Some(None),
             "max_priority" => update.max_priority = Some(None),
+            // Not a limit of the tenant's record: see `global_gpus_change`.
+            "global_gpus" if req.global_gpus.is_none() => {}
+            "global_gpus" => {
+                return Err("--global-gpus cannot be both set and unset".into())
+            }
             other => {
                 return Err(format!(
-                    "cannot unset '{other}' (parent, max_gpus, gpu_hours, max_pending_jobs, max_objects, max_manifest_bytes or max_priority)"
+                    "cannot unset '{other}' (parent, max_gpus, gpu_hours, global_gpus, max_pending_jobs, max_objects, max_manifest_bytes or max_priority)"
                 ))
             }
         }

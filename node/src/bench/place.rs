@@ -204,6 +204,7 @@ fn full_pass(nodes: &[NodeView], jobs: usize, rng: &mut ChaCha8Rng) -> PassRow {
             gpu_hours_limit: None,
             gpu_hours_used: 0.0,
             gpus_in_use: 0,
+            global_cap: None,
         })
         .collect();
     let pending = (0..jobs)

@@ -428,6 +428,9 @@ pub enum TenantCmd {
     Ls,
     /// One tenant's limits and use of the ledger
     Show { name: String },
+    /// Tenants capped across federated regions: the cap, its home region,
+    /// and each region's share, GPUs in use and GPUs waited for
+    Global,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -461,6 +464,11 @@ pub struct TenantArgs {
     /// `none` for the cluster default (1000); admin tokens are not capped
     #[arg(long, value_name = "P", allow_hyphen_values = true)]
     pub max_priority: Option<String>,
+    /// GPUs the tenant may hold in all federated regions together, or
+    /// `none`; set in the tenant's home region (the other regions adopt
+    /// the tenant from it and share the cap out by demand)
+    #[arg(long, value_name = "N")]
+    pub global_gpus: Option<String>,
 }
 
 /// `none` as a limit to unset (`Ok(None)` after pushing `field` onto
@@ -523,6 +531,12 @@ impl TenantArgs {
             "max_pending_jobs",
             &mut req.unset,
             count("max-pending-jobs"),
+        )?;
+        req.global_gpus = limit_arg(
+            self.global_gpus.as_deref(),
+            "global_gpus",
+            &mut req.unset,
+            count("global-gpus"),
         )?;
         req.max_objects = limit_arg(
             self.max_objects.as_deref(),
@@ -1500,6 +1514,15 @@ pub async fn tenant(client: &Client, cmd: &TenantCmd, json: bool) -> anyhow::Res
                 Ok(())
             }
         }
+        TenantCmd::Global => {
+            let tenants = client.global_tenants().await.map_err(api)?;
+            if json {
+                print_json(&tenants)
+            } else {
+                print!("{}", format_global_tenants(&tenants));
+                Ok(())
+            }
+        }
         TenantCmd::Show { name } => {
             let tenants = client.tenants().await.map_err(api)?;
             let Some(tenant) = tenants.into_iter().find(|t| &t.name == name) else {
@@ -1513,6 +1536,32 @@ pub async fn tenant(client: &Client, cmd: &TenantCmd, json: bool) -> anyhow::Res
             }
         }
     }
+}
+
+fn format_global_tenants(tenants: &[shoal_sdk::GlobalTenantInfo]) -> String {
+    let mut out = format!(
+        "{:<16} {:<12} {:>6}  {:<12} {:>6} {:>7} {:>7}\n",
+        "TENANT", "HOME", "GLOBAL", "REGION", "SHARE", "IN_USE", "WAITING"
+    );
+    for t in tenants {
+        for (i, r) in t.regions.iter().enumerate() {
+            let (name, home, cap) = if i == 0 {
+                (t.tenant.as_str(), t.home.as_str(), t.gpus.to_string())
+            } else {
+                ("", "", String::new())
+            };
+            let region = match (r.local, r.reachable) {
+                (true, _) => format!("{} (here)", r.region),
+                (false, true) => r.region.clone(),
+                (false, false) => format!("{} (!)", r.region),
+            };
+            out.push_str(&format!(
+                "{name:<16} {home:<12} {cap:>6}  {region:<12} {:>6} {:>7} {:>7}\n",
+                r.share, r.in_use, r.demand
+            ));
+        }
+    }
+    out
 }
 
 /// `1.5MiB`, `64MiB`, `512B`.

@@ -5,6 +5,7 @@
 //! the chunk network ([`crate::rpc::chunks::ChunkNet`]), the GPUs and the
 //! metrics.
 
+pub mod audit;
 pub mod auth;
 pub mod backup;
 pub mod batcher;
@@ -64,6 +65,7 @@ pub struct Node {
     metrics: Arc<Metrics>,
     contacts: ContactTracker,
     token_use: auth::TokenUse,
+    audit: audit::AuditLog,
     federation: crate::node::federation::link::Federation,
     gpu_relay: gpu_relay::Relay,
     started: Instant,
@@ -100,6 +102,7 @@ impl Node {
             metrics: parts.metrics,
             contacts: parts.contacts,
             token_use: auth::TokenUse::default(),
+            audit: audit::AuditLog::default(),
             federation,
             gpu_relay: Default::default(),
             started: Instant::now(),
@@ -159,6 +162,13 @@ impl Node {
     /// When this node saw each API token used (`shoal token api ls`).
     pub fn token_use(&self) -> &auth::TokenUse {
         &self.token_use
+    }
+
+    /// Records an audit event in the ledger, in this node's next window of
+    /// audit records ([`audit`]).
+    pub fn record_audit(&self, spec: shoal_consensus::events::EventSpec) {
+        self.audit
+            .record(&self.ledger, self.shutdown_signal(), spec);
     }
 
     /// Peer regions as this node sees them, and its clients to them.

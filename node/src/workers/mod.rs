@@ -8,6 +8,7 @@ pub mod ca_rotation;
 pub mod cert_renewal;
 pub mod durability;
 pub mod federation;
+pub mod global_caps;
 pub mod gossip;
 pub mod gpu_health;
 pub mod job_files;

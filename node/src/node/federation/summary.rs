@@ -95,6 +95,7 @@ pub fn region_summary(ledger: &Ledger, ctx: &SummaryContext) -> RegionSummary {
             .collect(),
         copied_live: ledger.live_copied_jobs(),
         trusted_ca_pem: shoal_consensus::ca::join_pems(&ledger.trusted_ca_pems()),
+        global_tenants: ledger.global_reports(),
     }
 }
 

@@ -212,6 +212,7 @@ mod tests {
             adopted: vec![],
             copied_live: vec![],
             trusted_ca_pem: String::new(),
+            global_tenants: vec![],
         }
     }
 

@@ -1,0 +1,86 @@
+//! The leader's loop for tenants capped across regions
+//! (docs/federation.md, "Tenants across regions"): it adopts the tenants
+//! whose home is a peer region from that region's summary, and runs each
+//! tenant's share round on the peers' latest reports, so a region with
+//! waiting work gets share from the regions that leave theirs idle.
+//!
+//! Only reachable peers' summaries adopt or lift a tenant (an old summary
+//! must not undo a newer definition); every peer's latest summary, however
+//! old, takes part in the rounds, which a stale report can only delay.
+
+use super::Worker;
+use crate::node::{wall_ms, Node};
+use shoal_consensus::{Command, LedgerResponse};
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct GlobalCaps {
+    pub node: Arc<Node>,
+}
+
+impl Worker for GlobalCaps {
+    fn period(&self) -> Duration {
+        Duration::from_millis(self.node.config().federation.summary_interval_ms)
+    }
+
+    async fn tick(&mut self) -> ControlFlow<()> {
+        if !self.node.ledger().is_leader() {
+            return ControlFlow::Continue(());
+        }
+        let summaries = self.node.federation().tracker().summaries(wall_ms());
+        let commands: Vec<Command> = match self.node.ledger().read() {
+            Ok(d) => {
+                let ledger = &d.ledger;
+                let spoken = ledger.effective_protocol().is_some_and(|p| {
+                    p >= shoal_consensus::federation::global_tenants::SINCE_PROTOCOL
+                });
+                if !spoken {
+                    return ControlFlow::Continue(());
+                }
+                let mut out = Vec::new();
+                for (summary, _, _) in summaries.iter().filter(|(_, reachable, _)| *reachable) {
+                    out.extend(
+                        summary
+                            .global_tenants
+                            .iter()
+                            .filter_map(|r| ledger.plan_adoption(&summary.region, r)),
+                    );
+                    out.extend(ledger.plan_lifted(&summary.region, &summary.global_tenants));
+                }
+                let reports: Vec<(String, &shoal_sdk::GlobalTenantReport)> = summaries
+                    .iter()
+                    .flat_map(|(s, _, _)| s.global_tenants.iter().map(|r| (s.region.clone(), r)))
+                    .collect();
+                for tenant in ledger.global_caps.keys() {
+                    let theirs: Vec<(String, &shoal_sdk::GlobalTenantReport)> = reports
+                        .iter()
+                        .filter(|(_, r)| &r.tenant == tenant)
+                        .cloned()
+                        .collect();
+                    out.extend(ledger.plan_share_round(tenant, &theirs));
+                }
+                out
+            }
+            Err(_) => return ControlFlow::Continue(()),
+        };
+        for cmd in commands {
+            let what = match &cmd {
+                Command::AdoptGlobalTenant { tenant, .. } => format!("adopting tenant '{tenant}'"),
+                Command::ShareRound { tenant, .. } => format!("the share round of '{tenant}'"),
+                _ => "a global cap".to_string(),
+            };
+            match self.node.ledger().write(cmd).await {
+                Ok((LedgerResponse::Rejected(why), _)) => {
+                    tracing::info!(%why, "{what} refused");
+                }
+                Ok(_) => tracing::debug!("{what} recorded"),
+                Err(e) => {
+                    tracing::debug!(error = %e.message, "{what} not recorded");
+                    break;
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
