@@ -132,7 +132,7 @@ fn describe(cmd: &Command) -> &'static str {
         Command::PutAttr { .. } => "setting cluster attributes",
         Command::CreateTenant { .. }
         | Command::UpdateTenant { .. }
-        | Command::SetGlobalGpus { .. } => "managing tenants",
+        | Command::SetGlobalCaps { .. } => "managing tenants",
         Command::SetUser { .. } => "managing users",
         Command::SetDrain { .. } => "draining nodes",
         Command::SetGpuFault { .. } => "draining GPUs",
@@ -324,9 +324,10 @@ pub(crate) mod tests {
         let err = authorize(
             &l,
             "a",
-            &Command::SetGlobalGpus {
+            &Command::SetGlobalCaps {
                 tenant: "a".into(),
-                gpus: None,
+                gpus: Some(None),
+                gpu_seconds: None,
             },
         )
         .unwrap_err();
@@ -394,12 +395,16 @@ pub(crate) mod tests {
                 tenant: "a".into(),
                 home: "eu-1".into(),
                 gpus: Some(1000),
+                gpu_seconds: None,
                 limits: TenantLimits::default(),
             },
             Command::ShareRound {
                 tenant: "a".into(),
-                received: [("eu-1".to_string(), 1000)].into(),
-                given: BTreeMap::new(),
+                gpus: Some(crate::federation::global_tenants::RoundTotals {
+                    received: [("eu-1".to_string(), 1000)].into(),
+                    given: BTreeMap::new(),
+                }),
+                gpu_seconds: None,
             },
         ] {
             match as_tenant(&mut l, "a", cmd) {

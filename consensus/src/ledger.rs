@@ -369,32 +369,37 @@ pub enum Command {
         id: crate::once::WriteId,
         cmd: Box<Command>,
     },
-    /// `shoal tenant set NAME --global-gpus N|none` (admin, in the tenant's
-    /// home region): caps the tenant's GPUs in all federated regions
-    /// together. The region that sets it first is the tenant's home and
-    /// holds the whole cap until it grants parts of it to the others
-    /// ([`crate::federation::escrow`]); `None` lifts the cap.
-    SetGlobalGpus {
+    /// `shoal tenant create|set NAME --global-gpus N|none --global-gpu-hours
+    /// H|none` (admin, in the tenant's home region): caps the GPUs the
+    /// tenant holds at once, and the GPU-seconds it commits, in all
+    /// federated regions together. The region that sets one first is the
+    /// tenant's home and holds each whole cap until it grants parts of it
+    /// to the others ([`crate::federation::escrow`]). `None` leaves a cap
+    /// as it is, `Some(None)` lifts it.
+    SetGlobalCaps {
         tenant: String,
-        gpus: Option<u32>,
+        gpus: Option<Option<u32>>,
+        gpu_seconds: Option<Option<u64>>,
     },
-    /// A peer region's tenant with a global cap, as its home region's
-    /// summary defines it (the leader only): created here or brought up to
-    /// date; `gpus: None`, the home lifted the cap.
+    /// A peer region's tenant with caps across regions, as its home
+    /// region's summary defines it (the leader only): created here or
+    /// brought up to date; neither cap: the home lifted them.
     AdoptGlobalTenant {
         tenant: String,
         home: String,
         gpus: Option<u32>,
+        gpu_seconds: Option<u64>,
         limits: crate::workload::TenantLimits,
     },
-    /// The leader's round for a tenant with a global cap: the grants of
-    /// share it read in the peers' summaries and the grants it makes.
-    /// Both totals only grow; a round that would leave this region less
-    /// share than the tenant holds here is refused.
+    /// The leader's round for a tenant with caps across regions: per cap,
+    /// the grants of share it read in the peers' summaries and the grants
+    /// it makes. The totals only grow; a round that would leave this
+    /// region less share than the tenant holds (or has committed) here is
+    /// refused.
     ShareRound {
         tenant: String,
-        received: BTreeMap<String, u64>,
-        given: BTreeMap<String, u64>,
+        gpus: Option<crate::federation::global_tenants::RoundTotals>,
+        gpu_seconds: Option<crate::federation::global_tenants::RoundTotals>,
     },
 }
 
@@ -656,18 +661,23 @@ impl Ledger {
             Command::TouchApiToken { id } => answer(self.touch_api_token(id, now)),
             Command::AddPeerRegion { peer } => answer(self.add_peer_region(peer, now)),
             Command::RemovePeerRegion { name } => answer(self.remove_peer_region(name)),
-            Command::SetGlobalGpus { tenant, gpus } => answer(self.set_global_gpus(tenant, *gpus)),
+            Command::SetGlobalCaps {
+                tenant,
+                gpus,
+                gpu_seconds,
+            } => answer(self.set_global_caps(tenant, *gpus, *gpu_seconds)),
             Command::AdoptGlobalTenant {
                 tenant,
                 home,
                 gpus,
+                gpu_seconds,
                 limits,
-            } => answer(self.adopt_global_tenant(tenant, home, *gpus, limits, now)),
+            } => answer(self.adopt_global_tenant(tenant, home, *gpus, *gpu_seconds, limits, now)),
             Command::ShareRound {
                 tenant,
-                received,
-                given,
-            } => answer(self.share_round(tenant, received, given)),
+                gpus,
+                gpu_seconds,
+            } => answer(self.share_round(tenant, gpus.as_ref(), gpu_seconds.as_ref())),
             Command::SetPeerCa {
                 region,
                 ca_cert_pem,

@@ -176,7 +176,7 @@ fn describe(cmd: &Command) -> &'static str {
         Command::PutAttr { .. } => "set cluster attributes",
         Command::CreateTenant { .. }
         | Command::UpdateTenant { .. }
-        | Command::SetGlobalGpus { .. } => "manage tenants",
+        | Command::SetGlobalCaps { .. } => "manage tenants",
         Command::AdoptGlobalTenant { .. } | Command::ShareRound { .. } => "move global caps",
         Command::SubmitJob { .. }
         | Command::CancelJob { .. }

@@ -77,30 +77,41 @@ pub struct RegionSummary {
     pub global_tenants: Vec<GlobalTenantReport>,
 }
 
-/// One tenant with a global GPU cap, in a region's summary.
+/// One tenant with caps across regions, in a region's summary.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct GlobalTenantReport {
     pub tenant: String,
-    /// The region that defines the tenant and keeps its cap.
+    /// The region that defines the tenant and keeps its caps.
     pub home: String,
-    /// The cap, all regions together.
-    pub gpus: u32,
-    /// The summarising region's share of it.
-    pub share: u32,
-    /// GPUs the tenant (with the tenants below it) holds there, and GPUs
-    /// its waiting jobs there ask for.
-    pub in_use: u32,
-    pub demand: u32,
-    /// GPUs of share granted to each other region, in total ever.
+    /// GPUs held at once.
     #[serde(default)]
-    pub given: std::collections::BTreeMap<String, u64>,
-    /// GPUs of share counted from each other region, in total ever.
+    pub gpus: Option<GlobalAccountReport>,
+    /// GPU-seconds committed (the budget).
     #[serde(default)]
-    pub received: std::collections::BTreeMap<String, u64>,
+    pub gpu_seconds: Option<GlobalAccountReport>,
     /// The tenant's definition, when the summarising region is its home:
     /// the other regions create or update the tenant from it.
     #[serde(default)]
     pub definition: Option<GlobalTenantDefinition>,
+}
+
+/// One cap of a tenant across regions, as a region holds it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct GlobalAccountReport {
+    /// The cap, all regions together.
+    pub cap: u64,
+    /// The summarising region's share of it.
+    pub share: u64,
+    /// What the tenant (with the tenants below it) holds or has committed
+    /// there, and what its waiting jobs there ask for.
+    pub in_use: u64,
+    pub demand: u64,
+    /// Share granted to each other region, in total ever.
+    #[serde(default)]
+    pub given: std::collections::BTreeMap<String, u64>,
+    /// Share counted from each other region, in total ever.
+    #[serde(default)]
+    pub received: std::collections::BTreeMap<String, u64>,
 }
 
 /// A tenant's limits as its home region defines them (each applies in
@@ -117,24 +128,32 @@ pub struct GlobalTenantDefinition {
     pub max_priority: Option<i32>,
 }
 
-/// `shoal tenant global --json`: a tenant with a global cap as this
+/// `shoal tenant global --json`: a tenant with caps across regions as this
 /// region sees it, with each federated region's share from its latest
 /// summary.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct GlobalTenantInfo {
     pub tenant: String,
     pub home: String,
-    pub gpus: u32,
+    /// The GPU cap, all regions together.
+    pub gpus: Option<u32>,
+    /// The GPU-hour budget, all regions together.
+    pub gpu_hours: Option<f64>,
     /// This region first, then each peer region that reported the tenant.
     pub regions: Vec<GlobalTenantRegion>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct GlobalTenantRegion {
     pub region: String,
-    pub share: u32,
+    /// The region's share of the GPU cap, GPUs held there, GPUs waited for.
+    pub share: Option<u32>,
     pub in_use: u32,
     pub demand: u32,
+    /// The region's share of the budget, and GPU-hours committed there
+    /// (finished use plus running jobs' time limits).
+    pub gpu_hours_share: Option<f64>,
+    pub gpu_hours_committed: f64,
     /// Whether the figures are this region's own (else a peer's summary).
     pub local: bool,
     /// Whether that peer answers now.

@@ -661,8 +661,12 @@ pub struct TenantRequest {
     /// the tenant's home region, which the other regions adopt it from.
     #[serde(default)]
     pub global_gpus: Option<u32>,
+    /// GPU-hours the tenant may commit in all federated regions together
+    /// (its budget across regions); set in its home region likewise.
+    #[serde(default)]
+    pub global_gpu_hours: Option<f64>,
     /// Limits to remove on set: `max_gpus`, `gpu_hours`, `parent`,
-    /// `global_gpus` (then unlimited, or a root), or `max_pending_jobs`,
+    /// `global_gpus`, `global_gpu_hours` (then unlimited, or a root), or `max_pending_jobs`,
     /// `max_objects`, `max_manifest_bytes`, `max_priority` (then the
     /// cluster default).
     #[serde(default)]

@@ -52,10 +52,10 @@ async fn both(us: &Client, eu: &Client) -> Option<(GlobalTenantRegion, GlobalTen
         return None;
     }
     assert!(
-        u.share + e.share <= CAP,
+        u.share.unwrap_or(0) + e.share.unwrap_or(0) <= CAP,
         "shares {} + {} above the cap of {CAP}",
-        u.share,
-        e.share
+        u.share.unwrap_or(0),
+        e.share.unwrap_or(0)
     );
     assert!(
         u.in_use + e.in_use <= CAP,
@@ -63,7 +63,10 @@ async fn both(us: &Client, eu: &Client) -> Option<(GlobalTenantRegion, GlobalTen
         u.in_use,
         e.in_use
     );
-    assert!(u.in_use <= u.share && e.in_use <= e.share, "{u:?} {e:?}");
+    assert!(
+        u.in_use <= u.share.unwrap_or(0) && e.in_use <= e.share.unwrap_or(0),
+        "{u:?} {e:?}"
+    );
     Some((u, e))
 }
 
@@ -125,7 +128,7 @@ async fn a_global_cap_follows_demand_across_regions_and_is_never_exceeded() {
         let tenants = us.global_tenants().await.ok()?;
         tenants
             .iter()
-            .any(|t| t.tenant == "lab" && t.home == "eu-1" && t.gpus == CAP)
+            .any(|t| t.tenant == "lab" && t.home == "eu-1" && t.gpus == Some(CAP))
             .then_some(())
     })
     .await;
@@ -143,7 +146,7 @@ async fn a_global_cap_follows_demand_across_regions_and_is_never_exceeded() {
     );
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.starts_with("error: ") && err.contains("eu-1") && err.contains("set it there"),
+        err.starts_with("error: ") && err.contains("eu-1") && err.contains("set them there"),
         "{err}"
     );
 
@@ -197,7 +200,8 @@ async fn a_global_cap_follows_demand_across_regions_and_is_never_exceeded() {
     while Instant::now() < cut_until {
         let u = here(&us).await.expect("us-1 answers while eu-1 is cut off");
         assert!(
-            u.share <= u_before.share && u.in_use <= u_before.share,
+            u.share.unwrap_or(0) <= u_before.share.unwrap_or(0)
+                && u.in_use <= u_before.share.unwrap_or(0),
             "us-1 took share while it could not hear eu-1: {u:?}, before {u_before:?}"
         );
         rows_seen += 1;
@@ -216,9 +220,29 @@ async fn a_global_cap_follows_demand_across_regions_and_is_never_exceeded() {
     unsafe {
         libc::kill(eu_pid, libc::SIGCONT);
     }
-    // Healed: everything waiting fits the cap again as the regions agree.
-    wait_both(&us, &eu, "the cap to be in use again", |u, e| {
-        u.in_use + e.in_use == CAP
+    // Healed: us-1's waiting jobs run as far as the cap allows once the
+    // regions hear each other again (eu-1's ranks may have been fenced
+    // while its agent was stopped, freeing its share).
+    wait_both(
+        &us,
+        &eu,
+        "us-1's waiting jobs to get the cap's room",
+        |u, e| u.demand == 0 || u.in_use + e.in_use == CAP,
+    )
+    .await;
+
+    // A budget across regions is set at home and adopted the same way.
+    ok(
+        &["tenant", "set", "lab", "--global-gpu-hours", "100"],
+        &eu_api,
+        &eu_token,
+    );
+    wait_for("us-1 to adopt lab's budget", TIMEOUT, || async {
+        let tenants = us.global_tenants().await.ok()?;
+        let lab = tenants.into_iter().find(|t| t.tenant == "lab")?;
+        let mine = lab.regions.iter().find(|r| r.local)?;
+        (lab.gpu_hours == Some(100.0) && mine.gpu_hours_share.is_some_and(|h| h > 0.0))
+            .then_some(())
     })
     .await;
     for n in eu_nodes.iter_mut() {

@@ -1,12 +1,14 @@
-//! Tenants capped across regions, in the ledger: the home region's cap,
-//! its definition adopted by the other regions, and the share rounds that
-//! move parts of the cap between them ([`super::escrow`]).
+//! Tenants capped across regions, in the ledger: the home region's caps
+//! (GPUs held at once, GPU-seconds of budget), the tenant's definition
+//! adopted by the other regions, and the share rounds that move parts of
+//! each cap between them ([`super::escrow`]).
 
-use super::escrow::{GlobalCap, PeerShare, RegionalShare, RegionalShares};
+use super::escrow::{Account, GlobalCap, PeerShare, RegionalShare, RegionalShares};
 use super::shares::RegionUse;
 use crate::ledger::{Command, Ledger};
 use crate::workload::{TenantLimits, TenantUpdate};
-use shoal_sdk::{GlobalTenantDefinition, GlobalTenantReport};
+use serde::{Deserialize, Serialize};
+use shoal_sdk::{GlobalAccountReport, GlobalTenantDefinition, GlobalTenantReport};
 use std::collections::BTreeMap;
 
 /// The protocol version that brought global caps: the commands are
@@ -15,6 +17,34 @@ pub const SINCE_PROTOCOL: u16 = 3;
 
 /// Most tenants one region caps globally (each is in every summary).
 pub const MAX_GLOBAL_TENANTS: usize = 256;
+
+/// Which of a tenant's caps an account is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Gpus,
+    GpuSeconds,
+}
+
+/// A round's totals for one account ([`Command::ShareRound`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct RoundTotals {
+    pub received: BTreeMap<String, u64>,
+    pub given: BTreeMap<String, u64>,
+}
+
+fn account(cap: &GlobalCap, kind: Kind) -> Option<&Account> {
+    match kind {
+        Kind::Gpus => cap.gpus.as_ref(),
+        Kind::GpuSeconds => cap.gpu_seconds.as_ref(),
+    }
+}
+
+fn report_of(r: &GlobalTenantReport, kind: Kind) -> Option<&GlobalAccountReport> {
+    match kind {
+        Kind::Gpus => r.gpus.as_ref(),
+        Kind::GpuSeconds => r.gpu_seconds.as_ref(),
+    }
+}
 
 impl Ledger {
     /// This region's name ("" before bootstrap).
@@ -25,25 +55,31 @@ impl Ledger {
             .unwrap_or("")
     }
 
-    /// What each globally capped tenant may hold here.
+    /// What each tenant capped across regions may hold here.
     pub fn regional_shares(&self) -> RegionalShares {
         let me = self.region_name();
         self.global_caps
             .iter()
             .map(|(tenant, cap)| {
+                let home = cap.home == me;
                 let share = RegionalShare {
-                    share: cap.share(me),
-                    global: cap.gpus,
+                    gpus: cap.gpus.as_ref().map(|a| {
+                        let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+                        (clamp(a.share(home)), clamp(a.cap))
+                    }),
+                    gpu_seconds: cap.gpu_seconds.as_ref().map(|a| (a.share(home), a.cap)),
                 };
                 (tenant.clone(), share)
             })
             .collect()
     }
 
-    pub(crate) fn set_global_gpus(
+    /// `SetGlobalCaps`: each `Some` sets (or with `Some(None)` lifts) one cap.
+    pub(crate) fn set_global_caps(
         &mut self,
         tenant: &str,
-        gpus: Option<u32>,
+        gpus: Option<Option<u32>>,
+        gpu_seconds: Option<Option<u64>>,
     ) -> Result<(), String> {
         if !self.workload.tenants.contains_key(tenant) {
             return Err(format!("no tenant named '{tenant}'"));
@@ -52,32 +88,31 @@ impl Ledger {
         if let Some(cap) = self.global_caps.get(tenant) {
             if cap.home != me {
                 return Err(format!(
-                    "tenant '{tenant}' is defined in region '{}', which keeps its global cap: set it there",
+                    "tenant '{tenant}' is defined in region '{}', which keeps its global caps: set them there",
                     cap.home
                 ));
             }
         }
-        match gpus {
-            Some(gpus) => {
-                if !self.global_caps.contains_key(tenant)
-                    && self.global_caps.len() >= MAX_GLOBAL_TENANTS
-                {
-                    return Err(format!(
-                        "at most {MAX_GLOBAL_TENANTS} tenants may have a global cap"
-                    ));
-                }
-                let cap = self
-                    .global_caps
-                    .entry(tenant.to_string())
-                    .or_insert_with(|| GlobalCap {
-                        home: me,
-                        ..Default::default()
-                    });
-                cap.gpus = gpus;
-            }
-            None => {
-                self.global_caps.remove(tenant);
-            }
+        if !self.global_caps.contains_key(tenant) && self.global_caps.len() >= MAX_GLOBAL_TENANTS {
+            return Err(format!(
+                "at most {MAX_GLOBAL_TENANTS} tenants may have caps across regions"
+            ));
+        }
+        let cap = self
+            .global_caps
+            .entry(tenant.to_string())
+            .or_insert_with(|| GlobalCap {
+                home: me,
+                ..Default::default()
+            });
+        if let Some(gpus) = gpus {
+            set_cap(&mut cap.gpus, gpus.map(u64::from));
+        }
+        if let Some(seconds) = gpu_seconds {
+            set_cap(&mut cap.gpu_seconds, seconds);
+        }
+        if cap.gpus.is_none() && cap.gpu_seconds.is_none() {
+            self.global_caps.remove(tenant);
         }
         Ok(())
     }
@@ -87,6 +122,7 @@ impl Ledger {
         tenant: &str,
         home: &str,
         gpus: Option<u32>,
+        gpu_seconds: Option<u64>,
         limits: &TenantLimits,
         now_ms: u64,
     ) -> Result<(), String> {
@@ -96,18 +132,18 @@ impl Ledger {
         if let Some(cap) = self.global_caps.get(tenant) {
             if cap.home != home {
                 return Err(format!(
-                    "tenant '{tenant}' has its global cap from region '{}', not '{home}'",
+                    "tenant '{tenant}' has its caps from region '{}', not '{home}'",
                     cap.home
                 ));
             }
         }
-        let Some(gpus) = gpus else {
+        if gpus.is_none() && gpu_seconds.is_none() {
             self.global_caps.remove(tenant);
             return Ok(());
-        };
+        }
         if !self.global_caps.contains_key(tenant) && self.global_caps.len() >= MAX_GLOBAL_TENANTS {
             return Err(format!(
-                "at most {MAX_GLOBAL_TENANTS} tenants may have a global cap"
+                "at most {MAX_GLOBAL_TENANTS} tenants may have caps across regions"
             ));
         }
         if self.workload.tenants.contains_key(tenant) {
@@ -122,62 +158,250 @@ impl Ledger {
                 home: home.to_string(),
                 ..Default::default()
             });
-        cap.gpus = gpus;
+        set_cap(&mut cap.gpus, gpus.map(u64::from));
+        set_cap(&mut cap.gpu_seconds, gpu_seconds);
         Ok(())
     }
 
     pub(crate) fn share_round(
         &mut self,
         tenant: &str,
-        received: &BTreeMap<String, u64>,
-        given: &BTreeMap<String, u64>,
+        gpus: Option<&RoundTotals>,
+        gpu_seconds: Option<&RoundTotals>,
     ) -> Result<(), String> {
         let me = self.region_name().to_string();
         let Some(cap) = self.global_caps.get(tenant) else {
-            return Err(format!("tenant '{tenant}' has no global cap"));
+            return Err(format!("tenant '{tenant}' has no caps across regions"));
         };
-        let mut next = cap.clone();
-        if let Some(region) = received
-            .keys()
-            .chain(given.keys())
+        let home = cap.home == me;
+        if let Some(region) = [gpus, gpu_seconds]
+            .into_iter()
+            .flatten()
+            .flat_map(|t| t.received.keys().chain(t.given.keys()))
             .find(|r| !self.federation.peers.contains_key(*r))
         {
             return Err(format!("no peer region named '{region}'"));
         }
-        for (region, total) in received {
-            let seen = next.received.entry(region.clone()).or_default();
-            *seen = (*seen).max(*total);
-        }
-        for (region, total) in given {
-            let out = next.given.entry(region.clone()).or_default();
-            *out = (*out).max(*total);
-        }
-        // Grants only from what the tenant does not hold here: the round
-        // was planned on this replica's state, which may have moved on.
-        let held = self.subtree_gpus_in_use(tenant);
-        let granted_more = next.given != cap.given;
-        if granted_more && next.signed_share(&me) < i64::from(held) {
-            return Err(format!(
-                "tenant '{tenant}' holds {held} GPUs here; the round would leave a share of {}",
-                next.signed_share(&me)
-            ));
+        let mut next = cap.clone();
+        let used = self.global_use(tenant);
+        for (kind, totals, slot) in [
+            (Kind::Gpus, gpus, &mut next.gpus),
+            (Kind::GpuSeconds, gpu_seconds, &mut next.gpu_seconds),
+        ] {
+            let (Some(totals), Some(account)) = (totals, slot.as_mut()) else {
+                continue;
+            };
+            let before = account.given.clone();
+            account.merge(&totals.received, &totals.given);
+            // Grants only from what the tenant does not hold here: the
+            // round was planned on this replica's state, which may have
+            // moved on since.
+            let held = match kind {
+                Kind::Gpus => used.0.in_use,
+                Kind::GpuSeconds => used.1.in_use,
+            };
+            if account.given != before && account.signed_share(home) < i128::from(held) {
+                return Err(format!(
+                    "tenant '{tenant}' holds {held} {} here; the round would leave a share of {}",
+                    unit(kind),
+                    account.signed_share(home)
+                ));
+            }
         }
         self.global_caps.insert(tenant.to_string(), next);
         Ok(())
     }
 
-    /// A job that could never run under a global cap is refused at submit.
+    /// What `tenant` (with the tenants below it) uses here and what its
+    /// waiting jobs here ask for: in GPUs held, and in GPU-seconds
+    /// committed (finished use plus running jobs' time limits).
+    pub fn global_use(&self, tenant: &str) -> (RegionUse, RegionUse) {
+        let subtree = self.workload.subtree(tenant);
+        let waiting: Vec<&crate::workload::Job> = self
+            .workload
+            .jobs
+            .values()
+            .filter(|j| j.state.is_waiting() && !j.held)
+            .filter(|j| subtree.contains(&j.spec.tenant.as_str()))
+            .collect();
+        let region = self.region_name().to_string();
+        let gpus = RegionUse {
+            region: region.clone(),
+            in_use: u64::from(self.subtree_gpus_in_use(tenant)),
+            demand: waiting.iter().map(|j| u64::from(j.spec.total_gpus())).sum(),
+        };
+        let seconds = RegionUse {
+            region,
+            in_use: subtree
+                .iter()
+                .map(|t| self.workload.committed_gpu_seconds(t))
+                .fold(0, u64::saturating_add),
+            demand: waiting
+                .iter()
+                .map(|j| j.spec.gpu_seconds_needed())
+                .fold(0, u64::saturating_add),
+        };
+        (gpus, seconds)
+    }
+
+    /// The next round for `tenant` from the peers' latest reports, or
+    /// `None` when it changes nothing (or the tenant has no caps across
+    /// regions). Only the peers this region federates with take part.
+    pub fn plan_share_round(
+        &self,
+        tenant: &str,
+        reports: &[(String, &GlobalTenantReport)],
+    ) -> Option<Command> {
+        let cap = self.global_caps.get(tenant)?;
+        let me = self.region_name();
+        let (gpu_use, seconds_use) = self.global_use(tenant);
+        let round = |kind: Kind, mine: &RegionUse| -> Option<RoundTotals> {
+            let account = account(cap, kind)?;
+            let peers: Vec<PeerShare> = reports
+                .iter()
+                .filter(|(region, r)| {
+                    self.federation.peers.contains_key(region) && r.tenant == tenant && region != me
+                })
+                .filter_map(|(region, r)| {
+                    let a = report_of(r, kind)?;
+                    Some(PeerShare {
+                        region: region.clone(),
+                        in_use: a.in_use,
+                        demand: a.demand,
+                        share: a.share,
+                        given_to_us: a.given.get(me).copied().unwrap_or(0),
+                        received_from_us: a.received.get(me).copied().unwrap_or(0),
+                    })
+                })
+                .collect();
+            let next = account.round(me, cap.home == me, mine, &peers);
+            (next != *account).then_some(RoundTotals {
+                received: next.received,
+                given: next.given,
+            })
+        };
+        let gpus = round(Kind::Gpus, &gpu_use);
+        let gpu_seconds = round(Kind::GpuSeconds, &seconds_use);
+        (gpus.is_some() || gpu_seconds.is_some()).then(|| Command::ShareRound {
+            tenant: tenant.to_string(),
+            gpus,
+            gpu_seconds,
+        })
+    }
+
+    /// This region's reports for its summary.
+    pub fn global_reports(&self) -> Vec<GlobalTenantReport> {
+        let me = self.region_name();
+        self.global_caps
+            .iter()
+            .map(|(tenant, cap)| {
+                let (gpu_use, seconds_use) = self.global_use(tenant);
+                let home = cap.home == me;
+                let report = |a: &Account, used: &RegionUse| GlobalAccountReport {
+                    cap: a.cap,
+                    share: a.share(home),
+                    in_use: used.in_use,
+                    demand: used.demand,
+                    given: a.given.clone(),
+                    received: a.received.clone(),
+                };
+                let definition = home
+                    .then(|| self.workload.tenants.get(tenant))
+                    .flatten()
+                    .map(|t| definition_of(&t.limits));
+                GlobalTenantReport {
+                    tenant: tenant.clone(),
+                    home: cap.home.clone(),
+                    gpus: cap.gpus.as_ref().map(|a| report(a, &gpu_use)),
+                    gpu_seconds: cap.gpu_seconds.as_ref().map(|a| report(a, &seconds_use)),
+                    definition,
+                }
+            })
+            .collect()
+    }
+
+    /// What adopting `report` (from `region`, the tenant's home) would
+    /// change here, as a command; `None` when nothing would.
+    pub fn plan_adoption(&self, region: &str, report: &GlobalTenantReport) -> Option<Command> {
+        if report.home != region || !self.federation.peers.contains_key(region) {
+            return None;
+        }
+        let limits = limits_of(report.definition.as_ref()?);
+        let gpus = report
+            .gpus
+            .as_ref()
+            .map(|a| u32::try_from(a.cap).unwrap_or(u32::MAX));
+        let gpu_seconds = report.gpu_seconds.as_ref().map(|a| a.cap);
+        let same_caps = self.global_caps.get(&report.tenant).is_some_and(|c| {
+            c.home == region
+                && c.gpus.as_ref().map(|a| a.cap) == gpus.map(u64::from)
+                && c.gpu_seconds.as_ref().map(|a| a.cap) == gpu_seconds
+        });
+        let same_limits = self
+            .workload
+            .tenants
+            .get(&report.tenant)
+            .is_some_and(|t| t.limits == limits);
+        (!(same_caps && same_limits)).then(|| Command::AdoptGlobalTenant {
+            tenant: report.tenant.clone(),
+            home: region.to_string(),
+            gpus,
+            gpu_seconds,
+            limits,
+        })
+    }
+
+    /// Tenants whose home is `region` that its summary no longer lists:
+    /// the home lifted their caps.
+    pub fn plan_lifted(&self, region: &str, reports: &[GlobalTenantReport]) -> Vec<Command> {
+        if !self.federation.peers.contains_key(region) {
+            return Vec::new();
+        }
+        self.global_caps
+            .iter()
+            .filter(|(tenant, cap)| {
+                cap.home == region && !reports.iter().any(|r| &r.tenant == *tenant)
+            })
+            .map(|(tenant, _)| Command::AdoptGlobalTenant {
+                tenant: tenant.clone(),
+                home: region.to_string(),
+                gpus: None,
+                gpu_seconds: None,
+                limits: self
+                    .workload
+                    .tenants
+                    .get(tenant)
+                    .map(|t| t.limits.clone())
+                    .unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// A job that could never run under a cap across regions is refused at
+    /// submit.
     pub(crate) fn fits_global_caps(&self, spec: &crate::workload::JobSpec) -> Result<(), String> {
         if !self.workload.tenants.contains_key(&spec.tenant) {
             return Ok(());
         }
         for name in self.workload.ancestry(&spec.tenant) {
-            if let Some(cap) = self.global_caps.get(name) {
-                if spec.total_gpus() > cap.gpus {
+            let Some(cap) = self.global_caps.get(name) else {
+                continue;
+            };
+            if let Some(gpus) = &cap.gpus {
+                if u64::from(spec.total_gpus()) > gpus.cap {
                     return Err(format!(
                         "quota: the job needs {} GPUs but {name} may use at most {} in all regions together",
                         spec.total_gpus(),
-                        cap.gpus
+                        gpus.cap
+                    ));
+                }
+            }
+            if let Some(seconds) = &cap.gpu_seconds {
+                if spec.gpu_seconds_needed() > seconds.cap {
+                    return Err(format!(
+                        "budget: the job may use {:.1} GPU-hours but {name} has a budget of {:.1} in all regions together",
+                        spec.gpu_seconds_needed() as f64 / 3600.0,
+                        seconds.cap as f64 / 3600.0
                     ));
                 }
             }
@@ -195,139 +419,30 @@ impl Ledger {
             .sum()
     }
 
-    /// What `tenant` (with the tenants below it) holds here and what its
-    /// waiting jobs here ask for.
-    pub fn global_use(&self, tenant: &str) -> RegionUse {
-        let subtree = self.workload.subtree(tenant);
-        let demand: u64 = self
-            .workload
-            .jobs
-            .values()
-            .filter(|j| j.state.is_waiting() && !j.held)
-            .filter(|j| subtree.contains(&j.spec.tenant.as_str()))
-            .map(|j| u64::from(j.spec.total_gpus()))
-            .sum();
-        RegionUse {
-            region: self.region_name().to_string(),
-            in_use: self.subtree_gpus_in_use(tenant),
-            demand: u32::try_from(demand).unwrap_or(u32::MAX),
-        }
-    }
-
-    /// The next round for `tenant` from the peers' latest reports, or
-    /// `None` when it changes nothing (or the tenant has no global cap).
-    /// Only the peers this region federates with take part.
-    pub fn plan_share_round(
-        &self,
-        tenant: &str,
-        reports: &[(String, &GlobalTenantReport)],
-    ) -> Option<Command> {
-        let cap = self.global_caps.get(tenant)?;
-        let me = self.region_name();
-        let peers: Vec<PeerShare> = reports
-            .iter()
-            .filter(|(region, r)| {
-                self.federation.peers.contains_key(region) && r.tenant == tenant && region != me
-            })
-            .map(|(region, r)| PeerShare {
-                region: region.clone(),
-                in_use: r.in_use,
-                demand: r.demand,
-                share: r.share,
-                given_to_us: r.given.get(me).copied().unwrap_or(0),
-                received_from_us: r.received.get(me).copied().unwrap_or(0),
-            })
-            .collect();
-        let next = cap.round(me, &self.global_use(tenant), &peers);
-        (next != *cap).then(|| Command::ShareRound {
-            tenant: tenant.to_string(),
-            received: next.received,
-            given: next.given,
-        })
-    }
-
-    /// This region's reports for its summary.
-    pub fn global_reports(&self) -> Vec<GlobalTenantReport> {
-        let me = self.region_name();
-        self.global_caps
-            .iter()
-            .map(|(tenant, cap)| {
-                let used = self.global_use(tenant);
-                let definition = (cap.home == me)
-                    .then(|| self.workload.tenants.get(tenant))
-                    .flatten()
-                    .map(|t| definition_of(&t.limits));
-                GlobalTenantReport {
-                    tenant: tenant.clone(),
-                    home: cap.home.clone(),
-                    gpus: cap.gpus,
-                    share: cap.share(me),
-                    in_use: used.in_use,
-                    demand: used.demand,
-                    given: cap.given.clone(),
-                    received: cap.received.clone(),
-                    definition,
-                }
-            })
-            .collect()
-    }
-
-    /// What adopting `report` (from `region`, the tenant's home) would
-    /// change here, as a command; `None` when nothing would.
-    pub fn plan_adoption(&self, region: &str, report: &GlobalTenantReport) -> Option<Command> {
-        if report.home != region || !self.federation.peers.contains_key(region) {
-            return None;
-        }
-        let limits = limits_of(report.definition.as_ref()?);
-        let same_cap = self
-            .global_caps
-            .get(&report.tenant)
-            .is_some_and(|c| c.home == region && c.gpus == report.gpus);
-        let same_limits = self
-            .workload
-            .tenants
-            .get(&report.tenant)
-            .is_some_and(|t| t.limits == limits);
-        (!(same_cap && same_limits)).then(|| Command::AdoptGlobalTenant {
-            tenant: report.tenant.clone(),
-            home: region.to_string(),
-            gpus: Some(report.gpus),
-            limits,
-        })
-    }
-
-    /// Tenants whose home is `region` that its summary no longer lists:
-    /// the home lifted their cap.
-    pub fn plan_lifted(&self, region: &str, reports: &[GlobalTenantReport]) -> Vec<Command> {
-        if !self.federation.peers.contains_key(region) {
-            return Vec::new();
-        }
-        self.global_caps
-            .iter()
-            .filter(|(tenant, cap)| {
-                cap.home == region && !reports.iter().any(|r| &r.tenant == *tenant)
-            })
-            .map(|(tenant, _)| Command::AdoptGlobalTenant {
-                tenant: tenant.clone(),
-                home: region.to_string(),
-                gpus: None,
-                limits: self
-                    .workload
-                    .tenants
-                    .get(tenant)
-                    .map(|t| t.limits.clone())
-                    .unwrap_or_default(),
-            })
-            .collect()
-    }
-
     /// A peer region left: its grants no longer count here.
     pub(crate) fn forget_region_grants(&mut self, region: &str) {
         for cap in self.global_caps.values_mut() {
             cap.forget(region);
         }
-        // Tenants whose home left keep their definition, uncapped globally.
+        // Tenants whose home left keep their definition, uncapped across
+        // regions.
         self.global_caps.retain(|_, cap| cap.home != region);
+    }
+}
+
+fn unit(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Gpus => "GPUs",
+        Kind::GpuSeconds => "GPU-seconds",
+    }
+}
+
+/// Sets an account's cap, keeping its grants; `None` removes it.
+fn set_cap(slot: &mut Option<Account>, cap: Option<u64>) {
+    match (slot.as_mut(), cap) {
+        (_, None) => *slot = None,
+        (Some(account), Some(cap)) => account.cap = cap,
+        (None, Some(cap)) => *slot = Some(Account::new(cap)),
     }
 }
 
@@ -373,6 +488,7 @@ fn limits_of(d: &GlobalTenantDefinition) -> TenantLimits {
 
 #[cfg(test)]
 mod tests {
+    use super::RoundTotals;
     use crate::federation::PeerRegion;
     use crate::ledger::{Command, Ledger, LedgerRequest, LedgerResponse, MemberSpec};
     use crate::sched::{schedule, Policy, TopologyProximity};
@@ -481,7 +597,10 @@ mod tests {
         }
 
         fn share(&self) -> u32 {
-            self.ledger.regional_shares()["lab"].share
+            self.ledger.regional_shares()["lab"]
+                .gpus
+                .expect("a GPU cap")
+                .0
         }
     }
 
@@ -516,9 +635,10 @@ mod tests {
                 ..TenantLimits::default()
             },
         });
-        eu.ok(Command::SetGlobalGpus {
+        eu.ok(Command::SetGlobalCaps {
             tenant: "lab".into(),
-            gpus: Some(8),
+            gpus: Some(Some(8)),
+            gpu_seconds: None,
         });
         let report = eu.ledger.global_reports().remove(0);
         let adopt = us.ledger.plan_adoption("eu", &report).expect("adoption");
@@ -566,6 +686,80 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_hour_budget_is_split_by_grants_too() {
+        let (mut eu, mut us) = two_regions();
+        // Two GPU-hours in all regions together; the GPU cap stays 8.
+        eu.ok(Command::SetGlobalCaps {
+            tenant: "lab".into(),
+            gpus: None,
+            gpu_seconds: Some(Some(7200)),
+        });
+        let report = eu.ledger.global_reports().remove(0);
+        let adopt = us.ledger.plan_adoption("eu", &report).expect("adoption");
+        us.ok(adopt);
+        // One-GPU jobs of an hour each: us waits for one, eu for two.
+        assert!(matches!(us.submit(1), LedgerResponse::JobId(_)));
+        us.schedule();
+        assert_eq!(us.running_gpus(), 0, "no budget in us yet");
+        round(&mut eu, &[&us]);
+        round(&mut us, &[&eu]);
+        us.schedule();
+        assert_eq!(
+            us.running_gpus(),
+            1,
+            "{:?} {:?}",
+            us.ledger.regional_shares(),
+            us.ledger
+                .workload
+                .jobs
+                .values()
+                .map(|j| j.reason.clone())
+                .collect::<Vec<_>>()
+        );
+        // eu kept half the idle hour as headroom, less than a job needs;
+        // once it waits for two, us grants back what it has not committed,
+        // and eu runs one job of an hour, not two: the hour us committed
+        // is gone from the budget.
+        for _ in 0..2 {
+            assert!(matches!(eu.submit(1), LedgerResponse::JobId(_)));
+        }
+        eu.schedule();
+        assert_eq!(eu.running_gpus(), 0);
+        round(&mut us, &[&eu]);
+        round(&mut eu, &[&us]);
+        eu.schedule();
+        assert_eq!(eu.running_gpus(), 1);
+        let shares = |r: &Region| {
+            r.ledger.regional_shares()["lab"]
+                .gpu_seconds
+                .expect("budget")
+        };
+        assert!(shares(&eu).0 + shares(&us).0 <= 7200);
+        let waiting = eu
+            .ledger
+            .workload
+            .jobs
+            .values()
+            .find(|j| j.state == JobState::Pending)
+            .expect("a waiting job");
+        assert!(waiting.reason.starts_with("budget:"), "{}", waiting.reason);
+        // A job of more than the whole budget is refused at submit.
+        match eu.apply(Command::SubmitJob {
+            spec: JobSpec {
+                tenant: "lab".into(),
+                nodes: 1,
+                gpus_per_node: 3,
+                time_limit_s: 3600,
+                command: vec!["true".into()],
+                ..JobSpec::default()
+            },
+        }) {
+            LedgerResponse::Rejected(why) => assert!(why.contains("budget of 2.0"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn a_job_larger_than_the_global_cap_is_refused_at_submit() {
         let (mut eu, _) = two_regions();
         match eu.submit(9) {
@@ -585,8 +779,11 @@ mod tests {
         // A round planned before the job started, applied after it.
         let stale = Command::ShareRound {
             tenant: "lab".into(),
-            received: BTreeMap::new(),
-            given: [("us".to_string(), 4)].into(),
+            gpus: Some(RoundTotals {
+                received: BTreeMap::new(),
+                given: [("us".to_string(), 4)].into(),
+            }),
+            gpu_seconds: None,
         };
         match eu.apply(stale) {
             LedgerResponse::Rejected(why) => assert!(why.contains("holds 8 GPUs"), "{why}"),
@@ -601,16 +798,22 @@ mod tests {
         let (mut eu, _) = two_regions();
         let grant = |n| Command::ShareRound {
             tenant: "lab".into(),
-            received: BTreeMap::new(),
-            given: [("us".to_string(), n)].into(),
+            gpus: Some(RoundTotals {
+                received: BTreeMap::new(),
+                given: [("us".to_string(), n)].into(),
+            }),
+            gpu_seconds: None,
         };
         eu.ok(grant(5));
         eu.ok(grant(2));
         assert_eq!(eu.share(), 3, "a smaller total is an old round");
         let stranger = Command::ShareRound {
             tenant: "lab".into(),
-            received: [("ap".to_string(), 8)].into(),
-            given: BTreeMap::new(),
+            gpus: Some(RoundTotals {
+                received: [("ap".to_string(), 8)].into(),
+                given: BTreeMap::new(),
+            }),
+            gpu_seconds: None,
         };
         assert!(matches!(eu.apply(stranger), LedgerResponse::Rejected(_)));
         assert_eq!(eu.share(), 3);
@@ -619,17 +822,21 @@ mod tests {
     #[test]
     fn only_the_home_sets_the_cap_and_a_peer_that_leaves_takes_its_share() {
         let (mut eu, mut us) = two_regions();
-        match us.apply(Command::SetGlobalGpus {
+        match us.apply(Command::SetGlobalCaps {
             tenant: "lab".into(),
-            gpus: Some(100),
+            gpus: Some(Some(100)),
+            gpu_seconds: None,
         }) {
-            LedgerResponse::Rejected(why) => assert!(why.contains("set it there"), "{why}"),
+            LedgerResponse::Rejected(why) => assert!(why.contains("set them there"), "{why}"),
             other => panic!("{other:?}"),
         }
         eu.ok(Command::ShareRound {
             tenant: "lab".into(),
-            received: BTreeMap::new(),
-            given: [("us".to_string(), 5)].into(),
+            gpus: Some(RoundTotals {
+                received: BTreeMap::new(),
+                given: [("us".to_string(), 5)].into(),
+            }),
+            gpu_seconds: None,
         });
         assert_eq!(eu.share(), 3);
         eu.ok(Command::RemovePeerRegion { name: "us".into() });
@@ -643,9 +850,10 @@ mod tests {
     #[test]
     fn a_cap_the_home_lifts_is_lifted_in_the_other_regions() {
         let (mut eu, mut us) = two_regions();
-        eu.ok(Command::SetGlobalGpus {
+        eu.ok(Command::SetGlobalCaps {
             tenant: "lab".into(),
-            gpus: None,
+            gpus: Some(None),
+            gpu_seconds: None,
         });
         let lifted = us.ledger.plan_lifted("eu", &eu.ledger.global_reports());
         assert_eq!(lifted.len(), 1);

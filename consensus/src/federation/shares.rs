@@ -18,14 +18,15 @@
 
 use std::collections::BTreeMap;
 
-/// What a tenant does in one region.
+/// What a tenant does in one region, in the amount being split (GPUs, or
+/// GPU-seconds of a budget).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegionUse {
     pub region: String,
-    /// GPUs its running jobs hold there.
-    pub in_use: u32,
-    /// GPUs its pending jobs there ask for.
-    pub demand: u32,
+    /// What its running jobs hold (or have committed) there.
+    pub in_use: u64,
+    /// What its pending jobs there ask for.
+    pub demand: u64,
 }
 
 /// Spreads `amount` over `weights` proportionally (largest remainder, ties
@@ -36,9 +37,15 @@ fn proportional(amount: u64, weights: &[u64]) -> Vec<u64> {
     if total == 0 {
         return vec![0; weights.len()];
     }
-    let mut parts: Vec<u64> = weights.iter().map(|w| amount * w / total).collect();
+    // In u128: amounts of GPU-seconds times weights of GPU-seconds.
+    let scaled = |w: u64| u128::from(amount) * u128::from(w);
+    let total128 = u128::from(total);
+    let mut parts: Vec<u64> = weights
+        .iter()
+        .map(|&w| u64::try_from(scaled(w) / total128).unwrap_or(u64::MAX))
+        .collect();
     let mut order: Vec<usize> = (0..weights.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse((amount * weights[i]) % total));
+    order.sort_by_key(|&i| std::cmp::Reverse(scaled(weights[i]) % total128));
     let mut left = amount - parts.iter().sum::<u64>();
     for i in order {
         if left == 0 {
@@ -73,15 +80,14 @@ fn water_fill(mut amount: u64, demands: &[u64]) -> Vec<u64> {
     }
 }
 
-/// The per-region shares of a global cap of `cap` GPUs, by region name.
+/// The per-region shares of a global cap of `cap`, by region name.
 /// Deterministic and independent of the order of `regions` (regions are
 /// taken by name; a name given twice counts once, its last entry).
-pub fn rebalance(cap: u32, regions: &[RegionUse]) -> BTreeMap<String, u32> {
+pub fn rebalance(cap: u64, regions: &[RegionUse]) -> BTreeMap<String, u64> {
     let by_name: BTreeMap<&str, &RegionUse> =
         regions.iter().map(|r| (r.region.as_str(), r)).collect();
     let names: Vec<&str> = by_name.keys().copied().collect();
-    let uses: Vec<u64> = by_name.values().map(|r| u64::from(r.in_use)).collect();
-    let cap = u64::from(cap);
+    let uses: Vec<u64> = by_name.values().map(|r| r.in_use).collect();
     let used: u64 = uses.iter().sum();
     let mut shares = if used > cap {
         proportional(cap, &uses)
@@ -89,7 +95,7 @@ pub fn rebalance(cap: u32, regions: &[RegionUse]) -> BTreeMap<String, u32> {
         uses.clone()
     };
     let mut left = cap - shares.iter().sum::<u64>();
-    let demands: Vec<u64> = by_name.values().map(|r| u64::from(r.demand)).collect();
+    let demands: Vec<u64> = by_name.values().map(|r| r.demand).collect();
     for (s, d) in shares.iter_mut().zip(water_fill(left, &demands)) {
         *s += d;
         left -= d;
@@ -103,7 +109,7 @@ pub fn rebalance(cap: u32, regions: &[RegionUse]) -> BTreeMap<String, u32> {
     names
         .into_iter()
         .zip(shares)
-        .map(|(n, s)| (n.to_string(), u32::try_from(s).unwrap_or(u32::MAX)))
+        .map(|(n, s)| (n.to_string(), s))
         .collect()
 }
 
@@ -115,8 +121,8 @@ mod tests {
     fn r(region: &str, in_use: u32, demand: u32) -> RegionUse {
         RegionUse {
             region: region.into(),
-            in_use,
-            demand,
+            in_use: u64::from(in_use),
+            demand: u64::from(demand),
         }
     }
 
@@ -148,7 +154,7 @@ mod tests {
         /// irrelevant.
         #[test]
         fn shares_never_exceed_the_global_cap(
-            cap in 0u32..200,
+            cap in 0u64..200,
             uses in prop::collection::vec((0u32..64, 0u32..64), 0..6),
             rotate in 0usize..6,
         ) {
@@ -158,13 +164,13 @@ mod tests {
                 .map(|(i, (u, d))| r(&format!("r{i}"), *u, *d))
                 .collect();
             let shares = rebalance(cap, &regions);
-            let sum: u64 = shares.values().map(|&s| u64::from(s)).sum();
-            prop_assert!(sum <= u64::from(cap), "{sum} > {cap}");
+            let sum: u64 = shares.values().sum();
+            prop_assert!(sum <= cap, "{sum} > {cap}");
             if !regions.is_empty() {
-                prop_assert_eq!(sum, u64::from(cap));
+                prop_assert_eq!(sum, cap);
             }
-            let used: u64 = regions.iter().map(|r| u64::from(r.in_use)).sum();
-            if used <= u64::from(cap) {
+            let used: u64 = regions.iter().map(|r| r.in_use).sum();
+            if used <= cap {
                 for reg in &regions {
                     prop_assert!(shares[&reg.region] >= reg.in_use);
                 }
@@ -175,6 +181,22 @@ mod tests {
                 rotated.rotate_left(rotate % len);
             }
             prop_assert_eq!(rebalance(cap, &rotated), shares);
+        }
+
+        /// Budgets in GPU-seconds are large numbers: the split neither
+        /// overflows nor loses a second.
+        #[test]
+        fn budgets_in_gpu_seconds_split_exactly(
+            cap in 0u64..(1u64 << 50),
+            uses in prop::collection::vec((0u64..(1u64 << 48), 0u64..(1u64 << 48)), 1..5),
+        ) {
+            let regions: Vec<RegionUse> = uses
+                .iter()
+                .enumerate()
+                .map(|(i, (u, d))| RegionUse { region: format!("r{i}"), in_use: *u, demand: *d })
+                .collect();
+            let shares = rebalance(cap, &regions);
+            prop_assert_eq!(shares.values().sum::<u64>(), cap);
         }
 
         /// Two regions, a cap of 16 (the case): whatever each uses

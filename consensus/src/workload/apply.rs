@@ -647,17 +647,28 @@ impl Workload {
         for name in self.ancestry(&spec.tenant) {
             let subtree = self.subtree(name);
             let limits = &self.tenants[name].limits;
-            if let Some(part) = shares.get(name) {
+            let part = shares.get(name).copied().unwrap_or_default();
+            if let Some((share, global)) = part.gpus {
                 let in_use: u32 = subtree
                     .iter()
                     .map(|t| held.get(t).copied().unwrap_or(0))
                     .sum();
-                if in_use.saturating_add(spec.total_gpus()) > part.share {
+                if in_use.saturating_add(spec.total_gpus()) > share {
                     return Err(format!(
-                        "quota: {name} uses {in_use} of the {} GPUs of its global cap of {} this region holds, job needs {}",
-                        part.share,
-                        part.global,
+                        "quota: {name} uses {in_use} of the {share} GPUs of its global cap of {global} this region holds, job needs {}",
                         spec.total_gpus()
+                    ));
+                }
+            }
+            if let Some((share, global)) = part.gpu_seconds {
+                let committed: u64 = subtree.iter().map(|t| self.committed_gpu_seconds(t)).sum();
+                if committed.saturating_add(spec.gpu_seconds_needed()) > share {
+                    return Err(format!(
+                        "budget: {name} has committed {:.2} of the {:.2} GPU-hours of its global budget of {:.2} this region holds, job may use {:.2}",
+                        committed as f64 / 3600.0,
+                        share as f64 / 3600.0,
+                        global as f64 / 3600.0,
+                        spec.gpu_seconds_needed() as f64 / 3600.0
                     ));
                 }
             }

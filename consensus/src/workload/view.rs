@@ -22,8 +22,19 @@ pub struct SchedSnapshot {
 /// Tenants with their current holdings; `gpu_hours_used` is what the budget
 /// check counts (finished usage plus running jobs' worst case), so that the
 /// scheduler and `apply` agree on admission.
-/// A tenant with a global cap counts this region's share of it as one
-/// more cap.
+fn part(shares: &RegionalShares, tenant: &str) -> crate::federation::escrow::RegionalShare {
+    shares.get(tenant).copied().unwrap_or_default()
+}
+
+fn min_cap<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// A tenant with caps across regions counts this region's share of each
+/// as one more cap.
 pub fn tenant_views(workload: &Workload, shares: &RegionalShares) -> Vec<TenantView> {
     let held = workload.gpus_in_use();
     workload
@@ -33,15 +44,21 @@ pub fn tenant_views(workload: &Workload, shares: &RegionalShares) -> Vec<TenantV
             name: tenant.name.clone(),
             parent: tenant.limits.parent.clone(),
             weight: f64::from(tenant.limits.weight.max(1)),
-            max_gpus: match (tenant.limits.max_gpus, shares.get(&tenant.name)) {
-                (Some(max), Some(part)) => Some(max.min(part.share)),
-                (max, part) => max.or(part.map(|p| p.share)),
-            },
-            global_cap: shares
-                .get(&tenant.name)
-                .filter(|part| tenant.limits.max_gpus.is_none_or(|max| part.share < max))
-                .map(|part| part.global),
-            gpu_hours_limit: tenant.limits.gpu_seconds_limit.map(|s| s as f64 / 3600.0),
+            max_gpus: min_cap(
+                tenant.limits.max_gpus,
+                part(shares, &tenant.name).gpus.map(|(share, _)| share),
+            ),
+            global_cap: part(shares, &tenant.name)
+                .gpus
+                .filter(|(share, _)| tenant.limits.max_gpus.is_none_or(|max| *share < max))
+                .map(|(_, global)| global),
+            gpu_hours_limit: min_cap(
+                tenant.limits.gpu_seconds_limit,
+                part(shares, &tenant.name)
+                    .gpu_seconds
+                    .map(|(share, _)| share),
+            )
+            .map(|s| s as f64 / 3600.0),
             gpu_hours_used: workload.committed_gpu_seconds(&tenant.name) as f64 / 3600.0,
             gpus_in_use: held.get(tenant.name.as_str()).copied().unwrap_or(0),
         })

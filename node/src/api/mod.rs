@@ -999,7 +999,8 @@ async fn create_tenant(
     Json(req): Json<TenantRequest>,
 ) -> Result<Json<WriteResponse>, ApiError> {
     let limits = views::tenant_limits(&req).map_err(bad_request)?;
-    let global = views::global_gpus_change(&req);
+    let global = views::global_caps_change(&req).map_err(bad_request)?;
+    let global = (global != (None, None)).then_some(global);
     if global.is_some() {
         global_caps_spoken(&app)?;
     }
@@ -1012,8 +1013,8 @@ async fn create_tenant(
         },
     )
     .await?;
-    if let Some(gpus) = global {
-        index = set_global_gpus(&app, &caller, req.name, gpus).await?;
+    if let Some(change) = global {
+        index = set_global_caps(&app, &caller, req.name, change).await?;
     }
     Ok(Json(WriteResponse { index }))
 }
@@ -1028,20 +1029,25 @@ fn global_caps_spoken(app: &Node) -> Result<(), ApiError> {
     Err(WireError::new(
         ErrorCode::Rejected,
         format!(
-            "--global-gpus needs every member at protocol {since} or newer (this cluster speaks {}): upgrade every node first",
+            "caps across regions need every member at protocol {since} or newer (this cluster speaks {}): upgrade every node first",
             spoken.map_or("none".to_string(), |p| p.to_string())
         ),
     )
     .into())
 }
 
-async fn set_global_gpus(
+async fn set_global_caps(
     app: &Arc<Node>,
     caller: &Caller,
     tenant: String,
-    gpus: Option<u32>,
+    (gpus, gpu_seconds): views::GlobalCapsChange,
 ) -> Result<u64, ApiError> {
-    let (_, index) = write_or_reject(app, caller, Command::SetGlobalGpus { tenant, gpus }).await?;
+    let cmd = Command::SetGlobalCaps {
+        tenant,
+        gpus,
+        gpu_seconds,
+    };
+    let (_, index) = write_or_reject(app, caller, cmd).await?;
     Ok(index)
 }
 
@@ -1052,7 +1058,8 @@ async fn set_tenant(
     Json(req): Json<TenantRequest>,
 ) -> Result<Json<WriteResponse>, ApiError> {
     let update = views::tenant_update(&req).map_err(bad_request)?;
-    let global = views::global_gpus_change(&req);
+    let global = views::global_caps_change(&req).map_err(bad_request)?;
+    let global = (global != (None, None)).then_some(global);
     if global.is_some() {
         global_caps_spoken(&app)?;
     }
@@ -1066,8 +1073,8 @@ async fn set_tenant(
         };
         index = write_or_reject(&app, &caller, cmd).await?.1;
     }
-    if let Some(gpus) = global {
-        index = set_global_gpus(&app, &caller, name, gpus).await?;
+    if let Some(change) = global {
+        index = set_global_caps(&app, &caller, name, change).await?;
     }
     Ok(Json(WriteResponse { index }))
 }
@@ -1084,39 +1091,40 @@ async fn list_global_tenants(
     let d = app.ledger().read()?;
     let ledger = &d.ledger;
     let me = ledger.region_name().to_string();
+    let hours = |s: u64| s as f64 / 3600.0;
+    let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    let row = |region: &str, r: &shoal_sdk::GlobalTenantReport, local: bool, reachable: bool| {
+        shoal_sdk::GlobalTenantRegion {
+            region: region.to_string(),
+            share: r.gpus.as_ref().map(|a| clamp(a.share)),
+            in_use: r.gpus.as_ref().map_or(0, |a| clamp(a.in_use)),
+            demand: r.gpus.as_ref().map_or(0, |a| clamp(a.demand)),
+            gpu_hours_share: r.gpu_seconds.as_ref().map(|a| hours(a.share)),
+            gpu_hours_committed: r.gpu_seconds.as_ref().map_or(0.0, |a| hours(a.in_use)),
+            local,
+            reachable,
+        }
+    };
     let infos = ledger
         .global_reports()
         .into_iter()
         .filter(|r| scope::sees_tenant(ledger, &caller, &r.tenant))
         .map(|own| {
-            let mut regions = vec![shoal_sdk::GlobalTenantRegion {
-                region: me.clone(),
-                share: own.share,
-                in_use: own.in_use,
-                demand: own.demand,
-                local: true,
-                reachable: true,
-            }];
+            let mut regions = vec![row(&me, &own, true, true)];
             for (summary, reachable, _) in &summaries {
                 if let Some(r) = summary
                     .global_tenants
                     .iter()
                     .find(|r| r.tenant == own.tenant)
                 {
-                    regions.push(shoal_sdk::GlobalTenantRegion {
-                        region: summary.region.clone(),
-                        share: r.share,
-                        in_use: r.in_use,
-                        demand: r.demand,
-                        local: false,
-                        reachable: *reachable,
-                    });
+                    regions.push(row(&summary.region, r, false, *reachable));
                 }
             }
             shoal_sdk::GlobalTenantInfo {
-                tenant: own.tenant,
-                home: own.home,
-                gpus: own.gpus,
+                tenant: own.tenant.clone(),
+                home: own.home.clone(),
+                gpus: own.gpus.as_ref().map(|a| clamp(a.cap)),
+                gpu_hours: own.gpu_seconds.as_ref().map(|a| hours(a.cap)),
                 regions,
             }
         })

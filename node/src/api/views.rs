@@ -362,12 +362,25 @@ pub fn events(ledger: &Ledger, after: u64) -> Vec<shoal_sdk::EventInfo> {
         .collect()
 }
 
-/// The change of a tenant's global cap `req` asks for: `Some(None)` lifts it.
-pub fn global_gpus_change(req: &TenantRequest) -> Option<Option<u32>> {
-    if req.unset.iter().any(|f| f == "global_gpus") {
-        return Some(None);
-    }
-    req.global_gpus.map(Some)
+/// The changes of a tenant's caps across regions `req` asks for (GPUs,
+/// GPU-seconds): `None` leaves a cap, `Some(None)` lifts it.
+pub type GlobalCapsChange = (Option<Option<u32>>, Option<Option<u64>>);
+
+pub fn global_caps_change(req: &TenantRequest) -> Result<GlobalCapsChange, String> {
+    let unset = |field: &str| req.unset.iter().any(|f| f == field);
+    let gpus = match (req.global_gpus, unset("global_gpus")) {
+        (Some(_), true) => return Err("--global-gpus cannot be both set and unset".into()),
+        (Some(n), false) => Some(Some(n)),
+        (None, true) => Some(None),
+        (None, false) => None,
+    };
+    let seconds = match (req.global_gpu_hours, unset("global_gpu_hours")) {
+        (Some(_), true) => return Err("--global-gpu-hours cannot be both set and unset".into()),
+        (Some(h), false) => Some(Some(hours_to_seconds(h)?)),
+        (None, true) => Some(None),
+        (None, false) => None,
+    };
+    Ok((gpus, seconds))
 }
 
 pub fn tenant_limits(req: &TenantRequest) -> Result<TenantLimits, String> {
@@ -408,14 +421,11 @@ pub fn tenant_update(req: &TenantRequest) -> Result<TenantUpdate, String> {
             "max_objects" => update.max_objects = Some(None),
             "max_manifest_bytes" => update.max_manifest_bytes = Some(None),
             "max_priority" => update.max_priority = Some(None),
-            // Not a limit of the tenant's record: see `global_gpus_change`.
-            "global_gpus" if req.global_gpus.is_none() => {}
-            "global_gpus" => {
-                return Err("--global-gpus cannot be both set and unset".into())
-            }
+            // Not limits of the tenant's record: see `global_caps_change`.
+            "global_gpus" | "global_gpu_hours" => {}
             other => {
                 return Err(format!(
-                    "cannot unset '{other}' (parent, max_gpus, gpu_hours, global_gpus, max_pending_jobs, max_objects, max_manifest_bytes or max_priority)"
+                    "cannot unset '{other}' (parent, max_gpus, gpu_hours, global_gpus, global_gpu_hours, max_pending_jobs, max_objects, max_manifest_bytes or max_priority)"
                 ))
             }
         }

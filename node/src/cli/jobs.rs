@@ -469,6 +469,10 @@ pub struct TenantArgs {
     /// the tenant from it and share the cap out by demand)
     #[arg(long, value_name = "N")]
     pub global_gpus: Option<String>,
+    /// GPU-hours the tenant may commit in all federated regions together,
+    /// or `none`; set in its home region, shared out by demand likewise
+    #[arg(long, value_name = "H")]
+    pub global_gpu_hours: Option<String>,
 }
 
 /// `none` as a limit to unset (`Ok(None)` after pushing `field` onto
@@ -537,6 +541,15 @@ impl TenantArgs {
             "global_gpus",
             &mut req.unset,
             count("global-gpus"),
+        )?;
+        req.global_gpu_hours = limit_arg(
+            self.global_gpu_hours.as_deref(),
+            "global_gpu_hours",
+            &mut req.unset,
+            |v| {
+                v.parse::<f64>()
+                    .map_err(|_| format!("--global-gpu-hours must be a number or none, not '{v}'"))
+            },
         )?;
         req.max_objects = limit_arg(
             self.max_objects.as_deref(),
@@ -1540,15 +1553,30 @@ pub async fn tenant(client: &Client, cmd: &TenantCmd, json: bool) -> anyhow::Res
 
 fn format_global_tenants(tenants: &[shoal_sdk::GlobalTenantInfo]) -> String {
     let mut out = format!(
-        "{:<16} {:<12} {:>6}  {:<12} {:>6} {:>7} {:>7}\n",
-        "TENANT", "HOME", "GLOBAL", "REGION", "SHARE", "IN_USE", "WAITING"
+        "{:<16} {:<12} {:>6} {:>9}  {:<14} {:>6} {:>7} {:>7} {:>9} {:>9}\n",
+        "TENANT",
+        "HOME",
+        "GPUS",
+        "GPU_HOURS",
+        "REGION",
+        "SHARE",
+        "IN_USE",
+        "WAITING",
+        "HRS_SHARE",
+        "HRS_USED"
     );
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     for t in tenants {
         for (i, r) in t.regions.iter().enumerate() {
-            let (name, home, cap) = if i == 0 {
-                (t.tenant.as_str(), t.home.as_str(), t.gpus.to_string())
+            let (name, home, gpus, hours) = if i == 0 {
+                (
+                    t.tenant.clone(),
+                    t.home.clone(),
+                    or_dash(t.gpus.map(|g| g.to_string())),
+                    or_dash(t.gpu_hours.map(|h| format!("{h:.1}"))),
+                )
             } else {
-                ("", "", String::new())
+                Default::default()
             };
             let region = match (r.local, r.reachable) {
                 (true, _) => format!("{} (here)", r.region),
@@ -1556,8 +1584,12 @@ fn format_global_tenants(tenants: &[shoal_sdk::GlobalTenantInfo]) -> String {
                 (false, false) => format!("{} (!)", r.region),
             };
             out.push_str(&format!(
-                "{name:<16} {home:<12} {cap:>6}  {region:<12} {:>6} {:>7} {:>7}\n",
-                r.share, r.in_use, r.demand
+                "{name:<16} {home:<12} {gpus:>6} {hours:>9}  {region:<14} {:>6} {:>7} {:>7} {:>9} {:>9.1}\n",
+                or_dash(r.share.map(|s| s.to_string())),
+                r.in_use,
+                r.demand,
+                or_dash(r.gpu_hours_share.map(|h| format!("{h:.1}"))),
+                r.gpu_hours_committed,
             ));
         }
     }
