@@ -47,6 +47,20 @@ impl Worker for GlobalCaps {
                             .filter_map(|r| ledger.plan_adoption(&summary.region, r)),
                     );
                     out.extend(ledger.plan_lifted(&summary.region, &summary.global_tenants));
+                    // Two homes for one tenant: each caps it on its own, so
+                    // together they may hold twice the cap. An operator's
+                    // mistake this loop cannot settle; it says so.
+                    for r in &summary.global_tenants {
+                        let ours = ledger.global_caps.get(&r.tenant);
+                        if let Some(ours) = ours.filter(|c| c.home != r.home) {
+                            tracing::warn!(
+                                tenant = %r.tenant,
+                                here = %ours.home,
+                                there = %r.home,
+                                "a tenant has caps across regions set in two home regions; lift them in one (`shoal tenant set NAME --global-gpus none --global-gpu-hours none`)"
+                            );
+                        }
+                    }
                 }
                 let reports: Vec<(String, &shoal_sdk::GlobalTenantReport)> = summaries
                     .iter()
