@@ -74,6 +74,17 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
             .await
             .expect("tenant");
     }
+    // Caps across regions for both roots: each token sees its own only.
+    for name in ["alpha", "beta"] {
+        admin
+            .set_tenant(&shoal_sdk::TenantRequest {
+                name: name.into(),
+                global_gpus: Some(1000),
+                ..Default::default()
+            })
+            .await
+            .expect("global cap");
+    }
     let a = token_for(&admin, "alpha").await;
     let sub = token_for(&admin, "alpha-sub").await;
     let b = token_for(&admin, "beta").await;
@@ -154,6 +165,7 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         ("/v1/jobs/999999".into(), [404, 404, 404, 404]),
         ("/v1/tenants".into(), [200, 200, 200, 200]),
         ("/v1/quota".into(), [200, 200, 200, 200]),
+        ("/v1/global-tenants".into(), [200, 200, 200, 200]),
         ("/v1/events".into(), [200, 200, 200, 200]),
         ("/v1/attrs".into(), [200, 403, 403, 403]),
         ("/v1/tokens".into(), [200, 403, 403, 403]),
