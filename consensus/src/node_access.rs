@@ -486,6 +486,24 @@ mod tests {
                 cmd: Box::new(Command::CancelJob { job }),
             },
             Command::Batch(vec![Command::CancelJob { job }]),
+            // Caps across regions are the admin's and the leader's.
+            Command::SetGlobalCaps {
+                tenant: "lab".into(),
+                gpus: Some(Some(1000)),
+                gpu_seconds: None,
+            },
+            Command::AdoptGlobalTenant {
+                tenant: "lab".into(),
+                home: "eu-1".into(),
+                gpus: Some(1000),
+                gpu_seconds: None,
+                limits: TenantLimits::default(),
+            },
+            Command::ShareRound {
+                tenant: "lab".into(),
+                gpus: None,
+                gpu_seconds: None,
+            },
         ] {
             let answer = r.as_node(2, cmd.clone());
             assert!(denied(&answer), "{cmd:?} -> {answer:?}");
@@ -494,6 +512,7 @@ mod tests {
         assert!(!r.ledger.join_tokens.contains_key("j"));
         assert_eq!(r.ledger.members[&1].state, MemberState::Alive);
         assert!(r.ledger.workload.jobs[&job].alloc.is_some());
+        assert!(r.ledger.global_caps.is_empty());
         // One audit record per distinct refusal: identical ones coalesce.
         assert!(r.audit_messages().len() >= 5, "{:?}", r.audit_messages());
     }
