@@ -546,9 +546,12 @@ impl Client {
     /// Stores a chunk frame on this node (verified by the node).
     pub async fn put_chunk(&self, id_hex: &str, frame: Vec<u8>) -> Result<(), ClientError> {
         let url = format!("{}/v1/chunks/{id_hex}", self.base);
-        self.get_raw(self.http.put(&url).body(frame), &url)
-            .await
-            .map(|_| ())
+        let req = self
+            .http
+            .put(&url)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(frame);
+        self.get_raw(req, &url).await.map(|_| ())
     }
 
     /// Which of these chunks this node holds.
@@ -558,6 +561,15 @@ impl Client {
 
     pub async fn put_object(&self, req: &ObjectPut) -> Result<WriteResponse, ClientError> {
         self.post("/v1/objects", req).await
+    }
+
+    /// Records an object whose chunks this node holds, once it has copied
+    /// them to more nodes of its region ([`ObjectImport`]).
+    pub async fn import_object(&self, req: &ObjectImport) -> Result<ObjectImported, ClientError> {
+        let url = format!("{}/v1/objects/import", self.base);
+        let patience = Duration::from_secs(30) + req.replication_allowance();
+        self.send(self.http.post(&url).json(req).timeout(patience), &url)
+            .await
     }
 
     /// Objects at or below `path`.
@@ -600,6 +612,15 @@ impl Client {
     pub async fn chunk(&self, id_hex: &str) -> Result<Vec<u8>, ClientError> {
         let url = format!("{}/v1/chunks/{id_hex}", self.base);
         self.get_raw(self.http.get(&url), &url).await
+    }
+
+    /// A chunk frame by id, which the node fetches from member `holder` of
+    /// its region when it does not hold the chunk itself: how a chunk of
+    /// another region's object is read through a node of that region.
+    pub async fn chunk_from(&self, id_hex: &str, holder: u64) -> Result<Vec<u8>, ClientError> {
+        let url = format!("{}/v1/chunks/{id_hex}", self.base);
+        let req = self.http.get(&url).query(&[("from", holder)]);
+        self.get_raw(req, &url).await
     }
 
     /// Up to 4 MiB of a rank's log on this node from `offset`: the bytes,

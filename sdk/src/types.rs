@@ -826,3 +826,42 @@ pub struct ObjectPut {
     #[serde(default)]
     pub replace: bool,
 }
+
+/// `POST /v1/objects/import`: records an object whose chunks the receiving
+/// node holds (sent to it just before with `PUT /v1/chunks/{id}`), after it
+/// has copied them to `replica - 1` more nodes of its region. How `shoal
+/// cp` writes into another region: the chunks cross the WAN once, to one
+/// node there, which replicates them inside its region.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ObjectImport {
+    pub path: String,
+    pub is_dir: bool,
+    pub manifest_hex: String,
+    pub bytes: u64,
+    pub files: u64,
+    pub replica: u32,
+    #[serde(default)]
+    pub replace: bool,
+    /// Record fewer than `replica` copies when too few nodes take one.
+    #[serde(default)]
+    pub allow_degraded: bool,
+}
+
+impl ObjectImport {
+    /// How long the receiving node may take beyond an ordinary request:
+    /// it copies the whole object inside its region before it answers, at
+    /// 8 MiB/s at worst.
+    pub fn replication_allowance(&self) -> std::time::Duration {
+        let copies = u64::from(self.replica.saturating_sub(1)).max(1);
+        std::time::Duration::from_secs(self.bytes.saturating_mul(copies) / (8 << 20))
+    }
+}
+
+/// The answer to [`ObjectImport`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ObjectImported {
+    /// The ledger index the object was recorded at.
+    pub index: u64,
+    /// The nodes that hold every chunk, the receiving node first.
+    pub holders: Vec<u64>,
+}

@@ -159,6 +159,7 @@ async fn garbage_on_every_port_loses_no_write_and_downs_no_node() {
                 "/v1/tenants/x",
                 "/v1/objects",
                 "/v1/objects/rm",
+                "/v1/objects/import",
                 "/v1/chunks/has",
                 "/v1/tokens",
                 "/v1/api-tokens",

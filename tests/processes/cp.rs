@@ -103,8 +103,8 @@ async fn a_tree_survives_a_lost_holder_and_comes_back_identical() {
     let named = cli.json(&["stat", "--json", &format!("mesh://{region}/data")]);
     assert_eq!(named["path"], "/data");
     cli.fails(
-        &["cp", &src_s, "mesh://elsewhere-1/data"],
-        "is in region elsewhere-1",
+        &["cp", "-r", &src_s, "mesh://elsewhere-1/data"],
+        "no peer region named 'elsewhere-1'",
     );
     cli.fails(
         &["ls", "mesh://elsewhere-1/"],

@@ -229,20 +229,15 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     ))
     .expect("stat JSON");
     assert_eq!(stat["bytes"], 12, "{stat}");
-    let (code, _, err) = shoal(
-        &[
-            "cp",
-            "mesh://eu-1/notes",
-            root.path().join("back").to_str().expect("utf-8"),
-        ],
+    copy_across_regions(
+        root.path(),
         &us_api,
         &us_token,
-    );
-    assert_eq!(code, 1, "{err}");
-    assert!(
-        err.starts_with("error: ") && err.contains("is in region eu-1"),
-        "{err}"
-    );
+        &tenant_token,
+        &eu_api,
+        &eu_token,
+    )
+    .await;
     let seen: Vec<serde_json::Value> = serde_json::from_str(&ok(
         &["ls", "--json", "mesh://eu-1/"],
         &us_api,
@@ -506,6 +501,14 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     );
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("region eu-1"), "{err}");
+    let t0 = Instant::now();
+    let (code, _, err) = shoal(&["cp", notes_s, "mesh://eu-1/late"], &us_api, &us_token);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("region eu-1 did not answer"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     wait_region(
         &us_api,
         &us_token,
@@ -545,4 +548,154 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     assert!(left.contains("left region eu-1"), "{left}");
     let rows = regions(&us_api, &us_token);
     assert_eq!(rows.len(), 1, "{rows:?}");
+}
+
+/// `shoal cp` to and from eu-1's objects, run against us-1: a download
+/// reads every chunk through one node of eu-1; an upload sends each chunk
+/// once to one node there, which copies it to `--replica` nodes of eu-1 and
+/// records the object; a tenant reads none of another's data, not even a
+/// chunk by id.
+async fn copy_across_regions(
+    root: &std::path::Path,
+    us_api: &str,
+    us_token: &str,
+    tenant_token: &str,
+    eu_api: &str,
+    eu_token: &str,
+) {
+    let path = |name: &str| root.join(name).to_str().expect("utf-8 path").to_string();
+    let back = path("back");
+    ok(&["cp", "mesh://eu-1/notes", &back], us_api, us_token);
+    assert_eq!(std::fs::read(&back).expect("read back"), b"kept in eu-1");
+    let (code, _, err) = shoal(
+        &["cp", "mesh://eu-1/notes", &path("stolen")],
+        us_api,
+        tenant_token,
+    );
+    assert_eq!(code, 1, "a tenant read another's object there: {err}");
+    assert!(
+        err.starts_with("error: permission denied")
+            && !std::path::Path::new(&path("stolen")).exists(),
+        "{err}"
+    );
+    let listed: Vec<shoal_sdk::ObjectInfo> = serde_json::from_str(&ok(
+        &["ls", "--json", "mesh://eu-1/notes"],
+        us_api,
+        us_token,
+    ))
+    .expect("ls JSON");
+    let notes = listed.first().expect("notes listed");
+    let manifest = shoal_storage::manifest::Manifest::from_bytes(
+        &hex::decode(&notes.manifest_hex).expect("hex"),
+    )
+    .expect("manifest");
+    let chunk = manifest.unique_chunks()[0].id.to_string();
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .expect("http client");
+    for (token, want) in [(us_token, 200), (tenant_token, 404)] {
+        let resp = http
+            .get(format!("{us_api}/v1/chunks/{chunk}"))
+            .query(&[("from", notes.replicas[0])])
+            .header(shoal_sdk::REGION_HEADER, "eu-1")
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("chunk request");
+        assert_eq!(resp.status().as_u16(), want, "{:?}", resp.text().await);
+    }
+
+    // 9 MiB of incompressible bytes: three chunks.
+    let big = path("big.bin");
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..9 * (1 << 20) + 17)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&big, &data).expect("write big.bin");
+    let upload = |force: bool| -> serde_json::Value {
+        let mut args = vec!["--json", "cp", "--replica", "2"];
+        if force {
+            args.push("--force");
+        }
+        args.extend([big.as_str(), "mesh://eu-1/data/big.bin"]);
+        serde_json::from_str(&ok(&args, us_api, us_token)).expect("cp JSON")
+    };
+    let first = upload(false);
+    let chunks = first["chunks"].as_u64().expect("chunks");
+    assert!(chunks >= 3, "{first}");
+    assert_eq!(
+        first["chunks_sent"], chunks,
+        "each chunk crosses once: {first}"
+    );
+    let sent = first["bytes_sent"].as_u64().expect("bytes_sent");
+    assert!(
+        sent >= data.len() as u64 && sent < data.len() as u64 + 4096,
+        "one copy crosses the WAN, not one per replica: {first}"
+    );
+    // eu-1's own ledger lists two of its nodes, and its nodes serve it.
+    let stat: serde_json::Value = serde_json::from_str(&ok(
+        &["stat", "--json", "mesh:/data/big.bin"],
+        eu_api,
+        eu_token,
+    ))
+    .expect("stat JSON");
+    let holders = stat["replicas"].as_array().expect("replicas").clone();
+    assert_eq!(holders.len(), 2, "{stat}");
+    assert_ne!(holders[0], holders[1], "{stat}");
+    assert_eq!(stat["healthy"], true, "{stat}");
+    let there = path("big-from-eu");
+    ok(&["cp", "mesh:/data/big.bin", &there], eu_api, eu_token);
+    assert!(
+        std::fs::read(&there).expect("read") == data,
+        "eu-1's copy differs"
+    );
+    let here = path("big-via-us");
+    ok(&["cp", "mesh://eu-1/data/big.bin", &here], us_api, us_token);
+    assert!(
+        std::fs::read(&here).expect("read") == data,
+        "the copy back differs"
+    );
+    // Unchanged data sends nothing again.
+    let again = upload(true);
+    assert_eq!(again["bytes_sent"], 0, "{again}");
+    assert_eq!(again["deduplicated"], chunks, "{again}");
+    // Errors, one line each, nothing recorded: more copies than eu-1 has
+    // nodes; an existing destination; mesh to mesh across regions.
+    for (args, says) in [
+        (
+            vec![
+                "cp",
+                "--replica",
+                "3",
+                big.as_str(),
+                "mesh://eu-1/data/three",
+            ],
+            "only 2 live node(s) for --replica 3",
+        ),
+        (
+            vec!["cp", big.as_str(), "mesh://eu-1/data/big.bin"],
+            "already exists",
+        ),
+        (
+            vec!["cp", "mesh://eu-1/data/big.bin", "mesh:/copy"],
+            "through a local path",
+        ),
+    ] {
+        let (code, _, err) = shoal(&args, us_api, us_token);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(says),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    let (code, _, _) = shoal(&["stat", "mesh://eu-1/data/three"], us_api, us_token);
+    assert_eq!(code, 1, "a refused copy recorded an object");
+    ok(&["rm", "mesh://eu-1/data/big.bin"], us_api, us_token);
 }

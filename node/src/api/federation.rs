@@ -29,9 +29,10 @@ use shoal_sdk::{
 };
 use std::sync::Arc;
 
-/// The job commands `--region R` forwards to another region, and the
-/// object-namespace reads and removals of `mesh://R/PATH` (small JSON
-/// bodies; a copy moves chunks between the caller and R's own nodes).
+/// The job commands `--region R` forwards to another region, and what
+/// `ls`, `stat`, `rm` and `cp` of `mesh://R/PATH` need there: object reads
+/// and removals, and a copy's chunks, which go to and come from one node of
+/// R ([`crate::api::import`]).
 pub const FORWARDABLE: &[(&str, &str)] = &[
     ("POST", "/v1/jobs"),
     ("GET", "/v1/jobs"),
@@ -41,6 +42,10 @@ pub const FORWARDABLE: &[(&str, &str)] = &[
     ("GET", "/v1/jobs/{id}/checkpoints"),
     ("GET", "/v1/objects"),
     ("POST", "/v1/objects/rm"),
+    ("POST", "/v1/objects/import"),
+    ("POST", "/v1/chunks/has"),
+    ("PUT", "/v1/chunks/{id}"),
+    ("GET", "/v1/chunks/{id}"),
 ];
 
 /// What a peer region's credential reaches besides [`FORWARDABLE`].
@@ -60,8 +65,10 @@ const PEER_EXCLUSIVE: &[(&str, &str)] = &[
     ("POST", "/v1/federation/copies"),
 ];
 
-/// Largest forwarded request body (a job submission).
+/// Largest forwarded request body: a job submission or a chunk list.
 const MAX_FORWARDED_BODY: usize = 1 << 20;
+/// Largest forwarded chunk frame, as the chunk route itself takes.
+const MAX_FORWARDED_CHUNK: usize = 32 << 20;
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     (
@@ -125,7 +132,7 @@ pub fn admit_peer(app: &Node, mut caller: Caller, req: &Request) -> Result<Calle
             StatusCode::FORBIDDEN,
             "forbidden",
             format!(
-                "permission denied: region {region}'s credential may forward job commands and object reads and removals, and read the summary, not {method} {route}"
+                "permission denied: region {region}'s credential may forward job commands and object reads, copies and removals, and read the summary, not {method} {route}"
             ),
         )));
     }
@@ -158,11 +165,19 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
         return error(
             StatusCode::BAD_REQUEST,
             "invalid",
-            format!("--region applies to job commands (submit, queue, show, cancel, logs) and to ls, stat and rm of mesh://REGION/PATH; {method} {route} runs in this region"),
+            format!("--region applies to job commands (submit, queue, show, cancel, logs) and to ls, stat, rm and cp of mesh://REGION/PATH; {method} {route} runs in this region"),
         );
     }
+    let limit = if route == "/v1/chunks/{id}" {
+        MAX_FORWARDED_CHUNK
+    } else {
+        MAX_FORWARDED_BODY
+    };
+    // A chunk frame travels as it came; everything else is JSON.
+    let binary = header(req.headers(), "content-type")
+        .is_some_and(|t| t.starts_with("application/octet-stream"));
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, MAX_FORWARDED_BODY).await {
+    let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(e) => {
             return error(
@@ -221,14 +236,18 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
         path: &path,
         body: (!bytes.is_empty()).then(|| bytes.to_vec()),
         tenant: caller.as_ref().and_then(|c| c.tenant.as_deref()),
-        binary: false,
+        binary,
     };
+    // An import answers once the peer has copied the object inside its
+    // region.
+    let timeout = fed::request_timeout(&app)
+        + (route == "/v1/objects/import")
+            .then(|| serde_json::from_slice::<shoal_sdk::ObjectImport>(&bytes).ok())
+            .flatten()
+            .map(|import| import.replication_allowance())
+            .unwrap_or_default();
     let target = fed::target(&app, &peer);
-    match app
-        .federation()
-        .send(&target, &request, fed::request_timeout(&app))
-        .await
-    {
+    match app.federation().send(&target, &request, timeout).await {
         Ok(resp) => passthrough(resp),
         Err(e) => {
             app.federation()

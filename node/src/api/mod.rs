@@ -12,6 +12,7 @@
 pub mod ca;
 pub mod dashboard;
 pub mod federation;
+pub mod import;
 pub mod scope;
 pub mod scrape;
 pub mod serve;
@@ -70,6 +71,7 @@ const TENANT_WRITES: &[(&str, &str)] = &[
     ("PUT", "/v1/chunks/{id}"),
     ("POST", "/v1/chunks/has"),
     ("POST", "/v1/objects"),
+    ("POST", "/v1/objects/import"),
     ("POST", "/v1/objects/rm"),
 ];
 
@@ -157,13 +159,14 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}/checkpoints", get(list_checkpoints))
         .route(
             "/chunks/{id}",
-            get(get_chunk)
+            get(import::get_chunk)
                 .put(put_chunk)
                 .layer(axum::extract::DefaultBodyLimit::max(32 << 20)),
         )
         .route("/chunks/has", post(has_chunks))
         .route("/objects", post(put_object).get(list_objects))
         .route("/objects/rm", post(remove_object))
+        .route("/objects/import", post(import::import_object))
         .route("/tenants", post(create_tenant).get(list_tenants))
         .route("/users", post(set_user).get(list_users))
         .route("/tenants/{name}", post(set_tenant))
@@ -1174,44 +1177,6 @@ async fn list_checkpoints(
 
 /// A chunk frame from this node's store, for `shoal ckpt restore`; the
 /// client verifies it against the id.
-async fn get_chunk(
-    State(app): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let id: shoal_storage::chunk::ChunkId = id
-        .parse()
-        .map_err(|_| bad_request(format!("'{id}' is not a chunk id")))?;
-    if !scope::sees_chunk(&app.ledger().read()?.ledger, &caller, &id) {
-        // As for a chunk this node does not hold: no oracle for others' data.
-        return Err(ApiError(
-            StatusCode::NOT_FOUND,
-            ApiErrorBody {
-                code: "not_found".into(),
-                message: format!("node {} does not hold chunk {id}", app.name()),
-            },
-        ));
-    }
-    let store = app.chunks().store().clone();
-    let frame = tokio::task::spawn_blocking(move || store.get_encoded(&id))
-        .await
-        .map_err(|e| bad_request(e.to_string()))?
-        .map_err(|e| {
-            ApiError(
-                StatusCode::NOT_FOUND,
-                ApiErrorBody {
-                    code: "not_found".into(),
-                    message: format!("node {} does not hold chunk {id}: {e}", app.name()),
-                },
-            )
-        })?;
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
-        frame.into_bytes(),
-    )
-        .into_response())
-}
-
 /// The id of the member named or numbered `node`.
 fn member_id(app: &Arc<Node>, node: &str) -> Result<shoal_consensus::NodeId, ApiError> {
     let d = app.ledger().read()?;

@@ -115,6 +115,9 @@ fn pick(list: &[CheckpointInfo], step: Option<u64>) -> Result<&CheckpointInfo, S
 pub struct HttpFetch {
     handle: tokio::runtime::Handle,
     holders: BTreeMap<u64, Client>,
+    /// Each holder is reached through its client's node, which fetches the
+    /// chunk from it (another region's holders, [`HttpFetch::through`]).
+    relayed: bool,
 }
 
 impl HttpFetch {
@@ -128,7 +131,23 @@ impl HttpFetch {
             .iter()
             .map(|n| (n.id, client.at(n.api_url.clone())))
             .collect();
-        HttpFetch { handle, holders }
+        HttpFetch {
+            handle,
+            holders,
+            relayed: false,
+        }
+    }
+
+    /// A fetcher that asks `client`'s node (with its region header: a node
+    /// of another region) for every chunk, naming the holder it is to
+    /// fetch it from when it lacks it.
+    pub fn through(handle: tokio::runtime::Handle, holders: &[u64], client: &Client) -> Self {
+        let holders = holders.iter().map(|h| (*h, client.clone())).collect();
+        HttpFetch {
+            handle,
+            holders,
+            relayed: true,
+        }
     }
 }
 
@@ -154,9 +173,16 @@ impl ChunkTransport for HttpFetch {
             node,
             reason: "no API address known".into(),
         })?;
+        let hex = id.to_string();
         let frame = self
             .handle
-            .block_on(client.chunk(&id.to_string()))
+            .block_on(async {
+                if self.relayed {
+                    client.chunk_from(&hex, node).await
+                } else {
+                    client.chunk(&hex).await
+                }
+            })
             .map_err(|e| TransportError::Unreachable {
                 node,
                 reason: e.to_string(),

@@ -5,12 +5,16 @@
 //! in the ledger last: an interrupted copy leaves no destination, and a
 //! re-run sends only what is missing. Downloads fetch from the holders in
 //! parallel, verify every chunk and materialise the destination atomically.
+//! Another region's `mesh://REGION/PATH` is reached through the node this
+//! CLI talks to, which forwards to one node of REGION: an upload's chunks
+//! cross once and that node copies them inside its region
+//! ([`crate::api::import`]); a download reads every chunk through it.
 
 use crate::cli::ckpt::HttpFetch;
 use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use shoal_sdk::{Client, MemberState, ObjectInfo, ObjectPut};
+use shoal_sdk::{Client, MemberState, ObjectImport, ObjectInfo, ObjectPut};
 use shoal_storage::chunk::encode_chunk;
 use shoal_storage::manifest::{build_manifest, restore_manifest, ChunkRef, FileEntry, Manifest};
 use shoal_storage::placement::{place_replicas, NodeInfo};
@@ -54,7 +58,11 @@ pub struct CpSummary {
 
 enum Location {
     Local(PathBuf),
-    Mesh(String),
+    /// An object path; `region`: another region's, reached through this one.
+    Mesh {
+        region: Option<String>,
+        path: String,
+    },
 }
 
 /// The path part of a mesh URL, as written: `mesh:/PATH` is this region's,
@@ -107,28 +115,13 @@ async fn mesh_target(client: &Client, s: &str) -> anyhow::Result<Option<MeshTarg
     }))
 }
 
-/// The path of mesh URL `s` in the region `client` talks to; `None`: a
-/// local path. A copy moves chunks between this machine and the holders,
-/// which are that region's nodes, reached with its credentials; so another
-/// region's object is refused with how to reach it rather than read as a
-/// path here.
-async fn mesh_path_here(client: &Client, s: &str) -> anyhow::Result<Option<String>> {
-    let Some(target) = mesh_target(client, s).await? else {
-        return Ok(None);
-    };
-    if let Some(region) = &target.region {
-        let here = client.status().await.map_err(api)?.region;
-        anyhow::bail!(
-            "{s} is in region {region}; cp moves data to and from region {here} only: run it against a node of {region} (--api URL, with a token of {region})"
-        );
-    }
-    Ok(Some(target.path))
-}
-
 async fn location(client: &Client, s: &str) -> anyhow::Result<Location> {
-    match mesh_path_here(client, s).await? {
-        Some(path) => shoal_consensus::namespace::normalize(&path)
-            .map(Location::Mesh)
+    match mesh_target(client, s).await? {
+        Some(target) => shoal_consensus::namespace::normalize(&target.path)
+            .map(|path| Location::Mesh {
+                region: target.region,
+                path,
+            })
             .map_err(anyhow::Error::msg),
         None => Ok(Location::Local(PathBuf::from(s))),
     }
@@ -160,23 +153,54 @@ pub async fn cp(client: &Client, args: &CpArgs, json: bool) -> anyhow::Result<()
     for src_raw in srcs {
         let src = location(client, src_raw).await?;
         match (&src, &dst) {
-            (Location::Local(from), Location::Mesh(to)) => {
+            (Location::Local(from), Location::Mesh { region, path: to }) => {
                 let to = if many {
                     format!("{to}/{}", base_name(from)?)
                 } else {
                     to.clone()
                 };
-                upload(client, args, from, &to, &mut summary, json).await?;
+                match region {
+                    None => upload(client, args, from, &to, &mut summary, json).await?,
+                    Some(region) => {
+                        upload_to_region(client, region, args, from, &to, &mut summary, json)
+                            .await?
+                    }
+                }
             }
-            (Location::Mesh(from), Location::Local(to)) => {
+            (Location::Mesh { region, path: from }, Location::Local(to)) => {
                 let to = if many || to.is_dir() {
                     to.join(from.rsplit('/').next().unwrap_or("object"))
                 } else {
                     to.clone()
                 };
-                download(client, args, from, &to, &mut summary, json).await?;
+                download_from(
+                    client,
+                    region.as_deref(),
+                    args,
+                    from,
+                    &to,
+                    &mut summary,
+                    json,
+                )
+                .await?;
             }
-            (Location::Mesh(from), Location::Mesh(to)) => {
+            (
+                Location::Mesh {
+                    region: Some(_), ..
+                },
+                Location::Mesh { .. },
+            )
+            | (
+                Location::Mesh { .. },
+                Location::Mesh {
+                    region: Some(_), ..
+                },
+            ) => {
+                anyhow::bail!(
+                    "{src_raw} to {dst_raw}: a copy between mesh paths stays in this region; copy another region's object through a local path"
+                )
+            }
+            (Location::Mesh { path: from, .. }, Location::Mesh { path: to, .. }) => {
                 let to = if many {
                     format!("{to}/{}", from.rsplit('/').next().unwrap_or("object"))
                 } else {
@@ -249,14 +273,14 @@ fn manifest_of_file(file: &Path, store: &ChunkStore) -> anyhow::Result<Manifest>
     Ok(manifest)
 }
 
-pub(crate) async fn upload(
+/// What an upload of `from` to `to` must check first: a readable source,
+/// `-r` for a directory, and no destination unless `--force`.
+async fn check_upload(
     client: &Client,
     args: &CpArgs,
     from: &Path,
     to: &str,
-    summary: &mut CpSummary,
-    json: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<std::fs::Metadata> {
     let meta = std::fs::metadata(from)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", from.display()))?;
     if meta.is_dir() && !args.recursive {
@@ -272,6 +296,95 @@ pub(crate) async fn upload(
     {
         anyhow::bail!("mesh:{to} already exists (use --force to replace it)");
     }
+    Ok(meta)
+}
+
+/// Chunks `from` (a file or a tree) into a scratch store; the manifest, the
+/// store and the scratch directory it lives in (removed when dropped).
+async fn chunk_source(
+    from: &Path,
+) -> anyhow::Result<(Manifest, std::sync::Arc<ChunkStore>, tempfile::TempDir)> {
+    let scratch = tempfile::Builder::new().prefix("shoal-cp-").tempdir()?;
+    let store = ChunkStore::open(
+        scratch.path(),
+        StoreConfig {
+            fsync: false,
+            ..StoreConfig::default()
+        },
+    )?;
+    // The walk never follows a link, its root included: resolve the user's
+    // path (which may be, or pass through, a link) first.
+    let source = std::fs::canonicalize(from)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", from.display()))?;
+    let (manifest, store) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let manifest = if source.is_dir() {
+            build_manifest(&source, &store)?.0
+        } else {
+            manifest_of_file(&source, &store)?
+        };
+        Ok((manifest, store))
+    })
+    .await??;
+    Ok((manifest, std::sync::Arc::new(store), scratch))
+}
+
+/// An upload to another region's `mesh://REGION/PATH`: the chunks go
+/// through this CLI's node to one node of `region` (only those it lacks),
+/// which copies them to `--replica` nodes of its region and records the
+/// object.
+async fn upload_to_region(
+    client: &Client,
+    region: &str,
+    args: &CpArgs,
+    from: &Path,
+    to: &str,
+    summary: &mut CpSummary,
+    json: bool,
+) -> anyhow::Result<()> {
+    let remote = client.in_region(Some(region));
+    let meta = check_upload(&remote, args, from, to).await?;
+    let (manifest, store, _scratch) = chunk_source(from).await?;
+    let chunks = manifest.unique_chunks();
+    let ids: Vec<String> = chunks.iter().map(|c| c.id.to_string()).collect();
+    let bars = progress_bars(json);
+    let bar = bars.add(bytes_bar(&format!("→ {region}")));
+    let pushed = push_chunks(remote.clone(), ids, chunks.clone(), store, bar, 0).await;
+    let _ = bars.clear();
+    let pushed = pushed.map_err(|(_, e)| {
+        anyhow::anyhow!("cannot send the chunks of mesh://{region}{to} to region {region}: {e}")
+    })?;
+    let files = manifest.files.len() as u64;
+    remote
+        .import_object(&ObjectImport {
+            path: to.to_string(),
+            is_dir: meta.is_dir(),
+            manifest_hex: hex::encode(manifest.to_bytes()?),
+            bytes: manifest.total_bytes,
+            files,
+            replica: args.replica,
+            replace: args.force,
+            allow_degraded: args.allow_degraded,
+        })
+        .await
+        .map_err(api)?;
+    summary.bytes += manifest.total_bytes;
+    summary.files += files;
+    summary.chunks += chunks.len() as u64;
+    summary.chunks_sent += pushed.sent;
+    summary.bytes_sent += pushed.bytes;
+    summary.deduplicated += pushed.dedup;
+    Ok(())
+}
+
+pub(crate) async fn upload(
+    client: &Client,
+    args: &CpArgs,
+    from: &Path,
+    to: &str,
+    summary: &mut CpSummary,
+    json: bool,
+) -> anyhow::Result<()> {
+    let meta = check_upload(client, args, from, to).await?;
     // Targets: live nodes, spread over zones and racks.
     let nodes = client.nodes().await.map_err(api)?;
     let candidates: Vec<NodeInfo> = nodes
@@ -299,30 +412,9 @@ pub(crate) async fn upload(
     let api_of: BTreeMap<u64, String> = nodes.iter().map(|n| (n.id, n.api_url.clone())).collect();
     let name_of: BTreeMap<u64, String> = nodes.iter().map(|n| (n.id, n.name.clone())).collect();
 
-    let scratch = tempfile::Builder::new().prefix("shoal-cp-").tempdir()?;
-    let store = ChunkStore::open(
-        scratch.path(),
-        StoreConfig {
-            fsync: false,
-            ..StoreConfig::default()
-        },
-    )?;
-    // The walk never follows a link, its root included: resolve the user's
-    // path (which may be, or pass through, a link) first.
-    let source = std::fs::canonicalize(from)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", from.display()))?;
-    let (manifest, store) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        let manifest = if source.is_dir() {
-            build_manifest(&source, &store)?.0
-        } else {
-            manifest_of_file(&source, &store)?
-        };
-        Ok((manifest, store))
-    })
-    .await??;
+    let (manifest, store, _scratch) = chunk_source(from).await?;
     let chunks = manifest.unique_chunks();
     let ids: Vec<String> = chunks.iter().map(|c| c.id.to_string()).collect();
-    let store = std::sync::Arc::new(store);
     let bars = progress_bars(json);
     let push = |target: u64| {
         let node = client.at(api_of.get(&target).cloned().unwrap_or_default());
@@ -503,7 +595,23 @@ pub(crate) async fn download(
     summary: &mut CpSummary,
     json: bool,
 ) -> anyhow::Result<()> {
-    let object = stat_object(client, from).await?;
+    download_from(client, None, args, from, to, summary, json).await
+}
+
+/// A download of `from`, an object of `region` (`None`: the region `client`
+/// talks to). Another region's holders are reached through one node there,
+/// in the order the object lists them.
+async fn download_from(
+    client: &Client,
+    region: Option<&str>,
+    args: &CpArgs,
+    from: &str,
+    to: &Path,
+    summary: &mut CpSummary,
+    json: bool,
+) -> anyhow::Result<()> {
+    let source = client.in_region(region);
+    let object = stat_object(&source, from).await?;
     if object.is_dir && !args.recursive {
         anyhow::bail!("mesh:{from} is a directory (use -r)");
     }
@@ -514,21 +622,30 @@ pub(crate) async fn download(
         );
     }
     let parent = crate::cli::ckpt::parent_dir(to);
-    let nodes = client.nodes().await?;
-    let alive: Vec<u64> = nodes
-        .iter()
-        .filter(|n| n.state == MemberState::Alive)
-        .map(|n| n.id)
-        .collect();
-    let (order, near) = holders_by_distance(client, &object.replicas, &alive).await;
+    let handle = tokio::runtime::Handle::current();
+    let (order, near, transport) = match region {
+        None => {
+            let nodes = client.nodes().await?;
+            let alive: Vec<u64> = nodes
+                .iter()
+                .filter(|n| n.state == MemberState::Alive)
+                .map(|n| n.id)
+                .collect();
+            let (order, near) = holders_by_distance(client, &object.replicas, &alive).await;
+            let transport = HttpFetch::for_nodes(handle, &nodes, client);
+            (order, near, transport)
+        }
+        Some(_) => {
+            let transport = HttpFetch::through(handle, &object.replicas, &source);
+            (object.replicas.clone(), object.replicas.len(), transport)
+        }
+    };
     let raw = hex::decode(&object.manifest_hex)?;
     let manifest = Manifest::from_bytes(&raw)?;
     let scratch = tempfile::Builder::new()
         .prefix(".shoal-cp-")
         .tempdir_in(&parent)
         .map_err(|e| anyhow::anyhow!("cannot write in {}: {e}", parent.display()))?;
-    let handle = tokio::runtime::Handle::current();
-    let client = client.clone();
     let to = to.to_path_buf();
     let force = args.force;
     let is_dir = object.is_dir;
@@ -555,7 +672,6 @@ pub(crate) async fn download(
     let fetch_store = store.clone();
     let fetched = tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
         let store = fetch_store;
-        let transport = HttpFetch::for_nodes(handle, &nodes, &client);
         let report = restore_from_nearest_replicas(
             &manifest,
             &order,
