@@ -494,10 +494,9 @@ async fn exchange(conn: &Connection, addr: SocketAddr, body: &[u8]) -> Result<Ve
         reason: e.to_string(),
     };
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| io(&e))?;
-    let mut frame = Vec::with_capacity(body.len() + 1);
-    frame.push(WIRE_VERSION);
-    frame.extend_from_slice(body);
-    send.write_all(&frame).await.map_err(|e| io(&e))?;
+    // Two writes rather than one joined copy: a body may be a 4 MiB chunk.
+    send.write_all(&[WIRE_VERSION]).await.map_err(|e| io(&e))?;
+    send.write_all(body).await.map_err(|e| io(&e))?;
     send.finish().map_err(|e| io(&e))?;
     let resp = recv.read_to_end(MAX_FRAME).await.map_err(|e| io(&e))?;
     match resp.split_first() {

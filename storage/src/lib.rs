@@ -22,6 +22,7 @@
 
 pub mod chunk;
 pub mod chunker;
+mod durable_file;
 pub mod error;
 pub mod manifest;
 pub mod memory_transport;

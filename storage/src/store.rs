@@ -14,7 +14,8 @@
 //!
 //! # Crash safety
 //!
-//! A chunk becomes visible only by `rename(2)` of a fully written, fsynced temp file,
+//! A chunk becomes visible only by `rename(2)` of a fully written, fsynced temp file
+//! (written past the page cache where the filesystem allows, [`crate::durable_file`]),
 //! followed by an fsync of the fan-out directory: after a crash a chunk is either
 //! complete or absent, never torn. Leftover temp files are deleted on the next open.
 //! Fsync can be disabled (tests, benchmarks that measure throughput without a
@@ -37,9 +38,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::chunk::{
-    decode_chunk, decode_frame, decode_frame_borrowed, ChunkId, EncodedChunk, FLAG_ZSTD,
+    check_chunk, decode_frame, decode_frame_borrowed, ChunkId, EncodedChunk, FLAG_ZSTD,
     FRAME_HEADER_LEN,
 };
+use crate::durable_file::DurableWriter;
 use crate::error::{io_err, Result, StorageError};
 
 const OBJECTS_DIR: &str = "objects";
@@ -151,6 +153,7 @@ pub struct ChunkStore {
     config: StoreConfig,
     usage: Mutex<Usage>,
     temp_counter: AtomicU64,
+    durable: DurableWriter,
     /// Held (locked) for the store's lifetime; dropping it releases the lock.
     _lock: File,
 }
@@ -202,6 +205,7 @@ impl ChunkStore {
             config,
             usage: Mutex::new(Usage::default()),
             temp_counter: AtomicU64::new(0),
+            durable: DurableWriter::new(),
             _lock: lock,
         };
         let mut usage = Usage::default();
@@ -243,7 +247,7 @@ impl ChunkStore {
     /// which [`ChunkStore::scrub`] finds). Already-present chunks are not rewritten.
     pub fn put(&self, chunk: &EncodedChunk) -> Result<PutOutcome> {
         if !chunk.is_verified() {
-            decode_chunk(chunk, &chunk.id())?;
+            check_chunk(chunk)?;
         }
         let id = chunk.id();
         let final_path = self.chunk_path(&id);
@@ -287,21 +291,22 @@ impl ChunkStore {
         self.ensure_fan_out_dir(final_path)?;
         let sequence = self.temp_counter.fetch_add(1, Ordering::Relaxed);
         let temp_path = self.tmp.join(format!("{}.{sequence}.tmp", chunk.id()));
-        let write_result = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&temp_path)
-                .map_err(io_err("creating temp chunk file", &temp_path))?;
-            file.write_all(chunk.bytes())
-                .map_err(io_err("writing temp chunk file", &temp_path))?;
-            if self.config.fsync {
-                file.sync_all()
-                    .map_err(io_err("syncing temp chunk file", &temp_path))?;
-            }
-            Ok(())
-        })();
+        let write_result = if self.config.fsync {
+            self.durable
+                .write_new(&temp_path, chunk.bytes())
+                .map_err(io_err("writing temp chunk file", &temp_path))
+        } else {
+            (|| {
+                let mut file = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&temp_path)
+                    .map_err(io_err("creating temp chunk file", &temp_path))?;
+                file.write_all(chunk.bytes())
+                    .map_err(io_err("writing temp chunk file", &temp_path))
+            })()
+        };
         if let Err(error) = write_result {
             let _ = fs::remove_file(&temp_path);
             return Err(error);

@@ -142,36 +142,72 @@ impl QuicChunkTransport {
         req: ChunkRequest,
         timeout: Duration,
     ) -> Result<Response, TransportError> {
-        let reply = if node == self.net.ledger.me() {
-            self.net.serve(&self.handle, req)
-        } else {
-            let addr = self.addr_of(node)?;
-            let body = proto::encode(&Request::Chunk(req));
-            let bytes = self
-                .handle
-                .block_on(self.net.rpc.call(addr, &body, timeout))
-                .map_err(|e| TransportError::Unreachable {
-                    node,
-                    reason: e.to_string(),
-                })?;
-            proto::decode::<Response>(&bytes).unwrap_or_else(Response::Error)
-        };
-        match reply {
-            Response::Error(e) if e.message.contains("full") => {
-                Err(TransportError::StoreFull { node, id })
-            }
-            Response::Error(e)
-                if e.message.contains("not found") || e.message.contains("missing") =>
-            {
-                Err(TransportError::NotFound { node, id })
-            }
-            Response::Error(e) => Err(TransportError::Rejected {
-                node,
-                id,
-                reason: e.message,
-            }),
-            other => Ok(other),
+        if node == self.net.ledger.me() {
+            return judge(node, id, self.net.serve(&self.handle, req));
         }
+        let body = proto::encode(&Request::Chunk(req));
+        self.send(node, id, &body, timeout)
+    }
+
+    /// A chained put, encoded straight from the stored frame.
+    fn call_put_chain(
+        &self,
+        node: u64,
+        chunk: &EncodedChunk,
+        forward: Vec<u64>,
+        timeout: Duration,
+    ) -> Result<Response, TransportError> {
+        let id = chunk.id();
+        if node == self.net.ledger.me() {
+            let req = ChunkRequest::PutChain {
+                id,
+                frame: chunk.bytes().to_vec(),
+                forward,
+            };
+            return judge(node, id, self.net.serve(&self.handle, req));
+        }
+        let body = proto::encode_put_chain(&id, chunk.bytes(), &forward);
+        self.send(node, id, &body, timeout)
+    }
+
+    fn send(
+        &self,
+        node: u64,
+        id: ChunkId,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Response, TransportError> {
+        let addr = self.addr_of(node)?;
+        let bytes = self
+            .handle
+            .block_on(self.net.rpc.call(addr, body, timeout))
+            .map_err(|e| TransportError::Unreachable {
+                node,
+                reason: e.to_string(),
+            })?;
+        judge(
+            node,
+            id,
+            proto::decode::<Response>(&bytes).unwrap_or_else(Response::Error),
+        )
+    }
+}
+
+/// A chunk call's answer, its errors sorted into the transport's kinds.
+fn judge(node: u64, id: ChunkId, reply: Response) -> Result<Response, TransportError> {
+    match reply {
+        Response::Error(e) if e.message.contains("full") => {
+            Err(TransportError::StoreFull { node, id })
+        }
+        Response::Error(e) if e.message.contains("not found") || e.message.contains("missing") => {
+            Err(TransportError::NotFound { node, id })
+        }
+        Response::Error(e) => Err(TransportError::Rejected {
+            node,
+            id,
+            reason: e.message,
+        }),
+        other => Ok(other),
     }
 }
 
@@ -220,13 +256,8 @@ impl ChunkTransport for QuicChunkTransport {
             let forward = chain[head + 1..].to_vec();
             // Each hop waits for the ones below it.
             let timeout = CHUNK_RPC_TIMEOUT * (forward.len() as u32 + 1);
-            let req = ChunkRequest::PutChain {
-                id,
-                frame: chunk.bytes().to_vec(),
-                forward,
-            };
             source_sends += 1;
-            match self.call_within(node, id, req, timeout) {
+            match self.call_put_chain(node, chunk, forward, timeout) {
                 Ok(Response::ChainStored(answers)) if answers.len() == chain.len() - head => {
                     outcomes.extend(answers);
                     return ChainPush {

@@ -254,6 +254,36 @@ pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     })
 }
 
+/// Encodes `Request::Chunk(ChunkRequest::PutChain { id, frame, forward })`
+/// from a borrowed frame: the bytes are written once, into the message,
+/// instead of first into an owned request (a 4 MiB copy at every hop of a
+/// replication chain). The wire form is the derived one, byte for byte
+/// (`put_chain_encodes_as_the_owned_request`).
+pub fn encode_put_chain(
+    id: &shoal_storage::chunk::ChunkId,
+    frame: &[u8],
+    forward: &[u64],
+) -> Vec<u8> {
+    struct Fields<'a>(&'a shoal_storage::chunk::ChunkId, &'a [u8], &'a [u64]);
+    impl Serialize for Fields<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeStructVariant;
+            let mut v = s.serialize_struct_variant("ChunkRequest", 3, "PutChain", 3)?;
+            v.serialize_field("id", self.0)?;
+            v.serialize_field("frame", serde_bytes::Bytes::new(self.1))?;
+            v.serialize_field("forward", self.2)?;
+            v.end()
+        }
+    }
+    struct ChunkVariant<'a>(Fields<'a>);
+    impl Serialize for ChunkVariant<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_newtype_variant("Request", 6, "Chunk", &self.0)
+        }
+    }
+    encode(&ChunkVariant(Fields(id, frame, forward)))
+}
+
 pub fn decode<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, WireError> {
     use bincode::Options;
     opts()
@@ -285,6 +315,34 @@ pub struct GpuTelemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn put_chain_encodes_as_the_owned_request() {
+        let id = shoal_storage::chunk::ChunkId::of(b"chunk");
+        for (frame, forward) in [
+            (vec![], vec![]),
+            (vec![1u8, 2, 3], vec![7u64]),
+            (
+                (0..5000).map(|i| i as u8).collect::<Vec<u8>>(),
+                vec![2, 3, 9],
+            ),
+        ] {
+            let owned = encode(&Request::Chunk(ChunkRequest::PutChain {
+                id,
+                frame: frame.clone(),
+                forward: forward.clone(),
+            }));
+            assert_eq!(encode_put_chain(&id, &frame, &forward), owned);
+            match decode::<Request>(&owned) {
+                Ok(Request::Chunk(ChunkRequest::PutChain {
+                    id: back,
+                    frame: f,
+                    forward: w,
+                })) => assert_eq!((back, f, w), (id, frame, forward)),
+                other => panic!("decoded as {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn relayed_gpu_samples_survive_bincode() {
