@@ -56,6 +56,22 @@ pub struct CpSummary {
     pub seconds: f64,
 }
 
+impl CpSummary {
+    /// Counts an object recorded from `manifest`.
+    fn count_object(&mut self, manifest: &Manifest) {
+        self.bytes += manifest.total_bytes;
+        self.files += manifest.files.len() as u64;
+        self.chunks += manifest.unique_chunks().len() as u64;
+    }
+
+    /// Counts what one push to a target sent and found there already.
+    fn count_push(&mut self, pushed: &Pushed) {
+        self.chunks_sent += pushed.sent;
+        self.bytes_sent += pushed.bytes;
+        self.deduplicated += pushed.dedup;
+    }
+}
+
 enum Location {
     Local(PathBuf),
     /// An object path; `region`: another region's, reached through this one.
@@ -353,26 +369,21 @@ async fn upload_to_region(
     let pushed = pushed.map_err(|(_, e)| {
         anyhow::anyhow!("cannot send the chunks of mesh://{region}{to} to region {region}: {e}")
     })?;
-    let files = manifest.files.len() as u64;
     remote
         .import_object(&ObjectImport {
             path: to.to_string(),
             is_dir: meta.is_dir(),
             manifest_hex: hex::encode(manifest.to_bytes()?),
             bytes: manifest.total_bytes,
-            files,
+            files: manifest.files.len() as u64,
             replica: args.replica,
             replace: args.force,
             allow_degraded: args.allow_degraded,
         })
         .await
         .map_err(api)?;
-    summary.bytes += manifest.total_bytes;
-    summary.files += files;
-    summary.chunks += chunks.len() as u64;
-    summary.chunks_sent += pushed.sent;
-    summary.bytes_sent += pushed.bytes;
-    summary.deduplicated += pushed.dedup;
+    summary.count_object(&manifest);
+    summary.count_push(&pushed);
     Ok(())
 }
 
@@ -440,9 +451,7 @@ pub(crate) async fn upload(
         match task.await? {
             Ok(pushed) => {
                 holders.push(pushed.target);
-                summary.chunks_sent += pushed.sent;
-                summary.bytes_sent += pushed.bytes;
-                summary.deduplicated += pushed.dedup;
+                summary.count_push(&pushed);
             }
             Err((target, e)) => {
                 let name = name_of.get(&target).cloned().unwrap_or_default();
@@ -463,14 +472,13 @@ pub(crate) async fn upload(
         );
     }
     holders.sort_unstable();
-    let files = manifest.files.len() as u64;
     client
         .put_object(&ObjectPut {
             path: to.to_string(),
             is_dir: meta.is_dir(),
             manifest_hex: hex::encode(manifest.to_bytes()?),
             bytes: manifest.total_bytes,
-            files,
+            files: manifest.files.len() as u64,
             holders,
             replica: args.replica,
             tenant: None,
@@ -478,9 +486,7 @@ pub(crate) async fn upload(
         })
         .await
         .map_err(api)?;
-    summary.bytes += manifest.total_bytes;
-    summary.files += files;
-    summary.chunks += chunks.len() as u64;
+    summary.count_object(&manifest);
     Ok(())
 }
 
