@@ -19,6 +19,7 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(1 64)
 root=$(mktemp -d /tmp/shoal-cpu-XXXX)
 shoal=${SHOAL_BIN:-$(dirname "$0")/../target/release/shoal}
+. "$(dirname "$0")/shoal-cluster.sh"
 pids=()
 cleanup() { { kill -9 "${pids[@]}"; wait "${pids[@]}"; } 2>/dev/null || true; rm -rf "$root"; }
 trap cleanup EXIT
@@ -32,25 +33,7 @@ ctx_switches() { # pid -> context switches of all its threads
   cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {print s + 0}'
 }
 
-"$shoal" agent --bootstrap --name s1 --data-dir "$root/s1" --api-addr 127.0.0.1:27070 --rpc-addr 127.0.0.1:27071 --gossip-addr 127.0.0.1:0 > "$root/s1.out" 2> "$root/s1.log" &
-pids+=($!)
-for _ in $(seq 1 100); do grep -q -- --join-token "$root/s1.out" 2>/dev/null && break; sleep 0.1; done
-token=$("$shoal" --api http://127.0.0.1:27070 --data-dir "$root/s1" token create --uses 2)
-for i in 2 3; do
-  "$shoal" agent --join 127.0.0.1:27071 --join-token "$token" --name s$i --data-dir "$root/s$i" \
-    --api-addr 127.0.0.1:2${i}070 --rpc-addr 127.0.0.1:2${i}071 --gossip-addr 127.0.0.1:0 > /dev/null 2> "$root/s$i.log" &
-  pids+=($!)
-done
-admin=$(cat "$root/s1/admin.token")
-for _ in $(seq 1 200); do
-  v=$("$shoal" --api http://127.0.0.1:27070 --token "$admin" status --json 2>/dev/null | tr -d ' \n' | sed -n 's/.*"voters":\[\([0-9,]*\)\].*/\1/p')
-  [ "$v" = "1,2,3" ] && break
-  sleep 0.1
-done
-[ "${v:-}" = "1,2,3" ] || { echo "error: the three agents did not form a cluster" >&2; exit 1; }
-leader=$("$shoal" --api http://127.0.0.1:27070 --token "$admin" status --json | tr -d ' \n' | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
-port=$([ "$leader" = 1 ] && echo 27070 || echo "2${leader}070")
-leader_pid=${pids[$((leader - 1))]}
+start_shoal_cluster
 cat > "$root/shoal.lua" <<LUA
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"

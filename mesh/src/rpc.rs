@@ -813,14 +813,20 @@ mod tests {
         SocketAddr::from(([127, 0, 0, 1], 0))
     }
 
-    #[tokio::test]
-    async fn members_talk_with_mutual_tls() {
+    /// Members 1 (`a`, echoing) and 2 (`b`) of one CA, and `a`'s address.
+    fn two_members() -> (RpcEndpoint, RpcEndpoint, SocketAddr) {
         let ca = CaBundle::generate("c").expect("ca");
         let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo))
             .expect("a");
         let b = RpcEndpoint::serve(localhost(), &ca.issue("b", 2).expect("b"), Arc::new(Echo))
             .expect("b");
         let addr = a.local_addr().expect("addr");
+        (a, b, addr)
+    }
+
+    #[tokio::test]
+    async fn members_talk_with_mutual_tls() {
+        let (_a, b, addr) = two_members();
         let resp = b
             .call(addr, b"hi", Duration::from_secs(5))
             .await
@@ -834,12 +840,7 @@ mod tests {
     /// hole, and drop the MTU to 1200.
     #[tokio::test]
     async fn members_send_bulk_frames_in_large_packets() {
-        let ca = CaBundle::generate("c").expect("ca");
-        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo))
-            .expect("a");
-        let b = RpcEndpoint::serve(localhost(), &ca.issue("b", 2).expect("b"), Arc::new(Echo))
-            .expect("b");
-        let addr = a.local_addr().expect("addr");
+        let (_a, b, addr) = two_members();
         let body = vec![7u8; 1 << 20];
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         let stats = loop {
@@ -863,12 +864,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_to_a_member_is_answered_only_by_that_member() {
-        let ca = CaBundle::generate("c").expect("ca");
-        let a = RpcEndpoint::serve(localhost(), &ca.issue("a", 1).expect("a"), Arc::new(Echo))
-            .expect("a");
-        let b = RpcEndpoint::serve(localhost(), &ca.issue("b", 2).expect("b"), Arc::new(Echo))
-            .expect("b");
-        let addr = a.local_addr().expect("addr");
+        let (_a, b, addr) = two_members();
         let timeout = Duration::from_secs(5);
         let answer = b
             .call_member(addr, 1, b"hi", timeout)
