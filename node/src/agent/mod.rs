@@ -787,6 +787,7 @@ fn spawn_workers(
             node.peers().clone(),
             node.contacts().clone(),
             Duration::from_millis(cfg.membership.voter_replace_after_ms),
+            Duration::from_millis(cfg.raft.election_timeout_min_ms.saturating_mul(2)),
         ),
         node.shutdown_signal(),
     );

@@ -14,7 +14,7 @@ use crate::node::peers::SharedPeerView;
 use crate::node::LedgerClient;
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use shoal_consensus::network::ContactTracker;
-use shoal_consensus::voters::{choose_voters, VoterCandidate};
+use shoal_consensus::voters::{change_keeps_a_quorum, choose_voters, VoterCandidate};
 use shoal_consensus::{Command, NodeId};
 use shoal_sdk::MemberState;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -38,6 +38,8 @@ pub struct Housekeeping {
     contacts: ContactTracker,
     /// How long a voter may be down before it is replaced.
     replace_after: Duration,
+    /// A member answers the leader when its last Raft reply is this recent.
+    answer_within: Duration,
     view: Option<LeaderView>,
 }
 
@@ -47,12 +49,14 @@ impl Housekeeping {
         peers: SharedPeerView,
         contacts: ContactTracker,
         replace_after: Duration,
+        answer_within: Duration,
     ) -> Self {
         Housekeeping {
             ledger,
             peers,
             contacts,
             replace_after,
+            answer_within,
             view: None,
         }
     }
@@ -150,13 +154,18 @@ pub enum MembershipStep {
 
 /// The next membership change, if any. `left` are the Raft nodes the ledger
 /// says left; `down_for` how long each member has been down (on this
-/// leader's watch). A voter counts as healthy until it has been down for
-/// `replace_after`; a learner only while alive.
+/// leader's watch); `answering` the members whose Raft replies reach this
+/// leader now (itself included). A voter counts as healthy until it has
+/// been down for `replace_after`; a learner only while alive and
+/// answering. A new voter set is proposed only while a majority of both
+/// it and the current set answers, since a joint configuration that
+/// cannot commit cannot be taken back either.
 pub fn plan_membership(
     members: &[MemberRow],
     raft: &RaftMembers,
     left: &BTreeSet<NodeId>,
     down_for: impl Fn(NodeId) -> Option<Duration>,
+    answering: &BTreeSet<NodeId>,
     replace_after: Duration,
     me: NodeId,
 ) -> Option<MembershipStep> {
@@ -182,7 +191,7 @@ pub fn plan_membership(
             } else if is_voter {
                 down_for(m.id).is_none_or(|d| d < replace_after)
             } else {
-                m.state == MemberState::Alive
+                m.state == MemberState::Alive && answering.contains(&m.id)
             };
             VoterCandidate {
                 id: m.id,
@@ -193,9 +202,12 @@ pub fn plan_membership(
             }
         })
         .collect();
-    choose_voters(&candidates, me)
-        .filter(|desired| *desired != raft.voters)
-        .map(MembershipStep::ReplaceVoters)
+    let desired = choose_voters(&candidates, me).filter(|desired| *desired != raft.voters)?;
+    if let Err(risk) = change_keeps_a_quorum(&raft.voters, &desired, answering) {
+        tracing::debug!(from = ?raft.voters, to = ?desired, %risk, "voter change waits");
+        return None;
+    }
+    Some(MembershipStep::ReplaceVoters(desired))
 }
 
 /// A Raft member whose address in the membership is not the one its
@@ -284,7 +296,26 @@ impl Housekeeping {
                 .get(&id)
                 .map(|t| now.saturating_duration_since(*t))
         };
-        let step = plan_membership(&members, &raft, &left, down_for, self.replace_after, me);
+        let answering: BTreeSet<NodeId> =
+            raft.nodes
+                .iter()
+                .copied()
+                .filter(|id| {
+                    *id == me
+                        || self.contacts.last_contact(*id).is_some_and(|at| {
+                            now.saturating_duration_since(at) <= self.answer_within
+                        })
+                })
+                .collect();
+        let step = plan_membership(
+            &members,
+            &raft,
+            &left,
+            down_for,
+            &answering,
+            self.replace_after,
+            me,
+        );
         match step {
             None => {
                 let addr_of = |id: NodeId| membership.get_node(&id).map(|n| n.addr.clone());
@@ -382,7 +413,15 @@ mod tests {
             nodes: ids(&[1, 3]),
         };
         assert_eq!(
-            plan_membership(&members, &raft, &ids(&[3]), |_| None, AFTER, 1),
+            plan_membership(
+                &members,
+                &raft,
+                &ids(&[3]),
+                |_| None,
+                &ids(&[1, 2]),
+                AFTER,
+                1
+            ),
             Some(MembershipStep::RemoveLeft {
                 voters: ids(&[3]),
                 nodes: ids(&[3])
@@ -393,7 +432,15 @@ mod tests {
             nodes: ids(&[1]),
         };
         assert_eq!(
-            plan_membership(&members, &raft, &BTreeSet::new(), |_| None, AFTER, 1),
+            plan_membership(
+                &members,
+                &raft,
+                &BTreeSet::new(),
+                |_| None,
+                &ids(&[1, 2]),
+                AFTER,
+                1
+            ),
             Some(MembershipStep::AddLearner {
                 id: 2,
                 rpc_addr: "127.0.0.1:7002".into()
@@ -416,13 +463,51 @@ mod tests {
         let none = BTreeSet::new();
         let soon = |id| (id == 2).then_some(AFTER / 2);
         assert_eq!(
-            plan_membership(&members, &raft, &none, soon, AFTER, 1),
+            plan_membership(&members, &raft, &none, soon, &ids(&[1, 3, 4]), AFTER, 1),
             None
         );
         let long = |id| (id == 2).then_some(AFTER);
         assert_eq!(
-            plan_membership(&members, &raft, &none, long, AFTER, 1),
+            plan_membership(&members, &raft, &none, long, &ids(&[1, 3, 4]), AFTER, 1),
             Some(MembershipStep::ReplaceVoters(ids(&[1, 3, 4])))
+        );
+        // A learner the ledger calls alive but that does not answer the
+        // leader's Raft is no candidate.
+        assert_eq!(
+            plan_membership(&members, &raft, &none, long, &ids(&[1, 3]), AFTER, 1),
+            None
+        );
+    }
+
+    /// Chaos seed 2399: two voters left, three learners that are
+    /// successive occupants of one machine (each wiped in turn), the
+    /// ledger still calling all of them alive. Only the newest answers;
+    /// the voters grow to three with it, not to five with the lost ones.
+    #[test]
+    fn voters_grow_only_by_members_that_answer() {
+        let members: Vec<MemberRow> = [1, 2, 4, 5, 6]
+            .iter()
+            .map(|id| row(*id, MemberState::Alive, "a"))
+            .collect();
+        let raft = RaftMembers {
+            voters: ids(&[1, 2]),
+            nodes: ids(&[1, 2, 4, 5, 6]),
+        };
+        let none = BTreeSet::new();
+        assert_eq!(
+            plan_membership(&members, &raft, &none, |_| None, &ids(&[1, 2, 6]), AFTER, 1),
+            Some(MembershipStep::ReplaceVoters(ids(&[1, 2, 6])))
+        );
+        // Voters that lost their majority are not reshuffled: no new set
+        // could commit.
+        let raft = RaftMembers {
+            voters: ids(&[1, 2, 4]),
+            nodes: ids(&[1, 2, 4, 5, 6]),
+        };
+        let long = |id| (id == 2 || id == 4).then_some(AFTER);
+        assert_eq!(
+            plan_membership(&members, &raft, &none, long, &ids(&[1, 5, 6]), AFTER, 1),
+            None
         );
     }
 
@@ -459,6 +544,7 @@ mod tests {
         fn steps_keep_the_leader_and_settle(
             n in 1u64..8,
             down in proptest::collection::btree_set(2u64..8, 0..4),
+            silent in proptest::collection::btree_set(2u64..8, 0..3),
             zones in proptest::collection::vec(0u8..3, 8),
         ) {
             let members: Vec<MemberRow> = (1..=n)
@@ -470,13 +556,24 @@ mod tests {
             let all: BTreeSet<NodeId> = (1..=n).collect();
             let mut raft = RaftMembers { voters: ids(&[1]), nodes: all.clone() };
             let down_for = |id| down.contains(&id).then_some(AFTER * 2);
-            // Converges in a few steps, each keeping the leader a voter.
+            // Down members never answer; some that look alive do not either.
+            let answering: BTreeSet<NodeId> = all
+                .iter()
+                .copied()
+                .filter(|id| !down.contains(id) && !silent.contains(id))
+                .collect();
+            // Converges in a few steps, each keeping the leader a voter and
+            // each able to commit with the members that answer.
             let mut steps = 0;
-            while let Some(step) = plan_membership(&members, &raft, &BTreeSet::new(), down_for, AFTER, 1) {
+            while let Some(step) = plan_membership(&members, &raft, &BTreeSet::new(), down_for, &answering, AFTER, 1) {
                 match step {
                     MembershipStep::ReplaceVoters(v) => {
                         prop_assert!(v.contains(&1));
                         prop_assert!(v.iter().all(|id| all.contains(id)));
+                        for set in [&raft.voters, &v] {
+                            let live = set.intersection(&answering).count();
+                            prop_assert!(live * 2 > set.len(), "{:?} -> {:?} with {:?}", raft.voters, v, answering);
+                        }
                         raft.voters = v;
                     }
                     other => prop_assert!(false, "unexpected {other:?}"),

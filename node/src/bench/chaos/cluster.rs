@@ -96,30 +96,8 @@ pub struct ChaosCluster {
     /// Nodes whose data dir is gone for good (wiped, or removed and
     /// replaced), shared with the run's observer.
     pub lost_disks: super::observe::LostDisks,
-}
-
-/// A free port on 127.0.0.1 for both TCP and UDP, found by binding port 0.
-/// Ports a slot listens on are drawn from below the kernel's ephemeral
-/// range (32768–60999 by default): a port the kernel handed out for a
-/// bind to 0 is free only until the next outgoing connection or QUIC
-/// client endpoint of any run on the machine takes it, and a restarted
-/// slot binds it again seconds later (seeds 360, 517 and 531, run four
-/// at a time, lost a slot that way).
-const SLOT_PORTS: std::ops::Range<u16> = 20_000..32_000;
-
-fn free_port() -> Result<u16, String> {
-    for _ in 0..200 {
-        let port = rand::random_range(SLOT_PORTS);
-        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
-        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
-        if tcp.is_ok() && udp.is_ok() {
-            return Ok(port);
-        }
-    }
-    Err(format!(
-        "no port in {}..{} free for both TCP and UDP",
-        SLOT_PORTS.start, SLOT_PORTS.end
-    ))
+    /// The ports this cluster's slots may listen on.
+    ports: super::ports::PortLease,
 }
 
 fn node_runtime(name: &str, skew: Arc<AtomicI64>) -> Result<Runtime, String> {
@@ -192,6 +170,7 @@ impl ChaosCluster {
             root: root.to_path_buf(),
             disks,
             lost_disks: Default::default(),
+            ports: Default::default(),
         };
         for i in 0..n {
             let name = format!("n{}", i + 1);
@@ -261,9 +240,9 @@ impl ChaosCluster {
                 cfg.gossip_addr = old.gossip_addr;
             }
             None => {
-                cfg.api_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-                cfg.rpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-                cfg.gossip_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+                cfg.api_addr = SocketAddr::from(([127, 0, 0, 1], self.ports.port()?));
+                cfg.rpc_addr = SocketAddr::from(([127, 0, 0, 1], self.ports.port()?));
+                cfg.gossip_addr = SocketAddr::from(([127, 0, 0, 1], self.ports.port()?));
             }
         }
         cfg.test_faults = Some(self.router.clone());

@@ -8,6 +8,7 @@
 //! - [`workload`]: the register and job clients, recording the history;
 //! - [`observe`]: invariants and digests at every index every node applies;
 //! - [`panics`]: panics of the nodes' threads;
+//! - [`ports`]: ports leased so that concurrent runs never share one;
 //! - [`restore_check`]: committed checkpoints restore byte for byte;
 //! - [`objects`]: `mesh:/` puts and removes, and their check;
 //! - [`run`]: one seed from start to verdict.
@@ -17,6 +18,7 @@ pub mod disks;
 pub mod objects;
 pub mod observe;
 pub mod panics;
+pub mod ports;
 pub mod restore_check;
 pub mod run;
 pub mod workload;
