@@ -13,12 +13,11 @@
 //! taken at another moment than the write it is compared with measures
 //! that drift, not Shoal.
 
-use super::data::{copy_files_fsync, write_files, DataSet};
+use super::data::{timed_copies_with_fsync, write_files, DataSet};
 use crate::agent::testkit::LocalCluster;
 use serde::Serialize;
 use shoal_storage::manifest::{build_manifest, restore_manifest};
 use shoal_storage::replicate::restore_from_replicas_parallel;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[derive(Serialize, Debug)]
@@ -63,7 +62,7 @@ pub async fn run(bytes: u64) -> anyhow::Result<CkptReport> {
     )?;
     std::fs::write(data.join(".done"), b"")?;
 
-    let baseline_before = three_copies_with_fsync(&data, cluster.root())?;
+    let baseline_before = timed_copies_with_fsync(&data, &cluster.root().join("baseline"), 3)?;
 
     let source = cluster.agents[0].node().chunks().clone();
     let restorer = cluster.agents[3].node().chunks().clone();
@@ -107,7 +106,7 @@ pub async fn run(bytes: u64) -> anyhow::Result<CkptReport> {
         )?;
         restore_manifest(&manifest, &fresh, root.join("restored"))?;
         let restore_s = started.elapsed().as_secs_f64();
-        let baseline_after = three_copies_with_fsync(&data, &root)?;
+        let baseline_after = timed_copies_with_fsync(&data, &root.join("baseline"), 3)?;
         let baseline = (baseline_before + baseline_after) / 2.0;
         Ok(CkptReport {
             bytes: manifest.total_bytes,
@@ -125,25 +124,6 @@ pub async fn run(bytes: u64) -> anyhow::Result<CkptReport> {
     .await??;
     cluster.shutdown().await;
     Ok(report)
-}
-
-/// Three local copies of `data` under `root`, each fsynced: the seconds
-/// they took. The copies are removed afterwards.
-fn three_copies_with_fsync(data: &Path, root: &Path) -> anyhow::Result<f64> {
-    // Whatever earlier steps left dirty in the page cache (the restored
-    // files are not fsynced) is written back first, or its writeback
-    // would be timed as part of the copies.
-    // SAFETY: sync(2) takes no arguments and cannot fail.
-    unsafe { libc::sync() };
-    let started = Instant::now();
-    for i in 0..3 {
-        copy_files_fsync(data, &root.join(format!("cp-{i}")))?;
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    for i in 0..3 {
-        std::fs::remove_dir_all(root.join(format!("cp-{i}")))?;
-    }
-    Ok(seconds)
 }
 
 pub fn print(r: &CkptReport) {

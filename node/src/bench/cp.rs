@@ -3,11 +3,10 @@
 //! compressible data, a re-copy of unchanged data, and the baseline of N
 //! plain local copies (fsynced) of the same files on the same disk.
 
-use super::data::{copy_files_fsync, write_files, DataSet};
+use super::data::{timed_copies_with_fsync, write_files, DataSet};
 use crate::agent::testkit::LocalCluster;
 use crate::cli::cp::{cp, CpArgs};
 use serde::Serialize;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[derive(Serialize, Debug)]
@@ -19,17 +18,6 @@ pub struct CpBenchRow {
     pub recopy_unchanged_s: f64,
     pub baseline_cp_s: f64,
     pub ratio_vs_cp: f64,
-}
-
-fn copies_with_fsync(from: &Path, to: &Path, n: u32) -> anyhow::Result<f64> {
-    let started = Instant::now();
-    for i in 0..n {
-        let dest = to.join(format!("copy-{i}"));
-        copy_files_fsync(from, &dest)?;
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    std::fs::remove_dir_all(to)?;
-    Ok(seconds)
 }
 
 pub async fn run(bytes: u64, replica: u32) -> anyhow::Result<Vec<CpBenchRow>> {
@@ -54,7 +42,7 @@ pub async fn run(bytes: u64, replica: u32) -> anyhow::Result<Vec<CpBenchRow>> {
                 compressible,
             },
         )?;
-        let baseline = copies_with_fsync(&src, &cluster.root().join("baseline"), replica)?;
+        let baseline = timed_copies_with_fsync(&src, &cluster.root().join("baseline"), replica)?;
         let args = |force| CpArgs {
             replica,
             recursive: true,

@@ -3,6 +3,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::time::Instant;
 
 /// Largest file of a generated data set.
 const FILE_BYTES: u64 = 256 << 20;
@@ -77,6 +78,22 @@ pub fn write_files(dir: &Path, bytes: u64, set: &DataSet) -> std::io::Result<()>
         index += 1;
     }
     Ok(())
+}
+
+/// `n` copies of the files of `from` under `to`, each fsynced: the seconds
+/// they took. `to` is removed afterwards. Whatever earlier steps left dirty
+/// in the page cache is written back first (`sync(2)`), or its writeback
+/// would be timed as part of the copies.
+pub fn timed_copies_with_fsync(from: &Path, to: &Path, n: u32) -> std::io::Result<f64> {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    let started = Instant::now();
+    for i in 0..n {
+        copy_files_fsync(from, &to.join(format!("copy-{i}")))?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    std::fs::remove_dir_all(to)?;
+    Ok(seconds)
 }
 
 /// Copies the files of `from` into `to` and fsyncs each: the baseline a
