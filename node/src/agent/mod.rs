@@ -263,7 +263,13 @@ impl Agent {
         );
         let db = open_db(&data_dir.join(identity::RAFT_DB_FILE))
             .map_err(|e| io("cannot open the Raft database", e))?;
-        let log = LogStore::new(db.clone()).map_err(|e| AgentError::Raft(e.to_string()))?;
+        let metrics = Arc::new(Metrics::new(ident.node_id, &ident.name));
+        let log = LogStore::new(db.clone())
+            .map_err(|e| AgentError::Raft(e.to_string()))?
+            .with_append_observer({
+                let metrics = metrics.clone();
+                Arc::new(move |took| metrics.observe_log_append(took))
+            });
         let hooks = cfg.test_chaos.clone().unwrap_or_default();
         let sm = StateMachineStore::new(db)
             .map_err(|e| AgentError::Raft(e.to_string()))?
@@ -310,7 +316,6 @@ impl Agent {
             .await
             .map_err(|e| AgentError::Raft(e.to_string()))?;
 
-        let metrics = Arc::new(Metrics::new(ident.node_id, &ident.name));
         let ledger = LedgerClient::new(
             ident.node_id,
             raft.clone(),

@@ -222,6 +222,7 @@ pub struct Metrics {
     pub raft_voters: Gauge,
     pub members: Family<Labels, Gauge>,
     pub proposal_seconds: Histogram,
+    pub log_append_seconds: Histogram,
     pub api_requests: Family<Labels, Counter>,
     pub sched_pass_seconds: Histogram,
     pub placements: Counter,
@@ -274,6 +275,7 @@ impl Metrics {
             raft_voters: Gauge::default(),
             members: Family::default(),
             proposal_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            log_append_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 14)),
             api_requests: Family::default(),
             sched_pass_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
             placements: Counter::default(),
@@ -334,6 +336,11 @@ impl Metrics {
             "raft_proposal_seconds",
             "Time from proposing a ledger write on the leader to its commit",
             m.proposal_seconds.clone(),
+        );
+        registry.register(
+            "raft_log_append_seconds",
+            "Time to write one batch of Raft log entries durably (transaction and fsync)",
+            m.log_append_seconds.clone(),
         );
         registry.register(
             "api_requests",
@@ -472,6 +479,10 @@ impl Metrics {
 
     pub fn observe_proposal(&self, d: Duration) {
         self.proposal_seconds.observe(d.as_secs_f64());
+    }
+
+    pub fn observe_log_append(&self, d: Duration) {
+        self.log_append_seconds.observe(d.as_secs_f64());
     }
 
     pub fn observe_sched_pass(&self, d: Duration) {
