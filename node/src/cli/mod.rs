@@ -502,10 +502,12 @@ pub fn main() -> i32 {
         // Before any runtime: a plain process that waits for its tasks.
         return exec_tasks(*label, *ntasks_per_node, command);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = if answers_in_one_exchange(&cli.command) {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -523,6 +525,28 @@ pub fn main() -> i32 {
             1
         }
     }
+}
+
+/// Commands that send a request or two and print the answer. They run on
+/// a single-threaded runtime: starting a worker thread per core is most of
+/// what such a call costs beyond the process itself, and scripts call them
+/// in loops (`shoal submit` 500 times: see docs/BENCHMARKS.md).
+fn answers_in_one_exchange(cmd: &Cmd) -> bool {
+    matches!(
+        cmd,
+        Cmd::Submit {
+            wait: false,
+            attach: false,
+            ..
+        } | Cmd::Queue(_)
+            | Cmd::Show { .. }
+            | Cmd::Cancel { .. }
+            | Cmd::Requeue { .. }
+            | Cmd::Hold { .. }
+            | Cmd::Release { .. }
+            | Cmd::Status
+            | Cmd::Nodes
+    )
 }
 
 /// `shoal exec-tasks`: this rank's tasks, from the rank's environment.
