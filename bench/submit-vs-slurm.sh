@@ -48,7 +48,8 @@ cleanup() { stop_all; [ -z "$root" ] || [ -n "${KEEP:-}" ] || rm -rf "$root"; }
 trap cleanup EXIT
 
 now_ns() { date +%s%N; }
-ms_since() { echo $(( ($(now_ns) - $1) / 1000 )) | awk '{printf "%.1f\n", $1 / 1000}'; }
+ms_between() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1f\n", (b - a) / 1e6}'; } # two now_ns readings
+ms_since() { ms_between "$1" "$(now_ns)"; }
 # The polls are each a process of the system's CLI and share the two cores
 # with what they measure, hence no tighter than this.
 wait_for() { # description, command...: polls every 5 ms for up to 60 s
@@ -173,7 +174,7 @@ measure() { # backend prefix: shoal or slurm
       both() { [ -s "$marks/start-$job-0" ] && [ -s "$marks/start-$job-1" ]; }
       wait_for "both ranks of job $job" both
       last=$(cat "$marks/start-$job-0" "$marks/start-$job-1" | sort -n | tail -1)
-      echo $(( (last - t0) / 1000 )) | awk '{printf "%.1f\n", $1 / 1000}' >> "$root/started"
+      ms_between "$t0" "$last" >> "$root/started"
       "${b}_cancel" "$job"
       wait_for "job $job gone" "${b}_gone" "$job"
     done
