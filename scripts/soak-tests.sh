@@ -4,7 +4,7 @@
 # test blocks landings by chance: run this (N >= 20) before calling a change
 # to the tests or to timing-sensitive code done.
 #
-#   scripts/soak-tests.sh [-n N] [-t SECONDS] [-l] [-o DIR] [PATTERN...]
+#   scripts/soak-tests.sh [-n N] [-t SECONDS] [-l] [-o DIR] [-f FILTER] [PATTERN...]
 #
 #   -n N      runs per binary (default 20)
 #   -t S      a run still going after S seconds is killed and counted as
@@ -12,6 +12,9 @@
 #   -l        load the machine while soaking: one busy loop per core, as a
 #             second build would
 #   -o DIR    keep every run's output under DIR (default: a temp dir)
+#   -f FILTER only the tests whose name contains FILTER (as `cargo test
+#             FILTER`), e.g. -f pytorch_ddp processes: the DDP jobs killed
+#             mid-run, 20 times each
 #   PATTERN   only binaries whose name matches one of these shell patterns
 #             (e.g. shoal_node, inprocess, processes, 'shoal_*')
 #
@@ -25,13 +28,15 @@ runs=20
 limit=1200
 load=0
 out=""
-while getopts "n:t:lo:h" opt; do
+filter=()
+while getopts "n:t:lo:f:h" opt; do
     case $opt in
         n) runs=$OPTARG ;;
         t) limit=$OPTARG ;;
         l) load=1 ;;
         o) out=$OPTARG ;;
-        *) sed -n '2,20p' "$0"; exit 2 ;;
+        f) filter=("$OPTARG") ;;
+        *) sed -n '2,23p' "$0"; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -82,7 +87,7 @@ while IFS=$'\t' read -r name dir exe; do
     for i in $(seq "$runs"); do
         log="$out/$name.$i.log"
         start=$(date +%s)
-        if (cd "$dir" && timeout -k 10 "$limit" "$exe") >"$log" 2>&1; then
+        if (cd "$dir" && timeout -k 10 "$limit" "$exe" "${filter[@]}") >"$log" 2>&1; then
             passed=$((passed + 1))
         else
             failed_any=1

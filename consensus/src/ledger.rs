@@ -619,7 +619,7 @@ impl Ledger {
                         m.state = *state;
                         m.state_since_ms = now;
                         let member = m.clone();
-                        self.workload.on_member_state(&member, now);
+                        self.workload.on_member_state(&member, &self.members, now);
                         if member.state == MemberState::Down {
                             self.events.record(
                                 &crate::events::EventSpec {
@@ -838,10 +838,15 @@ impl Ledger {
                 rank,
                 exit_code,
                 end,
-            } => answer(
-                self.workload
-                    .rank_exited(*job, *epoch, *rank, *exit_code, *end, now),
-            ),
+            } => answer(self.workload.rank_exited(
+                *job,
+                *epoch,
+                *rank,
+                *exit_code,
+                *end,
+                &self.members,
+                now,
+            )),
             Command::CheckpointPart {
                 job,
                 epoch,
@@ -859,7 +864,9 @@ impl Ledger {
                         .checkpoint_part(*job, *epoch, *rank, *step, part, now),
                 )
             }
-            Command::ReleaseJob { job, epoch } => answer(self.workload.release(*job, *epoch, now)),
+            Command::ReleaseJob { job, epoch } => {
+                answer(self.workload.release(*job, *epoch, &self.members, now))
+            }
             Command::PutObject { object, replace } => {
                 if let Err(e) = checks.check_manifest(&object.manifest) {
                     return LedgerResponse::Rejected(format!(

@@ -24,6 +24,11 @@ struct Cluster {
 
 impl Cluster {
     async fn start(racks: &[&str]) -> Cluster {
+        Cluster::start_with(racks, &[]).await
+    }
+
+    /// A cluster whose agents also get `env` (`SHOAL_*` tuning).
+    async fn start_with(racks: &[&str], env: &[(&str, &str)]) -> Cluster {
         let root = tempfile::tempdir().expect("tempdir");
         let mut nodes: Vec<NodeProc> = racks
             .iter()
@@ -33,6 +38,9 @@ impl Cluster {
                 let mut node = NodeProc::new(root.path(), &format!("n{}", i + 1), &[&label]);
                 node.extra_env
                     .push(("SHOAL_EXECUTOR__STOP_GRACE_S".into(), "5".into()));
+                for (k, v) in env {
+                    node.extra_env.push((k.to_string(), v.to_string()));
+                }
                 node
             })
             .collect();
@@ -1583,30 +1591,40 @@ fn final_digest(cluster: &Cluster, client_node: usize, id: u64) -> (String, Stri
     (digest, text)
 }
 
-/// examples/ddp_train.py, a PyTorch DDP job of 2 nodes × 2 tasks on CPU
-/// (gloo): killed with its node mid-run, it resumes from its latest
+/// examples/ddp_train.py, a PyTorch DDP job on CPU (gloo) with the default
+/// restart policy (node loss restarts, its own failures do not): killed
+/// with its node mid-run, its surviving ranks' next all-reduce fails and
+/// their agents report a non-zero exit seconds before the node is declared
+/// down. The failure is the node's, so the gang resumes from its latest
 /// checkpoint on the other nodes and ends with parameters identical, bit
 /// for bit, to an uninterrupted run's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pytorch_ddp_job_killed_mid_run_resumes_with_identical_parameters() {
+///
+/// The order cannot come out the other way by luck: the detector here
+/// waits 5 s before a suspect node is down, and the test checks that the
+/// survivor's failure was in the ledger while the victim was still not
+/// down. Then, on the same cluster, a job whose own code exits 1 with every
+/// node healthy fails once, or restarts N times with `--max-restarts N`.
+async fn a_ddp_job_whose_survivor_fails_first_resumes_after_its_node_dies(tasks_per_node: u32) {
     require_torch();
     let _serial = one_at_a_time();
-    let mut cluster = Cluster::start(&["r1", "r1", "r1"]).await;
+    let mut cluster = Cluster::start_with(
+        &["r1", "r1", "r1"],
+        &[("SHOAL_MEMBERSHIP__SUSPICION_TIMEOUT_MS", "5000")],
+    )
+    .await;
     let client = cluster.client(0);
-    let id = client
-        .submit_job(&ddp_request(40, "0"))
-        .await
-        .expect("submit")
-        .id;
+    let ddp = |step_seconds: &str| shoal_sdk::JobSubmitRequest {
+        tasks_per_node: Some(tasks_per_node),
+        max_restarts: None,
+        requeue: false,
+        ..ddp_request(40, step_seconds)
+    };
+    let id = client.submit_job(&ddp("0")).await.expect("submit").id;
     let done = wait_state(&client, id, "completed").await;
     assert_eq!(done.restarts, 0);
     let (reference, _) = final_digest(&cluster, 0, id);
 
-    let id = client
-        .submit_job(&ddp_request(40, "0.3"))
-        .await
-        .expect("submit")
-        .id;
+    let id = client.submit_job(&ddp("0.3")).await.expect("submit").id;
     let first = wait_for("a committed checkpoint", TIMEOUT, || {
         let client = client.clone();
         async move {
@@ -1615,12 +1633,34 @@ async fn a_pytorch_ddp_job_killed_mid_run_resumes_with_identical_parameters() {
         }
     })
     .await;
-    // The node of ranks 2 and 3 dies with the job half done.
+    assert!(!first.requeue, "the job's own failures must not restart it");
+    // The agent of rank 1's node dies with its ranks.
     let victim = first.nodes[1].clone();
     let idx: usize = victim[1..].parse::<usize>().expect("node index") - 1;
     cluster.nodes[idx].kill9();
     let survivor = (0..3).find(|i| *i != idx).expect("a survivor");
     let client = cluster.client(survivor);
+    wait_for(
+        "the survivor's failure in the ledger before its peer's node is down",
+        Duration::from_secs(15),
+        || {
+            let client = client.clone();
+            let victim = victim.clone();
+            async move {
+                let job = client.job(id).await.ok()?;
+                let nodes = client.nodes().await.ok()?;
+                let down = nodes
+                    .iter()
+                    .any(|n| n.name == victim && n.state == shoal_sdk::MemberState::Down);
+                assert!(
+                    !down || job.reason.starts_with("a rank failed"),
+                    "{victim} was declared down before a survivor's failure was seen: {job:?}"
+                );
+                job.reason.starts_with("a rank failed").then_some(())
+            }
+        },
+    )
+    .await;
     let resumed = wait_state(&client, id, "completed").await;
     assert_eq!(resumed.restarts, 1, "{resumed:?}");
     assert!(!resumed.nodes.contains(&victim), "{:?}", resumed.nodes);
@@ -1632,4 +1672,41 @@ async fn a_pytorch_ddp_job_killed_mid_run_resumes_with_identical_parameters() {
         .unwrap_or_else(|| panic!("the restarted run did not resume: {log}"));
     assert!(from >= 10, "resumed from step {from}");
     assert_eq!(digest, reference);
+
+    // The job's own failure, every node healthy: failed once, or after N
+    // restarts when asked.
+    let own = "if [ \"$RANK\" = 1 ]; then exit 1; fi; sleep 1";
+    let id = client
+        .submit_job(&request(2, 1, own))
+        .await
+        .expect("submit")
+        .id;
+    let failed = wait_state(&client, id, "failed").await;
+    assert_eq!(
+        (failed.restarts, failed.exit_code),
+        (0, Some(1)),
+        "{failed:?}"
+    );
+    let asked = shoal_sdk::JobSubmitRequest {
+        max_restarts: Some(2),
+        ..request(2, 1, own)
+    };
+    let id = client.submit_job(&asked).await.expect("submit").id;
+    let failed = wait_state(&client, id, "failed").await;
+    assert_eq!(
+        (failed.restarts, failed.exit_code),
+        (2, Some(1)),
+        "{failed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pytorch_ddp_job_killed_mid_run_resumes_with_identical_parameters() {
+    a_ddp_job_whose_survivor_fails_first_resumes_after_its_node_dies(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pytorch_ddp_job_of_two_tasks_per_node_killed_mid_run_resumes_with_identical_parameters()
+{
+    a_ddp_job_whose_survivor_fails_first_resumes_after_its_node_dies(2).await;
 }

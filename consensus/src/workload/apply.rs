@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use shoal_sdk::MemberState;
 
+use super::blame::{attribute, Attribution, GangNode, NodeHealth};
 use super::{
     Allocation, Checkpoint, CkptPart, GpuFault, Job, JobId, JobSpec, JobState, Plan,
     PlannedPlacement, RankEnd, Stop, StopCause, Tenant, TenantLimits, TenantUpdate, WarnSignal,
@@ -759,6 +760,7 @@ impl Workload {
 
     /// A rank's process ended, as `end` says. Reports from an older epoch
     /// are ignored (fencing).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn rank_exited(
         &mut self,
         id: JobId,
@@ -766,6 +768,7 @@ impl Workload {
         rank: u32,
         exit_code: i32,
         end: RankEnd,
+        members: &BTreeMap<NodeId, Member>,
         now_ms: u64,
     ) -> Result<(), String> {
         let job = self
@@ -793,6 +796,18 @@ impl Workload {
         }
         let all_exited = alloc.exits.len() == alloc.nodes.len();
         let failed = exit_code != 0;
+        if end == RankEnd::Lost {
+            // The node's fault, whatever the other ranks reported first:
+            // a survivor's collective may have failed before this report.
+            if let Some(stop) = alloc
+                .stop
+                .as_mut()
+                .filter(|s| s.cause == StopCause::RankFailed)
+            {
+                stop.cause = StopCause::NodeLost;
+                job.exit_code = None;
+            }
+        }
         if failed && alloc.stop.is_none() {
             if end == RankEnd::Lost {
                 self.request_stop(id, StopCause::NodeLost, now_ms);
@@ -804,7 +819,7 @@ impl Workload {
             }
         }
         if all_exited {
-            self.finish(id, now_ms);
+            self.finish(id, members, now_ms);
         }
         Ok(())
     }
@@ -918,7 +933,13 @@ impl Workload {
     }
 
     /// The leader gives up waiting for a stopping job's ranks.
-    pub(crate) fn release(&mut self, id: JobId, epoch: u64, now_ms: u64) -> Result<(), String> {
+    pub(crate) fn release(
+        &mut self,
+        id: JobId,
+        epoch: u64,
+        members: &BTreeMap<NodeId, Member>,
+        now_ms: u64,
+    ) -> Result<(), String> {
         let job = self.jobs.get(&id).ok_or_else(|| format!("no job {id}"))?;
         let Some(alloc) = &job.alloc else {
             return Err(format!("job {id} holds no allocation"));
@@ -928,7 +949,7 @@ impl Workload {
         }
         match alloc.stop {
             Some(stop) if now_ms >= stop.requested_at_ms.saturating_add(STOP_DEADLINE_MS) => {
-                self.finish(id, now_ms);
+                self.finish(id, members, now_ms);
                 Ok(())
             }
             _ => Err(format!("job {id} is not past its stop deadline")),
@@ -938,7 +959,13 @@ impl Workload {
     /// Members that went down lose their jobs at once: the job is requeued
     /// (or fails when out of restarts) and agents on surviving nodes kill
     /// its ranks because the epoch they run under is no longer current.
-    pub(crate) fn node_lost(&mut self, node: NodeId, name: &str, now_ms: u64) {
+    pub(crate) fn node_lost(
+        &mut self,
+        node: NodeId,
+        name: &str,
+        members: &BTreeMap<NodeId, Member>,
+        now_ms: u64,
+    ) {
         let hit: Vec<JobId> = self
             .holding()
             .filter(|(_, alloc)| alloc.nodes.iter().any(|(n, _)| *n == node))
@@ -947,7 +974,7 @@ impl Workload {
         for id in hit {
             let stopping_for = self.jobs[&id].alloc.as_ref().and_then(|a| a.stop);
             if stopping_for.is_some() {
-                self.finish(id, now_ms);
+                self.finish(id, members, now_ms);
                 // The lost node's ranks may still run (it may never have
                 // heard of the stop): a requeued job waits for them to be
                 // fenced, as one that was running does.
@@ -1010,20 +1037,36 @@ impl Workload {
 
     /// Every rank has exited (or the leader gave up on them): settle usage
     /// and decide the final or requeued state from the stop cause.
-    fn finish(&mut self, id: JobId, now_ms: u64) {
+    fn finish(&mut self, id: JobId, members: &BTreeMap<NodeId, Member>, now_ms: u64) {
         let Some(alloc) = self.jobs.get(&id).and_then(|job| job.alloc.clone()) else {
             return;
         };
+        // A rank's failure is the job's own only if every node of the gang
+        // is known alive and healthy (see `blame`); otherwise the gang is
+        // restarted as after node loss.
+        let mut cause = alloc.stop.map(|s| s.cause);
+        let mut node_fault = None;
+        if let (Some(StopCause::RankFailed), Some(stop)) = (cause, alloc.stop) {
+            if let Attribution::NodeFailure { node, fault } =
+                attribute_failure(&alloc, stop, members, now_ms)
+            {
+                let name = members
+                    .get(&node)
+                    .map_or_else(|| node.to_string(), |m| m.spec.name.clone());
+                cause = Some(StopCause::NodeLost);
+                node_fault = Some(fault.describe(&name));
+            }
+        }
         let refund_ms = self.release_allocation(id, now_ms);
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
-        let first_failure = match alloc.stop.map(|s| s.cause) {
+        let first_failure = match cause {
             Some(StopCause::RankFailed) => job.exit_code,
             _ => None,
         }
         .or_else(|| alloc.exits.values().copied().find(|code| *code != 0));
-        match alloc.stop.map(|s| s.cause) {
+        match cause {
             None => {
                 job.exit_code = Some(first_failure.unwrap_or(0));
                 job.state = if first_failure.is_some() {
@@ -1061,21 +1104,26 @@ impl Workload {
                 );
                 job.exit_code = None;
             }
-            Some(StopCause::NodeLost) if job.restarts < job.spec.max_restarts => {
-                job.restarts += 1;
-                job.state = JobState::Requeued;
-                job.reason = format!(
-                    "a rank was lost with its node's agent; restart {} of {}",
-                    job.restarts, job.spec.max_restarts
-                );
-            }
             Some(StopCause::NodeLost) => {
-                job.state = JobState::NodeFail;
-                job.reason = format!(
-                    "a rank was lost with its node's agent and the job has no restarts left (--max-restarts {})",
-                    job.spec.max_restarts
-                );
-                job.ended_at_ms = Some(now_ms);
+                let what =
+                    node_fault.unwrap_or_else(|| "a rank was lost with its node's agent".into());
+                // A survivor's error is a consequence, not the job's code.
+                job.exit_code = None;
+                if job.restarts < job.spec.max_restarts {
+                    job.restarts += 1;
+                    job.state = JobState::Requeued;
+                    job.reason = format!(
+                        "{what}; restart {} of {}",
+                        job.restarts, job.spec.max_restarts
+                    );
+                } else {
+                    job.state = JobState::NodeFail;
+                    job.reason = format!(
+                        "{what} and the job has no restarts left (--max-restarts {})",
+                        job.spec.max_restarts
+                    );
+                    job.ended_at_ms = Some(now_ms);
+                }
             }
             Some(StopCause::Preempted) => {
                 job.preemptions += 1;
@@ -1244,11 +1292,49 @@ impl Workload {
     }
 
     /// Node loss for every member that is (now) down.
-    pub(crate) fn on_member_state(&mut self, member: &Member, now_ms: u64) {
+    pub(crate) fn on_member_state(
+        &mut self,
+        member: &Member,
+        members: &BTreeMap<NodeId, Member>,
+        now_ms: u64,
+    ) {
         if matches!(member.state, MemberState::Down | MemberState::Left) {
-            self.node_lost(member.id, &member.spec.name, now_ms);
+            self.node_lost(member.id, &member.spec.name, members, now_ms);
         }
     }
+}
+
+/// The evidence about a gang stopping after its first rank failure, for
+/// [`attribute`].
+fn attribute_failure(
+    alloc: &Allocation,
+    stop: Stop,
+    members: &BTreeMap<NodeId, Member>,
+    now_ms: u64,
+) -> Attribution {
+    // The ledger's ranks are the gang's nodes, in order: each node's agent
+    // reports the end of its share of the tasks as one.
+    let gang: Vec<GangNode> = alloc
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(rank, (node, _))| GangNode {
+            node: *node,
+            reported: alloc.exits.contains_key(&(rank as u32)),
+            lost_with_agent: false,
+            health: members.get(node).map(|m| NodeHealth {
+                state: m.state,
+                since_ms: m.state_since_ms,
+                joined_at_ms: m.joined_at_ms,
+            }),
+        })
+        .collect();
+    attribute(
+        stop.requested_at_ms,
+        &gang,
+        now_ms,
+        stop.requested_at_ms.saturating_add(STOP_DEADLINE_MS),
+    )
 }
 
 pub(crate) fn new_tenant(name: &str, limits: TenantLimits, now_ms: u64) -> Tenant {

@@ -24,9 +24,13 @@
 //! makes this safe. A rank's own failure ends the job `failed` (or
 //! `out_of_memory` when the OOM killer ended it) unless the job asked for
 //! restarts on failure (`JobSpec::requeue`); the time limit ends it
-//! `timeout`.
+//! `timeout`. A rank that fails while a node of its gang is not known
+//! alive and healthy (a survivor's collective erroring before the detector
+//! declared its peer's node down) is node loss, not the job's failure:
+//! [`blame`] decides which, once the evidence is in.
 
 mod apply;
+pub mod blame;
 pub(crate) use apply::validate_spec;
 mod view;
 

@@ -1912,3 +1912,159 @@ fn users_map_to_tenants() {
     assert_eq!(r.apply(set("alice", None)), LedgerResponse::Ok);
     assert!(r.ledger.workload.users.is_empty());
 }
+
+/// A gang of two on n1 and n2 (the job's own failures not restarted), and
+/// the epoch it runs under.
+fn gang_of_two(r: &mut Replica) -> (JobId, u64) {
+    let mut spec = job(DEFAULT_TENANT, 2, 4);
+    spec.max_restarts = 3;
+    spec.requeue = false;
+    let id = r.submit(spec);
+    r.pass(Policy::Hdrf);
+    let alloc = r.job(id).alloc.clone().expect("placed");
+    (id, alloc.epoch)
+}
+
+fn report(r: &mut Replica, id: JobId, epoch: u64, rank: u32, code: i32, end: RankEnd) {
+    let answer = r.apply(Command::RankExited {
+        job: id,
+        epoch,
+        rank,
+        exit_code: code,
+        end,
+    });
+    assert_eq!(answer, LedgerResponse::Ok);
+}
+
+fn set_state(r: &mut Replica, name: &str, state: MemberState) {
+    let id = r
+        .ledger
+        .members
+        .values()
+        .find(|m| m.spec.name == name)
+        .expect("member")
+        .id;
+    r.apply(Command::SetMemberState { id, state });
+}
+
+#[test]
+fn a_survivor_failing_before_its_peers_node_is_declared_down_restarts_the_gang() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8), ("n3", "r1", 8)]);
+    let (id, epoch) = gang_of_two(&mut r);
+    let victim = r.job(id).alloc.as_ref().expect("placed").nodes[1].0;
+    let victim_name = r.ledger.members[&victim].spec.name.clone();
+    // The survivor's all-reduce fails 0.4 s after its peer's node died...
+    r.now_ms += 400;
+    report(&mut r, id, epoch, 0, 1, RankEnd::Exited);
+    assert_eq!(r.job(id).state, JobState::Running, "{}", r.job(id).reason);
+    // ...and the detector declares the node suspect, then down.
+    r.now_ms += 1_000;
+    set_state(&mut r, &victim_name, MemberState::Suspect);
+    assert!(
+        r.job(id).alloc.is_some(),
+        "a suspect node does not end the gang"
+    );
+    r.now_ms += 1_000;
+    set_state(&mut r, &victim_name, MemberState::Down);
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::Requeued, "{}", job.reason);
+    assert_eq!(job.restarts, 1);
+    assert_eq!(
+        job.exit_code, None,
+        "the survivor's error is not the job's code"
+    );
+    assert_eq!(
+        job.reason,
+        format!("node {victim_name} went down; restart 1 of 3")
+    );
+    assert!(
+        job.not_before_ms.is_some(),
+        "waits for the lost ranks' fence"
+    );
+}
+
+#[test]
+fn a_survivor_failing_first_then_its_peer_lost_with_its_agent_restarts_the_gang() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let (id, epoch) = gang_of_two(&mut r);
+    report(&mut r, id, epoch, 0, 1, RankEnd::Exited);
+    // The node's agent came back at once (never suspected) and reports
+    // that its rank died with the agent's previous run.
+    report(&mut r, id, epoch, 1, 137, RankEnd::Lost);
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::Requeued, "{}", job.reason);
+    assert_eq!(job.restarts, 1);
+    assert!(
+        job.reason
+            .starts_with("a rank was lost with its node's agent"),
+        "{}",
+        job.reason
+    );
+}
+
+#[test]
+fn a_failure_while_a_gang_node_is_suspect_is_the_nodes() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let (id, epoch) = gang_of_two(&mut r);
+    let peer = r.job(id).alloc.as_ref().expect("placed").nodes[1].0;
+    let peer_name = r.ledger.members[&peer].spec.name.clone();
+    set_state(&mut r, &peer_name, MemberState::Suspect);
+    report(&mut r, id, epoch, 0, 1, RankEnd::Exited);
+    // The partition heals; the peer's agent stops its rank.
+    r.now_ms += 2_000;
+    set_state(&mut r, &peer_name, MemberState::Alive);
+    report(&mut r, id, epoch, 1, 143, RankEnd::Exited);
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::Requeued, "{}", job.reason);
+    assert_eq!(
+        job.reason,
+        format!("node {peer_name} was unreachable around the failure; restart 1 of 3")
+    );
+}
+
+#[test]
+fn a_failure_with_every_node_healthy_is_the_jobs_own_even_long_after_a_blip() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let (id, epoch) = gang_of_two(&mut r);
+    let peer = r.job(id).alloc.as_ref().expect("placed").nodes[1].0;
+    let peer_name = r.ledger.members[&peer].spec.name.clone();
+    set_state(&mut r, &peer_name, MemberState::Suspect);
+    r.now_ms += 500;
+    set_state(&mut r, &peer_name, MemberState::Alive);
+    r.now_ms += blame::UNHEALTHY_LOOKBACK_MS + 1;
+    report(&mut r, id, epoch, 1, 1, RankEnd::Exited);
+    report(&mut r, id, epoch, 0, 143, RankEnd::Exited);
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::Failed, "{}", job.reason);
+    assert_eq!((job.restarts, job.exit_code), (0, Some(1)));
+}
+
+#[test]
+fn a_stop_deadline_with_a_silent_but_alive_node_is_the_jobs_own_failure() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let (id, epoch) = gang_of_two(&mut r);
+    report(&mut r, id, epoch, 0, 2, RankEnd::Exited);
+    r.now_ms += STOP_DEADLINE_MS;
+    assert_eq!(
+        r.apply(Command::ReleaseJob { job: id, epoch }),
+        LedgerResponse::Ok
+    );
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::Failed, "{}", job.reason);
+    assert_eq!(job.exit_code, Some(2));
+}
+
+#[test]
+fn a_node_failure_after_a_ranks_own_failure_with_no_restarts_left_ends_node_fail() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let mut spec = job(DEFAULT_TENANT, 2, 4);
+    spec.max_restarts = 0;
+    let id = r.submit(spec);
+    r.pass(Policy::Hdrf);
+    let alloc = r.job(id).alloc.clone().expect("placed");
+    let victim_name = r.ledger.members[&alloc.nodes[1].0].spec.name.clone();
+    report(&mut r, id, alloc.epoch, 0, 1, RankEnd::Exited);
+    set_state(&mut r, &victim_name, MemberState::Down);
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::NodeFail, "{}", job.reason);
+}

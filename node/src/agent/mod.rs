@@ -334,7 +334,10 @@ impl Agent {
             Arc::new(chunk_store),
             cfg.test_faults.clone(),
         );
-        let peers = crate::node::peers::new_view(cfg.test_inject_rtt.clone());
+        let peers = crate::node::peers::new_view(
+            std::time::Duration::from_millis(cfg.membership.suspicion_timeout_ms),
+            cfg.test_inject_rtt.clone(),
+        );
         let gpus = Gpus::new(gpu_source);
         let local = LocalMember {
             id: ident.node_id,

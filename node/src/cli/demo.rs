@@ -93,7 +93,8 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         env: Default::default(),
         workdir: None,
         ckpt_interval_s: None,
-        max_restarts: Some(2),
+        // The defaults: node loss restarts the job, its own failures do not.
+        max_restarts: None,
         requeue: false,
         same: Some("rack".into()),
         max_rtt_ms: None,
@@ -182,6 +183,19 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         killed.elapsed().as_secs_f64()
     ));
 
+    let requeued = wait(Duration::from_secs(30), || async {
+        let job = client.job(id).await.ok()?;
+        (job.restarts > first.restarts).then_some(job)
+    })
+    .await
+    .ok_or_else(|| anyhow::anyhow!("job {id} was not requeued within 30 s"))?;
+    t.event(format!(
+        "job {id} {}: {} ({:.2}s after the kill)",
+        requeued.state,
+        requeued.reason,
+        killed.elapsed().as_secs_f64()
+    ));
+
     let second = wait(Duration::from_secs(30), || async {
         let job = client.job(id).await.ok()?;
         (job.state == "running" && job.epoch > first.epoch && !job.nodes.contains(&victim_name))
@@ -210,9 +224,10 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         }
     }
     t.event(format!(
-        "job {id} {} (exit code {})",
+        "job {id} {} (exit code {}, restarts {}: the node's failure, not the job's)",
         done.state,
-        done.exit_code.unwrap_or(-1)
+        done.exit_code.unwrap_or(-1),
+        done.restarts
     ));
     let mut all_match = done.state == "completed";
     for (rank, node) in done.nodes.iter().enumerate() {

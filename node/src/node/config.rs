@@ -97,6 +97,10 @@ pub struct MembershipTuning {
     pub voter_replace_after_ms: u64,
     /// How long a forwarded write or read keeps retrying while there is no leader.
     pub request_timeout_ms: u64,
+    /// How long a member stays `suspect` without a heartbeat before it is
+    /// declared `down` (on a healthy observer; an overloaded one stretches
+    /// it). Shorter finds dead nodes sooner; longer rides out pauses.
+    pub suspicion_timeout_ms: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -364,6 +368,7 @@ impl Default for MembershipTuning {
         MembershipTuning {
             voter_replace_after_ms: 30_000,
             request_timeout_ms: 8_000,
+            suspicion_timeout_ms: 1_500,
         }
     }
 }
@@ -426,6 +431,7 @@ const ENV_KEYS: &[&str] = &[
     "raft.logs_kept_after_snapshot",
     "membership.voter_replace_after_ms",
     "membership.request_timeout_ms",
+    "membership.suspicion_timeout_ms",
     "scheduler.policy",
     "scheduler.interval_ms",
     "executor.enabled",
@@ -460,6 +466,20 @@ const ENV_KEYS: &[&str] = &[
     "first_start.join",
     "first_start.join_token_file",
 ];
+
+/// The longest suspicion timeout a node accepts: stretched by the failure
+/// detector's local health (up to `1 + max_local_health` times on an
+/// overloaded observer), plus the time to suspect, it stays within the
+/// ledger's stop deadline, during which a gang whose surviving rank failed
+/// first waits for the verdict on its silent node
+/// (`shoal_consensus::workload::blame`).
+pub fn max_suspicion_timeout_ms() -> u64 {
+    let stretch = 1 + u64::from(
+        shoal_mesh::failure_detector::FailureDetectorConfig::default().max_local_health,
+    );
+    // A tenth of the deadline covers the phi climb to `suspect`.
+    shoal_consensus::workload::STOP_DEADLINE_MS * 9 / 10 / stretch
+}
 
 /// The default data dir: `/var/lib/shoal` for root, else `$XDG_DATA_HOME/shoal`.
 pub fn default_data_dir() -> PathBuf {
@@ -590,6 +610,16 @@ impl Config {
         if self.scheduler.interval_ms == 0 {
             return Err("scheduler.interval_ms must be positive".into());
         }
+        let longest = max_suspicion_timeout_ms();
+        if !(200..=longest).contains(&self.membership.suspicion_timeout_ms) {
+            return Err(format!(
+                "membership.suspicion_timeout_ms must be between 200 and {longest}, not {}: \
+                 a dead node must be declared down, even by an overloaded leader, before \
+                 the ledger stops waiting to attribute a gang's failure ({} s)",
+                self.membership.suspicion_timeout_ms,
+                shoal_consensus::workload::STOP_DEADLINE_MS / 1000
+            ));
+        }
         let d = &self.dashboard;
         if !(10..=60_000).contains(&d.stream_tick_ms) {
             return Err(format!(
@@ -711,6 +741,22 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn the_suspicion_timeout_is_bounded_by_the_ledgers_wait_for_a_gangs_verdict() {
+        let default = Config::default().membership.suspicion_timeout_ms;
+        assert!(default <= max_suspicion_timeout_ms());
+        let env = |ms: u64| {
+            BTreeMap::from([(
+                "SHOAL_MEMBERSHIP__SUSPICION_TIMEOUT_MS".to_string(),
+                ms.to_string(),
+            )])
+        };
+        let cfg = Config::load(None, &env(6_000)).expect("6 s is allowed");
+        assert_eq!(cfg.membership.suspicion_timeout_ms, 6_000);
+        let err = Config::load(None, &env(max_suspicion_timeout_ms() + 1)).expect_err("too long");
+        assert!(err.contains("membership.suspicion_timeout_ms"), "{err}");
+    }
 
     proptest::proptest! {
         /// Any value in any `SHOAL_*` variable is taken or refused with a

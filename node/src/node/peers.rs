@@ -43,11 +43,16 @@ pub struct PeerView {
 }
 
 impl PeerView {
-    fn new(now: Instant, injected_rtt: BTreeMap<String, Duration>) -> Self {
+    fn new(
+        now: Instant,
+        suspicion_timeout: Duration,
+        injected_rtt: BTreeMap<String, Duration>,
+    ) -> Self {
         PeerView {
             detector: FailureDetector::new(
                 FailureDetectorConfig {
                     heartbeat_interval: HEARTBEAT_EVERY,
+                    suspicion_timeout,
                     ..FailureDetectorConfig::default()
                 },
                 now,
@@ -150,8 +155,15 @@ fn default_vivaldi() -> VivaldiClient<NodeId> {
 
 pub type SharedPeerView = Arc<Mutex<PeerView>>;
 
-pub fn new_view(injected_rtt: BTreeMap<String, Duration>) -> SharedPeerView {
-    Arc::new(Mutex::new(PeerView::new(Instant::now(), injected_rtt)))
+pub fn new_view(
+    suspicion_timeout: Duration,
+    injected_rtt: BTreeMap<String, Duration>,
+) -> SharedPeerView {
+    Arc::new(Mutex::new(PeerView::new(
+        Instant::now(),
+        suspicion_timeout,
+        injected_rtt,
+    )))
 }
 
 /// Parses the test-only RTT injection, `NAME=MS,NAME=MS` (extra round-trip
