@@ -10,12 +10,12 @@ start_shoal_cluster() {
   [ $# -gt 0 ] && shift
   "$shoal" agent --bootstrap --name s1 --data-dir "$root/s1" --api-addr 127.0.0.1:27070 --rpc-addr 127.0.0.1:27071 --gossip-addr 127.0.0.1:0 "$@" > "$root/s1.out" 2> "$root/s1.log" &
   pids+=($!)
-  for _ in $(seq 1 100); do grep -q -- --join-token "$root/s1.out" 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 1 100); do grep -q -- 'join token: ' "$root/s1.out" 2>/dev/null && break; sleep 0.1; done
   # The printed token is single use: one token for all joiners.
   local token v= alive=
-  token=$("$shoal" --api http://127.0.0.1:27070 --data-dir "$root/s1" token create --uses $((nodes - 1)))
+  (umask 077; "$shoal" --api http://127.0.0.1:27070 --data-dir "$root/s1" token create --voter --uses $((nodes - 1)) > "$root/join.token")
   for i in $(seq 2 "$nodes"); do
-    "$shoal" agent --join 127.0.0.1:27071 --join-token "$token" --name s$i --data-dir "$root/s$i" \
+    "$shoal" agent --join 127.0.0.1:27071 --join-token-file "$root/join.token" --name s$i --data-dir "$root/s$i" \
       --api-addr 127.0.0.1:2${i}070 --rpc-addr 127.0.0.1:2${i}071 --gossip-addr 127.0.0.1:0 "$@" > /dev/null 2> "$root/s$i.log" &
     pids+=($!)
   done

@@ -403,6 +403,11 @@ fn differing_fields(a: &Ledger, b: &Ledger) -> Vec<String> {
         ("namespace", a.namespace == b.namespace),
         ("ca", a.ca == b.ca),
         ("clock_ms", a.clock_ms == b.clock_ms),
+        (
+            "voter_eligibility",
+            a.voter_eligibility == b.voter_eligibility,
+        ),
+        ("admin_holds", a.admin_holds == b.admin_holds),
     ];
     let mut differ: Vec<String> = fields
         .iter()

@@ -72,6 +72,17 @@ pub fn authorize(ledger: &Ledger, scope: &str, cmd: &Command) -> Result<(), Refu
             ))),
             Some(_) => Ok(()),
         },
+        Command::HoldJob { job, hold: false }
+            if ledger.admin_holds.contains(job)
+                && workload
+                    .jobs
+                    .get(job)
+                    .is_some_and(|j| covers(workload, scope, &j.spec.tenant)) =>
+        {
+            Err(Refusal::Denied(format!(
+                "permission denied: job {job} was held by an administrator; only an admin token may release it"
+            )))
+        }
         Command::CancelJob { job }
         | Command::HoldJob { job, .. }
         | Command::SignalJob { job, .. }
@@ -124,7 +135,9 @@ fn describe(cmd: &Command) -> &'static str {
         Command::Bootstrap { .. } => "bootstrapping",
         Command::AddMember { .. } | Command::UpdateMember { .. } => "changing members",
         Command::SetMemberState { .. } => "changing a node's state",
-        Command::CreateJoinToken { .. } | Command::CreateApiToken { .. } => "creating tokens",
+        Command::CreateJoinToken { .. }
+        | Command::CreateVoterJoinToken { .. }
+        | Command::CreateApiToken { .. } => "creating tokens",
         Command::RevokeJoinToken { .. }
         | Command::RevokeApiToken { .. }
         | Command::RotateApiToken { .. }
@@ -419,6 +432,36 @@ pub(crate) mod tests {
         }
         assert_eq!(l.federation, before.federation);
         assert_eq!(l.workload.jobs, before.workload.jobs);
+    }
+
+    /// Audit finding 7: a tenant released a hold an admin had placed.
+    #[test]
+    fn a_tenant_cannot_release_an_admins_hold_but_its_own() {
+        let mut l = ledger_with_tenants();
+        let mut spec = job("a");
+        spec.gpus_per_node = 1;
+        let LedgerResponse::JobId(id) = as_tenant(&mut l, "a", Command::SubmitJob { spec }) else {
+            panic!("a's job refused")
+        };
+        let admin = |l: &mut Ledger, hold: bool| {
+            let index = l.clock_ms + 1;
+            let cmd = Command::HoldJob { job: id, hold };
+            l.apply(index, &LedgerRequest { now_ms: index, cmd })
+        };
+        let tenant =
+            |l: &mut Ledger, hold: bool| as_tenant(l, "a", Command::HoldJob { job: id, hold });
+        assert_eq!(admin(&mut l, true), LedgerResponse::Ok);
+        match tenant(&mut l, false) {
+            LedgerResponse::Denied(why) => assert!(why.contains("administrator"), "{why}"),
+            other => panic!("the tenant released an admin's hold: {other:?}"),
+        }
+        assert!(l.workload.jobs[&id].held);
+        assert_eq!(admin(&mut l, false), LedgerResponse::Ok);
+        // The tenant's own hold is its own to release.
+        assert_eq!(tenant(&mut l, true), LedgerResponse::Ok);
+        assert_eq!(tenant(&mut l, false), LedgerResponse::Ok);
+        assert!(!l.workload.jobs[&id].held);
+        assert!(l.admin_holds.is_empty());
     }
 
     #[test]

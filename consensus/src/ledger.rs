@@ -401,6 +401,14 @@ pub enum Command {
         gpus: Option<crate::federation::global_tenants::RoundTotals>,
         gpu_seconds: Option<crate::federation::global_tenants::RoundTotals>,
     },
+    /// A join token like `CreateJoinToken` whose nodes may become voters
+    /// (`shoal token create --voter`; protocol
+    /// [`crate::voters::SINCE_PROTOCOL`]).
+    CreateVoterJoinToken {
+        hash: String,
+        expires_at_ms: u64,
+        uses: u32,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -473,9 +481,15 @@ pub struct Ledger {
     /// The answers of recent routed writes ([`crate::once`]).
     pub recent_writes: crate::once::RecentWrites,
     /// Tenants whose GPUs are capped across regions, and this region's
-    /// part of each cap ([`crate::federation::escrow`]). Last, so an older
-    /// snapshot decodes with an empty map appended.
+    /// part of each cap ([`crate::federation::escrow`]).
     pub global_caps: BTreeMap<String, crate::federation::escrow::GlobalCap>,
+    /// Which members may vote ([`crate::voters::VoterEligibility`]).
+    pub voter_eligibility: crate::voters::VoterEligibility,
+    /// Jobs an admin token put on hold: a tenant may not release them
+    /// (`scontrol hold` by an operator, as under Slurm). Last, with the
+    /// field before it, so an older snapshot decodes with both empty
+    /// appended.
+    pub admin_holds: std::collections::BTreeSet<crate::workload::JobId>,
 }
 
 /// Checks a node name: DNS-label-like so it is safe in paths, labels and
@@ -597,6 +611,9 @@ impl Ledger {
                 self.next_node_id += 1;
                 self.insert_member(id, spec.clone(), now);
                 self.consume_join_token(token_hash, id);
+                if !self.voter_eligibility.voter_tokens.contains(token_hash) {
+                    self.voter_eligibility.learners_only.insert(id);
+                }
                 LedgerResponse::NodeId(id)
             }
             Command::UpdateMember { id, spec } => match self.members.get_mut(id) {
@@ -647,6 +664,16 @@ impl Ledger {
                 expires_at_ms,
                 uses,
             } => answer(self.create_join_token(hash, *expires_at_ms, *uses, now)),
+            Command::CreateVoterJoinToken {
+                hash,
+                expires_at_ms,
+                uses,
+            } => answer(
+                self.create_join_token(hash, *expires_at_ms, *uses, now)
+                    .map(|()| {
+                        self.voter_eligibility.voter_tokens.insert(hash.clone());
+                    }),
+            ),
             Command::RevokeJoinToken { id } => answer(self.revoke_join_token(id)),
             Command::CreateApiToken {
                 hash,
@@ -748,9 +775,12 @@ impl Ledger {
                         return LedgerResponse::Hidden(reason)
                     }
                 }
-                match crate::limits::check(self, cmd) {
-                    Ok(()) => self.apply_command(index, cmd, checks),
-                    Err(reason) => LedgerResponse::Rejected(reason),
+                match (crate::limits::check(self, cmd), &**cmd) {
+                    (Err(reason), _) => LedgerResponse::Rejected(reason),
+                    (Ok(()), Command::HoldJob { job, hold }) => {
+                        answer(self.set_hold(*job, *hold, false))
+                    }
+                    (Ok(()), _) => self.apply_command(index, cmd, checks),
                 }
             }
             Command::AsNode { node, cmd } => {
@@ -809,7 +839,7 @@ impl Ledger {
                 }
             }
             Command::CancelJob { job } => answer(self.workload.cancel(*job, now)),
-            Command::HoldJob { job, hold } => answer(self.workload.hold(*job, *hold)),
+            Command::HoldJob { job, hold } => answer(self.set_hold(*job, *hold, true)),
             Command::SignalJob { job, signal } => answer(self.workload.signal(*job, *signal)),
             Command::RequeueJob { job } => answer(self.workload.requeue(*job, now)),
             Command::SetUser { name, tenant } => {
@@ -819,7 +849,7 @@ impl Ledger {
                 answer(self.workload.set_master_port(*job, *epoch, *port))
             }
             Command::SetTimeLimit { job, time_limit_s } => {
-                answer(self.workload.set_time_limit(*job, *time_limit_s))
+                answer(self.workload.set_time_limit(*job, *time_limit_s, now))
             }
             Command::Schedule(plan) => {
                 let validate = !checks.skip_plan_validation;
@@ -933,6 +963,26 @@ impl Ledger {
                 cert_ca,
             } => self.report_credentials(*node, trusted, cert_ca, now),
         }
+    }
+
+    /// `shoal hold|release`: an admin's hold is recorded, so that only an
+    /// admin releases it; a tenant's hold its tenant may release.
+    fn set_hold(
+        &mut self,
+        job: crate::workload::JobId,
+        hold: bool,
+        by_admin: bool,
+    ) -> Result<(), String> {
+        self.workload.hold(job, hold)?;
+        if hold && by_admin {
+            self.admin_holds.insert(job);
+        } else if !hold {
+            self.admin_holds.remove(&job);
+        }
+        let jobs = &self.workload.jobs;
+        self.admin_holds
+            .retain(|id| jobs.get(id).is_some_and(|j| j.held && !j.state.is_final()));
+        Ok(())
     }
 
     /// The cluster's effective protocol: the newest version every member

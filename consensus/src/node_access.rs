@@ -169,7 +169,9 @@ fn describe(cmd: &Command) -> &'static str {
         Command::Bootstrap { .. } => "bootstrap",
         Command::AddMember { .. } => "admit members",
         Command::SetMemberState { .. } => "change a node's state",
-        Command::CreateJoinToken { .. } | Command::CreateApiToken { .. } => "create tokens",
+        Command::CreateJoinToken { .. }
+        | Command::CreateVoterJoinToken { .. }
+        | Command::CreateApiToken { .. } => "create tokens",
         Command::RevokeJoinToken { .. }
         | Command::RevokeApiToken { .. }
         | Command::RotateApiToken { .. } => "revoke or rotate tokens",

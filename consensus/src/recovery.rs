@@ -313,7 +313,7 @@ pub fn reseat(
             // Admitted the way every member is, with a join token of its
             // own that is gone again once used.
             let hash = format!("restore-{index}-{now_ms}");
-            let token = Command::CreateJoinToken {
+            let token = Command::CreateVoterJoinToken {
                 hash: hash.clone(),
                 expires_at_ms: now_ms.saturating_add(60_000),
                 uses: 1,
@@ -330,6 +330,7 @@ pub fn reseat(
                 },
             );
             ledger.join_tokens.remove(&hash);
+            ledger.voter_eligibility.voter_tokens.remove(&hash);
             match admitted {
                 LedgerResponse::NodeId(id) => id,
                 LedgerResponse::Rejected(why) => {
@@ -339,6 +340,9 @@ pub fn reseat(
             }
         }
     };
+
+    // The one member left is the only voter, whatever its token was.
+    ledger.voter_eligibility.learners_only.remove(&out.node_id);
 
     let after = job_states(ledger);
     for (job, state) in &after {

@@ -63,9 +63,10 @@ pub(crate) const KEY_SNAP_DATA: &str = "data";
 /// recent routed writes (`recent_writes`, exactly-once retries), then its
 /// last field, so a version 11 snapshot decodes as itself with an empty
 /// table appended; version 13 gave the ledger the tenants capped across
-/// regions (`global_caps`), now its last field, appended empty to older
-/// snapshots the same way.
-pub const SNAPSHOT_VERSION: u8 = 13;
+/// regions (`global_caps`), appended empty to older snapshots the same
+/// way; version 14 gave it which members may vote (`voter_eligibility`)
+/// and the jobs an admin holds (`admin_holds`), now its last fields.
+pub const SNAPSHOT_VERSION: u8 = 14;
 /// The oldest snapshot version this binary decodes.
 const OLDEST_DECODED_VERSION: u8 = 11;
 /// Decoding bound for snapshots and log entries.
@@ -385,6 +386,13 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
                 let none: BTreeMap<String, crate::federation::escrow::GlobalCap> = BTreeMap::new();
                 plain.extend(encode(&none).map_err(read_err)?);
             }
+            if v <= 13 {
+                let every_member_eligible = crate::voters::VoterEligibility::default();
+                plain.extend(encode(&every_member_eligible).map_err(read_err)?);
+                let no_admin_holds: std::collections::BTreeSet<crate::workload::JobId> =
+                    std::collections::BTreeSet::new();
+                plain.extend(encode(&no_admin_holds).map_err(read_err)?);
+            }
             decode(&plain).map_err(read_err)
         }
         Some((v, _)) if *v > SNAPSHOT_VERSION => Err(read_err(format!(
@@ -667,9 +675,12 @@ mod tests {
         let plain = encode(&data).expect("encode");
         let table = encode(&crate::once::RecentWrites::default()).expect("encode");
         let caps = encode(&data.ledger.global_caps).expect("encode");
-        let v12 = &plain[..plain.len() - caps.len()];
+        let eligibility = encode(&data.ledger.voter_eligibility).expect("encode");
+        let holds = encode(&data.ledger.admin_holds).expect("encode");
+        let v13 = &plain[..plain.len() - eligibility.len() - holds.len()];
+        let v12 = &v13[..v13.len() - caps.len()];
         let v11 = &v12[..v12.len() - table.len()];
-        for (version, body) in [(11u8, v11), (12, v12)] {
+        for (version, body) in [(11u8, v11), (12, v12), (13, v13)] {
             let mut bytes = vec![version];
             bytes.extend(zstd::encode_all(body, 3).expect("zstd"));
             let old = decode_snapshot(&bytes).expect("an older snapshot");

@@ -183,6 +183,10 @@ impl Ledger {
     fn prune_tokens(&mut self, now: u64) {
         let keep = |expires: u64| expires.saturating_add(RETAIN_AFTER_EXPIRY_MS) > now;
         self.join_tokens.retain(|_, t| keep(t.expires_at_ms));
+        let tokens = &self.join_tokens;
+        self.voter_eligibility
+            .voter_tokens
+            .retain(|hash| tokens.contains_key(hash));
         self.api_tokens
             .retain(|_, t| t.expires_at_ms.is_none_or(keep));
     }
@@ -444,6 +448,52 @@ mod tests {
             LedgerResponse::Rejected(m) => m.clone(),
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    /// Audit finding 1: a rank that found a join token joined as a voter
+    /// and was handed the CA key. Only a token the operator created for
+    /// voters admits nodes that may vote.
+    #[test]
+    fn only_a_voter_token_admits_nodes_that_may_vote() {
+        let mut r = R::new();
+        assert!(r.l.voter_eligibility.eligible(1), "the first member votes");
+        assert_eq!(
+            r.join_token(2_000, "ordinaryXXXXXXXX", 100_000, 8),
+            LedgerResponse::Ok
+        );
+        let voter = Command::CreateVoterJoinToken {
+            hash: "voterXXXXXXXXXXX".into(),
+            expires_at_ms: 100_000,
+            uses: 1,
+        };
+        assert_eq!(r.at(2_000, voter), LedgerResponse::Ok);
+        assert_eq!(
+            r.join(2_100, "n2", "ordinaryXXXXXXXX"),
+            LedgerResponse::NodeId(2)
+        );
+        assert_eq!(
+            r.join(2_200, "n3", "voterXXXXXXXXXXX"),
+            LedgerResponse::NodeId(3)
+        );
+        assert!(!r.l.voter_eligibility.eligible(2));
+        assert!(r.l.voter_eligibility.eligible(3));
+        // The member's own update cannot change it.
+        let update = Command::UpdateMember {
+            id: 2,
+            spec: spec("n2"),
+        };
+        assert_eq!(r.at(2_300, update), LedgerResponse::Ok);
+        assert!(!r.l.voter_eligibility.eligible(2));
+        // The record outlives the tokens.
+        r.join_token(
+            100_000 + RETAIN_AFTER_EXPIRY_MS + 1,
+            "laterXXXXXXXXXXX",
+            u64::MAX,
+            1,
+        );
+        assert!(r.l.voter_eligibility.voter_tokens.is_empty());
+        assert!(!r.l.voter_eligibility.eligible(2));
+        assert!(r.l.voter_eligibility.eligible(3));
     }
 
     #[test]

@@ -7,7 +7,35 @@
 //! healthy they are, and gets the voter set it should converge to.
 
 use crate::types::NodeId;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
+
+/// The protocol version from which members know
+/// `Command::CreateVoterJoinToken`.
+pub const SINCE_PROTOCOL: u16 = 4;
+
+/// Which members may vote, and so hold the cluster CA's key. A join alone
+/// never makes a node a voter: an operator says so when creating its join
+/// token (`shoal token create --voter`), as `kubeadm join --control-plane`
+/// or a Nomad server's configuration does. The record is the ledger's, not
+/// the joiner's: a member cannot rewrite it (its own `UpdateMember` changes
+/// only its spec), and it outlives the token, which is pruned a day after
+/// it expires.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct VoterEligibility {
+    /// Join tokens that admit voter-eligible nodes, by hash.
+    pub voter_tokens: BTreeSet<String>,
+    /// Members admitted with an ordinary token: learners for good. Kept as
+    /// the exceptions so that the members of a ledger older than this
+    /// record (every one of which could vote then) keep their eligibility.
+    pub learners_only: BTreeSet<NodeId>,
+}
+
+impl VoterEligibility {
+    pub fn eligible(&self, node: NodeId) -> bool {
+        !self.learners_only.contains(&node)
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VoterCandidate {

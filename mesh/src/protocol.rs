@@ -24,7 +24,8 @@ use std::sync::OnceLock;
 /// carry a write id (`Request::Once`, `Command::Once`), proposed only once
 /// every member speaks 2. Version 3: tenants capped across regions
 /// (`Command::SetGlobalGpus`, `AdoptGlobalTenant`, `ShareRound`), likewise.
-pub const PROTOCOL: u16 = 3;
+/// Version 4: join tokens for voters (`Command::CreateVoterJoinToken`).
+pub const PROTOCOL: u16 = 4;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL: u16 = 1;
 /// Test only: overrides the range a process speaks (`min..max`).

@@ -307,8 +307,12 @@ impl Client {
         &self,
         ttl_s: Option<u64>,
     ) -> Result<TokenCreateResponse, ClientError> {
-        self.create_join_token(&TokenCreateRequest { ttl_s, uses: None })
-            .await
+        self.create_join_token(&TokenCreateRequest {
+            ttl_s,
+            uses: None,
+            voter: false,
+        })
+        .await
     }
 
     pub async fn create_join_token(

@@ -227,6 +227,10 @@ pub struct TokenCreateRequest {
     /// Joins it admits; 1 when absent.
     #[serde(default)]
     pub uses: Option<u32>,
+    /// The nodes it admits may become voters (and hold the CA key);
+    /// otherwise they stay learners for good.
+    #[serde(default)]
+    pub voter: bool,
 }
 
 /// The new join token: the secret is in `token` and nowhere else, ever.
@@ -251,6 +255,9 @@ pub struct JoinTokenInfo {
     pub expires_at_ms: u64,
     /// `active`, `spent`, `expired` or `revoked`.
     pub state: String,
+    /// Admits nodes that may become voters.
+    #[serde(default)]
+    pub voter: bool,
 }
 
 /// `POST /v1/tokens/revoke` and `POST /v1/api-tokens/revoke` body.

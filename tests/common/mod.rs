@@ -377,8 +377,8 @@ impl NodeProc {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(60) {
             let text = std::fs::read_to_string(&out).unwrap_or_default();
-            if let Some(pos) = text.find("--join-token ") {
-                let rest = &text[pos + "--join-token ".len()..];
+            if let Some(pos) = text.find("join token: ") {
+                let rest = &text[pos + "join token: ".len()..];
                 if let Some(end) = rest.find('\n') {
                     return rest[..end].trim().to_string();
                 }
@@ -403,7 +403,7 @@ impl NodeProc {
             .arg(self.api_url())
             .arg("--data-dir")
             .arg(&self.data_dir)
-            .args(["token", "create", "--uses", &uses.to_string()])
+            .args(["token", "create", "--voter", "--uses", &uses.to_string()])
             .output()
             .expect("run shoal token create");
         assert!(
@@ -415,9 +415,26 @@ impl NodeProc {
     }
 
     pub fn join(&mut self, via: &str, token: &str) {
+        let file = self.write_join_token(token);
         let mut c = self.command();
-        c.arg("--join").arg(via).arg("--join-token").arg(token);
+        c.arg("--join").arg(via).arg("--join-token-file").arg(file);
         self.child = Some(c.spawn().expect("spawn shoal"));
+    }
+
+    /// The join token in a file only its owner reads, as `--join-token-file`
+    /// wants it (a token is never an argument).
+    pub fn write_join_token(&self, token: &str) -> PathBuf {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.data_dir.with_extension("join-token");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .expect("write the join token file");
+        std::io::Write::write_all(&mut f, token.as_bytes()).expect("write the join token");
+        path
     }
 
     /// Restarts from the data dir (no --bootstrap/--join).

@@ -384,6 +384,7 @@ async fn a_ca_rotation_reissues_every_certificate_and_retires_the_old_ca_without
         .create_join_token(&shoal_sdk::TokenCreateRequest {
             ttl_s: Some(600),
             uses: Some(1),
+            voter: true,
         })
         .await
         .expect("join token")

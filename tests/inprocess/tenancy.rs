@@ -170,6 +170,8 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         ("/v1/attrs".into(), [200, 403, 403, 403]),
         ("/v1/tokens".into(), [200, 403, 403, 403]),
         ("/v1/api-tokens".into(), [200, 403, 403, 403]),
+        // Audit finding 7: it names other tenants with their caps.
+        ("/v1/federation/summary".into(), [200, 403, 403, 403]),
         ("/v1/objects?path=/".into(), [200, 200, 200, 200]),
         (format!("/v1/chunks/{chunk}"), [200, 200, 404, 404]),
     ];

@@ -481,3 +481,124 @@ async fn nodes_frozen_while_they_were_removed_exit_on_their_own_and_never_start_
         .count();
     assert_eq!(alive, 2, "{nodes:?}");
 }
+
+/// Audit finding 1: an agent given its join token on the command line
+/// exposed it to every rank through `/proc/PID/cmdline`, and a rank used
+/// it to join as a voter and was handed the CA key. Now the token comes
+/// from a file (or the environment): a rank that reads every command line
+/// on the machine finds none, a token in the arguments is refused, and a
+/// node admitted with an ordinary token (one a rank could get hold of) is
+/// never promoted, not even to replace a dead voter: a node admitted with
+/// a voter token replaces it, and the learner's disk never holds the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaked_join_token_admits_no_voter_and_no_agent_shows_one() {
+    let _serial = common::one_at_a_time();
+    let root = tempfile::tempdir().expect("tempdir");
+    let (mut nodes, token) = common::start_cluster(root.path(), &["n1", "n2", "n3"], |_| {
+        vec![(
+            "SHOAL_MEMBERSHIP__VOTER_REPLACE_AFTER_MS".into(),
+            "2000".into(),
+        )]
+    })
+    .await;
+    let admin = nodes[0].client(&token);
+
+    // A rank reads every process's command line for a join token.
+    let scan = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done \
+                | grep -c 'sj1\\.' || true";
+    let id = admin
+        .submit_job(&common::sh_job(1, 1, scan))
+        .await
+        .expect("submit")
+        .id;
+    let log = wait_for("the scan's output", Duration::from_secs(60), || {
+        let admin = admin.clone();
+        async move {
+            let job = admin.job(id).await.ok()?;
+            (job.state == "completed")
+                .then_some(())
+                .and(admin.job_log(id, 0, 0).await.ok())
+        }
+    })
+    .await;
+    let log = String::from_utf8_lossy(&log);
+    assert_eq!(
+        log.lines().last().map(str::trim),
+        Some("0"),
+        "a command line on this machine holds a join token: {log}"
+    );
+
+    // A token with uses left, as the rank would have found it.
+    let leaked = admin
+        .create_join_token(&shoal_sdk::TokenCreateRequest {
+            ttl_s: None,
+            uses: Some(8),
+            voter: false,
+        })
+        .await
+        .expect("an ordinary join token")
+        .token;
+    let (code, _, err) = common::cli(
+        &[
+            "agent",
+            "--join",
+            &nodes[0].rpc_addr(),
+            "--join-token",
+            &leaked,
+        ],
+        &nodes[0].api_url(),
+        &token,
+    );
+    assert_eq!(code, 2, "a join token in the arguments: {err}");
+    assert!(err.contains("--join-token-file"), "{err}");
+
+    let via = nodes[0].rpc_addr();
+    let mut rogue = NodeProc::new(root.path(), "rogue", &[]);
+    rogue.cluster_ca = Some(nodes[0].ca_pem());
+    rogue.join(&via, &leaked);
+    nodes.push(rogue);
+    common::wait_converged(&nodes, &token).await;
+    // Then one the operator admits as a voter; it has the higher id, so
+    // only its eligibility can make it the replacement.
+    let voter_token = nodes[0].create_join_token(1);
+    let mut n4 = NodeProc::new(root.path(), "n4", &[]);
+    n4.cluster_ca = Some(nodes[0].ca_pem());
+    n4.join(&via, &voter_token);
+    nodes.push(n4);
+    common::wait_converged(&nodes, &token).await;
+    let ids: BTreeMap<String, u64> = admin
+        .status()
+        .await
+        .expect("status")
+        .members
+        .iter()
+        .map(|m| (m.name.clone(), m.id))
+        .collect();
+    assert!(ids["rogue"] < ids["n4"]);
+
+    // A voter dies (not the one the client talks to).
+    let status = admin.status().await.expect("status");
+    let victim = (1..3)
+        .find(|i| {
+            status.voters.contains(&ids[&nodes[*i].name])
+                && status.leader != Some(ids[&nodes[*i].name])
+        })
+        .expect("a voter that is not the leader");
+    let victim_id = ids[&nodes[victim].name];
+    nodes[victim].kill9();
+    let voters = wait_for("the dead voter replaced", Duration::from_secs(60), || {
+        let admin = admin.clone();
+        async move {
+            let s = admin.status().await.ok()?;
+            (!s.voters.contains(&victim_id) && s.voters.len() == 3).then_some(s.voters)
+        }
+    })
+    .await;
+    assert!(voters.contains(&ids["n4"]), "{voters:?}");
+    assert!(!voters.contains(&ids["rogue"]), "{voters:?}");
+    let rogue_dir = &nodes[3].data_dir;
+    assert!(
+        !rogue_dir.join("ca.key").exists(),
+        "the learner's disk holds the CA key"
+    );
+}

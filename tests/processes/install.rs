@@ -149,8 +149,8 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
         &joiner.display().to_string(),
         "--join",
         "10.0.0.1:7071",
-        "--join-token",
-        "sj1.secret.pin",
+        "--join-token-file",
+        &secret_file(tmp.path(), "sj1.secret.pin"),
         "--json",
     ]);
     assert!(
@@ -185,8 +185,8 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
         &joiner.display().to_string(),
         "--join",
         "10.0.0.1:7071",
-        "--join-token",
-        "sj1.secret.pin",
+        "--join-token-file",
+        &secret_file(tmp.path(), "sj1.secret.pin"),
     ]);
     assert!(
         again.status.success(),
@@ -294,8 +294,8 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
         &second.display().to_string(),
         "--join",
         &format!("127.0.0.1:{port}"),
-        "--join-token",
-        &token,
+        "--join-token-file",
+        &secret_file(tmp.path(), &token),
     ]);
     assert!(
         out.status.success(),
@@ -371,4 +371,12 @@ fn install_writes_a_node_that_starts_from_its_settings_and_uninstall_takes_it_ba
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!data.exists());
+}
+
+/// A join token in a file only its owner reads, for `--join-token-file`.
+fn secret_file(dir: &Path, token: &str) -> String {
+    let path = dir.join(format!("token-{}", token.len()));
+    std::fs::write(&path, token).expect("write the token");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    path.display().to_string()
 }

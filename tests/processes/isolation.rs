@@ -105,13 +105,20 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
          cat {data}/admin.token >/dev/null 2>&1 && echo token=read || echo token=denied\n\
          ls {data} >/dev/null 2>&1 && echo data=listed || echo data=denied\n\
          cat {secret} >/dev/null 2>&1 && echo other=read || echo other=denied\n\
+         cat {alpha_log} >/dev/null 2>&1 && echo otherlog=read || echo otherlog=denied\n\
          cat /proc/{agent}/environ >/dev/null 2>&1 && echo environ=read || echo environ=denied\n\
          kill -0 {agent} 2>/dev/null && echo signal=sent || echo signal=denied\n\
          echo env=$(env | grep -c -e SHOAL_TOKEN -e SHOAL_CONFIG -e SHOAL_EXECUTOR)\n\
          ln -s /etc/passwd \"$SHOAL_CKPT_DIR/../rank-9.log\" 2>/dev/null && echo plant=done || echo plant=denied\n\
          touch \"$SHOAL_CKPT_DIR/mine\" && echo ckpt=writable || echo ckpt=denied\n\
          echo cwd=$(basename \"$PWD\")\n",
-        secret = secret.display()
+        secret = secret.display(),
+        alpha_log = root
+            .path()
+            .join("n1-jobs")
+            .join(alpha.to_string())
+            .join("rank-0.log")
+            .display()
     );
     let mut beta = JobSubmitRequest::shell(1, 1, &probes);
     beta.tenant = Some("beta".into());
@@ -133,6 +140,9 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
         "token=denied".into(),
         "data=denied".into(),
         "other=denied".into(),
+        // Audit finding 3: another tenant's rank log (sequential ids, so
+        // its path is easy to guess).
+        "otherlog=denied".into(),
         "environ=denied".into(),
         "signal=denied".into(),
         "env=0".into(),

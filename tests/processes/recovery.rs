@@ -168,6 +168,7 @@ async fn join_new_node(root: &Path, name: &str, via: &NodeProc, token: &str) -> 
         .create_join_token(&TokenCreateRequest {
             ttl_s: None,
             uses: Some(1),
+            voter: true,
         })
         .await
         .expect("a new join token")

@@ -366,8 +366,17 @@ impl Workload {
     }
 
     /// `scontrol update JobId=N TimeLimit=T` for a job that has not ended.
-    /// A running job past its new limit is stopped by the next pass.
-    pub(crate) fn set_time_limit(&mut self, id: JobId, time_limit_s: u64) -> Result<(), String> {
+    /// A running job past its new limit is stopped by the next pass. A
+    /// limit lowered below the time the job has already run becomes that
+    /// time: it ends the run now, and it never lowers the charge (which is
+    /// the time run, bounded by the limit so that the stop's grace is not
+    /// the tenant's to pay).
+    pub(crate) fn set_time_limit(
+        &mut self,
+        id: JobId,
+        time_limit_s: u64,
+        now_ms: u64,
+    ) -> Result<(), String> {
         if time_limit_s == 0 {
             return Err("the time limit must be positive".into());
         }
@@ -375,6 +384,11 @@ impl Workload {
         if job.state.is_final() {
             return Err(format!("job {id} has already ended ({})", job.state));
         }
+        let ran_s = job
+            .alloc
+            .as_ref()
+            .map_or(0, |a| now_ms.saturating_sub(a.started_at_ms).div_ceil(1000));
+        let time_limit_s = time_limit_s.max(ran_s);
         let mut spec = job.spec.clone();
         let extra = time_limit_s.saturating_sub(spec.time_limit_s);
         // More time commits more of the budget: it must still be there. A

@@ -2068,3 +2068,41 @@ fn a_node_failure_after_a_ranks_own_failure_with_no_restarts_left_ends_node_fail
     let job = r.job(id);
     assert_eq!(job.state, JobState::NodeFail, "{}", job.reason);
 }
+
+/// Audit finding 4: a tenant lowered its job's limit to 1 s just before
+/// the end, and was charged 1 s of a 72 s run (fair-share usage fell the
+/// same way). The charge is the time run; a lowered limit only ends the
+/// run.
+#[test]
+fn lowering_the_time_limit_at_the_end_never_lowers_the_charge() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    let honest = r.submit(job(DEFAULT_TENANT, 1, 2));
+    let cheat = r.submit(job(DEFAULT_TENANT, 1, 2));
+    r.pass(Policy::Fifo);
+    r.now_ms += 72_000;
+    let before = r.ledger.workload.tenants[DEFAULT_TENANT].charged_gpu_ms;
+    assert_eq!(
+        r.apply(Command::SetTimeLimit {
+            job: cheat,
+            time_limit_s: 1,
+        }),
+        LedgerResponse::Ok
+    );
+    assert_eq!(
+        r.job(cheat).spec.time_limit_s,
+        72,
+        "a limit below the time run becomes the time run"
+    );
+    r.exit_all(cheat, 0);
+    let tenant = &r.ledger.workload.tenants[DEFAULT_TENANT];
+    assert_eq!(tenant.charged_gpu_ms - before, 2 * 72_000);
+    let fair_after_cheat = tenant.fair_usage_gpu_ms;
+    r.exit_all(honest, 0);
+    let tenant = &r.ledger.workload.tenants[DEFAULT_TENANT];
+    assert_eq!(tenant.charged_gpu_ms - before, 2 * 2 * 72_000);
+    assert_eq!(
+        tenant.fair_usage_gpu_ms - fair_after_cheat,
+        fair_after_cheat,
+        "the honest twin's fair-share usage equals the cheat's"
+    );
+}

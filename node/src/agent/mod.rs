@@ -131,7 +131,7 @@ impl Agent {
         match (&mode, &existing) {
             (StartMode::Restart, None) => {
                 return Err(AgentError::Config(format!(
-                    "{} holds no node identity: pass --bootstrap to create a cluster or --join ADDR --join-token TOKEN to join one",
+                    "{} holds no node identity: pass --bootstrap to create a cluster or --join ADDR --join-token-file FILE to join one",
                     data_dir.display()
                 )))
             }
@@ -679,9 +679,10 @@ async fn bootstrap_cluster(
     let admin = auth::caller(ledger, &admin_token)
         .ok_or_else(|| AgentError::Raft("the bootstrap admin token was not applied".into()))?;
     // Single use, like every join token unless asked otherwise: it is
-    // printed, so it should not outlive the one join it is printed for.
+    // printed, so it should not outlive the one join it is printed for. It
+    // admits a voter: the second node is the start of the quorum.
     let ttl = Duration::from_secs(node.config().join_token_ttl_s);
-    let join_token = auth::create_join_token(ledger, &admin, ttl, 1)
+    let join_token = auth::create_join_token(ledger, &admin, ttl, 1, true)
         .await
         .map_err(|e| AgentError::Raft(e.to_string()))?
         .token;

@@ -96,6 +96,7 @@ impl LocalCluster {
             &admin,
             Duration::from_secs(24 * 3600),
             LOCAL_CLUSTER_JOIN_USES,
+            true,
         )
         .await
         .map_err(|e| AgentError::Raft(format!("cannot create a join token: {e}")))?

@@ -54,6 +54,9 @@ const ADMIN_READS: &[(&str, &str)] = &[
     ("GET", "/v1/api-tokens"),
     ("GET", "/v1/ca"),
     ("GET", "/v1/snapshot"),
+    // Names every tenant shared across regions with its caps; peer
+    // regions read it too (a peer's request names no tenant).
+    ("GET", "/v1/federation/summary"),
 ];
 
 /// The writes (method, route) a tenant-scoped token may make; every other
@@ -465,7 +468,14 @@ async fn create_token(
             shoal_consensus::tokens::MAX_JOIN_USES
         )));
     }
-    let t = auth::create_join_token(app.ledger(), &caller, Duration::from_secs(ttl), uses).await?;
+    let t = auth::create_join_token(
+        app.ledger(),
+        &caller,
+        Duration::from_secs(ttl),
+        uses,
+        req.voter,
+    )
+    .await?;
     Ok(Json(TokenCreateResponse {
         token: t.token,
         expires_at_ms: t.expires_at_ms,

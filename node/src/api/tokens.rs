@@ -59,14 +59,15 @@ pub(super) async fn list_join_tokens(
     let mut rows: Vec<JoinTokenInfo> = d
         .ledger
         .join_tokens
-        .values()
-        .map(|t| JoinTokenInfo {
+        .iter()
+        .map(|(hash, t)| JoinTokenInfo {
             id: t.id.clone(),
             uses_left: t.uses_left,
             max_uses: t.max_uses,
             created_at_ms: t.created_at_ms,
             expires_at_ms: t.expires_at_ms,
             state: t.state(now).as_str().into(),
+            voter: d.ledger.voter_eligibility.voter_tokens.contains(hash),
         })
         .collect();
     rows.sort_by(|a, b| (b.created_at_ms, &b.id).cmp(&(a.created_at_ms, &a.id)));

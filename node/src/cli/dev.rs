@@ -55,11 +55,11 @@ pub async fn run(api_addr: Option<SocketAddr>, sim_gpus: Option<String>) -> anyh
     println!("  shoal status");
     println!("  shoal nodes");
     println!();
-    println!("Add a node to this cluster (the token is single use; `shoal token create --uses N` makes more):");
+    println!("Add a node to this cluster (the token is single use and admits a voter; `shoal token create --uses N [--voter]` makes more):");
     println!(
-        "  shoal agent --data-dir /tmp/shoal-n2 --name n2 --api-addr 127.0.0.1:0 --rpc-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0 --join {} --join-token {}",
-        agent.rpc_addr(),
-        boot.join_token
+        "  SHOAL_JOIN_TOKEN={} shoal agent --data-dir /tmp/shoal-n2 --name n2 --api-addr 127.0.0.1:0 --rpc-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0 --join {}",
+        boot.join_token,
+        agent.rpc_addr()
     );
     println!();
     println!("Press Ctrl-C to stop.");

@@ -32,13 +32,18 @@ pub struct InstallArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// The node creates a new cluster at its first start
-    #[arg(long, conflicts_with_all = ["join", "join_token"])]
+    #[arg(long, conflicts_with_all = ["join", "join_token_file"])]
     bootstrap: bool,
     /// RPC address (IP:PORT) of a member to join at the first start
-    #[arg(long, requires = "join_token")]
+    #[arg(long, requires = "join_token_file")]
     join: Option<SocketAddr>,
-    /// Join token from `shoal token create` (kept 0600 until its use)
-    #[arg(long, requires = "join")]
+    /// File holding the join token from `shoal token create`, readable by
+    /// its owner only (copied 0600 into the data dir until its use)
+    #[arg(long, requires = "join", value_name = "FILE")]
+    join_token_file: Option<PathBuf>,
+    /// Refused: a secret in the arguments is readable by every process on
+    /// the machine (/proc/PID/cmdline)
+    #[arg(long, hide = true)]
     join_token: Option<String>,
     /// Install into this directory instead of / (an image, a test); starts nothing
     #[arg(long, default_value = "/")]
@@ -207,6 +212,18 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
     let has_identity = identity::load_identity(&data_dir_in_root)
         .map_err(anyhow::Error::msg)?
         .is_some();
+    if args.join_token.is_some() {
+        anyhow::bail!(
+            "--join-token puts the secret where every process on this machine can read it \
+             (/proc/PID/cmdline); write it to a file only you can read (chmod 600) and pass \
+             --join-token-file FILE"
+        );
+    }
+    let token = args
+        .join_token_file
+        .as_deref()
+        .map(|file| crate::cli::read_secret_file(file, "--join-token-file"))
+        .transpose()?;
     // A join token from an earlier install that has not started yet is ours.
     let foreign = !has_identity
         && std::fs::read_dir(&data_dir_in_root)
@@ -219,7 +236,7 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
     }
     if !starting && !has_identity {
         anyhow::bail!(
-            "say how this node starts: --bootstrap (a new cluster) or --join HOST:PORT --join-token T"
+            "say how this node starts: --bootstrap (a new cluster) or --join HOST:PORT --join-token-file FILE"
         );
     }
     if has_identity && starting {
@@ -238,7 +255,7 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
     }
     identity::ensure_data_dir(&data_dir_in_root)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", data_dir_in_root.display()))?;
-    if let Some(token) = &args.join_token {
+    if let Some(token) = &token {
         write_private(
             &data_dir_in_root.join(JOIN_TOKEN),
             token.trim().as_bytes(),

@@ -313,6 +313,11 @@ enum TokenCmd {
         /// Nodes it may admit [default: 1]
         #[arg(long)]
         uses: Option<u32>,
+        /// The nodes it admits may become voters (and hold the CA key);
+        /// without it they stay learners: they run jobs and follow the
+        /// ledger but never vote
+        #[arg(long)]
+        voter: bool,
     },
     /// Join tokens: id, uses left, expiry, state (never the secret)
     Ls,
@@ -439,13 +444,19 @@ struct AgentArgs {
     #[arg(long)]
     log_format: Option<String>,
     /// Create a new cluster with this node as its first member
-    #[arg(long, conflicts_with_all = ["join", "join_token"])]
+    #[arg(long, conflicts_with_all = ["join", "join_token_file"])]
     bootstrap: bool,
-    /// RPC address (IP:PORT) of any member of the cluster to join
-    #[arg(long, requires = "join_token")]
+    /// RPC address (IP:PORT) of any member of the cluster to join, with the
+    /// token from --join-token-file or $SHOAL_JOIN_TOKEN
+    #[arg(long)]
     join: Option<SocketAddr>,
-    /// Join token from `shoal token create`
-    #[arg(long, requires = "join")]
+    /// File holding the join token from `shoal token create`, readable by
+    /// its owner only (chmod 600)
+    #[arg(long, requires = "join", value_name = "FILE")]
+    join_token_file: Option<PathBuf>,
+    /// Refused: a secret in the arguments is readable by every process on
+    /// the machine (/proc/PID/cmdline)
+    #[arg(long, hide = true)]
     join_token: Option<String>,
     /// On SIGINT/SIGTERM, leave the cluster before exiting
     #[arg(long)]
@@ -973,6 +984,46 @@ fn scrub_join_token(file: &Path) {
     }
 }
 
+/// The join token for `--join`: from `--join-token-file`, else from
+/// `SHOAL_JOIN_TOKEN`. Never from the arguments (see [`AgentArgs`]).
+fn join_token_of(args: &AgentArgs, env: &BTreeMap<String, String>) -> anyhow::Result<String> {
+    if let Some(file) = &args.join_token_file {
+        return read_secret_file(file, "--join-token-file");
+    }
+    match env.get("SHOAL_JOIN_TOKEN").map(|t| t.trim()) {
+        Some(token) if !token.is_empty() => Ok(token.to_string()),
+        _ => {
+            eprintln!(
+                "error: --join needs the join token: --join-token-file FILE (chmod 600) or SHOAL_JOIN_TOKEN"
+            );
+            Err(ExitWith(2).into())
+        }
+    }
+}
+
+/// Reads a secret (a join token) from a file that only its owner may read:
+/// one that others can read has already leaked, and is refused so that the
+/// operator fixes its mode rather than learn of it from an audit.
+pub(crate) fn read_secret_file(file: &Path, what: &str) -> anyhow::Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta =
+        std::fs::metadata(file).map_err(|e| anyhow::anyhow!("{what} {}: {e}", file.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        anyhow::bail!(
+            "{what} {} can be read by other users (mode {mode:04o}); chmod 600 it",
+            file.display()
+        );
+    }
+    let token = std::fs::read_to_string(file)
+        .map_err(|e| anyhow::anyhow!("{what} {}: {e}", file.display()))?;
+    let token = token.trim();
+    if token.is_empty() {
+        anyhow::bail!("{what} {} is empty", file.display());
+    }
+    Ok(token.to_string())
+}
+
 /// Without `--bootstrap`/`--join`: a restart from the data dir, or, while
 /// it holds no identity, what `[first_start]` says.
 fn first_start_mode(cfg: &Config) -> anyhow::Result<StartMode> {
@@ -989,21 +1040,24 @@ fn first_start_mode(cfg: &Config) -> anyhow::Result<StartMode> {
             }
             StartMode::Restart
         }
-        (Some(addr), Some(file)) => {
-            let token = std::fs::read_to_string(file).map_err(|e| {
-                anyhow::anyhow!("first_start.join_token_file {}: {e}", file.display())
-            })?;
-            StartMode::Join {
-                addr: *addr,
-                token: token.trim().to_string(),
-            }
-        }
+        (Some(addr), Some(file)) => StartMode::Join {
+            addr: *addr,
+            token: read_secret_file(file, "first_start.join_token_file")?,
+        },
         _ if first.bootstrap => StartMode::Bootstrap,
         _ => StartMode::Restart,
     })
 }
 
 async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
+    if args.join_token.is_some() {
+        eprintln!(
+            "error: --join-token puts the secret where every process on this machine can read it \
+             (/proc/PID/cmdline); write it to a file only you can read (chmod 600) and pass \
+             --join-token-file FILE, or set SHOAL_JOIN_TOKEN"
+        );
+        return Err(ExitWith(2).into());
+    }
     let env = env_map();
     let file = args
         .config
@@ -1044,13 +1098,13 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
     cfg.validate().map_err(anyhow::Error::msg)?;
     init_logging(&cfg.log_format);
 
-    let mode = match (&args.join, &args.join_token, args.bootstrap) {
-        (Some(addr), Some(token), _) => StartMode::Join {
+    let mode = match (&args.join, args.bootstrap) {
+        (Some(addr), _) => StartMode::Join {
             addr: *addr,
-            token: token.clone(),
+            token: join_token_of(args, &env)?,
         },
-        (_, _, true) => StartMode::Bootstrap,
-        _ => first_start_mode(&cfg)?,
+        (None, true) => StartMode::Bootstrap,
+        (None, false) => first_start_mode(&cfg)?,
     };
     let token_file = match (&mode, args.join.is_none()) {
         (StartMode::Join { .. }, true) => cfg.first_start.join_token_file.clone(),
@@ -1099,13 +1153,16 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
             );
         } else {
             println!(
-                "Join one more node with (single use, valid for {}; `shoal token create --uses N` makes more):",
+                "Join one more node, voter-eligible (single use, valid for {}; `shoal token create --uses N [--voter]` makes more):",
                 crate::cli::tokens::format_ttl(agent.node().config().join_token_ttl_s)
             );
+            println!("  join token: {}", boot.join_token);
             println!(
-                "  shoal agent --join {} --join-token {}",
-                agent.rpc_addr(),
-                boot.join_token
+                "  (umask 077; cat > join.token)   # paste the token: never put it in a command's arguments"
+            );
+            println!(
+                "  shoal agent --join {} --join-token-file join.token",
+                agent.rpc_addr()
             );
         }
     }

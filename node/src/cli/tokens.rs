@@ -39,11 +39,12 @@ fn when(ms: Option<u64>) -> String {
 
 pub(super) async fn run(client: &Client, cmd: &TokenCmd, json: bool) -> anyhow::Result<()> {
     match cmd {
-        TokenCmd::Create { ttl, uses } => {
+        TokenCmd::Create { ttl, uses, voter } => {
             let t = client
                 .create_join_token(&TokenCreateRequest {
                     ttl_s: ttl_s(ttl)?,
                     uses: *uses,
+                    voter: *voter,
                 })
                 .await
                 .map_err(api)?;
@@ -101,15 +102,16 @@ async fn api_tokens(client: &Client, args: &ApiTokenArgs, json: bool) -> anyhow:
 
 fn format_join_tokens(rows: &[JoinTokenInfo]) -> String {
     let mut out = format!(
-        "{:<14}{:<9}{:>9}  {:<22}{}\n",
-        "ID", "STATE", "USES", "EXPIRES", "CREATED"
+        "{:<14}{:<9}{:>9}  {:<8}{:<22}{}\n",
+        "ID", "STATE", "USES", "ADMITS", "EXPIRES", "CREATED"
     );
     for t in rows {
         out.push_str(&format!(
-            "{:<14}{:<9}{:>9}  {:<22}{}\n",
+            "{:<14}{:<9}{:>9}  {:<8}{:<22}{}\n",
             t.id,
             t.state,
             format!("{}/{}", t.uses_left, t.max_uses),
+            if t.voter { "voters" } else { "learners" },
             when(Some(t.expires_at_ms)),
             when(Some(t.created_at_ms)),
         ));
@@ -160,10 +162,12 @@ mod tests {
             created_at_ms: 1_700_000_000_123,
             expires_at_ms: 1_700_003_600_000,
             state: "active".into(),
+            voter: true,
         }];
         let table = format_join_tokens(&rows);
         assert!(table.contains("3f2a9c1b0d4e"), "{table}");
         assert!(table.contains("1/2"), "{table}");
+        assert!(table.contains("voters"), "{table}");
         assert!(table.contains("2023-11-14T22:13:20Z"), "{table}");
         let rows = [ApiTokenInfo {
             id: "aa".into(),

@@ -155,6 +155,24 @@ pub fn log_rotations(log: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Opens a rank's log for appending: readable by the agent alone (0600,
+/// also when an earlier run left it with wider bits), never through a
+/// symlink. Ranks write to it through the descriptor they inherit; users
+/// read it through the API (`shoal logs`), which checks their tenant. Job
+/// ids are sequential, so a world-readable log would be every local user's
+/// to read.
+fn open_rank_log(log: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(log)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(file)
+}
+
 /// Exists once this node has launched `rank` of `epoch`.
 fn launched_marker(jobs_dir: &Path, key: &RankKey) -> PathBuf {
     job_dir(jobs_dir, key.job).join(format!(".launched-e{}-r{}", key.epoch, key.rank))
@@ -1130,11 +1148,7 @@ fn launch(
     let dir = job_dir(&jobs_dir, key.job);
     let ckpt_dir = dir.join("ckpt");
     let log = log_path(&jobs_dir, key.job, key.rank);
-    let mut out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+    let mut out = open_rank_log(&log).map_err(|e| format!("cannot open {}: {e}", log.display()))?;
     let err = out
         .try_clone()
         .map_err(|e| format!("cannot open {}: {e}", log.display()))?;

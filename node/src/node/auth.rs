@@ -213,15 +213,29 @@ pub struct IssuedJoinToken {
     pub expires_at_ms: u64,
 }
 
-/// A new join token for `uses` joins within `ttl`, pinned to the cluster's CA.
+/// A new join token for `uses` joins within `ttl`, pinned to the cluster's
+/// CA; with `voter`, the nodes it admits may become voters.
 pub async fn create_join_token(
     ledger: &LedgerClient,
     by: &Caller,
     ttl: Duration,
     uses: u32,
+    voter: bool,
 ) -> Result<IssuedJoinToken, WireError> {
     let pin = {
         let d = ledger.read()?;
+        let spoken = d.ledger.effective_protocol();
+        let since = shoal_consensus::voters::SINCE_PROTOCOL;
+        if voter && spoken.is_some_and(|p| p < since) {
+            return Err(WireError::new(
+                ErrorCode::Rejected,
+                format!(
+                    "voter join tokens need every member at protocol {since} or newer (this \
+                     cluster speaks {}): upgrade every node first",
+                    spoken.unwrap_or_default()
+                ),
+            ));
+        }
         let cluster = d.ledger.cluster.as_ref().ok_or_else(|| {
             WireError::new(
                 ErrorCode::Unavailable,
@@ -238,16 +252,20 @@ pub async fn create_join_token(
     let (token, hash) = identity::new_join_token(&pin);
     let id = shoal_consensus::tokens::token_id(&hash);
     let expires_at_ms = wall_ms().saturating_add(ttl.as_millis() as u64);
-    let (resp, _) = ledger
-        .write_as(
-            &by.token,
-            Command::CreateJoinToken {
-                hash,
-                expires_at_ms,
-                uses,
-            },
-        )
-        .await?;
+    let cmd = if voter {
+        Command::CreateVoterJoinToken {
+            hash,
+            expires_at_ms,
+            uses,
+        }
+    } else {
+        Command::CreateJoinToken {
+            hash,
+            expires_at_ms,
+            uses,
+        }
+    };
+    let (resp, _) = ledger.write_as(&by.token, cmd).await?;
     match resp {
         LedgerResponse::Denied(m) => Err(WireError::new(ErrorCode::Forbidden, m)),
         LedgerResponse::Rejected(m) => Err(WireError::new(ErrorCode::Rejected, m)),

@@ -265,9 +265,14 @@ impl NodeService {
     }
 
     /// The key of the trusted CA with certificate `fingerprint`, to a
-    /// current voter only (a learner never gets one).
+    /// current voter that was admitted as one only (a learner never gets
+    /// one, whatever the Raft membership says).
     fn hand_over_ca_key(&self, member: NodeId, fingerprint: &str) -> Result<Response, WireError> {
-        if !self.ledger.voters().contains(&member) {
+        let eligible = self
+            .ledger
+            .read()
+            .is_ok_and(|d| d.ledger.voter_eligibility.eligible(member));
+        if !eligible || !self.ledger.voters().contains(&member) {
             let why = format!("node {member} asked for the CA key but is not a voter");
             self.audit(format!("refused a request: {why}"));
             return Err(WireError::new(ErrorCode::Forbidden, why));

@@ -54,6 +54,11 @@ fn expired_by(
 fn rotate(log: &Path) -> std::io::Result<()> {
     let previous = log.with_extension("log.1");
     std::fs::copy(log, &previous)?;
+    // The copy takes the log's mode; an older log may have had wider bits.
+    std::fs::set_permissions(
+        &previous,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )?;
     std::fs::OpenOptions::new()
         .write(true)
         .open(log)?

@@ -106,6 +106,9 @@ pub struct MemberRow {
     pub rpc_addr: String,
     pub zone: Option<String>,
     pub rack: Option<String>,
+    /// Admitted with a voter join token (or a member from before such
+    /// tokens): only these may vote.
+    pub voter_eligible: bool,
 }
 
 /// The member states to commit: this node is alive (it is running this),
@@ -181,9 +184,11 @@ pub fn plan_membership(
             rpc_addr: m.rpc_addr.clone(),
         });
     }
+    // A node admitted with an ordinary join token never votes, so it never
+    // holds the CA key either; a voter that may not vote is replaced.
     let candidates: Vec<VoterCandidate> = members
         .iter()
-        .filter(|m| raft.nodes.contains(&m.id))
+        .filter(|m| raft.nodes.contains(&m.id) && (m.voter_eligible || m.id == me))
         .map(|m| {
             let is_voter = raft.voters.contains(&m.id);
             let healthy = if m.id == me {
@@ -240,6 +245,7 @@ impl Housekeeping {
                     rpc_addr: m.spec.rpc_addr.clone(),
                     zone: m.spec.labels.get("zone").cloned(),
                     rack: m.spec.labels.get("rack").cloned(),
+                    voter_eligible: d.ledger.voter_eligibility.eligible(m.id),
                 })
                 .collect()
         };
@@ -370,6 +376,7 @@ mod tests {
             rpc_addr: format!("127.0.0.1:{}", 7000 + id),
             zone: Some(zone.into()),
             rack: None,
+            voter_eligible: true,
         }
     }
 
@@ -446,6 +453,45 @@ mod tests {
                 rpc_addr: "127.0.0.1:7002".into()
             })
         );
+    }
+
+    /// Audit finding 1: a node that joined with an ordinary token is a
+    /// learner for good, even when a voter is lost and it is the only
+    /// healthy node left to replace it.
+    #[test]
+    fn a_node_admitted_as_a_learner_is_never_promoted() {
+        let mut members = [
+            row(1, MemberState::Alive, "a"),
+            row(2, MemberState::Down, "b"),
+            row(3, MemberState::Alive, "c"),
+            row(4, MemberState::Alive, "d"),
+            row(5, MemberState::Alive, "e"),
+        ];
+        members[3].voter_eligible = false;
+        members[4].voter_eligible = false;
+        let raft = RaftMembers {
+            voters: ids(&[1, 2, 3]),
+            nodes: ids(&[1, 2, 3, 4, 5]),
+        };
+        let none = BTreeSet::new();
+        let long = |id| (id == 2).then_some(AFTER);
+        let answering = ids(&[1, 3, 4, 5]);
+        let step = plan_membership(&members, &raft, &none, long, &answering, AFTER, 1);
+        assert!(
+            !matches!(&step, Some(MembershipStep::ReplaceVoters(v)) if v.contains(&4) || v.contains(&5)),
+            "{step:?}"
+        );
+        // And a voter that may not vote is replaced by one that may.
+        members[3].voter_eligible = true;
+        members[2].voter_eligible = false;
+        let raft = RaftMembers {
+            voters: ids(&[1, 3, 4]),
+            nodes: ids(&[1, 2, 3, 4, 5]),
+        };
+        members[1].state = MemberState::Alive;
+        let all = ids(&[1, 2, 3, 4, 5]);
+        let step = plan_membership(&members, &raft, &none, |_| None, &all, AFTER, 1);
+        assert_eq!(step, Some(MembershipStep::ReplaceVoters(ids(&[1, 2, 4]))));
     }
 
     #[test]

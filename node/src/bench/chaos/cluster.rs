@@ -209,11 +209,16 @@ impl ChaosCluster {
         self.slots[0].running = Some(first);
         let boot = boot.ok_or("the bootstrap returned no tokens")?;
         let admin = auth::caller(&ledger, &boot.admin_token).ok_or("the admin token is unknown")?;
-        self.join_token =
-            auth::create_join_token(&ledger, &admin, Duration::from_secs(24 * 3600), JOIN_USES)
-                .await
-                .map_err(|e| format!("cannot create a join token: {e}"))?
-                .token;
+        self.join_token = auth::create_join_token(
+            &ledger,
+            &admin,
+            Duration::from_secs(24 * 3600),
+            JOIN_USES,
+            true,
+        )
+        .await
+        .map_err(|e| format!("cannot create a join token: {e}"))?
+        .token;
         self.admin_token = boot.admin_token;
         for i in 1..self.slots.len() {
             self.join(i, Instant::now() + Duration::from_secs(60))
