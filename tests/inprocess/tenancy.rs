@@ -247,6 +247,12 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
         Vec::<String>::new(),
         "the child sees too much"
     );
+    // Audit finding 6: whether some tenant stores given content is no
+    // one else's to learn (chunk ids are the BLAKE3 of their content).
+    let ids = vec![chunk.clone()];
+    assert_eq!(admin.has_chunks(&ids).await.expect("has"), vec![true]);
+    assert_eq!(as_a.has_chunks(&ids).await.expect("has"), vec![true]);
+    assert_eq!(as_b.has_chunks(&ids).await.expect("has"), vec![false]);
     // A sees its own subtree; the admin sees everyone.
     let a_jobs = as_a.jobs(None, None).await.expect("jobs");
     let mut ids: Vec<u64> = a_jobs.iter().map(|j| j.id).collect();

@@ -1354,15 +1354,31 @@ async fn put_chunk(
     Ok(Json(serde_json::json!({})))
 }
 
+/// Which of the given chunks this node stores. A tenant learns it only of
+/// chunks a manifest of its own names: chunk ids are the BLAKE3 of their
+/// content, so an answer about anyone's chunk would tell whether any tenant
+/// stores a given file. A chunk it is told is missing it uploads, which
+/// proves it holds the content.
 async fn has_chunks(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Json(ids): Json<Vec<String>>,
 ) -> Result<Json<Vec<bool>>, ApiError> {
-    let mut out = Vec::with_capacity(ids.len());
-    for id in &ids {
-        let id = parse_chunk_id(id)?;
-        out.push(app.chunks().store().contains(&id).unwrap_or(false));
-    }
+    let ids = ids
+        .iter()
+        .map(|id| parse_chunk_id(id))
+        .collect::<Result<Vec<_>, _>>()?;
+    let visible = match scope::scope(&caller) {
+        None => None,
+        Some(_) => Some(scope::visible_chunks(&app.ledger().read()?.ledger, &caller)),
+    };
+    let store = app.chunks().store();
+    let out = ids
+        .iter()
+        .map(|id| {
+            visible.as_ref().is_none_or(|v| v.contains(id)) && store.contains(id).unwrap_or(false)
+        })
+        .collect();
     Ok(Json(out))
 }
 

@@ -92,6 +92,24 @@ pub fn sees_chunk(ledger: &Ledger, caller: &Caller, id: &ChunkId) -> bool {
     if scope(caller).is_none() {
         return true;
     }
+    manifests_seen(ledger, caller).any(|bytes| {
+        Manifest::from_bytes(bytes)
+            .map(|m| m.unique_chunks().iter().any(|c| c.id == *id))
+            .unwrap_or(false)
+    })
+}
+
+/// Every chunk a manifest `caller` sees names (for a tenant; an admin sees
+/// every chunk without a list).
+pub fn visible_chunks(ledger: &Ledger, caller: &Caller) -> std::collections::HashSet<ChunkId> {
+    manifests_seen(ledger, caller)
+        .filter_map(|bytes| Manifest::from_bytes(bytes).ok())
+        .flat_map(|m| m.unique_chunks().into_iter().map(|c| c.id))
+        .collect()
+}
+
+/// The manifests of the `mesh:/` objects and checkpoints `caller` sees.
+fn manifests_seen<'a>(ledger: &'a Ledger, caller: &'a Caller) -> impl Iterator<Item = &'a Vec<u8>> {
     let objects = ledger
         .namespace
         .objects
@@ -105,9 +123,5 @@ pub fn sees_chunk(ledger: &Ledger, caller: &Caller, id: &ChunkId) -> bool {
         .filter(|(job, _)| sees_job(ledger, caller, **job))
         .flat_map(|(_, steps)| steps.iter())
         .flat_map(|c| c.parts.values().map(|p| &p.manifest));
-    objects.chain(checkpoints).any(|bytes| {
-        Manifest::from_bytes(bytes)
-            .map(|m| m.unique_chunks().iter().any(|c| c.id == *id))
-            .unwrap_or(false)
-    })
+    objects.chain(checkpoints)
 }

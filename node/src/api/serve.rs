@@ -1,13 +1,17 @@
-//! The API's accept loop: HTTP/1.1 with a cap on open connections and a
-//! deadline for a request's headers (and, in the router, for its body), so a
-//! client that opens sockets and sends nothing (or a byte a minute) cannot
-//! take the API down for others. With TLS, the handshake counts against the
-//! same deadline as the headers.
+//! The API's accept loop: HTTP/1.1 with a cap on open connections, a
+//! smaller cap per source address, and a deadline for a request's headers
+//! (and, in the router, for its body), so a client that opens sockets and
+//! sends nothing (or a byte a minute) cannot take the API down for others:
+//! it holds at most its own share of the slots, and each of them for at
+//! most the deadline. With TLS, the handshake counts against the same
+//! deadline as the headers.
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -21,6 +25,9 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ServeLimits {
     /// Connections open at once; the next one waits for a free slot.
     pub max_connections: usize,
+    /// Connections open at once from one address; one more is closed at
+    /// once rather than wait for a slot others need.
+    pub max_per_source: usize,
     /// Time a client has to send a request's headers.
     pub header_read_timeout: Duration,
 }
@@ -29,7 +36,47 @@ impl Default for ServeLimits {
     fn default() -> Self {
         ServeLimits {
             max_connections: 1024,
+            // Every CLI call and script on one machine shares its address;
+            // an eighth of the slots leaves room for seven more sources.
+            max_per_source: 128,
             header_read_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Open connections by source address.
+#[derive(Default)]
+struct PerSource(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection's place in [`PerSource`], given back when dropped.
+struct SourceSlot {
+    table: Arc<PerSource>,
+    ip: IpAddr,
+}
+
+impl PerSource {
+    fn take(table: &Arc<PerSource>, ip: IpAddr, cap: usize) -> Option<SourceSlot> {
+        let mut open = table.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_default();
+        if *n >= cap {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            table: table.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.table.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
         }
     }
 }
@@ -46,6 +93,7 @@ pub async fn serve(
 ) {
     let tls = tls.map(TlsAcceptor::from);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_source = Arc::new(PerSource::default());
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => match p {
@@ -67,12 +115,18 @@ pub async fn serve(
             },
             _ = shutdown.changed() => return,
         };
+        let Some(source_slot) = PerSource::take(&per_source, remote.ip(), limits.max_per_source)
+        else {
+            tracing::debug!(%remote, "closed a connection over the per-source limit");
+            continue;
+        };
         let service = TowerToHyperService::new(app.clone());
         let timeout = limits.header_read_timeout;
         let stop = shutdown.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let _source_slot = source_slot;
             match tls {
                 None => serve_connection(stream, service, timeout, stop, remote).await,
                 Some(acceptor) => {
@@ -148,6 +202,7 @@ mod tests {
     async fn a_client_that_never_sends_its_headers_is_cut_off() {
         let (addr, _stop) = server(ServeLimits {
             max_connections: 4,
+            max_per_source: 4,
             header_read_timeout: Duration::from_millis(300),
         })
         .await;
@@ -174,6 +229,7 @@ mod tests {
         let app = Router::new().route("/", get(|| async { "ok" }));
         let limits = ServeLimits {
             max_connections: 1,
+            max_per_source: 1,
             header_read_timeout: Duration::from_millis(300),
         };
         tokio::spawn(serve(listener, app, Some(tls), limits, rx));
@@ -195,6 +251,7 @@ mod tests {
     async fn connections_above_the_cap_wait_for_a_free_slot() {
         let (addr, _stop) = server(ServeLimits {
             max_connections: 2,
+            max_per_source: 2,
             header_read_timeout: Duration::from_secs(1),
         })
         .await;
@@ -213,5 +270,44 @@ mod tests {
             "served before a slot was free"
         );
         drop((a, b));
+    }
+
+    /// Audit finding 6: one source's slowloris (sockets that send a byte
+    /// now and then) made 11 of 25 `/health` requests of others time out.
+    /// It now holds at most its own share of the slots; another source is
+    /// served at once.
+    #[tokio::test]
+    async fn one_source_cannot_take_the_slots_of_another() {
+        let (addr, _stop) = server(ServeLimits {
+            max_connections: 4,
+            max_per_source: 2,
+            header_read_timeout: Duration::from_secs(5),
+        })
+        .await;
+        let mut slow = Vec::new();
+        for _ in 0..8 {
+            if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
+                let _ = s.write_all(b"GET / HT").await;
+                slow.push(s);
+            }
+        }
+        // Another address of the loopback range.
+        let other = tokio::net::TcpSocket::new_v4().expect("socket");
+        other
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind 127.0.0.2");
+        let started = std::time::Instant::now();
+        let mut s = other.connect(addr).await.expect("connect");
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("request");
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_secs(4), s.read_to_string(&mut out))
+            .await
+            .expect("served before the slow client's deadline freed a slot")
+            .expect("read");
+        assert!(out.ends_with("ok"), "{out}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        drop(slow);
     }
 }
