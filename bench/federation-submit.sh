@@ -41,13 +41,15 @@ eu_token=$(cat "$root/eu1/admin.token")
 SHOAL_TOKEN=$us_token "$shoal" --api http://127.0.0.1:27401 \
   federation join http://127.0.0.1:27402 --token "$eu_token" > /dev/null
 
+# The bearer token from a 0600 file: curl's arguments are every local process's to read.
+(umask 077; printf 'Authorization: Bearer %s\n' "$us_token" > "$root/auth.header")
 body='{"name":"bench","nodes":1,"gpus_per_node":1,"time_limit_s":60,"priority":0,"preemptible":true,"command":["true"],"env":{}}'
 measure() { # label [header]
   local label=$1
   shift
   for _ in $(seq 1 "$n"); do
     curl -s -o /dev/null -w '%{time_total} %{http_code}\n' -X POST http://127.0.0.1:27401/v1/jobs \
-      -H "Authorization: Bearer $us_token" -H 'Content-Type: application/json' "$@" -d "$body"
+      -H @"$root/auth.header" -H 'Content-Type: application/json' "$@" -d "$body"
   done | sort -n | awk -v l="$label" '{v[NR]=$1*1000; if ($2 != 200) bad++}
     END {printf "%-32s median %7.1f ms   p90 %7.1f ms   (n=%d, non-200: %d)\n", l, v[int((NR+1)/2)], v[int(NR*0.9)], NR, bad}'
 }

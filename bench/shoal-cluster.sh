@@ -21,13 +21,13 @@ start_shoal_cluster() {
   done
   admin=$(cat "$root/s1/admin.token")
   for _ in $(seq 1 200); do
-    v=$("$shoal" --api http://127.0.0.1:27070 --token "$admin" status --json 2>/dev/null | tr -d ' \n' | sed -n 's/.*"voters":\[\([0-9,]*\)\].*/\1/p')
-    alive=$("$shoal" --api http://127.0.0.1:27070 --token "$admin" nodes --json 2>/dev/null | tr -d ' \n' | grep -o '"state":"alive"' | wc -l)
+    v=$(SHOAL_TOKEN="$admin" "$shoal" --api http://127.0.0.1:27070 status --json 2>/dev/null | tr -d ' \n' | sed -n 's/.*"voters":\[\([0-9,]*\)\].*/\1/p')
+    alive=$(SHOAL_TOKEN="$admin" "$shoal" --api http://127.0.0.1:27070 nodes --json 2>/dev/null | tr -d ' \n' | grep -o '"state":"alive"' | wc -l)
     [ "${v:0:5}" = "1,2,3" ] && [ "$alive" = "$nodes" ] && break
     sleep 0.1
   done
   [ "${v:0:5}" = "1,2,3" ] && [ "$alive" = "$nodes" ] || { echo "error: the $nodes agents did not form a cluster (voters $v, $alive alive)" >&2; exit 1; }
-  leader=$("$shoal" --api http://127.0.0.1:27070 --token "$admin" status --json | tr -d ' \n' | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
+  leader=$(SHOAL_TOKEN="$admin" "$shoal" --api http://127.0.0.1:27070 status --json | tr -d ' \n' | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
   port=$([ "$leader" = 1 ] && echo 27070 || echo "2${leader}070")
   leader_pid=${pids[$((leader - 1))]}
 }

@@ -1001,21 +1001,9 @@ impl Workload {
             }
             self.release_allocation(id, now_ms);
             if let Some(job) = self.jobs.get_mut(&id) {
-                if job.restarts < job.spec.max_restarts {
-                    job.restarts += 1;
-                    job.state = JobState::Requeued;
+                if restart_after_node_failure(job, &format!("node {name} went down"), now_ms) {
                     job.not_before_ms = Some(now_ms.saturating_add(REPLACE_AFTER_NODE_LOSS_MS));
-                    job.reason = format!(
-                        "node {name} went down; restart {} of {} once its ranks are fenced",
-                        job.restarts, job.spec.max_restarts
-                    );
-                } else {
-                    job.state = JobState::NodeFail;
-                    job.reason = format!(
-                        "node {name} went down and the job has no restarts left (--max-restarts {})",
-                        job.spec.max_restarts
-                    );
-                    job.ended_at_ms = Some(now_ms);
+                    job.reason.push_str(" once its ranks are fenced");
                 }
             }
         }
@@ -1123,21 +1111,7 @@ impl Workload {
                     node_fault.unwrap_or_else(|| "a rank was lost with its node's agent".into());
                 // A survivor's error is a consequence, not the job's code.
                 job.exit_code = None;
-                if job.restarts < job.spec.max_restarts {
-                    job.restarts += 1;
-                    job.state = JobState::Requeued;
-                    job.reason = format!(
-                        "{what}; restart {} of {}",
-                        job.restarts, job.spec.max_restarts
-                    );
-                } else {
-                    job.state = JobState::NodeFail;
-                    job.reason = format!(
-                        "{what} and the job has no restarts left (--max-restarts {})",
-                        job.spec.max_restarts
-                    );
-                    job.ended_at_ms = Some(now_ms);
-                }
+                restart_after_node_failure(job, &what, now_ms);
             }
             Some(StopCause::Preempted) => {
                 job.preemptions += 1;
@@ -1315,6 +1289,29 @@ impl Workload {
         if matches!(member.state, MemberState::Down | MemberState::Left) {
             self.node_lost(member.id, &member.spec.name, members, now_ms);
         }
+    }
+}
+
+/// A node's failure ended the job's allocation (`what` says how): it is
+/// requeued while it has restarts left, and ends `node_fail` after that.
+/// Returns whether it restarts.
+fn restart_after_node_failure(job: &mut Job, what: &str, now_ms: u64) -> bool {
+    if job.restarts < job.spec.max_restarts {
+        job.restarts += 1;
+        job.state = JobState::Requeued;
+        job.reason = format!(
+            "{what}; restart {} of {}",
+            job.restarts, job.spec.max_restarts
+        );
+        true
+    } else {
+        job.state = JobState::NodeFail;
+        job.reason = format!(
+            "{what} and the job has no restarts left (--max-restarts {})",
+            job.spec.max_restarts
+        );
+        job.ended_at_ms = Some(now_ms);
+        false
     }
 }
 
