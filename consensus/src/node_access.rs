@@ -98,8 +98,20 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
                 .and_then(|j| ledger.workload.jobs.get(&j))
                 .and_then(|j| j.alloc.as_ref())
                 .is_some_and(|a| a.nodes.iter().any(|(n, _)| *n == node));
+            // Nor name another job, even in an event about itself: its
+            // tenant would read it as the job's. A job it ran last counts
+            // (a rank's end is reported after its allocation is gone).
+            let ran_it = spec.job.is_none_or(|id| {
+                ledger
+                    .workload
+                    .jobs
+                    .get(&id)
+                    .is_some_and(|j| gang || j.last_nodes.iter().any(|(n, _)| *n == node))
+            });
             if spec.kind == crate::events::AUDIT && !own {
                 refuse("record audit events about other nodes")
+            } else if !ran_it {
+                refuse("record events naming a job it runs no rank of")
             } else if own || gang {
                 Ok(())
             } else {
@@ -562,6 +574,12 @@ mod tests {
             r.as_node(bystander, event(bystander, "gpu_xid", None)),
             LedgerResponse::Ok
         );
+        // Audit finding 7: an event about itself that names another
+        // tenant's job.
+        assert!(denied(&r.as_node(
+            bystander,
+            event(bystander, "job_straggler", Some(job))
+        )));
         assert!(denied(
             &r.as_node(bystander, event(runner, "node_down", None))
         ));
