@@ -38,8 +38,8 @@ start us1 us-1 27401 SHOAL_TEST_INJECT_WAN=eu-1="$rtt"
 start eu1 eu-1 27402
 us_token=$(cat "$root/us1/admin.token")
 eu_token=$(cat "$root/eu1/admin.token")
-SHOAL_TOKEN=$us_token "$shoal" --api http://127.0.0.1:27401 \
-  federation join http://127.0.0.1:27402 --token "$eu_token" > /dev/null
+SHOAL_TOKEN=$us_token SHOAL_PEER_TOKEN=$eu_token "$shoal" --api http://127.0.0.1:27401 \
+  federation join http://127.0.0.1:27402 > /dev/null
 
 # The bearer token from a 0600 file: curl's arguments are every local process's to read.
 (umask 077; printf 'Authorization: Bearer %s\n' "$us_token" > "$root/auth.header")

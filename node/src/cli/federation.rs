@@ -42,7 +42,9 @@ pub async fn run(
             ca_fingerprint,
         } => {
             let token = peer_token.ok_or_else(|| {
-                anyhow::anyhow!("federation join needs the other region's admin token: --token T")
+                anyhow::anyhow!(
+                    "federation join needs the other region's admin token: SHOAL_PEER_TOKEN (or --token T)"
+                )
             })?;
             let ca_pem = crate::cli::login::peer_ca(url, ca_fingerprint.as_deref()).await?;
             let r = client

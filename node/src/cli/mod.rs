@@ -869,7 +869,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 token: None,
                 data_dir: &dir,
             })?;
-            crate::cli::federation::run(&local, cmd, cli.token.as_deref(), cli.json).await
+            // Also from SHOAL_PEER_TOKEN, so that scripts keep it out of
+            // the arguments every local process can read.
+            let peer_token = cli
+                .token
+                .clone()
+                .or_else(|| std::env::var("SHOAL_PEER_TOKEN").ok())
+                .filter(|t| !t.trim().is_empty());
+            crate::cli::federation::run(&local, cmd, peer_token.as_deref(), cli.json).await
         }
         Cmd::Tenant { cmd } => crate::cli::jobs::tenant(&client(&cli)?, cmd, cli.json).await,
         Cmd::User { cmd } => crate::cli::jobs::user(&client(&cli)?, cmd, cli.json).await,
