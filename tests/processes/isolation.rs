@@ -1,10 +1,12 @@
 //! A tenant's job is hostile input. Under a root agent with the default
-//! configuration its ranks run as an unprivileged user — the tenant's own
-//! (`executor.users`) or `shoal-job` — with an environment built from
-//! scratch, so a job can read nothing of the agent (its data dir, the admin
-//! token, its environment), cannot signal it, and cannot read another
-//! tenant's job directory. Needs root (the agent switches users); fails
-//! with that reason otherwise.
+//! configuration its ranks run as an unprivileged user of the tenant's own
+//! — mapped (`executor.users`) or created by the agent (`shoal-t-<tenant>`)
+//! — with an environment built from scratch and a `/proc` that lists only
+//! its user's processes, so a job can read nothing of the agent (its data
+//! dir, the admin token, its environment or command line), cannot signal
+//! it, and cannot ptrace, signal, inspect or read the files of another
+//! tenant's ranks. Needs root (the agent switches users); fails with that
+//! reason otherwise.
 //!
 //! Where the host has a writable cgroup v2 hierarchy (root on every machine
 //! these tests run on), every rank runs in a cgroup of its own, and a
@@ -59,7 +61,7 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
     let config = root.path().join("node.toml");
     std::fs::write(
         &config,
-        format!("[executor]\nusers = {{ beta = \"{BETA_USER}\" }}\n"),
+        format!("[executor]\nusers = {{ gamma = \"{BETA_USER}\" }}\n"),
     )
     .expect("config");
     let mut node = NodeProc::new(root.path(), "n1", &[]);
@@ -68,7 +70,7 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
         .push(("SHOAL_CONFIG".into(), config.display().to_string()));
     node.bootstrap();
     let admin = node.client(&node.admin_token());
-    for name in ["alpha", "beta"] {
+    for name in ["alpha", "beta", "gamma"] {
         admin
             .create_tenant(&TenantRequest {
                 name: name.into(),
@@ -78,12 +80,15 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
             .expect("tenant");
     }
 
-    // Alpha's job keeps a secret in its checkpoint dir.
+    // Alpha's job keeps a secret in its checkpoint dir and its environment.
     let mut alpha = JobSubmitRequest::shell(
         1,
         1,
-        "id -u; echo alpha-secret > \"$SHOAL_CKPT_DIR/secret\"; exec sleep 600",
+        "id -u; echo \"pid=$$\"; echo alpha-secret > \"$SHOAL_CKPT_DIR/secret\"; exec sleep 600",
     );
+    alpha
+        .env
+        .insert("ALPHA_SECRET".into(), "alpha-env-secret".into());
     alpha.tenant = Some("alpha".into());
     let alpha = admin.submit_job(&alpha).await.expect("submit").id;
     let secret = root
@@ -94,6 +99,17 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
     wait_for("alpha's secret on disk", TIMEOUT, || {
         let secret = secret.clone();
         async move { secret.exists().then_some(()) }
+    })
+    .await;
+
+    let alpha_pid: u32 = wait_for("alpha's pid in its log", TIMEOUT, || {
+        let admin = admin.clone();
+        async move {
+            let log = admin.job_log(alpha, 0, 0).await.ok()?;
+            String::from_utf8_lossy(&log)
+                .lines()
+                .find_map(|l| l.strip_prefix("pid=")?.trim().parse().ok())
+        }
     })
     .await;
 
@@ -108,6 +124,12 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
          cat {alpha_log} >/dev/null 2>&1 && echo otherlog=read || echo otherlog=denied\n\
          cat /proc/{agent}/environ >/dev/null 2>&1 && echo environ=read || echo environ=denied\n\
          kill -0 {agent} 2>/dev/null && echo signal=sent || echo signal=denied\n\
+         test -e /proc/{agent} && echo agentproc=seen || echo agentproc=hidden\n\
+         cat /proc/{agent}/cmdline >/dev/null 2>&1 && echo agentcmdline=read || echo agentcmdline=denied\n\
+         test -e /proc/{alpha_pid} && echo alphaproc=seen || echo alphaproc=hidden\n\
+         grep -q alpha-env-secret /proc/{alpha_pid}/environ 2>/dev/null && echo alphaenv=read || echo alphaenv=denied\n\
+         kill -0 {alpha_pid} 2>/dev/null && echo alphasignal=sent || echo alphasignal=denied\n\
+         python3 -c 'import ctypes,sys; l=ctypes.CDLL(None); print(\"alphaptrace=attached\" if l.ptrace(16, int(sys.argv[1]), 0, 0) == 0 else \"alphaptrace=denied\")' {alpha_pid}\n\
          echo env=$(env | grep -c -e SHOAL_TOKEN -e SHOAL_CONFIG -e SHOAL_EXECUTOR)\n\
          ln -s /etc/passwd \"$SHOAL_CKPT_DIR/../rank-9.log\" 2>/dev/null && echo plant=done || echo plant=denied\n\
          touch \"$SHOAL_CKPT_DIR/mine\" && echo ckpt=writable || echo ckpt=denied\n\
@@ -135,8 +157,10 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
         }
     })
     .await;
+    // Alpha and beta have no user mapped: before each tenant had a user of
+    // its own, both ran as one shared user and every probe below got in.
     let expected = [
-        format!("uid={}", uid_of(BETA_USER)),
+        format!("uid={}", uid_of("shoal-t-beta")),
         "token=denied".into(),
         "data=denied".into(),
         "other=denied".into(),
@@ -145,6 +169,15 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
         "otherlog=denied".into(),
         "environ=denied".into(),
         "signal=denied".into(),
+        // Audit finding 2: tenants on one node reached each other's ranks.
+        // Its own /proc hides the agent and alpha's ranks; under another
+        // uid their environment, signals and ptrace are refused as well.
+        "agentproc=hidden".into(),
+        "agentcmdline=denied".into(),
+        "alphaproc=hidden".into(),
+        "alphaenv=denied".into(),
+        "alphasignal=denied".into(),
+        "alphaptrace=denied".into(),
         "env=0".into(),
         // Logs and launch markers sit in a dir of the agent's: no job can
         // replace one with a link for the agent to write through.
@@ -158,16 +191,38 @@ async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
             "want '{line}' in beta's log:\n{log}"
         );
     }
-    // Alpha, with no user of its own, runs as the default job user.
+    // Alpha, with no user mapped, runs as the user the agent made for it.
     let alpha_log =
         String::from_utf8_lossy(&admin.job_log(alpha, 0, 0).await.expect("log")).into_owned();
     assert!(
         alpha_log
             .lines()
-            .any(|l| l == uid_of("shoal-job").to_string()),
-        "alpha's rank is not shoal-job's:\n{alpha_log}"
+            .any(|l| l == uid_of("shoal-t-alpha").to_string()),
+        "alpha's rank is not shoal-t-alpha's:\n{alpha_log}"
     );
     let _ = admin.cancel_job(alpha).await;
+
+    // A mapped tenant runs as the user it is mapped to.
+    let mut gamma = JobSubmitRequest::shell(1, 1, "echo uid=$(id -u)");
+    gamma.tenant = Some("gamma".into());
+    let gamma = admin.submit_job(&gamma).await.expect("submit").id;
+    let gamma_log = wait_for("gamma's job to finish", TIMEOUT, || {
+        let admin = admin.clone();
+        async move {
+            let job = admin.job(gamma).await.ok()?;
+            if !matches!(job.state.as_str(), "completed" | "failed") {
+                return None;
+            }
+            let log = admin.job_log(gamma, 0, 0).await.ok()?;
+            Some(String::from_utf8_lossy(&log).into_owned())
+        }
+    })
+    .await;
+    let want = format!("uid={}", uid_of(BETA_USER));
+    assert!(
+        gamma_log.lines().any(|l| l == want),
+        "want '{want}' in gamma's log:\n{gamma_log}"
+    );
 }
 
 /// The cgroup2 mount of this host (`/sys/fs/cgroup`, or a hybrid host's

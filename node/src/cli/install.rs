@@ -266,12 +266,9 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
         write_private(&installed, text.as_bytes(), 0o644)?;
     }
     write_private(&under(root, UNIT_PATH), UNIT.as_bytes(), 0o644)?;
-    let job_user = if live(root) || under(root, "etc/passwd").exists() {
-        crate::executor::account::create_job_user_in(root).map_err(anyhow::Error::msg)?;
-        crate::executor::account::DEFAULT_JOB_USER.to_string()
-    } else {
-        String::new()
-    };
+    // Ranks run as a user of their tenant's own, which the agent creates
+    // on first use: nothing to create here.
+    let job_user = crate::executor::account::tenant_user_name("<tenant>");
     let mut next = Vec::new();
     let started = if live(root) && !args.no_start && systemd_runs() {
         systemctl(&["daemon-reload"])?;
@@ -304,7 +301,10 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
             out.binary, out.config, out.unit, out.data_dir
         );
         if !out.job_user.is_empty() {
-            t.push_str(&format!("job user  {}\n", out.job_user));
+            t.push_str(&format!(
+                "job users {} (one per tenant, created on first use)\n",
+                out.job_user
+            ));
         }
         t.push_str(if out.started {
             "shoal.service is enabled and running (journalctl -u shoal)\n"
@@ -428,9 +428,15 @@ pub fn uninstall(args: &UninstallArgs, json: bool) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_dir(under(root, "etc/shoal"));
     if args.purge && live(root) {
-        let _ = Command::new("userdel")
-            .arg(crate::executor::account::DEFAULT_JOB_USER)
-            .status();
+        // The tenant users the agent created (their files went with the
+        // jobs dir above).
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        for (user, _) in crate::executor::account::tenant_users(&passwd) {
+            match crate::executor::account::remove_tenant_user(&user) {
+                Ok(()) => removed.push(format!("user {user}")),
+                Err(e) => kept.push(format!("user {user} ({e})")),
+            }
+        }
     }
     let out = serde_json::json!({ "removed": removed, "kept": kept });
     super::emit(json, &out, || {

@@ -1,15 +1,23 @@
 //! Which Unix user a rank runs as. A tenant's job is hostile input: it must
 //! not run as root or as the agent's user, whose files hold the cluster's
-//! keys and tokens. Under a root agent, ranks run as the tenant's user from
-//! `executor.users`, else `executor.run_as`, else `shoal-job` (created when
-//! missing); an agent that is not root can only run ranks as itself.
+//! keys and tokens, nor as another tenant's user, which could ptrace its
+//! ranks, read their environment, signal them and read their files. Under
+//! a root agent, ranks run as the tenant's user from `executor.users`, else
+//! `executor.run_as` (one user the operator chose for every tenant), else
+//! a user of the tenant's own, `shoal-t-<tenant>`, which the agent creates
+//! when missing and removes once the tenant is gone and none of its files
+//! remain on the node. An agent that is not root can only run ranks as
+//! itself.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
 
-/// The user created for ranks when nothing else is configured.
-pub const DEFAULT_JOB_USER: &str = "shoal-job";
+/// What the agent writes in the comment (GECOS) field of a tenant user it
+/// created, followed by the tenant's name: how it finds its own users again.
+pub const TENANT_USER_COMMENT: &str = "shoal tenant ";
+/// Longest user name `useradd` takes everywhere.
+const MAX_USER_NAME: usize = 32;
 /// `run_as` value meaning the agent's own user.
 pub const AGENT_USER: &str = "agent";
 
@@ -29,6 +37,26 @@ pub enum Choice {
     Agent,
     /// The named user.
     Named(String),
+    /// The tenant's own user, created by the agent when missing.
+    Tenant(String),
+}
+
+/// The Unix user a tenant's ranks run as when no mapping is configured:
+/// `shoal-t-<tenant>` when that is a portable user name (lower case, digits,
+/// `-`, `_`, at most 32 characters), else `shoal-x-` and 16 hex digits of the
+/// name's BLAKE3 hash. The two prefixes differ, so no tenant's plain name can
+/// equal another's hashed one; distinct tenants get distinct users.
+pub fn tenant_user_name(tenant: &str) -> String {
+    let plain = format!("shoal-t-{tenant}");
+    let portable = !tenant.is_empty()
+        && tenant
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_'));
+    if portable && plain.len() <= MAX_USER_NAME {
+        return plain;
+    }
+    let hash = blake3::hash(tenant.as_bytes()).to_hex();
+    format!("shoal-x-{}", &hash.as_str()[..16])
 }
 
 /// The executor's user settings.
@@ -46,28 +74,27 @@ impl RankUsers {
         match name.map(String::as_str) {
             Some(AGENT_USER) => Choice::Agent,
             Some(name) => Choice::Named(name.to_string()),
-            None if agent_is_root => Choice::Named(DEFAULT_JOB_USER.to_string()),
+            None if agent_is_root => Choice::Tenant(tenant_user_name(tenant)),
             None => Choice::Agent,
         }
     }
 
-    /// The account `tenant`'s ranks run under, creating the default user
-    /// when a root agent needs it; an error says why the rank cannot start.
+    /// The account `tenant`'s ranks run under, creating the tenant's own
+    /// user when a root agent needs it; an error says why the rank cannot
+    /// start.
     pub fn resolve(&self, tenant: &str) -> Result<Account, String> {
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         let account = match self.choose(tenant, me == 0) {
             Choice::Agent => by_uid(me)?,
-            Choice::Named(name) => match by_name(&name)? {
+            Choice::Named(name) => by_name(&name)?.ok_or_else(|| {
+                format!("no Unix user '{name}' (executor.run_as / executor.users)")
+            })?,
+            Choice::Tenant(name) => match by_name(&name)? {
                 Some(a) => a,
-                None if name == DEFAULT_JOB_USER && me == 0 => {
-                    create_job_user()?;
-                    by_name(&name)?.ok_or_else(|| format!("user {name} was not created"))?
-                }
                 None => {
-                    return Err(format!(
-                        "no Unix user '{name}' (executor.run_as / executor.users)"
-                    ))
+                    create_tenant_user(&name, tenant)?;
+                    by_name(&name)?.ok_or_else(|| format!("user {name} was not created"))?
                 }
             },
         };
@@ -94,18 +121,11 @@ pub fn check(account: &Account, agent_uid: u32, allow_root: bool) -> Result<(), 
     Ok(())
 }
 
-fn create_job_user() -> Result<(), String> {
-    create_job_user_in(std::path::Path::new("/"))
-}
-
-/// Creates the default job user in the system rooted at `root` (`/`, or
-/// an image being prepared: `useradd --root`); an existing one is kept.
-pub fn create_job_user_in(root: &std::path::Path) -> Result<(), String> {
-    let mut useradd = std::process::Command::new("useradd");
-    if root != std::path::Path::new("/") {
-        useradd.arg("--root").arg(root);
-    }
-    let status = useradd
+/// Creates `name`, the user of `tenant`'s ranks: a system user with its own
+/// group, no home and no login shell, marked as the agent's in its comment.
+/// One made meanwhile by another agent on this host is kept.
+fn create_tenant_user(name: &str, tenant: &str) -> Result<(), String> {
+    let status = std::process::Command::new("useradd")
         .args([
             "--system",
             "--user-group",
@@ -114,20 +134,62 @@ pub fn create_job_user_in(root: &std::path::Path) -> Result<(), String> {
             "/nonexistent",
             "--shell",
             "/usr/sbin/nologin",
-            DEFAULT_JOB_USER,
+            "--comment",
+            &format!("{TENANT_USER_COMMENT}{tenant}"),
+            name,
         ])
         .status()
-        .map_err(|e| format!("cannot run useradd to create {DEFAULT_JOB_USER}: {e}"))?;
+        .map_err(|e| format!("cannot run useradd to create {name}: {e}"))?;
     // 9: the user exists (another agent on this host created it first).
     if status.success() || status.code() == Some(9) {
         tracing::info!(
-            user = DEFAULT_JOB_USER,
-            "created the unprivileged user ranks run as"
+            user = name,
+            tenant,
+            "created the Unix user of a tenant's ranks"
         );
         Ok(())
     } else {
-        Err(format!("useradd {DEFAULT_JOB_USER} failed: {status}"))
+        Err(format!("useradd {name} failed: {status}"))
     }
+}
+
+/// The tenant users this host's agents created, as (user, tenant), read
+/// from `passwd` (the file `useradd` writes).
+pub fn tenant_users(passwd: &str) -> Vec<(String, String)> {
+    passwd
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            let tenant = fields.get(4)?.strip_prefix(TENANT_USER_COMMENT)?;
+            let user = *fields.first()?;
+            (tenant_user_name(tenant) == user).then(|| (user.to_string(), tenant.to_string()))
+        })
+        .collect()
+}
+
+/// Removes the tenant user `name`. `userdel` refuses while one of its
+/// processes runs (another agent on this host may still use it); that is
+/// an error to try again later, not a reason to force it.
+pub fn remove_tenant_user(name: &str) -> Result<(), String> {
+    let status = std::process::Command::new("userdel")
+        .arg(name)
+        .status()
+        .map_err(|e| format!("cannot run userdel {name}: {e}"))?;
+    // 6: already gone.
+    if status.success() || status.code() == Some(6) {
+        tracing::info!(
+            user = name,
+            "removed the Unix user of a tenant that is gone"
+        );
+        Ok(())
+    } else {
+        Err(format!("userdel {name} failed: {status}"))
+    }
+}
+
+/// The uid of user `name`, if there is one.
+pub fn uid_of(name: &str) -> Result<Option<u32>, String> {
+    Ok(by_name(name)?.map(|a| a.uid))
 }
 
 fn account(pw: &libc::passwd) -> Account {
@@ -197,17 +259,57 @@ mod tests {
     }
 
     #[test]
-    fn a_root_agent_runs_ranks_as_the_tenants_user_else_run_as_else_shoal_job() {
+    fn a_root_agent_runs_ranks_as_the_mapped_user_else_run_as_else_the_tenants_own() {
         let u = users(None, &[("vision", "vision")]);
         assert_eq!(u.choose("vision", true), Choice::Named("vision".into()));
         assert_eq!(
             u.choose("speech", true),
-            Choice::Named(DEFAULT_JOB_USER.into())
+            Choice::Tenant("shoal-t-speech".into())
         );
         assert_eq!(u.choose("speech", false), Choice::Agent);
         let u = users(Some("jobs"), &[("dev", AGENT_USER)]);
         assert_eq!(u.choose("speech", true), Choice::Named("jobs".into()));
         assert_eq!(u.choose("dev", true), Choice::Agent);
+    }
+
+    #[test]
+    fn every_tenant_gets_a_user_name_of_its_own_that_useradd_takes() {
+        assert_eq!(tenant_user_name("vision"), "shoal-t-vision");
+        assert_eq!(tenant_user_name("team_a-1"), "shoal-t-team_a-1");
+        // Upper case, dots and long names are hashed; the prefix differs.
+        for odd in ["Vision", "a.b", &"x".repeat(40)] {
+            let name = tenant_user_name(odd);
+            assert!(name.starts_with("shoal-x-"), "{name}");
+            assert_eq!(name.len(), 24);
+        }
+        assert_ne!(tenant_user_name("Vision"), tenant_user_name("vision"));
+        assert_ne!(tenant_user_name("a.b"), tenant_user_name("a-b"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn distinct_tenants_never_share_a_user(a in "[a-zA-Z0-9._-]{1,63}", b in "[a-zA-Z0-9._-]{1,63}") {
+            let (ua, ub) = (tenant_user_name(&a), tenant_user_name(&b));
+            proptest::prop_assert!(ua.len() <= MAX_USER_NAME);
+            proptest::prop_assert!(ua.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_'));
+            if a != b {
+                proptest::prop_assert_ne!(ua, ub);
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_agents_own_tenant_users_are_found_in_passwd() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\n\
+            shoal-t-vision:x:998:998:shoal tenant vision:/nonexistent:/usr/sbin/nologin\n\
+            shoal-x-0123456789abcdef:x:997:997:shoal tenant speech:/nonexistent:/usr/sbin/nologin\n\
+            alice:x:1000:1000:shoal tenant alice:/home/alice:/bin/bash\n";
+        // A comment that names a tenant whose user would be another name
+        // is not ours (alice; the forged hash).
+        assert_eq!(
+            tenant_users(passwd),
+            vec![("shoal-t-vision".to_string(), "vision".to_string())]
+        );
     }
 
     #[test]

@@ -1418,6 +1418,9 @@ fn spawn(
         // Die with the agent: the ledger is the only record of what runs.
         parent_death_signal: Some(libc::SIGKILL),
         no_new_privs: true,
+        // Another user's rank sees neither other tenants' processes nor
+        // the agent's.
+        private_proc: switch.is_some(),
     };
     let t = Instant::now();
     let child = plan.start().map_err(cannot)?;

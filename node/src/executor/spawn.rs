@@ -21,7 +21,8 @@
 //! default (the agent's handlers must not run on borrowed memory; all
 //! signals stay blocked until just before exec), [enters the cgroup],
 //! starts its own session (so it leads its process group), puts the given
-//! descriptors in place, drops its credentials (raw `setgroups`, `setgid`,
+//! descriptors in place, [enters a mount namespace of its own whose `/proc`
+//! shows only the processes its user may inspect], drops its credentials (raw `setgroups`, `setgid`,
 //! `setuid`: glibc's wrappers would signal the agent's threads), changes
 //! into its working directory as that user, arms the parent-death signal
 //! and `no_new_privs`, closes every other descriptor, unblocks signals and
@@ -51,6 +52,7 @@ enum Step {
     ParentDeath,
     NoNewPrivs,
     Exec,
+    PrivateProc,
 }
 
 impl Step {
@@ -63,6 +65,7 @@ impl Step {
             5 => "enter its working directory",
             6 => "arm the parent-death signal",
             7 => "set no_new_privs",
+            9 => "mount a /proc of its own",
             _ => "exec",
         }
     }
@@ -89,6 +92,12 @@ pub struct Spawn {
     pub new_session: bool,
     pub parent_death_signal: Option<libc::c_int>,
     pub no_new_privs: bool,
+    /// A mount namespace of its own whose `/proc` (`hidepid=2`) lists only
+    /// the processes its user may inspect: no other tenant's, and not the
+    /// agent's, command lines. Needs a root agent; where the host refuses
+    /// it (a container without `CAP_SYS_ADMIN`) ranks start without it
+    /// and the agent says so once.
+    pub private_proc: bool,
 }
 
 /// A child started by [`Spawn::start`]; killed (SIGKILL) and reaped in the
@@ -168,6 +177,7 @@ struct ChildPlan {
     parent_death_signal: libc::c_int,
     parent: libc::pid_t,
     no_new_privs: bool,
+    private_proc: bool,
     /// errno of the failed step, 0 while none failed.
     errno: AtomicI32,
     step: AtomicI32,
@@ -175,13 +185,37 @@ struct ChildPlan {
 
 /// clone3 is missing (an old kernel or seccomp policy): use clone.
 static NO_CLONE3: AtomicBool = AtomicBool::new(false);
+/// The host refused a rank a `/proc` of its own: start ranks without one.
+static NO_PRIVATE_PROC: AtomicBool = AtomicBool::new(false);
+
+/// `hidepid=2` ("invisible" since Linux 5.8, which still takes the number).
+const HIDDEN_PROC_OPTIONS: &[u8] = b"hidepid=2\0";
 
 impl Spawn {
     /// Starts the process; returns once it has exec'd, or with the reason
     /// it could not.
     pub fn start(&self) -> io::Result<Process> {
+        let private_proc = self.private_proc && !NO_PRIVATE_PROC.load(Ordering::Relaxed);
+        match self.start_with(private_proc) {
+            Err((Some(Step::PrivateProc), e)) => {
+                NO_PRIVATE_PROC.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    error = %e,
+                    "this host refuses ranks a /proc of their own (hidepid): they start without one and can list other users' processes and command lines"
+                );
+                self.start_with(false).map_err(|(_, e)| e)
+            }
+            started => started.map_err(|(_, e)| e),
+        }
+    }
+
+    /// [`Self::start`], once; an error names the child's step that failed.
+    fn start_with(&self, private_proc: bool) -> Result<Process, (Option<Step>, io::Error)> {
         if self.candidates.is_empty() {
-            return Err(io::Error::new(io::ErrorKind::NotFound, "no program to run"));
+            return Err((
+                None,
+                io::Error::new(io::ErrorKind::NotFound, "no program to run"),
+            ));
         }
         let null_terminated = |v: &[CString]| {
             v.iter()
@@ -202,11 +236,14 @@ impl Spawn {
             // SAFETY: getpid has no preconditions.
             parent: unsafe { libc::getpid() },
             no_new_privs: self.no_new_privs,
+            private_proc,
             errno: AtomicI32::new(0),
             step: AtomicI32::new(0),
         };
         let mut stack = vec![0u8; CHILD_STACK];
-        let pid = self.clone_child(&mut plan, &mut stack)?;
+        let pid = self
+            .clone_child(&mut plan, &mut stack)
+            .map_err(|e| (None, e))?;
         let errno = plan.errno.load(Ordering::Acquire);
         if errno != 0 {
             // It exited without exec: reap it, and say why.
@@ -216,11 +253,15 @@ impl Spawn {
             let e = io::Error::from_raw_os_error(errno);
             let step = plan.step.load(Ordering::Acquire);
             if step == Step::Exec as i32 {
-                return Err(e);
+                return Err((Some(Step::Exec), e));
             }
-            return Err(io::Error::new(
-                e.kind(),
-                format!("the child could not {}: {e}", Step::from_code(step)),
+            let failed = (step == Step::PrivateProc as i32).then_some(Step::PrivateProc);
+            return Err((
+                failed,
+                io::Error::new(
+                    e.kind(),
+                    format!("the child could not {}: {e}", Step::from_code(step)),
+                ),
             ));
         }
         Ok(Process { pid, status: None })
@@ -436,6 +477,28 @@ extern "C" fn child_main(plan: *mut libc::c_void) -> ! {
             if libc::dup2(moved[i], *to) != *to {
                 fail(Step::Descriptors);
             }
+        }
+        // While still privileged: a mount table of its own, host mounts
+        // still propagating in, with a /proc that hides what its user may
+        // not inspect (a new procfs instance takes its own options).
+        if plan.private_proc
+            && (libc::unshare(libc::CLONE_NEWNS) != 0
+                || libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_SLAVE,
+                    std::ptr::null(),
+                ) != 0
+                || libc::mount(
+                    c"proc".as_ptr(),
+                    c"/proc".as_ptr(),
+                    c"proc".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    HIDDEN_PROC_OPTIONS.as_ptr().cast(),
+                ) != 0)
+        {
+            fail(Step::PrivateProc);
         }
         if let Some((uid, gid)) = plan.credentials {
             // Groups first: once the uid changes they may not.
@@ -668,23 +731,26 @@ mod tests {
         assert_eq!(mask("SigCgt:") & bit(libc::SIGUSR1), 0, "{text}");
     }
 
+    /// Panics with the reason where the test cannot run.
+    fn needs_root() {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "this test needs root: the child switches users"
+        );
+    }
+
     #[test]
     fn as_root_the_child_starts_in_its_cgroup_as_the_user_it_was_given() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root");
-            return;
-        }
+        needs_root();
         let mounts = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
-        let Some(mount) = crate::executor::cgroup::cgroup2_mount(&mounts) else {
-            eprintln!("skipped: no cgroup2 hierarchy");
-            return;
-        };
+        let mount = crate::executor::cgroup::cgroup2_mount(&mounts)
+            .expect("this test needs a cgroup v2 hierarchy");
         let name = format!("shoal-spawn-test-{}", std::process::id());
         let cg = mount.join(&name);
         if let Err(e) = std::fs::create_dir(&cg) {
-            eprintln!("skipped: cannot create a cgroup: {e}");
-            return;
+            panic!("this test needs a writable cgroup v2 hierarchy: {e}");
         }
         let dir = std::fs::File::open(&cg).expect("cgroup dir");
         let procs = std::fs::OpenOptions::new()
@@ -711,12 +777,47 @@ mod tests {
     }
 
     #[test]
-    fn a_working_dir_the_user_may_not_enter_fails_the_start() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root");
-            return;
+    fn another_users_child_with_a_proc_of_its_own_sees_only_its_users_processes() {
+        needs_root();
+        // A process of root's that lives through the test.
+        let mut root_sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep");
+        let tmp = tempfile::tempdir().expect("tmp");
+        let log = tmp.path().join("out");
+        let out = std::fs::File::create(&log).expect("log");
+        let script = format!(
+            "test -e /proc/{root} && echo root=seen || echo root=hidden\n\
+             cat /proc/{root}/cmdline >/dev/null 2>&1 && echo cmdline=read || echo cmdline=denied\n\
+             test -e /proc/$$ && echo self=seen || echo self=hidden\n\
+             test -e /proc/1 && echo init=seen || echo init=hidden\n",
+            root = root_sleeper.id()
+        );
+        let mut spawn = shell(&script, &out);
+        spawn.credentials = Some((65534, 65534));
+        spawn.cwd = Some(c("/"));
+        spawn.private_proc = true;
+        let mut child = spawn.start().expect("spawn");
+        let status = wait(&mut child);
+        let _ = root_sleeper.kill();
+        let _ = root_sleeper.wait();
+        let text = std::fs::read_to_string(&log).expect("read");
+        assert!(status.success(), "{text}");
+        assert!(
+            !NO_PRIVATE_PROC.load(Ordering::Relaxed),
+            "this host refused the child a /proc of its own"
+        );
+        for want in ["root=hidden", "cmdline=denied", "self=seen", "init=hidden"] {
+            assert!(text.lines().any(|l| l == want), "want {want}:\n{text}");
         }
+        // The agent's own /proc is untouched.
+        assert!(std::path::Path::new("/proc/1").exists());
+    }
+
+    #[test]
+    fn a_working_dir_the_user_may_not_enter_fails_the_start() {
+        needs_root();
         let tmp = tempfile::tempdir().expect("tmp");
         let closed = tmp.path().join("closed");
         std::fs::create_dir(&closed).expect("dir");
