@@ -1430,8 +1430,54 @@ impl<'a> Pass<'a> {
         self.cluster.hostable[position] && self.cluster.shape.gpu_unique[gpu]
     }
 
-    /// Writes a placement into the overlay and charges its tenant.
+    /// GPUs a placement holds: those planned, and for an exclusive job
+    /// every other free GPU of its nodes, which nobody else may use while
+    /// it runs and which its tenant is charged for (quota, budget, share).
+    fn gpus_held(&self, placement: &Placement, request_exclusive: bool) -> u32 {
+        let planned: u32 = placement.nodes.iter().map(|(_, g)| g.len() as u32).sum();
+        if !request_exclusive {
+            return planned;
+        }
+        let whole: u32 = placement
+            .nodes
+            .iter()
+            .filter_map(|(node_id, _)| self.position_of(*node_id))
+            .map(|position| {
+                self.cluster
+                    .gpu_range(position)
+                    .filter(|gpu| self.holder[*gpu] == FREE)
+                    .count() as u32
+            })
+            .sum();
+        whole.max(planned)
+    }
+
+    /// Writes a placement into the overlay and charges its tenant; an
+    /// exclusive job whose whole nodes exceed its tenant's quota or budget
+    /// is not placed (its planned GPUs alone were within them).
     fn commit(&mut self, job: &PendingJob, placement: Placement, request_exclusive: bool) {
+        let held = self.gpus_held(&placement, request_exclusive);
+        let whole;
+        let job = if held > job.gpus {
+            whole = PendingJob {
+                gpus: held,
+                ..job.clone()
+            };
+            if let Some(Err(denied)) = self
+                .tree
+                .index_of(&job.tenant)
+                .map(|tenant| self.tree.check_quota(tenant, &whole))
+            {
+                self.note(
+                    job.id,
+                    format!("{} (--exclusive counts whole nodes)", denied.reason),
+                );
+                return;
+            }
+            &whole
+        } else {
+            job
+        };
         let slot = self.jobs.slot(job.id);
         let mut taken = Held::default();
         for (node_id, indices) in &placement.nodes {
@@ -1454,7 +1500,7 @@ impl<'a> Pass<'a> {
         }
         if request_exclusive {
             // Nobody else is placed on a whole node for the rest of the
-            // pass: its other GPUs count as the job's, uncharged.
+            // pass: its other GPUs are the job's, and charged as such.
             for (node_id, _) in &placement.nodes {
                 let Some(position) = self.position_of(*node_id) else {
                     continue;
@@ -1462,10 +1508,11 @@ impl<'a> Pass<'a> {
                 for gpu in self.cluster.gpu_range(position) {
                     if self.holder[gpu] == FREE {
                         self.holder[gpu] = slot;
+                        let model = self.cluster.shape.gpu_model[gpu];
+                        taken.add(model, 1);
                         if self.counts_as_usable(position, gpu) {
                             self.free_usable[position] =
                                 self.free_usable[position].saturating_sub(1);
-                            let model = self.cluster.shape.gpu_model[gpu];
                             if let Some(free) = self.free_by_model.get_mut(model as usize) {
                                 *free = free.saturating_sub(1);
                             }

@@ -484,13 +484,14 @@ impl Workload {
                         .jobs
                         .get(&placement.job)
                         .is_some_and(|job| job.spec.choice.exclusive);
-                    for (node, gpus) in &placement.nodes {
+                    let held = self.held_gpus(placement, members);
+                    for (node, gpus) in &held {
                         for gpu in gpus {
                             busy.insert((*node, *gpu));
                         }
                         *used.entry(*node).or_default() |= exclusive;
                     }
-                    self.start(placement, epoch, now_ms);
+                    self.start(placement, held, epoch, now_ms);
                     outcome.started.push(placement.job);
                 }
                 Err(reason) => {
@@ -649,12 +650,55 @@ impl Workload {
                 }
             }
         }
-        self.check_quota_for(spec, shares)
+        let held: u32 = self
+            .held_gpus(placement, members)
+            .iter()
+            .map(|(_, gpus)| gpus.len() as u32)
+            .sum();
+        self.check_quota_for(spec, held, shares)
+    }
+
+    /// The GPUs a placement holds, in rank order: those planned and, for an
+    /// exclusive job, every other GPU of its nodes that takes work. An
+    /// exclusive job holds (its ranks see) and is charged for whole nodes,
+    /// as Slurm's `--exclusive` allocates every GPU of its nodes: quota,
+    /// budget and fair share count what a tenant keeps from the others.
+    fn held_gpus(
+        &self,
+        placement: &PlannedPlacement,
+        members: &BTreeMap<NodeId, Member>,
+    ) -> Vec<(NodeId, Vec<u32>)> {
+        let exclusive = self
+            .jobs
+            .get(&placement.job)
+            .is_some_and(|job| job.spec.choice.exclusive);
+        if !exclusive {
+            return placement.nodes.clone();
+        }
+        placement
+            .nodes
+            .iter()
+            .map(|(node, planned)| {
+                let mut gpus = planned.clone();
+                if let Some(member) = members.get(node) {
+                    gpus.extend(member.spec.gpus.iter().map(|gpu| gpu.index).filter(|gpu| {
+                        !planned.contains(gpu) && self.gpu_fault(*node, *gpu).is_none()
+                    }));
+                }
+                (*node, gpus)
+            })
+            .collect()
     }
 
     /// The tenant and its ancestors must stay within their GPU caps and
-    /// budgets once this job holds its GPUs.
-    fn check_quota_for(&self, spec: &JobSpec, shares: &RegionalShares) -> Result<(), String> {
+    /// budgets once this job holds `gpus` GPUs (its spec's, or whole nodes).
+    fn check_quota_for(
+        &self,
+        spec: &JobSpec,
+        gpus: u32,
+        shares: &RegionalShares,
+    ) -> Result<(), String> {
+        let needed_seconds = u64::from(gpus).saturating_mul(spec.time_limit_s);
         if !self.tenants.contains_key(&spec.tenant) {
             return Err(format!("quota: unknown tenant {}", spec.tenant));
         }
@@ -668,22 +712,22 @@ impl Workload {
                     .iter()
                     .map(|t| held.get(t).copied().unwrap_or(0))
                     .sum();
-                if in_use.saturating_add(spec.total_gpus()) > share {
+                if in_use.saturating_add(gpus) > share {
                     return Err(format!(
                         "quota: {name} uses {in_use} of the {share} GPUs of its global cap of {global} this region holds, job needs {}",
-                        spec.total_gpus()
+                        gpus
                     ));
                 }
             }
             if let Some((share, global)) = part.gpu_seconds {
                 let committed: u64 = subtree.iter().map(|t| self.committed_gpu_seconds(t)).sum();
-                if committed.saturating_add(spec.gpu_seconds_needed()) > share {
+                if committed.saturating_add(needed_seconds) > share {
                     return Err(format!(
                         "budget: {name} has committed {:.2} of the {:.2} GPU-hours of its global budget of {:.2} this region holds, job may use {:.2}",
                         committed as f64 / 3600.0,
                         share as f64 / 3600.0,
                         global as f64 / 3600.0,
-                        spec.gpu_seconds_needed() as f64 / 3600.0
+                        needed_seconds as f64 / 3600.0
                     ));
                 }
             }
@@ -692,21 +736,21 @@ impl Workload {
                     .iter()
                     .map(|t| held.get(t).copied().unwrap_or(0))
                     .sum();
-                if in_use.saturating_add(spec.total_gpus()) > max {
+                if in_use.saturating_add(gpus) > max {
                     return Err(format!(
                         "quota: {name} uses {in_use}/{max} GPUs, job needs {}",
-                        spec.total_gpus()
+                        gpus
                     ));
                 }
             }
             if let Some(limit) = limits.gpu_seconds_limit {
                 let committed: u64 = subtree.iter().map(|t| self.committed_gpu_seconds(t)).sum();
-                if committed.saturating_add(spec.gpu_seconds_needed()) > limit {
+                if committed.saturating_add(needed_seconds) > limit {
                     return Err(format!(
                         "budget: {name} has {:.1} of {:.1} GPU-hours uncommitted, job may use {:.1}",
                         limit.saturating_sub(committed) as f64 / 3600.0,
                         limit as f64 / 3600.0,
-                        spec.gpu_seconds_needed() as f64 / 3600.0
+                        needed_seconds as f64 / 3600.0
                     ));
                 }
             }
@@ -714,18 +758,24 @@ impl Workload {
         Ok(())
     }
 
-    fn start(&mut self, placement: &PlannedPlacement, epoch: u64, now_ms: u64) {
+    fn start(
+        &mut self,
+        placement: &PlannedPlacement,
+        held: Vec<(NodeId, Vec<u32>)>,
+        epoch: u64,
+        now_ms: u64,
+    ) {
         if let Some(job) = self.jobs.get_mut(&placement.job) {
             job.state = JobState::Running;
             job.reason = String::new();
             job.yields_to = None;
             job.not_before_ms = None;
             job.started_at_ms.get_or_insert(now_ms);
-            job.last_nodes = placement.nodes.clone();
+            job.last_nodes = held.clone();
             job.last_epoch = Some(epoch);
             job.alloc = Some(Allocation {
                 epoch,
-                nodes: placement.nodes.clone(),
+                nodes: held,
                 started_at_ms: now_ms,
                 diameter_us: placement.diameter_us,
                 exits: BTreeMap::new(),

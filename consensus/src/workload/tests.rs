@@ -1582,7 +1582,8 @@ fn an_exclusive_job_takes_whole_nodes_and_keeps_them() {
     });
     r.pass(Policy::Fifo);
     assert_eq!(placed_on(&r, whole), vec![n2]);
-    assert_eq!(r.job(whole).alloc.as_ref().map(|a| a.gpu_count()), Some(1));
+    // It holds (and its ranks see) every GPU of n2, as Slurm's --exclusive.
+    assert_eq!(r.job(whole).alloc.as_ref().map(|a| a.gpu_count()), Some(8));
     // Nothing else lands on n2 while it runs, though 7 GPUs are idle there.
     let more = r.submit(job(DEFAULT_TENANT, 1, 4));
     let blocked = r.submit(job(DEFAULT_TENANT, 1, 4));
@@ -2104,5 +2105,65 @@ fn lowering_the_time_limit_at_the_end_never_lowers_the_charge() {
         tenant.fair_usage_gpu_ms - fair_after_cheat,
         fair_after_cheat,
         "the honest twin's fair-share usage equals the cheat's"
+    );
+}
+
+#[test]
+fn an_exclusive_job_is_charged_for_its_whole_nodes() {
+    // The audit's attack: a tenant at 2/2 GPUs held an 8-GPU node whole
+    // with a 2-GPU exclusive job, charged for 2, and preempted others.
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    r.apply(Command::CreateTenant {
+        name: "small".into(),
+        limits: limits(Some(2), None, 1),
+    });
+    r.apply(Command::CreateTenant {
+        name: "big".into(),
+        limits: limits(Some(8), None, 1),
+    });
+    let hog = r.submit(JobSpec {
+        choice: choice(vec![], vec![], true),
+        ..job("small", 1, 2)
+    });
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(r.job(hog).state, JobState::Pending);
+    assert!(
+        r.job(hog).reason.contains("uses 0/2 GPUs, job needs 8"),
+        "{}",
+        r.job(hog).reason
+    );
+    // A forged plan is refused on apply the same way.
+    let n1 = id_of(&r, "n1");
+    let LedgerResponse::Scheduled { started, refused } = r.apply(Command::Schedule(Plan {
+        placements: vec![PlannedPlacement {
+            job: hog,
+            nodes: vec![(n1, vec![0, 1])],
+            diameter_us: 0,
+        }],
+        ..Plan::default()
+    })) else {
+        panic!("not a schedule answer")
+    };
+    assert!(started.is_empty(), "{started:?}");
+    assert!(refused[0].1.contains("job needs 8"), "{refused:?}");
+    // Within its quota it runs, and everything counts the whole node:
+    // GPUs in use, the budget it commits and the GPU-seconds it is charged.
+    let whole = r.submit(JobSpec {
+        choice: choice(vec![], vec![], true),
+        ..job("big", 1, 2)
+    });
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(r.job(whole).state, JobState::Running);
+    assert_eq!(r.ledger.workload.gpus_in_use().get("big"), Some(&8));
+    assert_eq!(
+        r.ledger.workload.committed_gpu_seconds("big"),
+        8 * r.job(whole).spec.time_limit_s
+    );
+    let before = r.ledger.workload.tenants["big"].charged_gpu_ms;
+    r.now_ms += 10_000;
+    r.exit_all(whole, 0);
+    assert_eq!(
+        r.ledger.workload.tenants["big"].charged_gpu_ms - before,
+        8 * 10_000
     );
 }
