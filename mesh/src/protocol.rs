@@ -25,7 +25,11 @@ use std::sync::OnceLock;
 /// every member speaks 2. Version 3: tenants capped across regions
 /// (`Command::SetGlobalGpus`, `AdoptGlobalTenant`, `ShareRound`), likewise.
 /// Version 4: join tokens for voters (`Command::CreateVoterJoinToken`).
-pub const PROTOCOL: u16 = 4;
+/// Version 5: an exclusive job's placement holds its nodes' every GPU
+/// (`workload::WHOLE_NODES_SINCE_PROTOCOL`): a change to what `apply` does
+/// with an old command, so it takes effect only once every member speaks 5
+/// and every replica applies the placement alike.
+pub const PROTOCOL: u16 = 5;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL: u16 = 1;
 /// Test only: overrides the range a process speaks (`min..max`).

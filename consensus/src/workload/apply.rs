@@ -672,7 +672,15 @@ impl Workload {
             .jobs
             .get(&placement.job)
             .is_some_and(|job| job.spec.choice.exclusive);
-        if !exclusive {
+        // Members of an older release apply the plan as it came: every
+        // replica must agree, so whole nodes wait until all speak it.
+        let everyone_speaks_it = members
+            .values()
+            .filter(|m| m.state != MemberState::Left)
+            .map(|m| m.spec.protocol().1)
+            .min()
+            .is_some_and(|p| p >= super::WHOLE_NODES_SINCE_PROTOCOL);
+        if !exclusive || !everyone_speaks_it {
             return placement.nodes.clone();
         }
         placement

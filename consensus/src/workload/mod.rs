@@ -46,6 +46,10 @@ use crate::sched::{NodeChoice, TopologyTier};
 use crate::types::NodeId;
 pub use view::{tenant_views, trial_start, SchedSnapshot, TrialStart, TRIAL_JOB};
 
+/// The protocol version from which an exclusive job's placement holds every
+/// GPU of its nodes (`shoal_mesh::protocol::PROTOCOL` 5).
+pub const WHOLE_NODES_SINCE_PROTOCOL: u16 = 5;
+
 /// The tenant every cluster starts with, used when a job names none.
 pub const DEFAULT_TENANT: &str = "default";
 /// Finished jobs kept for `queue`/`show`; older ones are forgotten in

@@ -33,6 +33,7 @@ fn member(name: &str, rack: &str, gpu_count: u32) -> MemberSpec {
         gpus: gpus(gpu_count, "H100"),
         gossip_peer_id: String::new(),
         gossip_addr: String::new(),
+        protocol_max: WHOLE_NODES_SINCE_PROTOCOL,
         ..Default::default()
     }
 }
@@ -2166,4 +2167,24 @@ fn an_exclusive_job_is_charged_for_its_whole_nodes() {
         r.ledger.workload.tenants["big"].charged_gpu_ms - before,
         8 * 10_000
     );
+}
+
+#[test]
+fn until_every_member_speaks_it_an_exclusive_job_holds_what_was_planned() {
+    // A member of an older release applies the plan as it came; so must
+    // every other replica, or their ledgers would part.
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let old = id_of(&r, "n2");
+    r.ledger
+        .members
+        .get_mut(&old)
+        .expect("n2")
+        .spec
+        .protocol_max = WHOLE_NODES_SINCE_PROTOCOL - 1;
+    let whole = r.submit(JobSpec {
+        choice: choice(vec![], vec![], true),
+        ..job(DEFAULT_TENANT, 1, 2)
+    });
+    r.pass(Policy::Fifo);
+    assert_eq!(r.job(whole).alloc.as_ref().map(|a| a.gpu_count()), Some(2));
 }

@@ -26,6 +26,9 @@ use tokio::sync::watch;
 /// is wired. A trait, so that routing does not depend on what it routes to.
 // This build must speak the protocol that brought write ids.
 const _: () = assert!(shoal_mesh::protocol::PROTOCOL >= shoal_consensus::once::SINCE_PROTOCOL);
+const _: () = assert!(
+    shoal_mesh::protocol::PROTOCOL >= shoal_consensus::workload::WHOLE_NODES_SINCE_PROTOCOL
+);
 
 pub trait LeaderService: Send + Sync + 'static {
     fn serve(&self, req: Request) -> BoxFuture<'_, Result<Response, WireError>>;
