@@ -423,6 +423,71 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
     // Two when a minute's window ended in between.
     assert!(hidden.len() <= 2, "{hidden:?}");
 
+    // Audit finding 7: a tenant walking the admin routes recorded one event
+    // per route and pushed the operators' records out of the 1,000-event
+    // log. Now each caller has 16 distinct refusal records a minute on a
+    // node (beta used 9 above), then one that says it was cut off.
+    let http = reqwest::Client::new();
+    let admin_routes = [
+        ("POST", "/v1/nodes/1/remove"),
+        ("POST", "/v1/nodes/1/drain"),
+        ("POST", "/v1/nodes/1/undrain"),
+        ("POST", "/v1/nodes/1/gpus/0/drain"),
+        ("POST", "/v1/nodes/1/gpus/0/undrain"),
+        ("POST", "/v1/tokens"),
+        ("POST", "/v1/tokens/revoke"),
+        ("POST", "/v1/api-tokens/revoke"),
+        ("POST", "/v1/api-tokens/rotate-admin"),
+        ("POST", "/v1/attrs"),
+        ("POST", "/v1/ca/rotate"),
+        ("POST", "/v1/users"),
+        ("POST", "/v1/tenants/beta"),
+        ("POST", "/v1/debug/gpu-fault"),
+        ("GET", "/v1/attrs"),
+        ("GET", "/v1/tokens"),
+        ("GET", "/v1/api-tokens"),
+        ("GET", "/v1/ca"),
+        ("GET", "/v1/snapshot"),
+        ("GET", "/v1/federation/summary"),
+    ];
+    for (method, path) in admin_routes {
+        let req = match method {
+            "GET" => http.get(format!("{base}{path}")),
+            _ => http
+                .post(format!("{base}{path}"))
+                .json(&serde_json::json!({})),
+        };
+        let status = req.bearer_auth(&b).send().await.expect("request").status();
+        assert_eq!(status.as_u16(), 403, "{method} {path}");
+    }
+    let beta_records = common::wait_for("beta's cut-off record", TIMEOUT, || {
+        let admin = admin.clone();
+        async move {
+            let records: Vec<String> = admin
+                .events(0)
+                .await
+                .ok()?
+                .into_iter()
+                .filter(|e| e.kind == "audit" && e.message.starts_with("token 'beta-token'"))
+                .map(|e| e.message)
+                .collect();
+            records
+                .iter()
+                .any(|m| m.contains("kinds of refused requests within a minute"))
+                .then_some(records)
+        }
+    })
+    .await;
+    // Over 20 kinds of refusal in all; at most two windows' worth (16
+    // distinct records and a cut-off each) are in the log.
+    assert!(beta_records.len() <= 2 * 17, "{beta_records:#?}");
+    let kept = admin.events(0).await.expect("events");
+    assert!(
+        kept.iter()
+            .any(|e| e.kind == "audit" && e.message.ends_with("POST /v1/tenants done")),
+        "the admin's records stay"
+    );
+
     // An admin lowers alpha's pending-job limit and caps nothing more: the
     // next job past it is refused naming the limit and the use.
     let lower = TenantRequest {

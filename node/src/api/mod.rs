@@ -393,7 +393,11 @@ fn record_audit(
         message: format!("{who}: {what}"),
         resource,
     };
-    app.record_audit(spec);
+    if refused {
+        app.record_refusal(&caller.id, &who, spec);
+    } else {
+        app.record_audit(spec);
+    }
 }
 
 async fn count_requests(State(app): State<AppState>, req: Request, next: Next) -> Response {

@@ -171,6 +171,18 @@ impl Node {
             .record(&self.ledger, self.shutdown_signal(), spec);
     }
 
+    /// Records a refusal of `caller`'s (a token id) within its budget of
+    /// distinct records (`audit::RefusalLimiter`).
+    pub fn record_refusal(
+        &self,
+        caller: &str,
+        who: &str,
+        spec: shoal_consensus::events::EventSpec,
+    ) {
+        self.audit
+            .record_refusal(&self.ledger, self.shutdown_signal(), caller, who, spec);
+    }
+
     /// Peer regions as this node sees them, and its clients to them.
     pub fn federation(&self) -> &crate::node::federation::link::Federation {
         &self.federation
