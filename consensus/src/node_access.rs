@@ -17,6 +17,19 @@ use crate::workload::Allocation;
 use crate::NodeId;
 use shoal_sdk::MemberState;
 
+/// A GPU list as admitted: without what changes as the GPUs are used
+/// (allocation, health).
+fn inventory(gpus: &[shoal_sdk::GpuInfo]) -> Vec<shoal_sdk::GpuInfo> {
+    gpus.iter()
+        .map(|gpu| shoal_sdk::GpuInfo {
+            allocated_to: None,
+            health: String::new(),
+            health_reason: None,
+            ..gpu.clone()
+        })
+        .collect()
+}
+
 /// `Ok` when member `node` may have `cmd` applied on its own authority;
 /// otherwise why not, worded for the operator reading the audit log.
 pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), String> {
@@ -30,18 +43,33 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
     let refuse = |what: &str| Err(format!("node {node} may not {what}"));
     match cmd {
         Command::UpdateMember { id, spec } if *id == node => {
+            let Some(current) = ledger.members.get(&node).map(|m| &m.spec) else {
+                return refuse("change a record it does not have");
+            };
             // Failure domains decide who votes (and so who holds the CA key):
             // a node cannot move itself into a zone of its choosing.
-            let current = ledger.members.get(&node).map(|m| &m.spec.labels);
-            match FAILURE_DOMAINS
+            if let Some(label) = FAILURE_DOMAINS
                 .iter()
-                .find(|k| current.and_then(|l| l.get(**k)) != spec.labels.get(**k))
+                .find(|k| current.labels.get(**k) != spec.labels.get(**k))
             {
-                Some(label) => refuse(&format!(
+                return refuse(&format!(
                     "change its own '{label}' label (remove the node and join it again to move it)"
-                )),
-                None => Ok(()),
+                ));
             }
+            // What it was admitted with: more GPUs draw other tenants' jobs,
+            // another address draws other nodes' traffic. Its release,
+            // protocols, gossip identity and other labels stay its own.
+            if inventory(&current.gpus) != inventory(&spec.gpus) {
+                return refuse(
+                    "change its own GPUs (remove the node and join it again with the new ones)",
+                );
+            }
+            if (&current.rpc_addr, &current.api_addr) != (&spec.rpc_addr, &spec.api_addr) {
+                return refuse(
+                    "change its own addresses (remove the node and join it again at the new ones)",
+                );
+            }
+            Ok(())
         }
         Command::UpdateMember { id, .. } => refuse(&format!("change member {id}")),
         Command::RankExited {
@@ -430,8 +458,9 @@ mod tests {
     #[test]
     fn a_node_changes_only_its_own_member_record() {
         let (mut r, _) = Replica::with_a_running_job();
-        let mut spec = member("n2");
-        spec.rpc_addr = "10.0.0.9:7000".into();
+        let mut spec = r.ledger.members[&2].spec.clone();
+        spec.labels.insert("team".into(), "vision".into());
+        spec.version = "9.9.9".into();
         let forged = r.as_node(
             3,
             Command::UpdateMember {
@@ -440,12 +469,51 @@ mod tests {
             },
         );
         assert!(denied(&forged), "{forged:?}");
-        assert_eq!(r.ledger.members[&2].spec.rpc_addr, "127.0.0.1:1");
+        assert!(!r.ledger.members[&2].spec.labels.contains_key("team"));
         assert_eq!(
             r.as_node(2, Command::UpdateMember { id: 2, spec }),
             LedgerResponse::Ok
         );
-        assert_eq!(r.ledger.members[&2].spec.rpc_addr, "10.0.0.9:7000");
+        assert_eq!(r.ledger.members[&2].spec.version, "9.9.9");
+    }
+
+    #[test]
+    fn a_node_cannot_rewrite_the_gpus_or_addresses_it_was_admitted_with() {
+        // Audit finding 7: a member rewrote its own GPUs and addresses.
+        let (mut r, _) = Replica::with_a_running_job();
+        let admitted = r.ledger.members[&2].spec.clone();
+        let mut more_gpus = admitted.clone();
+        more_gpus
+            .gpus
+            .extend(more_gpus.gpus.clone().into_iter().map(|mut g| {
+                g.index += 100;
+                g
+            }));
+        let mut other_model = admitted.clone();
+        other_model.gpus[0].model = "B200".into();
+        let mut moved = admitted.clone();
+        moved.rpc_addr = "10.0.0.9:7000".into();
+        let mut api_moved = admitted.clone();
+        api_moved.api_addr = "10.0.0.9:7070".into();
+        for spec in [more_gpus, other_model, moved, api_moved] {
+            let answer = r.as_node(2, Command::UpdateMember { id: 2, spec });
+            assert!(denied(&answer), "{answer:?}");
+        }
+        assert_eq!(r.ledger.members[&2].spec, admitted);
+        // What changes as GPUs are used is not the inventory.
+        let mut in_use = admitted.clone();
+        in_use.gpus[0].allocated_to = Some(42);
+        in_use.gpus[0].health = "ok".into();
+        assert_eq!(
+            r.as_node(
+                2,
+                Command::UpdateMember {
+                    id: 2,
+                    spec: in_use
+                }
+            ),
+            LedgerResponse::Ok
+        );
     }
 
     #[test]

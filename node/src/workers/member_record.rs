@@ -1,5 +1,8 @@
-//! On restart the node may come back with other addresses, labels or
-//! accelerators; the ledger must describe it as it is now.
+//! On restart the node may come back with another release, other labels or
+//! protocols; the ledger must describe it as it is now. Its GPUs, its
+//! addresses and its failure domain are what it was admitted with: the
+//! ledger refuses a node's own change of those (`node_access`), and a node
+//! that has other ones must be removed and join again.
 
 use super::Worker;
 use crate::node::{LedgerClient, LocalMember};
@@ -45,6 +48,16 @@ impl Worker for MemberRecord {
             spec: self.local.spec.clone(),
         };
         match self.ledger.write(cmd).await {
+            Ok((shoal_consensus::LedgerResponse::Denied(reason), _)) => {
+                // Its GPUs or addresses are what it was admitted with; the
+                // ledger keeps those until an operator re-admits it.
+                tracing::error!(
+                    node = self.local.id,
+                    %reason,
+                    "this node differs from its record in the ledger and may not rewrite it: remove it (`shoal node remove`) and join it again"
+                );
+                ControlFlow::Break(())
+            }
             Ok(_) => {
                 tracing::info!(
                     node = self.local.id,
