@@ -253,6 +253,44 @@ async fn every_route_answers_each_token_with_its_own_tenants_work_only() {
     assert_eq!(admin.has_chunks(&ids).await.expect("has"), vec![true]);
     assert_eq!(as_a.has_chunks(&ids).await.expect("has"), vec![true]);
     assert_eq!(as_b.has_chunks(&ids).await.expect("has"), vec![false]);
+    // Audit finding 6: B names A's chunk in a manifest of its own without
+    // ever sending it. Refused; the chunk stays A's alone.
+    let forged = shoal_sdk::ObjectPut {
+        path: "/beta/stolen.bin".into(),
+        is_dir: false,
+        manifest_hex: object[0].manifest_hex.clone(),
+        bytes: object[0].bytes,
+        files: object[0].files,
+        holders: object[0].replicas.clone(),
+        replica: 1,
+        tenant: None,
+        replace: false,
+    };
+    let refused = as_b
+        .put_object(&forged)
+        .await
+        .expect_err("a chunk B never sent");
+    assert!(
+        refused
+            .to_string()
+            .contains("was not uploaded by tenant 'beta'"),
+        "{refused}"
+    );
+    assert!(as_b.chunk(&chunk).await.is_err(), "B reads A's chunk");
+    // With the content in hand, B sends it (told it is missing) and may
+    // then name it: it proved it holds the content.
+    let mine = c.root().join("beta-copy.bin");
+    std::fs::write(&mine, b"alpha's weights, not beta's").expect("write");
+    let upload = CpArgs {
+        replica: 1,
+        recursive: false,
+        force: false,
+        allow_degraded: true,
+        paths: vec![mine.display().to_string(), "mesh:/beta/copy.bin".into()],
+    };
+    cp(&as_b, &upload, true).await.expect("B's own upload");
+    assert_eq!(as_b.has_chunks(&ids).await.expect("has"), vec![true]);
+    assert!(as_b.chunk(&chunk).await.is_ok(), "B reads what it sent");
     // A sees its own subtree; the admin sees everyone.
     let a_jobs = as_a.jobs(None, None).await.expect("jobs");
     let mut ids: Vec<u64> = a_jobs.iter().map(|j| j.id).collect();

@@ -1331,6 +1331,7 @@ fn parse_chunk_id(id: &str) -> Result<shoal_storage::chunk::ChunkId, ApiError> {
 /// Stores an uploaded chunk frame after verifying it against its id.
 async fn put_chunk(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -1355,8 +1356,82 @@ async fn put_chunk(
             },
         )
     })?;
+    // Stored and verified against its id: the tenant holds its content.
+    if let Some(tenant) = &caller.tenant {
+        app.chunks().note_upload(tenant, id);
+    }
     Ok(Json(serde_json::json!({})))
 }
+
+/// A tenant's manifest may name a chunk none of its own objects or
+/// checkpoints named before only if the tenant uploaded it to each holder
+/// (`rpc::receipts`): naming a content hash proves nothing. Holders of an
+/// older release, which keep no receipts, are not asked.
+async fn check_uploaded(
+    app: &Node,
+    caller: &Caller,
+    manifest: &shoal_storage::manifest::Manifest,
+    holders: &[u64],
+) -> Result<(), ApiError> {
+    let Some(tenant) = &caller.tenant else {
+        return Ok(());
+    };
+    let (claimed, asked) = {
+        let data = app.ledger().read()?;
+        let seen = scope::visible_chunks(&data.ledger, caller);
+        let claimed: Vec<shoal_storage::chunk::ChunkId> = manifest
+            .unique_chunks()
+            .into_iter()
+            .map(|c| c.id)
+            .filter(|id| !seen.contains(id))
+            .collect();
+        let holders = if holders.is_empty() {
+            vec![app.id()]
+        } else {
+            holders.to_vec()
+        };
+        let mut asked = Vec::new();
+        for node in holders {
+            match data.ledger.members.get(&node) {
+                Some(m) if m.spec.protocol().1 >= UPLOAD_RECEIPTS_SINCE_PROTOCOL => {
+                    asked.push((node, m.spec.name.clone()))
+                }
+                Some(_) => {}
+                None => return Err(bad_request(format!("holder {node} is not a member"))),
+            }
+        }
+        (claimed, asked)
+    };
+    if claimed.is_empty() {
+        return Ok(());
+    }
+    let answers = futures::future::join_all(
+        asked
+            .iter()
+            .map(|(node, _)| app.chunks().uploaded_to(*node, tenant, &claimed)),
+    )
+    .await;
+    for ((_, name), answer) in asked.iter().zip(answers) {
+        let uploaded = answer.map_err(|e| {
+            ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ApiErrorBody {
+                    code: "unavailable".into(),
+                    message: format!("cannot ask holder {name} about the uploads: {e}"),
+                },
+            )
+        })?;
+        if let Some((id, _)) = claimed.iter().zip(uploaded).find(|(_, up)| !up) {
+            return Err(forbidden(format!(
+                "permission denied: chunk {id} was not uploaded by tenant '{tenant}' to {name}; a manifest may name only chunks its tenant sent to each holder (shoal cp sends them)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The protocol from which holders keep upload receipts.
+const UPLOAD_RECEIPTS_SINCE_PROTOCOL: u16 = 5;
 
 /// Which of the given chunks this node stores. A tenant learns it only of
 /// chunks a manifest of its own names: chunk ids are the BLAKE3 of their
@@ -1396,8 +1471,9 @@ async fn put_object(
     // The ledger keeps manifests opaque; one that does not decode would only
     // make every node's garbage collection and repair skip, so it is refused
     // here, before anything is stored.
-    shoal_storage::manifest::Manifest::from_bytes(&manifest)
+    let parsed = shoal_storage::manifest::Manifest::from_bytes(&manifest)
         .map_err(|e| bad_request(format!("invalid manifest: {e}")))?;
+    check_uploaded(&app, &caller, &parsed, &req.holders).await?;
     let object = shoal_consensus::namespace::MeshObject {
         path: req.path,
         is_dir: req.is_dir,

@@ -40,6 +40,7 @@ pub struct ChunkNet {
     rpc: RpcEndpoint,
     store: Arc<ChunkStore>,
     faults: Option<FaultRouter>,
+    receipts: Arc<std::sync::Mutex<super::receipts::UploadReceipts>>,
 }
 
 impl ChunkNet {
@@ -56,7 +57,53 @@ impl ChunkNet {
             rpc,
             store,
             faults,
+            receipts: Arc::default(),
         }
+    }
+
+    /// `tenant` uploaded chunk `id` to this node through the API.
+    pub fn note_upload(&self, tenant: &str, id: ChunkId) {
+        if let Ok(mut receipts) = self.receipts.lock() {
+            receipts.record(tenant, id, crate::node::clock::wall_ms());
+        }
+    }
+
+    /// For each of `ids`, whether `tenant` uploaded it to this node lately.
+    pub fn uploaded(&self, tenant: &str, ids: &[ChunkId]) -> Vec<bool> {
+        match self.receipts.lock() {
+            Ok(receipts) => receipts.uploaded(tenant, ids, crate::node::clock::wall_ms()),
+            Err(_) => vec![false; ids.len()],
+        }
+    }
+
+    /// For each of `ids`, whether `tenant` uploaded it to member `node`
+    /// lately: asked over RPC unless `node` is this one.
+    pub async fn uploaded_to(
+        &self,
+        node: u64,
+        tenant: &str,
+        ids: &[ChunkId],
+    ) -> Result<Vec<bool>, String> {
+        if node == self.ledger.me() {
+            return Ok(self.uploaded(tenant, ids));
+        }
+        let Some(first) = ids.first().copied() else {
+            return Ok(Vec::new());
+        };
+        let req = ChunkRequest::Uploaded {
+            tenant: tenant.to_string(),
+            ids: ids.to_vec(),
+        };
+        let transport = QuicChunkTransport::new(self.clone(), tokio::runtime::Handle::current());
+        let count = ids.len();
+        tokio::task::spawn_blocking(move || transport.call(node, first, req))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+            .and_then(|answer| match answer {
+                Response::Has(v) if v.len() == count => Ok(v),
+                other => Err(format!("unexpected answer {other:?}")),
+            })
     }
 
     /// The chunks held by this node (its own and replicas for peers).
@@ -310,6 +357,9 @@ impl ChunkNet {
                 .map(|id| store.contains(id))
                 .collect::<Result<Vec<bool>, _>>()
                 .map(Response::Has),
+            ChunkRequest::Uploaded { tenant, ids } => {
+                Ok(Response::Has(self.uploaded(&tenant, &ids)))
+            }
         };
         result
             .unwrap_or_else(|e| Response::Error(WireError::new(ErrorCode::Rejected, e.to_string())))

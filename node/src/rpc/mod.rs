@@ -8,3 +8,4 @@ pub mod faults;
 pub mod handler;
 pub mod proto;
 pub mod raft_transport;
+pub mod receipts;

@@ -109,6 +109,12 @@ pub enum ChunkRequest {
         frame: Vec<u8>,
         forward: Vec<u64>,
     },
+    /// Whether `tenant` uploaded each of `ids` to the receiving node lately
+    /// (`rpc::receipts`); answered with `Response::Has`. Protocol 5.
+    Uploaded {
+        tenant: String,
+        ids: Vec<shoal_storage::chunk::ChunkId>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
