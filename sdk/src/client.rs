@@ -231,7 +231,7 @@ impl Client {
         self.get("/v1/federation/summary").await
     }
 
-    /// `shoal federation join URL --token T` (admin).
+    /// `shoal federation join URL` with the other region's admin token (admin).
     pub async fn federation_join(
         &self,
         req: &crate::FederationJoinRequest,

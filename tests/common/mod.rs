@@ -25,16 +25,30 @@ pub fn shoal_bin() -> &'static str {
 /// walks its own slice of the range, so two binaries running at once do
 /// not walk the same ports either.
 /// Runs the `shoal` CLI against `api` with `token`: (exit code, stdout,
-/// stderr), both trimmed.
+/// stderr), both trimmed. A `--token T` in `args` (the other region's, for
+/// `federation join`) goes in `SHOAL_PEER_TOKEN`: the CLI refuses a token
+/// in its arguments.
 pub fn cli(args: &[&str], api: &str, token: &str) -> (i32, String, String) {
-    let out = Command::new(shoal_bin())
+    let mut command = Command::new(shoal_bin());
+    command
         .env_remove("SHOAL_API")
+        .env_remove("SHOAL_PEER_TOKEN")
         .env("SHOAL_TOKEN", token)
         .arg("--api")
-        .arg(api)
-        .args(args)
-        .output()
-        .expect("run shoal");
+        .arg(api);
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match (*arg, rest.clone().next()) {
+            ("--token", Some(peer)) => {
+                command.env("SHOAL_PEER_TOKEN", peer);
+                rest.next();
+            }
+            _ => {
+                command.arg(arg);
+            }
+        }
+    }
+    let out = command.output().expect("run shoal");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).trim().to_string(),

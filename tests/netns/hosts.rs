@@ -25,11 +25,13 @@ struct ClientHost {
 }
 
 impl ClientHost {
+    /// Runs the CLI there; a `--token T` in `args` goes in `SHOAL_TOKEN`,
+    /// as users pass it (the CLI refuses a token in its arguments).
     fn run(&self, args: &[&str]) -> Output {
-        Command::new("ip")
+        let mut command = Command::new("ip");
+        command
             .args(["netns", "exec", &self.ns])
             .arg(common::shoal_bin())
-            .args(args)
             .env_remove("SHOAL_API")
             .env_remove("SHOAL_TOKEN")
             .env_remove("SHOAL_CA_FILE")
@@ -37,9 +39,20 @@ impl ClientHost {
             .env(
                 "SHOAL_DATA_DIR",
                 self.settings.with_extension("no-node-here"),
-            )
-            .output()
-            .expect("run shoal on the client host")
+            );
+        let mut rest = args.iter();
+        while let Some(arg) = rest.next() {
+            match (*arg, rest.clone().next()) {
+                ("--token", Some(token)) => {
+                    command.env("SHOAL_TOKEN", token);
+                    rest.next();
+                }
+                _ => {
+                    command.arg(arg);
+                }
+            }
+        }
+        command.output().expect("run shoal on the client host")
     }
 
     fn ok(&self, args: &[&str]) -> String {

@@ -34,8 +34,8 @@ fn assert_one_error_line(stderr: &str) {
 #[test]
 fn unreachable_api_is_one_error_line_and_exit_1() {
     let (code, stdout, stderr) = run(
-        &["--api", "http://127.0.0.1:9", "--token", "x", "status"],
-        &[],
+        &["--api", "http://127.0.0.1:9", "status"],
+        &[("SHOAL_TOKEN", "x")],
     );
     assert_eq!(code, 1);
     assert!(stdout.is_empty());
@@ -138,7 +138,10 @@ async fn status_nodes_and_token_follow_the_interface() {
         assert!(m.get(key).is_some(), "members[] lacks {key}");
     }
 
-    let (code, stdout, _) = run(&["--api", &api, "--token", &token, "nodes", "--json"], &[]);
+    let (code, stdout, _) = run(
+        &["--api", &api, "nodes", "--json"],
+        &[("SHOAL_TOKEN", &token)],
+    );
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
     let n = &v[0];
@@ -162,7 +165,7 @@ async fn status_nodes_and_token_follow_the_interface() {
     }
 
     // Human tables.
-    let (code, stdout, _) = run(&["--api", &api, "--token", &token, "nodes"], &[]);
+    let (code, stdout, _) = run(&["--api", &api, "nodes"], &[("SHOAL_TOKEN", &token)]);
     assert_eq!(code, 0);
     assert!(
         stdout.contains("H100-80GB") && stdout.contains("4/4"),
@@ -171,10 +174,8 @@ async fn status_nodes_and_token_follow_the_interface() {
 
     // The join token, alone on stdout.
     let (code, stdout, _) = run(
-        &[
-            "--api", &api, "--token", &token, "token", "create", "--ttl", "2h",
-        ],
-        &[],
+        &["--api", &api, "token", "create", "--ttl", "2h"],
+        &[("SHOAL_TOKEN", &token)],
     );
     assert_eq!(code, 0);
     assert!(
@@ -182,18 +183,39 @@ async fn status_nodes_and_token_follow_the_interface() {
         "{stdout}"
     );
     let (code, _, stderr) = run(
-        &[
-            "--api", &api, "--token", &token, "token", "create", "--ttl", "soon",
-        ],
-        &[],
+        &["--api", &api, "token", "create", "--ttl", "soon"],
+        &[("SHOAL_TOKEN", &token)],
     );
     assert_eq!(code, 1);
     assert_one_error_line(&stderr);
 
     // Wrong token: 401 as one error line.
-    let (code, _, stderr) = run(&["--api", &api, "--token", "sa1.wrong", "status"], &[]);
+    let (code, _, stderr) = run(&["--api", &api, "status"], &[("SHOAL_TOKEN", "sa1.wrong")]);
     assert_eq!(code, 1);
     assert_one_error_line(&stderr);
+
+    // A token in the arguments is refused before anything is sent; one
+    // from a file only its owner can read is taken, a wider one is not.
+    let (code, _, stderr) = run(&["--api", &api, "--token", &token, "status"], &[]);
+    assert_eq!(code, 2);
+    assert_one_error_line(&stderr);
+    assert!(stderr.contains("SHOAL_TOKEN"), "{stderr}");
+    let file = root.path().join("token");
+    std::fs::write(&file, format!("{token}\n")).expect("token file");
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let file_arg = file.display().to_string();
+    let (code, _, stderr) = run(&["--api", &api, "--token-file", &file_arg, "status"], &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_one_error_line(&stderr);
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    let (code, stdout, stderr) = run(
+        &["--api", &api, "--token-file", &file_arg, "status", "--json"],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("members"), "{stdout}");
 
     // Bootstrapping over an existing identity is refused, nothing changes.
     let (code, _, stderr) = run(
@@ -228,9 +250,9 @@ async fn ca_rotate_and_status_follow_the_interface() {
     })
     .await;
     let shoal = |args: &[&str]| {
-        let mut argv = vec!["--api", api.as_str(), "--token", token.as_str()];
+        let mut argv = vec!["--api", api.as_str()];
         argv.extend_from_slice(args);
-        run(&argv, &[])
+        run(&argv, &[("SHOAL_TOKEN", token.as_str())])
     };
     let json = |args: &[&str]| {
         let (code, stdout, stderr) = shoal(args);
@@ -297,9 +319,9 @@ async fn join_and_api_tokens_are_listed_revoked_and_rotated() {
     })
     .await;
     let shoal = |token: &str, args: &[&str]| {
-        let mut all = vec!["--api", api.as_str(), "--token", token];
+        let mut all = vec!["--api", api.as_str()];
         all.extend_from_slice(args);
-        run(&all, &[])
+        run(&all, &[("SHOAL_TOKEN", token)])
     };
     let json = |out: &str| -> serde_json::Value {
         serde_json::from_str(out).unwrap_or_else(|e| panic!("one JSON document ({e}): {out}"))

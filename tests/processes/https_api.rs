@@ -21,16 +21,29 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The CLI as a user who has run `shoal login` and nothing else: no
 /// SHOAL_API, token, CA file or data dir of a node.
+/// Runs the CLI; a `--token T` in `args` goes in `SHOAL_TOKEN` instead, as
+/// users pass it (the CLI refuses a token in its arguments).
 fn shoal(settings: &Path, args: &[&str]) -> Output {
-    Command::new(shoal_bin())
+    let mut command = Command::new(shoal_bin());
+    command
         .env_remove("SHOAL_API")
         .env_remove("SHOAL_TOKEN")
         .env_remove("SHOAL_CA_FILE")
         .env("SHOAL_CLI_CONFIG", settings)
-        .env("SHOAL_DATA_DIR", settings.with_extension("no-data-dir"))
-        .args(args)
-        .output()
-        .expect("run shoal")
+        .env("SHOAL_DATA_DIR", settings.with_extension("no-data-dir"));
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match (*arg, rest.clone().next()) {
+            ("--token", Some(token)) => {
+                command.env("SHOAL_TOKEN", token);
+                rest.next();
+            }
+            _ => {
+                command.arg(arg);
+            }
+        }
+    }
+    command.output().expect("run shoal")
 }
 
 fn ok(out: &Output, what: &str) -> String {

@@ -268,14 +268,8 @@ fn root_with_cgroup2() -> PathBuf {
 /// `shoal nodes --json` through the node's API.
 fn nodes_json(node: &NodeProc, token: &str) -> serde_json::Value {
     let out = std::process::Command::new(shoal_bin())
-        .args([
-            "--api",
-            &node.api_url(),
-            "--token",
-            token,
-            "nodes",
-            "--json",
-        ])
+        .env("SHOAL_TOKEN", token)
+        .args(["--api", &node.api_url(), "nodes", "--json"])
         .output()
         .expect("shoal nodes");
     assert!(out.status.success(), "shoal nodes: {out:?}");

@@ -27,11 +27,9 @@ fn status_json(node: &NodeProc, token: &str) -> Option<serde_json::Value> {
 fn cli_json(node: &NodeProc, token: &str, args: &[&str]) -> Option<serde_json::Value> {
     let mut c = Command::new(shoal_bin());
     c.env_remove("SHOAL_API")
-        .env_remove("SHOAL_TOKEN")
+        .env("SHOAL_TOKEN", token)
         .arg("--api")
         .arg(node.api_url())
-        .arg("--token")
-        .arg(token)
         .args(args);
     if node.api_tls() {
         c.env("SHOAL_CA_FILE", node.ca_file());

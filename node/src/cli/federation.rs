@@ -7,7 +7,8 @@ use shoal_sdk::{Client, FederationJoinRequest, JobInfo, RegionInfo, RegionJobId}
 #[derive(Subcommand, Debug)]
 pub enum FederationCmd {
     /// Federate this region with the one whose API is at URL (admin on both
-    /// sides: this region's token as usual, the other region's with --token)
+    /// sides: this region's token as usual, the other region's in
+    /// SHOAL_PEER_TOKEN or --token-file)
     Join {
         /// Any node's API of the other region, e.g. https://10.1.0.5:7070
         url: String,
@@ -29,7 +30,8 @@ fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
 }
 
 /// `shoal federation ...`. `peer_token` is the other region's admin token
-/// (the command's `--token`); `client` carries this region's credentials.
+/// (the command's `--token-file`, else `SHOAL_PEER_TOKEN`); `client` carries
+/// this region's credentials.
 pub async fn run(
     client: &Client,
     cmd: &FederationCmd,
@@ -43,7 +45,7 @@ pub async fn run(
         } => {
             let token = peer_token.ok_or_else(|| {
                 anyhow::anyhow!(
-                    "federation join needs the other region's admin token: SHOAL_PEER_TOKEN (or --token T)"
+                    "federation join needs the other region's admin token: SHOAL_PEER_TOKEN (or --token-file FILE)"
                 )
             })?;
             let ca_pem = crate::cli::login::peer_ca(url, ca_fingerprint.as_deref()).await?;

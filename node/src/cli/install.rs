@@ -282,7 +282,7 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
     };
     if started && args.bootstrap {
         next.push(format!(
-            "shoal login https://<this host>:7070 --token $(cat {}/admin.token)",
+            "SHOAL_TOKEN=$(cat {}/admin.token) shoal login https://<this host>:7070",
             data_dir.display()
         ));
     }

@@ -196,7 +196,9 @@ pub async fn login(
         anyhow::anyhow!("{url} is not a URL ({e}): give e.g. https://10.0.0.5:7070")
     })?;
     let token = token.ok_or_else(|| {
-        anyhow::anyhow!("login needs a token: --token T (from `shoal token api` on the cluster)")
+        anyhow::anyhow!(
+            "login needs a token: SHOAL_TOKEN or --token-file FILE (from `shoal token api` on the cluster)"
+        )
     })?;
     let mut settings = load_settings()?;
     let ca_pem = match parsed.scheme() {

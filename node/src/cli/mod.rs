@@ -39,9 +39,13 @@ pub struct Cli {
     /// API of the node to talk to [env: SHOAL_API] [default: the `shoal login` URL, else the local agent's, else http://127.0.0.1:7070]
     #[arg(long, global = true)]
     api: Option<String>,
-    /// API token [env: SHOAL_TOKEN] [default: <data-dir>/admin.token]
-    #[arg(long, global = true)]
+    /// Refused: a token in the arguments is readable by every process on the
+    /// machine. Use SHOAL_TOKEN or --token-file
+    #[arg(long, global = true, hide = true)]
     token: Option<String>,
+    /// API token from a file only you can read (chmod 600) [env: SHOAL_TOKEN] [default: the login's, else <data-dir>/admin.token]
+    #[arg(long, global = true, value_name = "FILE")]
+    token_file: Option<PathBuf>,
     /// Node data dir [env: SHOAL_DATA_DIR]
     #[arg(long, global = true)]
     data_dir: Option<PathBuf>,
@@ -247,7 +251,7 @@ enum Cmd {
     },
     /// Regions: this one and its peers, with reachability, WAN RTT, GPUs, queue length
     Regions,
-    /// Federate regions: `federation join URL --token T`, `federation leave REGION`
+    /// Federate regions: `federation join URL` (the other region's token in SHOAL_PEER_TOKEN), `federation leave REGION`
     Federation {
         #[command(subcommand)]
         cmd: crate::cli::federation::FederationCmd,
@@ -621,7 +625,19 @@ fn emit<T: serde::Serialize>(
     Ok(())
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(mut cli: Cli) -> anyhow::Result<()> {
+    if cli.token.is_some() {
+        eprintln!(
+            "error: --token puts the token where every process on this machine can read it \
+             (/proc/PID/cmdline); set SHOAL_TOKEN (SHOAL_PEER_TOKEN for the other region's in \
+             `federation join`), or write it to a file only you can read (chmod 600) and pass \
+             --token-file FILE"
+        );
+        return Err(ExitWith(2).into());
+    }
+    if let Some(file) = cli.token_file.take() {
+        cli.token = Some(read_secret_file(&file, "--token-file")?.trim().to_string());
+    }
     match &cli.command {
         Cmd::Agent(args) => run_agent(&cli, args).await,
         Cmd::Demo => {
@@ -861,16 +877,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Regions => crate::cli::federation::regions(&client(&cli)?, cli.json).await,
         Cmd::Federation { cmd } => {
-            // `--token` is the other region's admin token here; this
-            // region's comes from SHOAL_TOKEN, the login or the data dir.
+            // `--token-file` holds the other region's admin token here;
+            // this region's comes from SHOAL_TOKEN, the login or the data
+            // dir.
             let dir = data_dir(&cli);
             let local = login::connect(&login::Requested {
                 api: cli.api.as_deref(),
                 token: None,
                 data_dir: &dir,
             })?;
-            // Also from SHOAL_PEER_TOKEN, so that scripts keep it out of
-            // the arguments every local process can read.
+            // Else from SHOAL_PEER_TOKEN: never from the arguments, which
+            // every local process can read.
             let peer_token = cli
                 .token
                 .clone()
@@ -1143,14 +1160,14 @@ async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
                 .display()
         );
         println!(
-            "API {} (cluster CA {}); from another machine: shoal login {} --token $(cat {})",
+            "API {} (cluster CA {}); from another machine: SHOAL_TOKEN=$(cat {}) shoal login {}",
             agent.api_url(),
             boot.join_token.rsplit('.').next().unwrap_or_default(),
-            agent.api_url(),
             agent
                 .data_dir()
                 .join(crate::node::identity::ADMIN_TOKEN_FILE)
-                .display()
+                .display(),
+            agent.api_url(),
         );
         if std::env::var_os("JOURNAL_STREAM").is_some() {
             // journald keeps stdout for good, readable by its groups: no

@@ -354,8 +354,9 @@ class HttpsAgentTest(unittest.TestCase, Cluster):
         settings = Path(self.root) / "cli.toml"
         env = clean_env(self.root)
         env["SHOAL_CLI_CONFIG"] = str(settings)
+        env["SHOAL_TOKEN"] = self.token
         done = subprocess.run(
-            [SHOAL_BIN, "login", self.url, "--token", self.token],
+            [SHOAL_BIN, "login", self.url],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
