@@ -11,7 +11,10 @@ pub const REGION_HEADER: &str = "x-shoal-region";
 /// Request header a peer region sets when it forwards a tenant-scoped
 /// caller's request: the receiving region narrows the peer's credential to
 /// this tenant, so a forwarded request never does more than the caller's
-/// own token allowed in its home region.
+/// own token allowed in its home region. Every forwarded request names
+/// one, and only a tenant both regions share (one with caps across
+/// regions, under the same home region) is accepted: a peer's credential
+/// never acts as an admin, nor as a same-named tenant local to a region.
 pub const TENANT_HEADER: &str = "x-shoal-forwarded-tenant";
 /// The `--region` value that lets the node choose.
 pub const AUTO_REGION: &str = "auto";

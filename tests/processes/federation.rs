@@ -1,9 +1,12 @@
 //! Two regions of spawned agents (us-1: one node, eu-1: two nodes, 4
 //! simulated GPUs each): federation join (admin on both sides; a tenant
 //! token is refused), `regions` converging, `submit --region auto` landing
-//! where the capacity is, every job command forwarded with `REGION:ID`,
-//! then eu-1 cut off: local work goes on, cross-region commands fail fast
-//! naming the region, and the summaries mark it unreachable.
+//! where the capacity is, every job command forwarded with `REGION:ID` for
+//! a tenant both regions share (an admin token acts in its own region
+//! only), then eu-1 cut off: local work goes on, cross-region commands fail
+//! fast naming the region, and the summaries mark it unreachable. And the
+//! audit's attack: the peer's credential naming no tenant, or a tenant of
+//! the same name that is local to each region, is refused.
 
 // See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
@@ -11,7 +14,7 @@
 use crate::common;
 
 use common::{cli as shoal, cli_ok as ok, one_at_a_time, start_cluster, wait_for};
-use shoal_sdk::{JobInfo, RegionInfo};
+use shoal_sdk::{Client, JobInfo, RegionInfo, TenantRequest};
 use std::time::{Duration, Instant};
 
 /// Summaries every 300 ms; a region silent for 3 s is unreachable; one
@@ -46,6 +49,84 @@ async fn wait_region(
         async move { hit.then_some(()) }
     })
     .await;
+}
+
+/// Makes `name` a tenant of region `home` shared across regions (a cap
+/// of `gpus` GPUs in all regions together, far above what the test runs),
+/// creating it unless it exists, and waits until each node of the other
+/// region (`others`) has adopted it and read the home's summary naming it
+/// (what such a node checks a forwarded request against), and the home has
+/// read the other region's summary naming it (`--region auto` picks only
+/// such regions). Returns a token of the tenant in the home region.
+async fn share_tenant(
+    home: &Client,
+    home_region: &str,
+    others: &[Client],
+    name: &str,
+    gpus: u32,
+) -> String {
+    let req = TenantRequest {
+        name: name.into(),
+        global_gpus: Some(gpus),
+        ..Default::default()
+    };
+    let exists = home
+        .tenants()
+        .await
+        .expect("tenants")
+        .iter()
+        .any(|t| t.name == name);
+    if exists {
+        home.set_tenant(&req).await.expect("tenant set");
+    } else {
+        home.create_tenant(&req).await.expect("tenant create");
+    }
+    let reported_by = |c: &Client, region: String| {
+        let c = c.clone();
+        let name = name.to_string();
+        let home_region = home_region.to_string();
+        async move {
+            let tenants = c.global_tenants().await.ok()?;
+            tenants
+                .iter()
+                .any(|t| {
+                    t.tenant == name
+                        && t.home == home_region
+                        && t.regions.iter().any(|r| r.region == region && !r.local)
+                })
+                .then_some(())
+        }
+    };
+    for c in others {
+        wait_for(
+            &format!("the other region to share tenant {name}"),
+            Duration::from_secs(60),
+            || reported_by(c, home_region.to_string()),
+        )
+        .await;
+        wait_for(
+            &format!("{home_region} to read that the other region holds {name}"),
+            Duration::from_secs(60),
+            || {
+                let c = c.clone();
+                let home = home.clone();
+                let reported_by = &reported_by;
+                async move {
+                    let other = c.regions().await.ok()?.into_iter().find(|r| r.local)?.name;
+                    reported_by(&home, other).await
+                }
+            },
+        )
+        .await;
+    }
+    home.create_api_token(&shoal_sdk::ApiTokenCreateRequest {
+        name: Some(format!("{name}-shared")),
+        tenant: Some(name.into()),
+        ttl_s: None,
+    })
+    .await
+    .expect("tenant token")
+    .token
 }
 
 fn show(api: &str, token: &str, job: &str) -> JobInfo {
@@ -150,9 +231,31 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
         "{local:?}"
     );
 
+    // Work crosses regions on behalf of tenants both regions share: "lab"
+    // and "vision", defined in us-1 and adopted by eu-1. An admin token
+    // acts in its own region only.
+    let eu_clients: Vec<Client> = eu.iter().map(|n| n.client(&eu_token)).collect();
+    let lab_token = share_tenant(&admin, "us-1", &eu_clients, "lab", 64).await;
+    share_tenant(&admin, "us-1", &eu_clients, "vision", 64).await;
+    let eu_lab_token = eu_clients[0]
+        .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
+            name: Some("lab-eu".into()),
+            tenant: Some("lab".into()),
+            ttl_s: None,
+        })
+        .await
+        .expect("a token of lab in eu-1")
+        .token;
+    let (code, _, err) = shoal(&["queue", "--region", "eu-1"], &us_api, &us_token);
+    assert_eq!(code, 1, "an admin token acted in another region: {err}");
+    assert!(
+        err.starts_with("error: permission denied") && err.contains("admin token"),
+        "{err}"
+    );
+
     // The credential us-1 holds for eu-1 (in its ledger, in clear: every
-    // us-1 node calls eu-1 with it) forwards job commands and reads the
-    // summary there, and reaches no admin route.
+    // us-1 node calls eu-1 with it) forwards job commands for a shared
+    // tenant and reads the summary there, and reaches no admin route.
     let backup = root.path().join("us-1.ledger");
     ok(
         &["snapshot", "save", backup.to_str().expect("utf-8 path")],
@@ -163,14 +266,26 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     let peer_secret = saved.ledger.federation.peers["eu-1"]
         .outbound_secret
         .clone();
-    let as_peer = |method: reqwest::Method, path: &str| {
-        http.request(method, format!("{eu_api}{path}"))
+    let as_peer = |method: reqwest::Method, path: &str, tenant: Option<&str>| {
+        let mut req = http
+            .request(method, format!("{eu_api}{path}"))
             .bearer_auth(&peer_secret)
             .header("content-type", "application/json")
-            .body("{}")
-            .send()
+            .body("{}");
+        if let Some(t) = tenant {
+            req = req.header(shoal_sdk::TENANT_HEADER, t);
+        }
+        req.send()
     };
-    let listed = as_peer(reqwest::Method::GET, "/v1/jobs")
+    let unscoped = as_peer(reqwest::Method::GET, "/v1/jobs", None)
+        .await
+        .expect("request");
+    assert_eq!(
+        unscoped.status().as_u16(),
+        403,
+        "the peer credential naming no tenant"
+    );
+    let listed = as_peer(reqwest::Method::GET, "/v1/jobs", Some("lab"))
         .await
         .expect("request");
     assert_eq!(
@@ -197,14 +312,18 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
         (reqwest::Method::POST, "/v1/objects"),
         (reqwest::Method::POST, "/v1/jobs/1/requeue"),
     ] {
-        let resp = as_peer(method.clone(), path).await.expect("request");
-        let status = resp.status().as_u16();
-        let body = resp.text().await.unwrap_or_default();
-        assert_eq!(
-            status, 403,
-            "{method} {path} with a peer region's credential: {body}"
-        );
-        assert!(body.contains("may forward job commands"), "{body}");
+        for tenant in [None, Some("lab")] {
+            let resp = as_peer(method.clone(), path, tenant)
+                .await
+                .expect("request");
+            let status = resp.status().as_u16();
+            let body = resp.text().await.unwrap_or_default();
+            assert_eq!(
+                status, 403,
+                "{method} {path} with a peer region's credential: {body}"
+            );
+            assert!(body.contains("may forward job commands"), "{body}");
+        }
     }
 
     // Another region's objects: ls, stat and rm of mesh://eu-1/PATH are
@@ -216,23 +335,23 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     ok(
         &["cp", "--replica", "2", notes_s, "mesh:/notes"],
         &eu_api,
-        &eu_token,
+        &eu_lab_token,
     );
     let listed: Vec<serde_json::Value> =
-        serde_json::from_str(&ok(&["ls", "--json", "mesh://eu-1/"], &us_api, &us_token))
+        serde_json::from_str(&ok(&["ls", "--json", "mesh://eu-1/"], &us_api, &lab_token))
             .expect("ls JSON");
     assert!(listed.iter().any(|o| o["path"] == "/notes"), "{listed:?}");
     let stat: serde_json::Value = serde_json::from_str(&ok(
         &["stat", "--json", "mesh://eu-1/notes"],
         &us_api,
-        &us_token,
+        &lab_token,
     ))
     .expect("stat JSON");
     assert_eq!(stat["bytes"], 12, "{stat}");
     copy_across_regions(
         root.path(),
         &us_api,
-        &us_token,
+        &lab_token,
         &tenant_token,
         &eu_api,
         &eu_token,
@@ -250,7 +369,7 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     );
     let (code, _, err) = shoal(&["rm", "mesh://eu-1/notes"], &us_api, &tenant_token);
     assert_eq!(code, 1, "a tenant removed another's object: {err}");
-    ok(&["rm", "mesh://eu-1/notes"], &us_api, &us_token);
+    ok(&["rm", "mesh://eu-1/notes"], &us_api, &lab_token);
     let left: Vec<serde_json::Value> =
         serde_json::from_str(&ok(&["ls", "--json", "mesh:/"], &eu_api, &eu_token))
             .expect("ls JSON");
@@ -293,7 +412,7 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     )
     .await;
     let after: Vec<serde_json::Value> =
-        serde_json::from_str(&ok(&["ls", "--json", "mesh://eu-1/"], &us_api, &us_token))
+        serde_json::from_str(&ok(&["ls", "--json", "mesh://eu-1/"], &us_api, &lab_token))
             .expect("ls JSON");
     assert!(after.iter().all(|o| o["path"] != "/notes"), "{after:?}");
     wait_region(
@@ -322,13 +441,13 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
             "true",
         ],
         &us_api,
-        &us_token,
+        &lab_token,
     );
     assert!(
         near.starts_with("eu-1:"),
         "--near eu-1 must place there, got {near}"
     );
-    wait_job(&us_api, &us_token, &near, "completed").await;
+    wait_job(&us_api, &lab_token, &near, "completed").await;
     for (args, says) in [
         (
             vec!["submit", "--near", "mesh://eu-1/d", "--", "true"],
@@ -353,7 +472,7 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
             "mars-1",
         ),
     ] {
-        let (code, _, err) = shoal(&args, &us_api, &us_token);
+        let (code, _, err) = shoal(&args, &us_api, &lab_token);
         assert_eq!(code, 1, "{args:?}: {err}");
         assert!(
             err.starts_with("error: ") && err.contains(says),
@@ -376,12 +495,12 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
             "600",
         ],
         &us_api,
-        &us_token,
+        &lab_token,
     );
     let here_id: u64 = here
         .parse()
         .unwrap_or_else(|_| panic!("a plain local id, got {here}"));
-    wait_job(&us_api, &us_token, &here_id.to_string(), "running").await;
+    wait_job(&us_api, &lab_token, &here_id.to_string(), "running").await;
     // us-1 is full now: auto sends the next 4-GPU gang to eu-1.
     let there = ok(
         &[
@@ -398,14 +517,14 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
             "echo hello-from-eu; sleep 600",
         ],
         &us_api,
-        &us_token,
+        &lab_token,
     );
     assert!(
         there.starts_with("eu-1:"),
         "auto must place in eu-1, got {there}"
     );
-    wait_job(&us_api, &us_token, &there, "running").await;
-    let info = show(&us_api, &us_token, &there);
+    wait_job(&us_api, &lab_token, &there, "running").await;
+    let info = show(&us_api, &lab_token, &there);
     assert_eq!(info.region.as_deref(), Some("eu-1"));
     assert!(info.nodes[0].starts_with("eu"), "{info:?}");
 
@@ -423,13 +542,13 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
             "true",
         ],
         &us_api,
-        &us_token,
+        &lab_token,
     );
     assert!(explicit.starts_with("eu-1:"), "{explicit}");
     let queue: Vec<JobInfo> = serde_json::from_str(&ok(
         &["--json", "queue", "-a", "--region", "eu-1"],
         &us_api,
-        &us_token,
+        &lab_token,
     ))
     .expect("queue JSON");
     let there_id: u64 = there["eu-1:".len()..].parse().expect("id");
@@ -442,7 +561,7 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     let merged: Vec<JobInfo> = serde_json::from_str(&ok(
         &["--json", "queue", "--all-regions"],
         &us_api,
-        &us_token,
+        &lab_token,
     ))
     .expect("merged queue JSON");
     assert!(
@@ -456,13 +575,13 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
         "{merged:?}"
     );
     wait_for("the forwarded log", Duration::from_secs(30), || {
-        let (code, out, _) = shoal(&["logs", &there], &us_api, &us_token);
+        let (code, out, _) = shoal(&["logs", &there], &us_api, &lab_token);
         async move { (code == 0 && out.contains("hello-from-eu")).then_some(()) }
     })
     .await;
-    ok(&["--json", "ckpt", "ls", &there], &us_api, &us_token);
-    ok(&["cancel", &there], &us_api, &us_token);
-    wait_job(&us_api, &us_token, &there, "cancelled").await;
+    ok(&["--json", "ckpt", "ls", &there], &us_api, &lab_token);
+    ok(&["cancel", &there], &us_api, &lab_token);
+    wait_job(&us_api, &lab_token, &there, "cancelled").await;
     // The tenant token's forwarded requests stay within its tenant.
     let (code, _, err) = shoal(&["show", &there], &us_api, &tenant_token);
     assert_eq!(
@@ -475,7 +594,7 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
         n.kill9();
     }
     let t0 = Instant::now();
-    let (code, _, err) = shoal(&["show", &there], &us_api, &us_token);
+    let (code, _, err) = shoal(&["show", &there], &us_api, &lab_token);
     let took = t0.elapsed();
     assert_eq!(code, 1, "{err}");
     assert!(
@@ -497,12 +616,12 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
             "true",
         ],
         &us_api,
-        &us_token,
+        &lab_token,
     );
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("region eu-1"), "{err}");
     let t0 = Instant::now();
-    let (code, _, err) = shoal(&["cp", notes_s, "mesh://eu-1/late"], &us_api, &us_token);
+    let (code, _, err) = shoal(&["cp", notes_s, "mesh://eu-1/late"], &us_api, &lab_token);
     assert_eq!(code, 1, "{err}");
     assert!(
         err.starts_with("error: ") && err.contains("region eu-1 did not answer"),
@@ -519,7 +638,7 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     .await;
     // Local work goes on, `auto` included: it never picks the lost region.
     ok(&["cancel", &here_id.to_string()], &us_api, &us_token);
-    wait_job(&us_api, &us_token, &here_id.to_string(), "cancelled").await;
+    wait_job(&us_api, &lab_token, &here_id.to_string(), "cancelled").await;
     let after = ok(
         &[
             "submit",
@@ -533,13 +652,13 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
             "true",
         ],
         &us_api,
-        &us_token,
+        &lab_token,
     );
     let after_id: u64 = after
         .parse()
         .unwrap_or_else(|_| panic!("a local id, got {after}"));
-    wait_job(&us_api, &us_token, &after_id.to_string(), "completed").await;
-    let (code, _, err) = shoal(&["--json", "queue", "--all-regions"], &us_api, &us_token);
+    wait_job(&us_api, &lab_token, &after_id.to_string(), "completed").await;
+    let (code, _, err) = shoal(&["--json", "queue", "--all-regions"], &us_api, &lab_token);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("region eu-1 left out"), "{err}");
 
@@ -548,6 +667,298 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     assert!(left.contains("left region eu-1"), "{left}");
     let rows = regions(&us_api, &us_token);
     assert_eq!(rows.len(), 1, "{rows:?}");
+}
+
+/// The audit's attack on federation: the credential a region presents to
+/// its peer (in us-1's ledger, so in its backups) used without a tenant
+/// acted as an admin of eu-1 (listed every tenant's jobs, cancelled them,
+/// submitted at priority 2,000,000,000, removed objects), and a tenant
+/// token of us-1 acted as eu-1's tenant of the same name. Now the
+/// credential acts only for a tenant both regions share (one with caps
+/// across regions, the same name under the same home region), and only on
+/// the forwarding routes; a same-named local tenant is another tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_credential_acts_only_for_a_tenant_both_regions_share() {
+    let _serial = one_at_a_time();
+    let root = tempfile::tempdir().expect("tempdir");
+    let (us, us_token) = start_cluster(root.path(), &["us1"], |_| region_env("us-1")).await;
+    let (eu, eu_token) = start_cluster(root.path(), &["eu1"], |_| region_env("eu-1")).await;
+    let (us_api, eu_api) = (us[0].api_url(), eu[0].api_url());
+    let (us_admin, eu_admin) = (us[0].client(&us_token), eu[0].client(&eu_token));
+    ok(
+        &["federation", "join", &eu_api, "--token", &eu_token],
+        &us_api,
+        &us_token,
+    );
+    // "lab" is shared (defined in us-1, adopted by eu-1); "vision" is a
+    // local tenant of each region, one name for two tenants.
+    let lab_token = share_tenant(
+        &us_admin,
+        "us-1",
+        std::slice::from_ref(&eu_admin),
+        "lab",
+        64,
+    )
+    .await;
+    let vision_token = common::tenant_with_token(&us_admin, "vision").await;
+    eu_admin
+        .create_tenant(&TenantRequest {
+            name: "vision".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("eu-1's own vision");
+    // eu-1's work: one job each of lab, vision and the admin's default
+    // tenant, and an object of the default tenant.
+    let mut ids = std::collections::BTreeMap::new();
+    for tenant in ["lab", "vision", "default"] {
+        let mut job = common::sh_job(1, 1, "sleep 600");
+        job.tenant = Some(tenant.into());
+        let id = eu_admin.submit_job(&job).await.expect("submit").id;
+        ids.insert(tenant, id);
+    }
+    let notes = root.path().join("notes.txt");
+    std::fs::write(&notes, b"kept in eu-1").expect("write notes");
+    ok(
+        &[
+            "cp",
+            "--replica",
+            "1",
+            notes.to_str().expect("utf-8 path"),
+            "mesh:/notes",
+        ],
+        &eu_api,
+        &eu_token,
+    );
+
+    // The credential us-1 presents to eu-1, as anyone holding a backup of
+    // us-1's ledger has it.
+    let backup = root.path().join("us-1.ledger");
+    ok(
+        &["snapshot", "save", backup.to_str().expect("utf-8 path")],
+        &us_api,
+        &us_token,
+    );
+    let (_, saved) = shoal_node::node::backup::read_file(&backup).expect("the us-1 backup");
+    let peer_secret = saved.ledger.federation.peers["eu-1"]
+        .outbound_secret
+        .clone();
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .expect("http client");
+    let as_peer = |method: reqwest::Method, path: String, tenant: Option<&str>, body: String| {
+        let mut req = http
+            .request(method, format!("{eu_api}{path}"))
+            .bearer_auth(&peer_secret)
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(t) = tenant {
+            req = req.header(shoal_sdk::TENANT_HEADER, t);
+        }
+        async move {
+            let resp = req.send().await.expect("request");
+            let status = resp.status().as_u16();
+            (status, resp.text().await.unwrap_or_default())
+        }
+    };
+    let mut greedy = common::sh_job(1, 1, "true");
+    greedy.priority = 2_000_000_000;
+    let greedy = serde_json::to_string(&greedy).expect("job JSON");
+    let attacks = || -> Vec<(reqwest::Method, String, String)> {
+        let vision = ids["vision"];
+        let default = ids["default"];
+        vec![
+            (reqwest::Method::GET, "/v1/jobs".into(), String::new()),
+            (
+                reqwest::Method::GET,
+                format!("/v1/jobs/{vision}"),
+                String::new(),
+            ),
+            (
+                reqwest::Method::GET,
+                format!("/v1/jobs/{vision}/logs"),
+                String::new(),
+            ),
+            (
+                reqwest::Method::POST,
+                format!("/v1/jobs/{default}/cancel"),
+                "{}".into(),
+            ),
+            (
+                reqwest::Method::POST,
+                format!("/v1/jobs/{vision}/cancel"),
+                "{}".into(),
+            ),
+            (reqwest::Method::POST, "/v1/jobs".into(), greedy.clone()),
+            (
+                reqwest::Method::GET,
+                "/v1/objects?path=/".into(),
+                String::new(),
+            ),
+            (
+                reqwest::Method::POST,
+                "/v1/objects/rm".into(),
+                r#"{"path":"/notes"}"#.into(),
+            ),
+        ]
+    };
+
+    // 1. The peer credential naming no tenant: refused on every forwarding
+    // route, saying why.
+    for (method, path, body) in attacks() {
+        let (status, text) = as_peer(method.clone(), path.clone(), None, body).await;
+        assert_eq!(
+            status, 403,
+            "{method} {path} as the peer with no tenant: {text}"
+        );
+        assert!(
+            text.contains("only on behalf of a tenant both regions share"),
+            "{text}"
+        );
+    }
+    // 2. Naming eu-1's "vision", which is local to eu-1 (us-1's "vision" is
+    // another tenant): refused too, whether us-1 sends it (a release
+    // without the check, or the credential in other hands) ...
+    for (method, path, body) in attacks() {
+        let (status, text) = as_peer(method.clone(), path.clone(), Some("vision"), body).await;
+        assert_eq!(
+            status, 403,
+            "{method} {path} as the peer for vision: {text}"
+        );
+        assert!(text.contains("not shared across regions"), "{text}");
+    }
+    // ... or us-1's own vision token asks us-1 to forward: us-1 refuses.
+    for args in [
+        vec!["queue", "-a", "--region", "eu-1"],
+        vec!["show", &format!("eu-1:{}", ids["vision"])],
+        vec!["cancel", &format!("eu-1:{}", ids["vision"])],
+        vec!["ls", "mesh://eu-1/"],
+    ] {
+        let (code, _, err) = shoal(&args, &us_api, &vision_token);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: permission denied")
+                && err.contains("tenant 'vision' is local to region us-1"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    // An admin of us-1 acts in us-1 only: `--region eu-1` is refused with
+    // the reason, and `--region auto` keeps the job here.
+    let (code, _, err) = shoal(&["queue", "--region", "eu-1"], &us_api, &us_token);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.starts_with("error: permission denied") && err.contains("admin token"),
+        "{err}"
+    );
+    let here = ok(
+        &[
+            "submit",
+            "--region",
+            "auto",
+            "-N",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--",
+            "true",
+        ],
+        &us_api,
+        &us_token,
+    );
+    assert!(
+        here.parse::<u64>().is_ok(),
+        "an admin's auto job stays here: {here}"
+    );
+    // Nothing of eu-1 was touched.
+    let jobs = eu_admin.jobs(None, None).await.expect("eu-1 jobs");
+    assert_eq!(jobs.len(), 3, "no job was added: {jobs:?}");
+    assert!(
+        jobs.iter()
+            .all(|j| j.state != "cancelled" && j.priority < 1_000_000),
+        "{jobs:?}"
+    );
+    assert!(
+        eu_admin
+            .objects("/")
+            .await
+            .expect("objects")
+            .iter()
+            .any(|o| o.path == "/notes"),
+        "the object was removed"
+    );
+
+    // 3. The shared tenant works across regions as before, within itself.
+    let (status, text) = as_peer(
+        reqwest::Method::GET,
+        "/v1/jobs".into(),
+        Some("lab"),
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let listed: Vec<JobInfo> = serde_json::from_str(&text).expect("jobs JSON");
+    assert!(
+        listed.iter().all(|j| j.tenant == "lab") && listed.iter().any(|j| j.id == ids["lab"]),
+        "{listed:?}"
+    );
+    let queue: Vec<JobInfo> = serde_json::from_str(&ok(
+        &["--json", "queue", "-a", "--region", "eu-1"],
+        &us_api,
+        &lab_token,
+    ))
+    .expect("queue JSON");
+    assert_eq!(
+        queue.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![ids["lab"]],
+        "{queue:?}"
+    );
+    let lab_job = format!("eu-1:{}", ids["lab"]);
+    ok(&["cancel", &lab_job], &us_api, &lab_token);
+    wait_job(&us_api, &lab_token, &lab_job, "cancelled").await;
+    let (code, _, err) = shoal(
+        &["cancel", &format!("eu-1:{}", ids["vision"])],
+        &us_api,
+        &lab_token,
+    );
+    assert_eq!(code, 1, "lab cancelled vision's job: {err}");
+    let submitted = ok(
+        &[
+            "submit",
+            "--region",
+            "eu-1",
+            "-N",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--",
+            "true",
+        ],
+        &us_api,
+        &lab_token,
+    );
+    assert!(submitted.starts_with("eu-1:"), "{submitted}");
+    assert_eq!(show(&us_api, &lab_token, &submitted).tenant, "lab");
+    // And the priority a lab token may not give is refused there too.
+    let (code, _, err) = shoal(
+        &[
+            "submit",
+            "--region",
+            "eu-1",
+            "--priority",
+            "2000000000",
+            "--",
+            "true",
+        ],
+        &us_api,
+        &lab_token,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("priority 2000000000 is above the cap of tenant 'lab'"),
+        "{err}"
+    );
 }
 
 /// `shoal cp` to and from eu-1's objects, run against us-1: a download

@@ -46,6 +46,23 @@ fn report_of(r: &GlobalTenantReport, kind: Kind) -> Option<&GlobalAccountReport>
     }
 }
 
+/// How regions name a tenant to each other: its home region (the one
+/// that set its caps across regions) and its name there. Two regions hold
+/// the same tenant only when both hold it under the same id; a tenant
+/// without caps across regions is local to its region, whatever its name,
+/// and a same-named local tenant of another region is another tenant.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GlobalTenantId {
+    pub home: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for GlobalTenantId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.name, self.home)
+    }
+}
+
 impl Ledger {
     /// This region's name ("" before bootstrap).
     pub fn region_name(&self) -> &str {
@@ -53,6 +70,60 @@ impl Ledger {
             .as_ref()
             .map(|c| c.region.as_str())
             .unwrap_or("")
+    }
+
+    /// The id regions know `tenant` by, when this region holds it as a
+    /// tenant shared across regions (with caps set at its home, here or
+    /// adopted from a peer); `None` for a tenant local to this region.
+    pub fn global_tenant_id(&self, tenant: &str) -> Option<GlobalTenantId> {
+        if !self.workload.tenants.contains_key(tenant) {
+            return None;
+        }
+        self.global_caps.get(tenant).map(|cap| GlobalTenantId {
+            home: cap.home.clone(),
+            name: tenant.to_string(),
+        })
+    }
+
+    /// Whether peer region `peer` may act here for the tenant it names
+    /// `tenant` (a request it forwarded): this region holds `tenant` as a
+    /// global tenant and the peer holds the same one, as `peer_reports`,
+    /// the global tenants of the peer's own latest summary (`None` before
+    /// one arrived), show: the same name under the same home. Returns the
+    /// tenant's id, else why not, in one line.
+    pub fn tenant_shared_with(
+        &self,
+        peer: &str,
+        tenant: &str,
+        peer_reports: Option<&[GlobalTenantReport]>,
+    ) -> Result<GlobalTenantId, String> {
+        if !self.federation.peers.contains_key(peer) {
+            return Err(format!("'{peer}' is not a peer region of this one"));
+        }
+        let me = self.region_name();
+        let Some(id) = self.global_tenant_id(tenant) else {
+            return Err(format!(
+                "tenant '{tenant}' of region {me} is not shared across regions (it has no caps \
+                 across regions), so no tenant of region {peer} acts as it"
+            ));
+        };
+        let Some(reports) = peer_reports else {
+            return Err(format!(
+                "region {me} has no summary of region {peer} yet, so it cannot tell whether \
+                 {peer} holds tenant {id}: try again in a moment"
+            ));
+        };
+        match reports.iter().find(|r| r.tenant == tenant) {
+            Some(r) if r.home == id.home => Ok(id),
+            Some(r) => Err(format!(
+                "tenant '{tenant}' of region {peer} is {tenant}@{}, not {id} as in region {me}: \
+                 another tenant of the same name",
+                r.home
+            )),
+            None => Err(format!(
+                "region {peer} does not hold tenant {id} (its '{tenant}', if any, is local to it)"
+            )),
+        }
     }
 
     /// What each tenant capped across regions may hold here.
@@ -861,5 +932,85 @@ mod tests {
             us.ok(cmd);
         }
         assert!(us.ledger.global_caps.is_empty());
+    }
+
+    #[test]
+    fn a_peer_acts_only_for_a_tenant_both_regions_hold_under_one_global_id() {
+        let (mut eu, mut us) = two_regions();
+        let lab = super::GlobalTenantId {
+            home: "eu".into(),
+            name: "lab".into(),
+        };
+        assert_eq!(lab.to_string(), "lab@eu");
+        // lab: defined in eu, adopted by us; each side's check reads the
+        // other's own summary.
+        let us_reports = us.ledger.global_reports();
+        let eu_reports = eu.ledger.global_reports();
+        assert_eq!(
+            eu.ledger.tenant_shared_with("us", "lab", Some(&us_reports)),
+            Ok(lab.clone())
+        );
+        assert_eq!(
+            us.ledger.tenant_shared_with("eu", "lab", Some(&eu_reports)),
+            Ok(lab.clone())
+        );
+        // Not a peer, or no summary of it yet.
+        assert!(eu
+            .ledger
+            .tenant_shared_with("mars", "lab", Some(&us_reports))
+            .is_err_and(|e| e.contains("not a peer")));
+        assert!(eu
+            .ledger
+            .tenant_shared_with("us", "lab", None)
+            .is_err_and(|e| e.contains("no summary")));
+
+        // "vision" exists in both regions, local to each: same name,
+        // two tenants.
+        for r in [&mut eu, &mut us] {
+            r.ok(Command::CreateTenant {
+                name: "vision".into(),
+                limits: TenantLimits::default(),
+            });
+        }
+        let us_reports = us.ledger.global_reports();
+        let why = eu
+            .ledger
+            .tenant_shared_with("us", "vision", Some(&us_reports))
+            .expect_err("a local tenant is not shared");
+        assert!(why.contains("not shared across regions"), "{why}");
+        // Global in eu, but us's "vision" is still its own local one (not
+        // adopted yet): refused on either side.
+        eu.ok(Command::SetGlobalCaps {
+            tenant: "vision".into(),
+            gpus: Some(Some(4)),
+            gpu_seconds: None,
+        });
+        let why = eu
+            .ledger
+            .tenant_shared_with("us", "vision", Some(&us_reports))
+            .expect_err("the peer's vision is local");
+        assert!(why.contains("does not hold tenant vision@eu"), "{why}");
+        let eu_reports = eu.ledger.global_reports();
+        assert!(us
+            .ledger
+            .tenant_shared_with("eu", "vision", Some(&eu_reports))
+            .is_err_and(|e| e.contains("not shared")));
+        // Caps set in both regions make two homes: two tenants again.
+        us.ok(Command::SetGlobalCaps {
+            tenant: "vision".into(),
+            gpus: Some(Some(4)),
+            gpu_seconds: None,
+        });
+        let us_reports = us.ledger.global_reports();
+        let why = eu
+            .ledger
+            .tenant_shared_with("us", "vision", Some(&us_reports))
+            .expect_err("two homes");
+        assert!(why.contains("vision@us, not vision@eu"), "{why}");
+        // A tenant that does not exist here is never shared.
+        assert!(eu
+            .ledger
+            .tenant_shared_with("us", "nobody", Some(&us_reports))
+            .is_err());
     }
 }

@@ -33,16 +33,19 @@ pub struct Caller {
     pub tenant: Option<String>,
     pub token: UserToken,
     /// The peer region whose credential this is: the request was forwarded
-    /// from there (docs/federation.md), on behalf of its admin or,
-    /// with `tenant` set, of one of its tenant tokens.
+    /// from there (docs/federation.md) on behalf of one of its tenant
+    /// tokens, for `tenant`, a tenant both regions share
+    /// ([`crate::api::federation::peer_scope`]); `tenant` is `None` only on
+    /// the region-to-region routes (summary, leave, checkpoint copies).
     pub peer_region: Option<String>,
 }
 
 impl Caller {
     /// `cmd` as this node relays it to the leader. The leader resolves the
     /// token again and scopes a tenant token's command itself; a peer
-    /// region's credential is not tenant-scoped, so a request it forwarded
-    /// for a tenant is scoped here, and the ledger checks it at commit.
+    /// region's credential is not tenant-scoped in the ledger, so a request
+    /// it forwarded for a tenant is scoped here, and the ledger checks it at
+    /// commit.
     pub fn relayed(&self, cmd: Command) -> Command {
         match (&self.peer_region, &self.tenant) {
             (Some(_), Some(_)) => self.scoped(cmd),
