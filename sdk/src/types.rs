@@ -470,21 +470,6 @@ impl JobSubmitRequest {
     }
 }
 
-/// Job states that never change again (`JobInfo::state`): how a job ended.
-pub const FINAL_JOB_STATES: [&str; 6] = [
-    "completed",
-    "failed",
-    "cancelled",
-    "timeout",
-    "node_fail",
-    "out_of_memory",
-];
-
-/// Whether a job in `state` (a `JobInfo::state`) has ended.
-pub fn job_state_is_final(state: &str) -> bool {
-    FINAL_JOB_STATES.contains(&state)
-}
-
 /// Restarts a job gets when its request names no `max_restarts`: node loss
 /// restarts it this many times; a rank's own failure does not.
 pub const DEFAULT_MAX_RESTARTS: u32 = 3;
@@ -565,13 +550,148 @@ pub struct JobTestOnlyResponse {
     pub reason: Option<String>,
 }
 
+/// Job states of INTERFACE.md. The final ones say how a job ended:
+/// `completed` (every rank exited 0), `failed` (a rank's own non-zero exit,
+/// with its `exit_code`), `cancelled`, `timeout` (stopped at its time limit),
+/// `node_fail` (a node of the gang was lost and no restart was left) and
+/// `out_of_memory` (the kernel's OOM killer ended a rank). `preempted` is the
+/// stopping state of a preemption victim, which is then `requeued`.
+///
+/// A client reads a state a newer server added as [`JobState::Unknown`]
+/// rather than failing on the whole answer; the ledger never holds it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Pending,
+    Running,
+    Checkpointing,
+    Requeued,
+    Completed,
+    Failed,
+    Cancelled,
+    Preempted,
+    Timeout,
+    NodeFail,
+    OutOfMemory,
+    /// A state this build does not know (from a newer server). Last: the
+    /// variant order is the ledger's encoding.
+    #[serde(other)]
+    Unknown,
+}
+
+impl JobState {
+    /// Every state, in declaration order.
+    pub const ALL: [JobState; 11] = [
+        JobState::Pending,
+        JobState::Running,
+        JobState::Checkpointing,
+        JobState::Requeued,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Preempted,
+        JobState::Timeout,
+        JobState::NodeFail,
+        JobState::OutOfMemory,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Checkpointing => "checkpointing",
+            JobState::Requeued => "requeued",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Preempted => "preempted",
+            JobState::Timeout => "timeout",
+            JobState::NodeFail => "node_fail",
+            JobState::OutOfMemory => "out_of_memory",
+            JobState::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+
+    /// Waiting for the scheduler.
+    pub fn is_waiting(self) -> bool {
+        matches!(self, JobState::Pending | JobState::Requeued)
+    }
+
+    /// Never changes again.
+    pub fn is_final(self) -> bool {
+        match self {
+            JobState::Completed
+            | JobState::Failed
+            | JobState::Cancelled
+            | JobState::Timeout
+            | JobState::NodeFail
+            | JobState::OutOfMemory => true,
+            JobState::Pending
+            | JobState::Running
+            | JobState::Checkpointing
+            | JobState::Requeued
+            | JobState::Preempted
+            | JobState::Unknown => false,
+        }
+    }
+
+    /// Final, and not because every rank succeeded or a user cancelled it.
+    pub fn is_failure(self) -> bool {
+        matches!(
+            self,
+            JobState::Failed | JobState::Timeout | JobState::NodeFail | JobState::OutOfMemory
+        )
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl From<&str> for JobState {
+    /// The state named `s`, or [`JobState::Unknown`].
+    fn from(s: &str) -> Self {
+        JobState::parse(s).unwrap_or(JobState::Unknown)
+    }
+}
+
+impl PartialEq<&str> for JobState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<str> for JobState {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<String> for JobState {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<JobState> for &str {
+    fn eq(&self, other: &JobState) -> bool {
+        *self == other.as_str()
+    }
+}
+
 /// `shoal show --json` (and each element of `shoal queue --json`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct JobInfo {
     pub id: u64,
     pub name: String,
     pub tenant: String,
-    pub state: String,
+    pub state: JobState,
     /// Why a pending job waits, or how a finished one ended.
     pub reason: String,
     /// Node names in rank order (the current or last allocation).

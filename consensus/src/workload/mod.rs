@@ -162,100 +162,10 @@ impl Tenant {
     }
 }
 
-/// Job states of INTERFACE.md. The final ones say how a job ended:
-/// `completed` (every rank exited 0), `failed` (a rank's own non-zero exit,
-/// with its `exit_code`), `cancelled`, `timeout` (stopped at its time limit),
-/// `node_fail` (a node of the gang was lost and no restart was left) and
-/// `out_of_memory` (the kernel's OOM killer ended a rank). `preempted` is the
-/// stopping state of a preemption victim, which is then `requeued`.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    Pending,
-    Running,
-    Checkpointing,
-    Requeued,
-    Completed,
-    Failed,
-    Cancelled,
-    Preempted,
-    Timeout,
-    NodeFail,
-    OutOfMemory,
-}
-
-impl JobState {
-    /// Every state, in declaration order.
-    pub const ALL: [JobState; 11] = [
-        JobState::Pending,
-        JobState::Running,
-        JobState::Checkpointing,
-        JobState::Requeued,
-        JobState::Completed,
-        JobState::Failed,
-        JobState::Cancelled,
-        JobState::Preempted,
-        JobState::Timeout,
-        JobState::NodeFail,
-        JobState::OutOfMemory,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Pending => "pending",
-            JobState::Running => "running",
-            JobState::Checkpointing => "checkpointing",
-            JobState::Requeued => "requeued",
-            JobState::Completed => "completed",
-            JobState::Failed => "failed",
-            JobState::Cancelled => "cancelled",
-            JobState::Preempted => "preempted",
-            JobState::Timeout => "timeout",
-            JobState::NodeFail => "node_fail",
-            JobState::OutOfMemory => "out_of_memory",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<JobState> {
-        JobState::ALL.into_iter().find(|state| state.as_str() == s)
-    }
-
-    /// Waiting for the scheduler.
-    pub fn is_waiting(self) -> bool {
-        matches!(self, JobState::Pending | JobState::Requeued)
-    }
-
-    /// Never changes again.
-    pub fn is_final(self) -> bool {
-        match self {
-            JobState::Completed
-            | JobState::Failed
-            | JobState::Cancelled
-            | JobState::Timeout
-            | JobState::NodeFail
-            | JobState::OutOfMemory => true,
-            JobState::Pending
-            | JobState::Running
-            | JobState::Checkpointing
-            | JobState::Requeued
-            | JobState::Preempted => false,
-        }
-    }
-
-    /// Final, and not because every rank succeeded or a user cancelled it.
-    pub fn is_failure(self) -> bool {
-        matches!(
-            self,
-            JobState::Failed | JobState::Timeout | JobState::NodeFail | JobState::OutOfMemory
-        )
-    }
-}
-
-impl std::fmt::Display for JobState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
-    }
-}
+/// Job states of INTERFACE.md; the type lives in the sdk so that every
+/// edge (API, CLI, dashboard) shares it. Its variant order is the ledger's
+/// encoding.
+pub use shoal_sdk::JobState;
 
 /// What a user asked for. `Default` is a base for struct-update literals
 /// (tests, the simulator), not a valid job: it has no node and no GPU.

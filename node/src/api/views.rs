@@ -206,7 +206,7 @@ pub fn job_info(ledger: &Ledger, job: &Job) -> JobInfo {
         id: job.id,
         name: job.spec.name.clone(),
         tenant: job.spec.tenant.clone(),
-        state: job.state.as_str().to_string(),
+        state: job.state,
         // What the user set (a hold, a dependency) is why the scheduler has
         // not looked at it.
         reason: match job.state.is_waiting() {

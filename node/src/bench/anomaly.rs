@@ -75,7 +75,11 @@ async fn running(client: &Client, ids: &[u64]) -> anyhow::Result<Vec<shoal_sdk::
     for &id in ids {
         out.push(
             poll("a job to run", || async move {
-                client.job(id).await.ok().filter(|j| j.state == "running")
+                client
+                    .job(id)
+                    .await
+                    .ok()
+                    .filter(|j| j.state == shoal_sdk::JobState::Running)
             })
             .await?,
         );

@@ -3,6 +3,7 @@
 //! killed mid-run, and a timeline of what the cluster did about it.
 
 use crate::agent::testkit::LocalCluster;
+use shoal_sdk::JobState;
 use shoal_sdk::JobSubmitRequest;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -118,7 +119,7 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
     ));
     let first = wait(Duration::from_secs(30), || async {
         let job = client.job(id).await.ok()?;
-        (job.state == "running").then_some(job)
+        (job.state == JobState::Running).then_some(job)
     })
     .await
     .ok_or_else(|| anyhow::anyhow!("job {id} was not placed within 30 s"))?;
@@ -198,8 +199,10 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
 
     let second = wait(Duration::from_secs(30), || async {
         let job = client.job(id).await.ok()?;
-        (job.state == "running" && job.epoch > first.epoch && !job.nodes.contains(&victim_name))
-            .then_some(job)
+        (job.state == JobState::Running
+            && job.epoch > first.epoch
+            && !job.nodes.contains(&victim_name))
+        .then_some(job)
     })
     .await
     .ok_or_else(|| anyhow::anyhow!("job {id} was not re-placed within 30 s"))?;
@@ -213,7 +216,7 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
 
     let done = wait(Duration::from_secs(120), || async {
         let job = client.job(id).await.ok()?;
-        shoal_sdk::job_state_is_final(&job.state).then_some(job)
+        job.state.is_final().then_some(job)
     })
     .await
     .ok_or_else(|| anyhow::anyhow!("job {id} did not finish within 120 s"))?;
@@ -229,7 +232,7 @@ async fn drive(cluster: &LocalCluster, t: &Timeline) -> anyhow::Result<()> {
         done.exit_code.unwrap_or(-1),
         done.restarts
     ));
-    let mut all_match = done.state == "completed";
+    let mut all_match = done.state == JobState::Completed;
     for (rank, node) in done.nodes.iter().enumerate() {
         let log = read_rank_log(cluster.root(), node, id, rank);
         let got = last_value(&log, &format!("rank {rank} checksum ")).unwrap_or_default();

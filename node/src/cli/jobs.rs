@@ -4,6 +4,7 @@
 use super::print_json;
 use crate::cli::duration::parse_duration;
 use clap::{Args, Subcommand};
+use shoal_sdk::JobState;
 use shoal_sdk::{Client, JobInfo, JobSubmitRequest, QuotaInfo, TenantInfo, TenantRequest};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -799,7 +800,7 @@ pub async fn submit(
     // ended without one, e.g. cancelled before it started).
     loop {
         let job = client.job(resp.id).await.map_err(api)?;
-        if shoal_sdk::job_state_is_final(&job.state) {
+        if job.state.is_final() {
             return job_exit(&job);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -853,7 +854,7 @@ async fn submit_array(
     for id in ids {
         loop {
             let job = client.job(id).await.map_err(api)?;
-            if shoal_sdk::job_state_is_final(&job.state) {
+            if job.state.is_final() {
                 if job_exit(&job).is_err() {
                     worst = worst.max(job.exit_code.filter(|c| *c != 0).unwrap_or(1));
                 }
@@ -871,7 +872,7 @@ async fn submit_array(
 /// How a job's end becomes the exit of the command that waited for it.
 fn job_exit(job: &JobInfo) -> anyhow::Result<()> {
     match job.exit_code {
-        Some(0) if job.state == "completed" => Ok(()),
+        Some(0) if job.state == JobState::Completed => Ok(()),
         Some(code) if code != 0 => Err(ExitWith(code).into()),
         _ => Err(ExitWith(1).into()),
     }
@@ -912,7 +913,7 @@ async fn attach_to(client: &Client, id: u64, label: bool) -> anyhow::Result<()> 
     let mut last_pass = false;
     loop {
         let job = client.job(id).await.map_err(api)?;
-        let ended = shoal_sdk::job_state_is_final(&job.state);
+        let ended = job.state.is_final();
         let per_node = job.tasks_per_node.max(1);
         for (rank, node) in job.nodes.iter().enumerate() {
             let rank = rank as u32;
@@ -983,9 +984,9 @@ pub async fn alloc(client: &Client, args: &JobArgs) -> anyhow::Result<()> {
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
         let job = client.job(id).await.map_err(api)?;
-        match job.state.as_str() {
-            "running" => break job,
-            "pending" | "requeued" => continue,
+        match job.state {
+            JobState::Running => break job,
+            state if state.is_waiting() => continue,
             other => anyhow::bail!(
                 "job allocation {id} ended before it started ({other}): {}",
                 job.reason
@@ -1057,7 +1058,7 @@ pub async fn queue_of(client: &Client, args: &QueueArgs) -> anyhow::Result<Vec<J
                 .await
                 .map_err(api)?;
             if !args.all && args.state.is_none() {
-                jobs.retain(|j| !shoal_sdk::job_state_is_final(&j.state));
+                jobs.retain(|j| !j.state.is_final());
             }
             jobs
         }
@@ -1071,7 +1072,10 @@ pub fn format_queue(jobs: &[JobInfo]) -> String {
         "JOBID", "NAME", "TENANT", "STATE", "NODES", "GPUS", "TIME_LIMIT", "NODELIST(REASON)"
     );
     for j in jobs {
-        let holds_gpus = matches!(j.state.as_str(), "running" | "preempted" | "checkpointing");
+        let holds_gpus = matches!(
+            j.state,
+            JobState::Running | JobState::Preempted | JobState::Checkpointing
+        );
         let where_ = if holds_gpus || j.reason.is_empty() {
             j.nodes.join(",")
         } else {
@@ -1431,7 +1435,7 @@ pub async fn logs(client: &Client, id: u64, rank: u32, follow: bool) -> anyhow::
         if let Some(node) = &source {
             at = print_log_from(node, id, node_rank, at, task).await?;
         }
-        let ended = shoal_sdk::job_state_is_final(&job.state);
+        let ended = job.state.is_final();
         if !follow || (ended && started.elapsed() > Duration::from_millis(500)) {
             if ended && follow {
                 // One last read for what was written before the exit.

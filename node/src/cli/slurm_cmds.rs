@@ -7,6 +7,7 @@
 //! the job's tenant; `--me` the caller's tenant, `$SHOAL_TENANT`, else
 //! `default`); there is one partition, `shoal`, and every `-p` names it.
 
+use shoal_sdk::JobState;
 use shoal_sdk::{Client, JobInfo, MemberState, NodeInfo};
 use std::collections::VecDeque;
 
@@ -203,20 +204,20 @@ fn ids(prog: &str, v: &str) -> Result<Vec<u64>, String> {
 /// NODE_FAIL and OUT_OF_MEMORY. (A `failed` job recorded by an older
 /// release is still read by its reason.)
 pub fn slurm_state(job: &JobInfo) -> (&'static str, &'static str) {
-    match job.state.as_str() {
-        "pending" => ("PD", "PENDING"),
-        "running" => ("R", "RUNNING"),
-        "checkpointing" => ("CG", "COMPLETING"),
-        "requeued" => ("RQ", "REQUEUED"),
-        "completed" => ("CD", "COMPLETED"),
-        "cancelled" => ("CA", "CANCELLED"),
-        "preempted" => ("PR", "PREEMPTED"),
-        "timeout" => ("TO", "TIMEOUT"),
-        "node_fail" => ("NF", "NODE_FAIL"),
-        "out_of_memory" => ("OOM", "OUT_OF_MEMORY"),
-        "failed" if job.reason.starts_with("time limit") => ("TO", "TIMEOUT"),
-        "failed" if job.reason.contains("went down") => ("NF", "NODE_FAIL"),
-        _ => ("F", "FAILED"),
+    match job.state {
+        JobState::Pending => ("PD", "PENDING"),
+        JobState::Running => ("R", "RUNNING"),
+        JobState::Checkpointing => ("CG", "COMPLETING"),
+        JobState::Requeued => ("RQ", "REQUEUED"),
+        JobState::Completed => ("CD", "COMPLETED"),
+        JobState::Cancelled => ("CA", "CANCELLED"),
+        JobState::Preempted => ("PR", "PREEMPTED"),
+        JobState::Timeout => ("TO", "TIMEOUT"),
+        JobState::NodeFail => ("NF", "NODE_FAIL"),
+        JobState::OutOfMemory => ("OOM", "OUT_OF_MEMORY"),
+        JobState::Failed if job.reason.starts_with("time limit") => ("TO", "TIMEOUT"),
+        JobState::Failed if job.reason.contains("went down") => ("NF", "NODE_FAIL"),
+        JobState::Failed | JobState::Unknown => ("F", "FAILED"),
     }
 }
 
@@ -249,7 +250,7 @@ fn state_code(prog: &str, s: &str) -> Result<Option<&'static str>, String> {
 
 /// Jobs that are not finished: what squeue shows and scancel acts on.
 fn active(job: &JobInfo) -> bool {
-    !shoal_sdk::job_state_is_final(&job.state)
+    !job.state.is_final()
 }
 
 // ------------------------------------------------------------ time
@@ -362,7 +363,7 @@ fn run_time(job: &JobInfo, now: i64) -> u64 {
     let Some(start) = job.started_at.as_deref().and_then(parse_timestamp) else {
         return 0;
     };
-    if active(job) && !matches!(job.state.as_str(), "running" | "checkpointing") {
+    if active(job) && !matches!(job.state, JobState::Running | JobState::Checkpointing) {
         return 0; // requeued or pending again: not running now
     }
     let end = job
@@ -622,7 +623,7 @@ fn squeue_header(kind: char) -> String {
 }
 
 fn squeue_field(j: &JobInfo, kind: char, now: i64) -> String {
-    let pending_like = matches!(j.state.as_str(), "pending" | "requeued");
+    let pending_like = j.state.is_waiting();
     let reason = || {
         if pending_like && !j.reason.is_empty() {
             j.reason.clone()
@@ -1444,12 +1445,12 @@ fn display_command(cmd: &[String]) -> String {
 /// (records separated by a blank line; `oneliner`: one line each).
 pub fn scontrol_job(j: &JobInfo, now: i64, oneliner: bool) -> String {
     let (_, long) = slurm_state(j);
-    let reason = if matches!(j.state.as_str(), "pending" | "requeued") && !j.reason.is_empty() {
+    let reason = if j.state.is_waiting() && !j.reason.is_empty() {
         j.reason.clone()
     } else {
         "None".into()
     };
-    let nodelist = if j.nodes.is_empty() || matches!(j.state.as_str(), "pending" | "requeued") {
+    let nodelist = if j.nodes.is_empty() || j.state.is_waiting() {
         "(null)".to_string()
     } else {
         j.nodes.join(",")
@@ -1688,7 +1689,9 @@ mod tests {
             ],
             submitted_at: "2025-12-01T19:58:00.123Z".into(),
             started_at: running.then(|| "2025-12-01T19:58:55Z".into()),
-            ended_at: shoal_sdk::job_state_is_final(state).then(|| "2025-12-01T19:59:00Z".into()),
+            ended_at: shoal_sdk::JobState::from(state)
+                .is_final()
+                .then(|| "2025-12-01T19:59:00Z".into()),
             exit_code: (state == "completed").then_some(0),
             last_ckpt_step: None,
             mem_bytes: None,

@@ -32,6 +32,11 @@ pub const ASSETS: &[Asset] = &[
         body: include_bytes!("assets/views.js"),
     },
     Asset {
+        name: "states.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("assets/states.js"),
+    },
+    Asset {
         name: "style.css",
         content_type: "text/css; charset=utf-8",
         body: include_bytes!("assets/style.css"),
@@ -196,5 +201,26 @@ mod tests {
             );
         }
         assert!(!html.contains("http://") && !html.contains("https://"));
+    }
+
+    /// The dashboard's state lists are the sdk's enum: a state added there
+    /// and not here (the dashboard once knew 3 of the 6 final states) fails.
+    #[test]
+    fn the_dashboards_job_states_are_the_sdks() {
+        use shoal_sdk::JobState;
+        let list = |states: Vec<JobState>| {
+            let names: Vec<String> = states.iter().map(|s| format!("\"{s}\"")).collect();
+            format!("[{}]", names.join(", "))
+        };
+        let want = format!(
+            "// Job states, as shoal_sdk::JobState names them; a unit test of the\n\
+             // dashboard module keeps this file equal to the enum.\n\
+             export const JOB_STATES = {};\n\
+             // The final ones: how a job ended.\n\
+             export const FINAL_STATES = {};\n",
+            list(JobState::ALL.to_vec()),
+            list(JobState::ALL.into_iter().filter(|s| s.is_final()).collect()),
+        );
+        assert_eq!(include_str!("assets/states.js"), want);
     }
 }

@@ -7,6 +7,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
+use shoal_sdk::JobState;
 use shoal_sdk::{JobInfo, MemberState, NodeInfo};
 
 /// Utilization colours, light to heavy; every cell also prints the number,
@@ -85,12 +86,12 @@ fn title_line(snap: &Snapshot) -> Line<'static> {
         .iter()
         .filter(|n| n.state == MemberState::Alive)
         .count();
-    let running = snap.jobs.iter().filter(|j| j.state == "running").count();
-    let waiting = snap
+    let running = snap
         .jobs
         .iter()
-        .filter(|j| j.state == "pending" || j.state == "requeued")
+        .filter(|j| j.state == JobState::Running)
         .count();
+    let waiting = snap.jobs.iter().filter(|j| j.state.is_waiting()).count();
     Line::from(vec![
         Span::styled("shoal top", Style::default().add_modifier(Modifier::BOLD)),
         Span::raw(format!(
@@ -310,13 +311,9 @@ fn render_gpus(f: &mut Frame, area: Rect, snap: &Snapshot) {
 }
 
 fn render_jobs(f: &mut Frame, area: Rect, snap: &Snapshot) {
-    let mut jobs: Vec<&JobInfo> = snap
-        .jobs
-        .iter()
-        .filter(|j| !shoal_sdk::job_state_is_final(&j.state))
-        .collect();
+    let mut jobs: Vec<&JobInfo> = snap.jobs.iter().filter(|j| !j.state.is_final()).collect();
     // Running first, then waiting, newest first within each.
-    jobs.sort_by_key(|j| (j.state != "running", std::cmp::Reverse(j.id)));
+    jobs.sort_by_key(|j| (j.state != JobState::Running, std::cmp::Reverse(j.id)));
     let header = Row::new([
         "JOB",
         "TENANT",
@@ -329,7 +326,7 @@ fn render_jobs(f: &mut Frame, area: Rect, snap: &Snapshot) {
     ])
     .style(Style::default().add_modifier(Modifier::BOLD));
     let rows = jobs.iter().map(|j| {
-        let last = if j.state == "running" || j.state == "checkpointing" {
+        let last = if matches!(j.state, JobState::Running | JobState::Checkpointing) {
             j.nodes.join(",")
         } else {
             j.reason.clone()
@@ -338,7 +335,7 @@ fn render_jobs(f: &mut Frame, area: Rect, snap: &Snapshot) {
             j.id.to_string(),
             j.tenant.clone(),
             j.name.clone(),
-            j.state.clone(),
+            j.state.to_string(),
             format!("{}x{}", j.nodes_requested, j.gpus_per_node),
             running_time(j, snap.now_ms),
             j.restarts.to_string(),

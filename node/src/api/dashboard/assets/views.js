@@ -2,6 +2,7 @@
 // page name), draws from the shared state, redraws on changes, and returns
 // {stop} so the router can end its timers and subscriptions.
 import { state, api, onChange, MAX_POINTS } from "./app.js";
+import { JOB_STATES, FINAL_STATES } from "./states.js";
 
 // --- small DOM helpers (text always through textContent: no HTML
 // injection from job names, messages or logs)
@@ -172,13 +173,12 @@ function mapPage(el) {
 }
 
 // --- jobs
-const STATES = ["pending", "running", "checkpointing", "requeued", "completed", "failed", "cancelled", "preempted"];
 
 function jobsPage(el) {
   const tenant = h("select", { id: "f-tenant", "aria-label": "Tenant" });
   const st = h("select", { id: "f-state", "aria-label": "State" },
     h("option", { value: "", text: "all states" }), h("option", { value: "active", text: "waiting or running" }),
-    STATES.map((s) => h("option", { value: s, text: s })));
+    JOB_STATES.map((s) => h("option", { value: s, text: s })));
   st.value = "active";
   const table = h("div", { class: "scroll" });
   el.append(h("h1", { text: "Jobs" }),
@@ -190,7 +190,7 @@ function jobsPage(el) {
     tenant.value = tenants.includes(keep) ? keep : "";
     const jobs = [...state.jobs.values()].filter((j) =>
       (!tenant.value || j.tenant === tenant.value) &&
-      (!st.value || (st.value === "active" ? !["completed", "failed", "cancelled"].includes(j.state) : j.state === st.value)))
+      (!st.value || (st.value === "active" ? !FINAL_STATES.includes(j.state) : j.state === st.value)))
       .sort((a, b) => b.id - a.id);
     table.replaceChildren(h("table", { id: "jobs" },
       h("thead", {}, h("tr", {}, ["Job", "Name", "Tenant", "State", "Why / how it ended", "Size", "Nodes", "Running", "Restarts", "Epoch"]
