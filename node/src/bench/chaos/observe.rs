@@ -51,6 +51,9 @@ struct State {
     /// Per committed checkpoint part, the holders it lost since it last
     /// had two live copies listed, and the most of those at any index.
     parts: HashMap<PartKey, PartLosses>,
+    /// The same per `mesh:/` object, by path (objects are repaired the
+    /// same way, so the same pruning hides their losses).
+    objects: HashMap<String, PartLosses>,
     /// The first digest seen at each index, and which node it came from.
     digests: HashMap<u64, (String, blake3::Hash)>,
     violations: Vec<Violation>,
@@ -84,6 +87,11 @@ impl AppliedWatch {
         self.lock().parts.get(&part).map_or(0, |p| p.worst)
     }
 
+    /// The most holders of object `path` lost at once, over the run.
+    pub fn worst_object_holders_lost(&self, path: &str) -> usize {
+        self.lock().objects.get(path).map_or(0, |p| p.worst)
+    }
+
     /// The observer to install in node `node`.
     pub fn observer(self: &Arc<Self>, node: &str) -> ApplyObserver {
         let watch = self.clone();
@@ -113,6 +121,17 @@ impl AppliedWatch {
                             .entry((*job, ckpt.step, *rank))
                             .or_default()
                             .update(&holders, &lost);
+                    }
+                }
+            }
+            for (path, object) in &ledger.namespace.objects {
+                let holders: BTreeSet<NodeId> = object.holders.iter().copied().collect();
+                match state.objects.get_mut(path) {
+                    Some(losses) => losses.update(&holders, &lost),
+                    None => {
+                        let mut losses = PartLosses::default();
+                        losses.update(&holders, &lost);
+                        state.objects.insert(path.clone(), losses);
                     }
                 }
             }

@@ -369,6 +369,7 @@ async fn drive(
                     &client,
                     &objects,
                     &members,
+                    |path| watch.worst_object_holders_lost(path),
                     &object_dir,
                     opts.seed ^ 0x0b1e,
                 )
