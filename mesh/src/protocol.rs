@@ -28,7 +28,8 @@ use std::sync::OnceLock;
 /// Version 5: an exclusive job's placement holds its nodes' every GPU
 /// (`workload::WHOLE_NODES_SINCE_PROTOCOL`): a change to what `apply` does
 /// with an old command, so it takes effect only once every member speaks 5
-/// and every replica applies the placement alike.
+/// and every replica applies the placement alike; and holders answer
+/// whether a tenant uploaded a chunk to them (`ChunkRequest::Uploaded`).
 pub const PROTOCOL: u16 = 5;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL: u16 = 1;
