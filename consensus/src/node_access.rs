@@ -12,22 +12,37 @@
 //! with the log, and the leader's own loops (scheduling, liveness,
 //! membership) are the cluster's control plane.
 
-use crate::ledger::{Command, Ledger};
+use crate::ledger::{Command, Ledger, MemberSpec};
 use crate::workload::Allocation;
 use crate::NodeId;
 use shoal_sdk::MemberState;
 
-/// A GPU list as admitted: without what changes as the GPUs are used
-/// (allocation, health).
-fn inventory(gpus: &[shoal_sdk::GpuInfo]) -> Vec<shoal_sdk::GpuInfo> {
+/// Which GPUs a node has: what draws jobs to it (their index, identity
+/// and model), not what drifts as they are used or set up (allocation,
+/// health, memory as ECC or MIG change it, NUMA and NVLink as reported).
+fn inventory(gpus: &[shoal_sdk::GpuInfo]) -> Vec<(u32, &str, &str)> {
     gpus.iter()
-        .map(|gpu| shoal_sdk::GpuInfo {
-            allocated_to: None,
-            health: String::new(),
-            health_reason: None,
-            ..gpu.clone()
-        })
+        .map(|gpu| (gpu.index, gpu.uuid.as_str(), gpu.model.as_str()))
         .collect()
+}
+
+/// The protocol from which a member's own record keeps the GPUs and
+/// addresses it was admitted with: a refusal decided at commit changes
+/// what every replica applies, so all must speak it.
+pub const ADMITTED_RECORD_SINCE_PROTOCOL: u16 = 5;
+
+/// The GPUs and addresses `node` was admitted with stay: those of
+/// `current`, the rest of `spec` (release, protocols, labels, gossip
+/// identity, GPU details) is the node's own. `None`: `spec` changes none.
+pub fn keep_admitted(current: &MemberSpec, spec: &MemberSpec) -> Option<MemberSpec> {
+    let same = inventory(&current.gpus) == inventory(&spec.gpus)
+        && (&current.rpc_addr, &current.api_addr) == (&spec.rpc_addr, &spec.api_addr);
+    (!same).then(|| MemberSpec {
+        gpus: current.gpus.clone(),
+        rpc_addr: current.rpc_addr.clone(),
+        api_addr: current.api_addr.clone(),
+        ..spec.clone()
+    })
 }
 
 /// `Ok` when member `node` may have `cmd` applied on its own authority;
@@ -59,6 +74,12 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
             // What it was admitted with: more GPUs draw other tenants' jobs,
             // another address draws other nodes' traffic. Its release,
             // protocols, gossip identity and other labels stay its own.
+            let everyone_speaks_it = ledger
+                .effective_protocol()
+                .is_some_and(|p| p >= ADMITTED_RECORD_SINCE_PROTOCOL);
+            if !everyone_speaks_it {
+                return Ok(());
+            }
             if inventory(&current.gpus) != inventory(&spec.gpus) {
                 return refuse(
                     "change its own GPUs (remove the node and join it again with the new ones)",
@@ -240,6 +261,7 @@ fn describe(cmd: &Command) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use super::{keep_admitted, ADMITTED_RECORD_SINCE_PROTOCOL};
     use crate::events::{EventSpec, Severity, AUDIT};
     use crate::ledger::{Command, Ledger, LedgerRequest, LedgerResponse, MemberSpec};
     use crate::sched::{schedule, Policy, TopologyProximity};
@@ -266,6 +288,7 @@ mod tests {
                 health: String::new(),
                 health_reason: None,
             }],
+            protocol_max: ADMITTED_RECORD_SINCE_PROTOCOL,
             ..MemberSpec::default()
         }
     }
@@ -500,10 +523,12 @@ mod tests {
             assert!(denied(&answer), "{answer:?}");
         }
         assert_eq!(r.ledger.members[&2].spec, admitted);
-        // What changes as GPUs are used is not the inventory.
+        // What drifts as GPUs are used or set up is not the inventory.
         let mut in_use = admitted.clone();
         in_use.gpus[0].allocated_to = Some(42);
         in_use.gpus[0].health = "ok".into();
+        in_use.gpus[0].memory_mb -= 1_024;
+        in_use.gpus[0].mig_enabled = true;
         assert_eq!(
             r.as_node(
                 2,
@@ -512,6 +537,32 @@ mod tests {
                     spec: in_use
                 }
             ),
+            LedgerResponse::Ok
+        );
+        // What the node sends instead after a refusal: its new release,
+        // with what it was admitted with.
+        let mut restarted = r.ledger.members[&2].spec.clone();
+        restarted.rpc_addr = "10.0.0.9:7000".into();
+        restarted.version = "9.9.9".into();
+        let kept = keep_admitted(&r.ledger.members[&2].spec, &restarted).expect("a change");
+        assert_eq!(kept.rpc_addr, admitted.rpc_addr);
+        assert_eq!(
+            r.as_node(2, Command::UpdateMember { id: 2, spec: kept }),
+            LedgerResponse::Ok
+        );
+        assert_eq!(r.ledger.members[&2].spec.version, "9.9.9");
+    }
+
+    #[test]
+    fn until_every_member_speaks_it_a_node_may_rewrite_its_record() {
+        // Replicas of an older release apply the change: so must this one.
+        let (mut r, _) = Replica::with_a_running_job();
+        r.ledger.members.get_mut(&3).expect("n3").spec.protocol_max =
+            ADMITTED_RECORD_SINCE_PROTOCOL - 1;
+        let mut moved = r.ledger.members[&2].spec.clone();
+        moved.rpc_addr = "10.0.0.9:7000".into();
+        assert_eq!(
+            r.as_node(2, Command::UpdateMember { id: 2, spec: moved }),
             LedgerResponse::Ok
         );
     }

@@ -654,6 +654,22 @@ impl std::fmt::Display for JobState {
     }
 }
 
+/// `JobState` as its name, whatever the format (a bincode enum would be
+/// its index).
+mod job_state_as_text {
+    use super::JobState;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(state: &JobState, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(state.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<JobState, D::Error> {
+        let name = String::deserialize(d)?;
+        Ok(JobState::from(name.as_str()))
+    }
+}
+
 impl From<&str> for JobState {
     /// The state named `s`, or [`JobState::Unknown`].
     fn from(s: &str) -> Self {
@@ -691,6 +707,9 @@ pub struct JobInfo {
     pub id: u64,
     pub name: String,
     pub tenant: String,
+    /// As text in every encoding: nodes pass `JobInfo` to each other in
+    /// bincode, and a release before `JobState` sent a string there.
+    #[serde(with = "job_state_as_text")]
     pub state: JobState,
     /// Why a pending job waits, or how a finished one ended.
     pub reason: String,
@@ -991,4 +1010,44 @@ pub struct ObjectImported {
     pub index: u64,
     /// The nodes that hold every chunk, the receiving node first.
     pub holders: Vec<u64>,
+}
+
+#[cfg(test)]
+mod job_state_tests {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Before {
+        state: String,
+    }
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct After {
+        #[serde(with = "job_state_as_text")]
+        state: JobState,
+    }
+
+    /// Nodes of two releases pass `JobInfo` to each other in bincode: the
+    /// state is the same bytes as the `String` it was.
+    #[test]
+    fn a_job_state_travels_as_the_text_it_was() {
+        for state in JobState::ALL {
+            let before = bincode::serialize(&Before {
+                state: state.to_string(),
+            })
+            .expect("encode");
+            let after = bincode::serialize(&After { state }).expect("encode");
+            assert_eq!(before, after);
+            let read: After = bincode::deserialize(&before).expect("decode");
+            assert_eq!(read.state, state);
+        }
+        let newer = bincode::serialize(&Before {
+            state: "hibernating".into(),
+        })
+        .expect("encode");
+        let read: After = bincode::deserialize(&newer).expect("decode");
+        assert_eq!(read.state, JobState::Unknown);
+        let json: After = serde_json::from_str(r#"{"state":"node_fail"}"#).expect("json");
+        assert_eq!(json.state, JobState::NodeFail);
+    }
 }

@@ -825,6 +825,7 @@ fn spawn_workers(
                 run_as: cfg.executor.run_as.clone(),
                 users: cfg.executor.users.clone(),
                 allow_root: cfg.executor.allow_root,
+                known: Default::default(),
             },
             cgroups,
             ca_file: rank_ca_file,

@@ -104,6 +104,9 @@ pub async fn import_object(
     let raw = hex::decode(&req.manifest_hex).map_err(|_| bad_request("manifest_hex is not hex"))?;
     let manifest =
         Manifest::from_bytes(&raw).map_err(|e| bad_request(format!("invalid manifest: {e}")))?;
+    // The chunks are this node's to copy only if the caller sent them here:
+    // a store holds every tenant's chunks.
+    super::check_uploaded(&app, &caller, &manifest, &[app.id()]).await?;
     let node = app.clone();
     let handle = tokio::runtime::Handle::current();
     let request = req.clone();

@@ -300,7 +300,7 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
             ApiErrorBody {
                 code: "unauthorized".into(),
                 message: match refusal {
-                    auth::TokenError::Unknown => "a valid API token is required (--token, SHOAL_TOKEN or <data-dir>/admin.token)".into(),
+                    auth::TokenError::Unknown => "a valid API token is required (SHOAL_TOKEN, --token-file or <data-dir>/admin.token)".into(),
                     auth::TokenError::Refused(why) => format!("{why}: ask an admin for a new one (shoal token api)"),
                 },
             },
@@ -1366,8 +1366,9 @@ async fn put_chunk(
 /// A tenant's manifest may name a chunk none of its own objects or
 /// checkpoints named before only if the tenant uploaded it to each holder
 /// (`rpc::receipts`): naming a content hash proves nothing. Holders of an
-/// older release, which keep no receipts, are not asked.
-async fn check_uploaded(
+/// older release, which keep no receipts, are not asked; when no holder can
+/// be, such chunks are refused.
+pub(crate) async fn check_uploaded(
     app: &Node,
     caller: &Caller,
     manifest: &shoal_storage::manifest::Manifest,
@@ -1404,6 +1405,11 @@ async fn check_uploaded(
     };
     if claimed.is_empty() {
         return Ok(());
+    }
+    if asked.is_empty() {
+        return Err(forbidden(format!(
+            "permission denied: no holder of this object keeps upload receipts (all run an older release), so none can show that tenant '{tenant}' sent the chunks its manifest names first; retry once they are upgraded"
+        )));
     }
     let answers = futures::future::join_all(
         asked

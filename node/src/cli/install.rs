@@ -266,9 +266,13 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
         write_private(&installed, text.as_bytes(), 0o644)?;
     }
     write_private(&under(root, UNIT_PATH), UNIT.as_bytes(), 0o644)?;
-    // Ranks run as a user of their tenant's own, which the agent creates
-    // on first use: nothing to create here.
-    let job_user = crate::executor::account::tenant_user_name("<tenant>");
+    // Ranks run as a uid of their tenant's own, which the agent gives on
+    // first use (no passwd entry): nothing to create here.
+    let job_user = format!(
+        "one uid per tenant from {} (in {})",
+        crate::executor::account::TENANT_UID_FIRST,
+        crate::executor::account::TENANT_UIDS_FILE
+    );
     let mut next = Vec::new();
     let started = if live(root) && !args.no_start && systemd_runs() {
         systemctl(&["daemon-reload"])?;
@@ -301,10 +305,7 @@ pub fn install(args: &InstallArgs, json: bool) -> anyhow::Result<()> {
             out.binary, out.config, out.unit, out.data_dir
         );
         if !out.job_user.is_empty() {
-            t.push_str(&format!(
-                "job users {} (one per tenant, created on first use)\n",
-                out.job_user
-            ));
+            t.push_str(&format!("job users {}\n", out.job_user));
         }
         t.push_str(if out.started {
             "shoal.service is enabled and running (journalctl -u shoal)\n"
@@ -427,17 +428,6 @@ pub fn uninstall(args: &UninstallArgs, json: bool) -> anyhow::Result<()> {
         Err(e) => anyhow::bail!("cannot remove {}: {e}", config.display()),
     }
     let _ = std::fs::remove_dir(under(root, "etc/shoal"));
-    if args.purge && live(root) {
-        // The tenant users the agent created (their files went with the
-        // jobs dir above).
-        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-        for (user, _) in crate::executor::account::tenant_users(&passwd) {
-            match crate::executor::account::remove_tenant_user(&user) {
-                Ok(()) => removed.push(format!("user {user}")),
-                Err(e) => kept.push(format!("user {user} ({e})")),
-            }
-        }
-    }
     let out = serde_json::json!({ "removed": removed, "kept": kept });
     super::emit(json, &out, || {
         let mut t = String::new();

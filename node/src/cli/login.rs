@@ -80,7 +80,7 @@ pub struct Requested<'a> {
 }
 
 /// The client for a command: the API URL (`--api`, `SHOAL_API`, the
-/// settings, the agent running on the data dir, then loopback), the token (`--token`, `SHOAL_TOKEN`, the
+/// settings, the agent running on the data dir, then loopback), the token (`--token-file`, `SHOAL_TOKEN`, the
 /// settings' token when talking to the settings' API, then the data dir's
 /// `admin.token`) and the CA every https node must chain to
 /// (`SHOAL_CA_FILE`, the settings, then the data dir's identity).

@@ -4,19 +4,31 @@
 //! ranks, read their environment, signal them and read their files. Under
 //! a root agent, ranks run as the tenant's user from `executor.users`, else
 //! `executor.run_as` (one user the operator chose for every tenant), else
-//! a user of the tenant's own, `shoal-t-<tenant>`, which the agent creates
-//! when missing and removes once the tenant is gone and none of its files
-//! remain on the node. An agent that is not root can only run ranks as
-//! itself.
+//! a uid of the tenant's own: a number from [`TENANT_UID_FIRST`] up, given
+//! once per tenant on this host and never again, with no `passwd` entry
+//! (as Kubernetes' `runAsUser` and systemd's `DynamicUser`). No user is
+//! created, so nothing is written under `/etc` (read-only to the agent's
+//! unit), and no uid is ever reused: a later tenant cannot inherit files an
+//! earlier one left in `/tmp` or `/dev/shm`. An agent that is not root can
+//! only run ranks as itself.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
 
-/// What the agent writes in the comment (GECOS) field of a tenant user it
-/// created, followed by the tenant's name: how it finds its own users again.
-pub const TENANT_USER_COMMENT: &str = "shoal tenant ";
-/// Longest user name `useradd` takes everywhere.
+/// The first uid given to a tenant: far above the uids distributions give
+/// to users (1000 up), system users and the subordinate ranges of user
+/// namespaces (100000 up, 65536 each), below 2^31 for tools that sign it.
+pub const TENANT_UID_FIRST: u32 = 1_700_000_000;
+/// The last one.
+pub const TENANT_UID_LAST: u32 = 2_000_000_000;
+/// Which uid each tenant of this host has, for every agent on it: one line
+/// per tenant, `UID CLUSTER/TENANT/CREATED_MS`, appended under an exclusive
+/// lock and never rewritten. A tenant removed and created again under the
+/// same name is another tenant (another creation time): another uid.
+pub const TENANT_UIDS_FILE: &str = "/var/lib/shoal-tenant-uids";
+/// Longest user name `useradd` takes everywhere (the name ranks see in
+/// `USER`).
 const MAX_USER_NAME: usize = 32;
 /// `run_as` value meaning the agent's own user.
 pub const AGENT_USER: &str = "agent";
@@ -37,11 +49,11 @@ pub enum Choice {
     Agent,
     /// The named user.
     Named(String),
-    /// The tenant's own user, created by the agent when missing.
+    /// A uid of the tenant's own (its name, for `USER`).
     Tenant(String),
 }
 
-/// The Unix user a tenant's ranks run as when no mapping is configured:
+/// The name a tenant's ranks see in `USER` when no mapping is configured:
 /// `shoal-t-<tenant>` when that is a portable user name (lower case, digits,
 /// `-`, `_`, at most 32 characters), else `shoal-x-` and 16 hex digits of the
 /// name's BLAKE3 hash. The two prefixes differ, so no tenant's plain name can
@@ -65,6 +77,80 @@ pub struct RankUsers {
     pub run_as: Option<String>,
     pub users: BTreeMap<String, String>,
     pub allow_root: bool,
+    /// Tenants' uids looked up in [`TENANT_UIDS_FILE`] so far.
+    pub known: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u32>>>,
+}
+
+/// Who a tenant is on this host: its cluster, name and creation time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantKey {
+    pub cluster: String,
+    pub tenant: String,
+    pub created_at_ms: u64,
+}
+
+impl TenantKey {
+    fn line_key(&self) -> String {
+        format!("{}/{}/{}", self.cluster, self.tenant, self.created_at_ms)
+    }
+}
+
+/// The uid of `key` in `table` (a [`TENANT_UIDS_FILE`]), and the line to
+/// append when it has none yet: the next uid after every one given, so none
+/// is ever given twice. `None`: the range is used up. Pure.
+pub fn assign_uid(table: &str, key: &str) -> Option<(u32, Option<String>)> {
+    let mut highest = None;
+    for line in table.lines() {
+        let Some((uid, who)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(uid) = uid.parse::<u32>() else {
+            continue;
+        };
+        if who == key {
+            return Some((uid, None));
+        }
+        highest = highest.max(Some(uid));
+    }
+    let next = highest.map_or(TENANT_UID_FIRST, |h: u32| {
+        h.saturating_add(1).max(TENANT_UID_FIRST)
+    });
+    (next <= TENANT_UID_LAST).then(|| (next, Some(format!("{next} {key}\n"))))
+}
+
+/// The uid of `key`, from `path` (given it there when it has none), under
+/// an exclusive lock so that agents on one host agree.
+fn uid_in_file(path: &std::path::Path, key: &str) -> Result<u32, String> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(fail)?;
+    // SAFETY: flock on a descriptor we own; released when the file closes.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(fail(std::io::Error::last_os_error()));
+    }
+    let mut table = String::new();
+    file.seek(std::io::SeekFrom::Start(0)).map_err(fail)?;
+    file.read_to_string(&mut table).map_err(fail)?;
+    let (uid, line) = assign_uid(&table, key).ok_or_else(|| {
+        format!(
+            "{}: every tenant uid from {TENANT_UID_FIRST} to {TENANT_UID_LAST} is given",
+            path.display()
+        )
+    })?;
+    if let Some(line) = line {
+        file.write_all(line.as_bytes()).map_err(fail)?;
+        file.sync_all().map_err(fail)?;
+    }
+    Ok(uid)
 }
 
 impl RankUsers {
@@ -79,24 +165,46 @@ impl RankUsers {
         }
     }
 
-    /// The account `tenant`'s ranks run under, creating the tenant's own
-    /// user when a root agent needs it; an error says why the rank cannot
-    /// start.
-    pub fn resolve(&self, tenant: &str) -> Result<Account, String> {
+    /// The account `tenant`'s ranks run under, giving the tenant a uid of
+    /// its own on this host when a root agent needs one; an error says why
+    /// the rank cannot start.
+    pub fn resolve(&self, tenant: &TenantKey) -> Result<Account, String> {
+        self.resolve_in(tenant, std::path::Path::new(TENANT_UIDS_FILE))
+    }
+
+    /// [`Self::resolve`] with the uid table at `table`.
+    pub fn resolve_in(
+        &self,
+        tenant: &TenantKey,
+        table: &std::path::Path,
+    ) -> Result<Account, String> {
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
-        let account = match self.choose(tenant, me == 0) {
+        let account = match self.choose(&tenant.tenant, me == 0) {
             Choice::Agent => by_uid(me)?,
             Choice::Named(name) => by_name(&name)?.ok_or_else(|| {
                 format!("no Unix user '{name}' (executor.run_as / executor.users)")
             })?,
-            Choice::Tenant(name) => match by_name(&name)? {
-                Some(a) => a,
-                None => {
-                    create_tenant_user(&name, tenant)?;
-                    by_name(&name)?.ok_or_else(|| format!("user {name} was not created"))?
+            Choice::Tenant(name) => {
+                let key = tenant.line_key();
+                let known = self.known.lock().ok().and_then(|k| k.get(&key).copied());
+                let uid = match known {
+                    Some(uid) => uid,
+                    None => {
+                        let uid = uid_in_file(table, &key)?;
+                        if let Ok(mut k) = self.known.lock() {
+                            k.insert(key, uid);
+                        }
+                        uid
+                    }
+                };
+                Account {
+                    name,
+                    uid,
+                    gid: uid,
+                    home: PathBuf::from("/nonexistent"),
                 }
-            },
+            }
         };
         check(&account, me, self.allow_root)?;
         Ok(account)
@@ -119,77 +227,6 @@ pub fn check(account: &Account, agent_uid: u32, allow_root: bool) -> Result<(), 
         ));
     }
     Ok(())
-}
-
-/// Creates `name`, the user of `tenant`'s ranks: a system user with its own
-/// group, no home and no login shell, marked as the agent's in its comment.
-/// One made meanwhile by another agent on this host is kept.
-fn create_tenant_user(name: &str, tenant: &str) -> Result<(), String> {
-    let status = std::process::Command::new("useradd")
-        .args([
-            "--system",
-            "--user-group",
-            "--no-create-home",
-            "--home-dir",
-            "/nonexistent",
-            "--shell",
-            "/usr/sbin/nologin",
-            "--comment",
-            &format!("{TENANT_USER_COMMENT}{tenant}"),
-            name,
-        ])
-        .status()
-        .map_err(|e| format!("cannot run useradd to create {name}: {e}"))?;
-    // 9: the user exists (another agent on this host created it first).
-    if status.success() || status.code() == Some(9) {
-        tracing::info!(
-            user = name,
-            tenant,
-            "created the Unix user of a tenant's ranks"
-        );
-        Ok(())
-    } else {
-        Err(format!("useradd {name} failed: {status}"))
-    }
-}
-
-/// The tenant users this host's agents created, as (user, tenant), read
-/// from `passwd` (the file `useradd` writes).
-pub fn tenant_users(passwd: &str) -> Vec<(String, String)> {
-    passwd
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(':').collect();
-            let tenant = fields.get(4)?.strip_prefix(TENANT_USER_COMMENT)?;
-            let user = *fields.first()?;
-            (tenant_user_name(tenant) == user).then(|| (user.to_string(), tenant.to_string()))
-        })
-        .collect()
-}
-
-/// Removes the tenant user `name`. `userdel` refuses while one of its
-/// processes runs (another agent on this host may still use it); that is
-/// an error to try again later, not a reason to force it.
-pub fn remove_tenant_user(name: &str) -> Result<(), String> {
-    let status = std::process::Command::new("userdel")
-        .arg(name)
-        .status()
-        .map_err(|e| format!("cannot run userdel {name}: {e}"))?;
-    // 6: already gone.
-    if status.success() || status.code() == Some(6) {
-        tracing::info!(
-            user = name,
-            "removed the Unix user of a tenant that is gone"
-        );
-        Ok(())
-    } else {
-        Err(format!("userdel {name} failed: {status}"))
-    }
-}
-
-/// The uid of user `name`, if there is one.
-pub fn uid_of(name: &str) -> Result<Option<u32>, String> {
-    Ok(by_name(name)?.map(|a| a.uid))
 }
 
 fn account(pw: &libc::passwd) -> Account {
@@ -255,6 +292,7 @@ mod tests {
                 .map(|(t, u)| (t.to_string(), u.to_string()))
                 .collect(),
             allow_root: false,
+            known: Default::default(),
         }
     }
 
@@ -299,17 +337,54 @@ mod tests {
     }
 
     #[test]
-    fn only_the_agents_own_tenant_users_are_found_in_passwd() {
-        let passwd = "root:x:0:0:root:/root:/bin/bash\n\
-            shoal-t-vision:x:998:998:shoal tenant vision:/nonexistent:/usr/sbin/nologin\n\
-            shoal-x-0123456789abcdef:x:997:997:shoal tenant speech:/nonexistent:/usr/sbin/nologin\n\
-            alice:x:1000:1000:shoal tenant alice:/home/alice:/bin/bash\n";
-        // A comment that names a tenant whose user would be another name
-        // is not ours (alice; the forged hash).
+    fn a_tenant_keeps_its_uid_and_no_uid_is_given_twice() {
+        let (uid, line) = assign_uid("", "c/vision/1").expect("room");
+        assert_eq!(uid, TENANT_UID_FIRST);
+        let mut table = line.expect("a new line");
+        let (again, none) = assign_uid(&table, "c/vision/1").expect("room");
+        assert_eq!((again, none), (uid, None));
+        let (speech, line) = assign_uid(&table, "c/speech/2").expect("room");
+        assert_eq!(speech, uid + 1);
+        table.push_str(&line.expect("a new line"));
+        // Removed and created again: another tenant, another uid, never
+        // the old one.
+        let (vision_again, _) = assign_uid(&table, "c/vision/3").expect("room");
+        assert_eq!(vision_again, uid + 2);
+        // A damaged line is skipped; the range ends.
         assert_eq!(
-            tenant_users(passwd),
-            vec![("shoal-t-vision".to_string(), "vision".to_string())]
+            assign_uid("junk\n", "k").map(|(u, _)| u),
+            Some(TENANT_UID_FIRST)
         );
+        assert_eq!(assign_uid(&format!("{TENANT_UID_LAST} x\n"), "k"), None);
+    }
+
+    #[test]
+    fn the_uid_table_is_shared_and_kept() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let table = dir.path().join("uids");
+        let key = |tenant: &str| TenantKey {
+            cluster: "c".into(),
+            tenant: tenant.into(),
+            created_at_ms: 7,
+        };
+        let alpha = uid_in_file(&table, &key("alpha").line_key()).expect("alpha");
+        let beta = uid_in_file(&table, &key("beta").line_key()).expect("beta");
+        assert_ne!(alpha, beta);
+        // Another agent on the host reads the same.
+        assert_eq!(
+            uid_in_file(&table, &key("alpha").line_key()).expect("alpha"),
+            alpha
+        );
+        assert_eq!(
+            uid_in_file(&table, "c/x/1").expect("x"),
+            uid_in_file(&table, "c/x/1").expect("x")
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&table)
+            .expect("table")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

@@ -858,7 +858,33 @@ async fn prepare_and_launch(
     a: &Assignment,
     lease: Option<lease::Guarding>,
 ) -> Result<RunningRank, String> {
-    let account = host.users.resolve(&a.spec.tenant)?;
+    let tenant = {
+        let data = host
+            .ledger
+            .read()
+            .map_err(|e| format!("cannot read the ledger: {}", e.message))?;
+        account::TenantKey {
+            cluster: data
+                .ledger
+                .cluster
+                .as_ref()
+                .map(|c| c.cluster_id.clone())
+                .unwrap_or_default(),
+            tenant: a.spec.tenant.clone(),
+            created_at_ms: data
+                .ledger
+                .workload
+                .tenants
+                .get(&a.spec.tenant)
+                .map_or(0, |t| t.created_at_ms),
+        }
+    };
+    // A new tenant's uid is written to a file under a lock: off the async
+    // threads.
+    let users = host.users.clone();
+    let account = tokio::task::spawn_blocking(move || users.resolve(&tenant))
+        .await
+        .map_err(|e| format!("the uid lookup failed: {e}"))??;
     let dir = job_dir(&host.jobs_dir, key.job);
     prepare_job_dir(&host.jobs_dir, &dir, &account)?;
     if let Some(ckpt) = a.restore.clone() {

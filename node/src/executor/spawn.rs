@@ -188,8 +188,12 @@ static NO_CLONE3: AtomicBool = AtomicBool::new(false);
 /// The host refused a rank a `/proc` of its own: start ranks without one.
 static NO_PRIVATE_PROC: AtomicBool = AtomicBool::new(false);
 
-/// `hidepid=2` ("invisible" since Linux 5.8, which still takes the number).
-const HIDDEN_PROC_OPTIONS: &[u8] = b"hidepid=2\0";
+/// `hidepid=invisible`: only Linux 5.8 and later take the name, and only
+/// they give each mount a procfs of its own. An older kernel refuses it
+/// (EINVAL), so ranks start without it, instead of the number turning
+/// hidepid on for the whole host (before 4.x's per-namespace procfs) or
+/// being ignored without a word (5.3 to 5.7).
+const HIDDEN_PROC_OPTIONS: &[u8] = b"hidepid=invisible\0";
 
 impl Spawn {
     /// Starts the process; returns once it has exec'd, or with the reason
@@ -197,7 +201,15 @@ impl Spawn {
     pub fn start(&self) -> io::Result<Process> {
         let private_proc = self.private_proc && !NO_PRIVATE_PROC.load(Ordering::Relaxed);
         match self.start_with(private_proc) {
-            Err((Some(Step::PrivateProc), e)) => {
+            // The host refuses it for good (no privilege, an old kernel, a
+            // seccomp filter); anything else (out of memory or
+            // descriptors) fails this start only.
+            Err((Some((Step::PrivateProc, errno)), e))
+                if matches!(
+                    errno,
+                    libc::EPERM | libc::EINVAL | libc::ENOSYS | libc::EACCES
+                ) =>
+            {
                 NO_PRIVATE_PROC.store(true, Ordering::Relaxed);
                 tracing::warn!(
                     error = %e,
@@ -209,8 +221,9 @@ impl Spawn {
         }
     }
 
-    /// [`Self::start`], once; an error names the child's step that failed.
-    fn start_with(&self, private_proc: bool) -> Result<Process, (Option<Step>, io::Error)> {
+    /// [`Self::start`], once; an error names the child's step that failed
+    /// and its errno.
+    fn start_with(&self, private_proc: bool) -> Result<Process, (Option<(Step, i32)>, io::Error)> {
         if self.candidates.is_empty() {
             return Err((
                 None,
@@ -253,9 +266,9 @@ impl Spawn {
             let e = io::Error::from_raw_os_error(errno);
             let step = plan.step.load(Ordering::Acquire);
             if step == Step::Exec as i32 {
-                return Err((Some(Step::Exec), e));
+                return Err((Some((Step::Exec, errno)), e));
             }
-            let failed = (step == Step::PrivateProc as i32).then_some(Step::PrivateProc);
+            let failed = (step == Step::PrivateProc as i32).then_some((Step::PrivateProc, errno));
             return Err((
                 failed,
                 io::Error::new(

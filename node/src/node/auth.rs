@@ -35,7 +35,7 @@ pub struct Caller {
     /// The peer region whose credential this is: the request was forwarded
     /// from there (docs/federation.md) on behalf of one of its tenant
     /// tokens, for `tenant`, a tenant both regions share
-    /// ([`crate::api::federation::peer_scope`]); `tenant` is `None` only on
+    /// (the API's `federation::peer_scope` decides); `tenant` is `None` only on
     /// the region-to-region routes (summary, leave, checkpoint copies).
     pub peer_region: Option<String>,
 }

@@ -2,10 +2,7 @@
 //! it passes `executor.log_max_bytes` (copied to `rank-R.log.1`, then cut
 //! to nothing: the rank keeps writing to the file it has open, in append
 //! mode, from its new end), and a finished job's directory goes
-//! `executor.job_retention_s` after the job ended. The Unix user an agent
-//! created for a tenant's ranks goes with the tenant's last files: once the
-//! ledger no longer has the tenant and nothing in the jobs dir is the
-//! user's, so that a later user given the same uid inherits nothing.
+//! `executor.job_retention_s` after the job ended.
 
 use super::Worker;
 use crate::executor::{job_dir, log_path, log_rotations, rotations_path};
@@ -88,7 +85,7 @@ impl Worker for JobFiles {
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {
-        let (running, gone, tenants) = match self.ledger.read() {
+        let (running, gone) = match self.ledger.read() {
             Ok(d) => {
                 let workload = &d.ledger.workload;
                 let running: Vec<(u64, u32)> = workload
@@ -103,9 +100,7 @@ impl Worker for JobFiles {
                     })
                     .collect();
                 let gone = expired(workload, &self.job_dirs(), clock::wall_ms(), self.retention);
-                let tenants: std::collections::BTreeSet<String> =
-                    workload.tenants.keys().cloned().collect();
-                (running, gone, tenants)
+                (running, gone)
             }
             Err(_) => return ControlFlow::Break(()),
         };
@@ -131,59 +126,10 @@ impl Worker for JobFiles {
                     }
                 }
             }
-            remove_users_of_gone_tenants(&jobs_dir, &tenants);
         });
         let _ = work.await;
         ControlFlow::Continue(())
     }
-}
-
-/// Removes the tenant users this host's agents created whose tenant the
-/// ledger no longer has and who own nothing in `jobs_dir` (a job's `work/`
-/// and `ckpt/` are its rank user's). Only a root agent creates or removes
-/// users.
-fn remove_users_of_gone_tenants(jobs_dir: &Path, tenants: &std::collections::BTreeSet<String>) {
-    use crate::executor::account;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return;
-    }
-    let Ok(passwd) = std::fs::read_to_string("/etc/passwd") else {
-        return;
-    };
-    let gone: Vec<String> = account::tenant_users(&passwd)
-        .into_iter()
-        .filter(|(_, tenant)| !tenants.contains(tenant))
-        .map(|(user, _)| user)
-        .collect();
-    if gone.is_empty() {
-        return;
-    }
-    let owners = owners_of_job_files(jobs_dir);
-    for user in gone {
-        match account::uid_of(&user) {
-            Ok(Some(uid)) if !owners.contains(&uid) => {
-                if let Err(e) = account::remove_tenant_user(&user) {
-                    tracing::debug!(user, error = %e, "a gone tenant's user stays for now");
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// The uids owning a job's `work/` or `ckpt/` under `jobs_dir`.
-fn owners_of_job_files(jobs_dir: &Path) -> std::collections::BTreeSet<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let mut owners = std::collections::BTreeSet::new();
-    for entry in std::fs::read_dir(jobs_dir).into_iter().flatten().flatten() {
-        for sub in ["work", "ckpt"] {
-            if let Ok(meta) = std::fs::symlink_metadata(entry.path().join(sub)) {
-                owners.insert(meta.uid());
-            }
-        }
-    }
-    owners
 }
 
 #[cfg(test)]

@@ -50,13 +50,20 @@ impl Worker for MemberRecord {
         match self.ledger.write(cmd).await {
             Ok((shoal_consensus::LedgerResponse::Denied(reason), _)) => {
                 // Its GPUs or addresses are what it was admitted with; the
-                // ledger keeps those until an operator re-admits it.
+                // ledger keeps those until an operator re-admits it. The
+                // rest (its release and protocols above all) still goes in.
                 tracing::error!(
                     node = self.local.id,
                     %reason,
-                    "this node differs from its record in the ledger and may not rewrite it: remove it (`shoal node remove`) and join it again"
+                    "this node's GPUs or addresses differ from those it was admitted with, which the ledger keeps: remove it (`shoal node remove`) and join it again"
                 );
-                ControlFlow::Break(())
+                match shoal_consensus::node_access::keep_admitted(&recorded, &self.local.spec) {
+                    Some(spec) => {
+                        self.local.spec = spec;
+                        ControlFlow::Continue(())
+                    }
+                    None => ControlFlow::Break(()),
+                }
             }
             Ok(_) => {
                 tracing::info!(
