@@ -970,7 +970,11 @@ impl<'a> Pass<'a> {
                 continue;
             }
             match self.place_in(Area::Free, request, None) {
-                Ok(placement) => self.commit(job, placement, request.choice.exclusive),
+                Ok(placement) => {
+                    if !self.commit(job, placement, request.choice.exclusive) {
+                        waiting_behind = Some(format!("fifo: waiting behind job {}", job.id));
+                    }
+                }
                 Err(unplaceable) => {
                     self.note(job.id, unplaceable.reason);
                     waiting_behind = Some(format!("fifo: waiting behind job {}", job.id));
@@ -1109,9 +1113,11 @@ impl<'a> Pass<'a> {
             if self.admit(job).is_err() {
                 break;
             }
-            match self.place_in(Area::Free, request, None) {
-                Ok(placement) => self.commit(job, placement, request.choice.exclusive),
-                Err(_) => break,
+            let Ok(placement) = self.place_in(Area::Free, request, None) else {
+                break;
+            };
+            if !self.commit(job, placement, request.choice.exclusive) {
+                break;
             }
         }
     }
@@ -1271,7 +1277,10 @@ impl<'a> Pass<'a> {
             let epoch = self.epoch;
             let Some(held_for_head) = &reservation else {
                 match self.place_in(Area::Free, request, None) {
-                    Ok(placement) => self.commit(job, placement, request.choice.exclusive),
+                    Ok(placement) => {
+                        // Refused only past its quota, as `admit` refuses.
+                        self.commit(job, placement, request.choice.exclusive);
+                    }
                     Err(unplaceable) => {
                         if allow_preemption && self.try_preempt(job, request) {
                             if index.is_some() {
@@ -1335,7 +1344,9 @@ impl<'a> Pass<'a> {
             };
             match decision {
                 Ok(placement) => {
-                    self.commit(job, placement, request.choice.exclusive);
+                    if !self.commit(job, placement, request.choice.exclusive) {
+                        continue;
+                    }
                     if let (Some(index), Some(held)) = (index, &reservation) {
                         placed.push(((request.gpus_per_node, request.nodes), job.time_limit_s));
                         if self.nothing_more_can_start(index, held, &placed) {
@@ -1455,7 +1466,9 @@ impl<'a> Pass<'a> {
     /// Writes a placement into the overlay and charges its tenant; an
     /// exclusive job whose whole nodes exceed its tenant's quota or budget
     /// is not placed (its planned GPUs alone were within them).
-    fn commit(&mut self, job: &PendingJob, placement: Placement, request_exclusive: bool) {
+    ///
+    /// Whether it placed the job.
+    fn commit(&mut self, job: &PendingJob, placement: Placement, request_exclusive: bool) -> bool {
         let held = self.gpus_held(&placement, request_exclusive);
         let whole;
         let job = if held > job.gpus {
@@ -1472,7 +1485,7 @@ impl<'a> Pass<'a> {
                     job.id,
                     format!("{} (--exclusive counts whole nodes)", denied.reason),
                 );
-                return;
+                return false;
             }
             &whole
         } else {
@@ -1531,6 +1544,7 @@ impl<'a> Pass<'a> {
         self.epoch += 1;
         self.plan.pending_reasons.remove(&job.id);
         self.plan.placements.push(placement);
+        true
     }
 
     /// Earliest time the gang fits if every job runs to its time limit, and
@@ -1740,11 +1754,35 @@ impl<'a> Pass<'a> {
         let Ok(placement) = self.place_without(request, &chosen) else {
             return false;
         };
+        // An exclusive gang is charged its nodes whole: no one is evicted
+        // for a gang its tenant's quota then refuses.
+        if request.choice.exclusive && !self.whole_nodes_within_quota(job, &placement) {
+            return false;
+        }
         for victim in chosen {
             self.evict(victim, job.id);
         }
-        self.commit(job, placement, request.choice.exclusive);
-        true
+        self.commit(job, placement, request.choice.exclusive)
+    }
+
+    /// Whether `job`'s tenant may hold every GPU of `placement`'s nodes.
+    fn whole_nodes_within_quota(&self, job: &PendingJob, placement: &Placement) -> bool {
+        let whole: u32 = placement
+            .nodes
+            .iter()
+            .filter_map(|(node_id, _)| self.position_of(*node_id))
+            .map(|position| self.cluster.gpu_range(position).count() as u32)
+            .sum();
+        if whole <= job.gpus {
+            return true;
+        }
+        let whole = PendingJob {
+            gpus: whole,
+            ..job.clone()
+        };
+        self.tree
+            .index_of(&job.tenant)
+            .is_none_or(|tenant| self.tree.check_quota(tenant, &whole).is_ok())
     }
 
     /// Places the gang as if `victims` had already been stopped.

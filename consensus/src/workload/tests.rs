@@ -2188,3 +2188,30 @@ fn until_every_member_speaks_it_an_exclusive_job_holds_what_was_planned() {
     r.pass(Policy::Fifo);
     assert_eq!(r.job(whole).alloc.as_ref().map(|a| a.gpu_count()), Some(2));
 }
+
+#[test]
+fn no_job_is_preempted_for_an_exclusive_gang_its_quota_then_refuses() {
+    let mut r = Replica::new(&[("n1", "r1", 8)]);
+    for (name, max) in [("big", None), ("small", Some(2))] {
+        r.apply(Command::CreateTenant {
+            name: name.into(),
+            limits: limits(max, None, 1),
+        });
+    }
+    let victim = r.submit(job("big", 1, 8));
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(r.job(victim).state, JobState::Running);
+    // Below its fair share, small may preempt big: for 2 GPUs it could,
+    // but held whole the node is 8, past its quota of 2.
+    let whole = r.submit(JobSpec {
+        choice: choice(vec![], vec![], true),
+        ..job("small", 1, 2)
+    });
+    r.pass(Policy::HdrfPreempt);
+    assert_eq!(
+        r.job(victim).state,
+        JobState::Running,
+        "preempted for nothing"
+    );
+    assert!(r.job(whole).state.is_waiting());
+}
