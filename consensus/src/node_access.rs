@@ -35,14 +35,28 @@ pub const ADMITTED_RECORD_SINCE_PROTOCOL: u16 = 5;
 /// `current`, the rest of `spec` (release, protocols, labels, gossip
 /// identity, GPU details) is the node's own. `None`: `spec` changes none.
 pub fn keep_admitted(current: &MemberSpec, spec: &MemberSpec) -> Option<MemberSpec> {
-    let same = inventory(&current.gpus) == inventory(&spec.gpus)
-        && (&current.rpc_addr, &current.api_addr) == (&spec.rpc_addr, &spec.api_addr);
+    let same = inventory(&current.gpus) == inventory(&spec.gpus) && same_hosts(current, spec);
     (!same).then(|| MemberSpec {
         gpus: current.gpus.clone(),
         rpc_addr: current.rpc_addr.clone(),
         api_addr: current.api_addr.clone(),
         ..spec.clone()
     })
+}
+
+/// Whether `spec` names the hosts `current` does for RPC and the API: a
+/// node restarted on other ports (it listens on port 0) is the same node;
+/// another host is not its to claim.
+fn same_hosts(current: &MemberSpec, spec: &MemberSpec) -> bool {
+    let host = |addr: &str| match addr.parse::<std::net::SocketAddr>() {
+        Ok(addr) => addr.ip().to_string(),
+        Err(_) => addr
+            .rsplit_once(':')
+            .map_or(addr, |(host, _)| host)
+            .to_string(),
+    };
+    host(&current.rpc_addr) == host(&spec.rpc_addr)
+        && host(&current.api_addr) == host(&spec.api_addr)
 }
 
 /// `Ok` when member `node` may have `cmd` applied on its own authority;
@@ -85,9 +99,9 @@ pub fn authorize(ledger: &Ledger, node: NodeId, cmd: &Command) -> Result<(), Str
                     "change its own GPUs (remove the node and join it again with the new ones)",
                 );
             }
-            if (&current.rpc_addr, &current.api_addr) != (&spec.rpc_addr, &spec.api_addr) {
+            if !same_hosts(current, spec) {
                 return refuse(
-                    "change its own addresses (remove the node and join it again at the new ones)",
+                    "move its own addresses to another host (remove the node and join it again there)",
                 );
             }
             Ok(())
@@ -517,7 +531,7 @@ mod tests {
         let mut moved = admitted.clone();
         moved.rpc_addr = "10.0.0.9:7000".into();
         let mut api_moved = admitted.clone();
-        api_moved.api_addr = "10.0.0.9:7070".into();
+        api_moved.api_addr = "10.0.0.9:2".into();
         for spec in [more_gpus, other_model, moved, api_moved] {
             let answer = r.as_node(2, Command::UpdateMember { id: 2, spec });
             assert!(denied(&answer), "{answer:?}");
@@ -529,6 +543,9 @@ mod tests {
         in_use.gpus[0].health = "ok".into();
         in_use.gpus[0].memory_mb -= 1_024;
         in_use.gpus[0].mig_enabled = true;
+        // Other ports on the same host: a restart on port 0.
+        in_use.rpc_addr = "127.0.0.1:9001".into();
+        in_use.api_addr = "127.0.0.1:9002".into();
         assert_eq!(
             r.as_node(
                 2,
@@ -545,7 +562,7 @@ mod tests {
         restarted.rpc_addr = "10.0.0.9:7000".into();
         restarted.version = "9.9.9".into();
         let kept = keep_admitted(&r.ledger.members[&2].spec, &restarted).expect("a change");
-        assert_eq!(kept.rpc_addr, admitted.rpc_addr);
+        assert_eq!(kept.rpc_addr, "127.0.0.1:9001");
         assert_eq!(
             r.as_node(2, Command::UpdateMember { id: 2, spec: kept }),
             LedgerResponse::Ok
