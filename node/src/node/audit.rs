@@ -16,7 +16,8 @@
 //! [`DISTINCT_PER_MINUTE`] distinct refusal records a minute on a node (a
 //! repeat of one is counted on it by the ledger, not recorded anew), then
 //! one record saying it was cut off; the rest of that minute's refusals are
-//! counted only in `shoal_api_requests_total`.
+//! counted only in `shoal_api_requests_total`, as are repeats of one record
+//! past [`REPEATS_PER_MINUTE`].
 
 use crate::node::client::LedgerClient;
 use shoal_consensus::events::EventSpec;
@@ -32,6 +33,13 @@ const MAX_RECORDS: usize = 256;
 
 /// Distinct refusal records one caller may add to the log a minute.
 pub const DISTINCT_PER_MINUTE: usize = 16;
+/// Repeats of one refusal record a caller may send the ledger a minute
+/// (each is counted on its event); the rest are counted only in the
+/// request metrics, so one caller's flood is not a flood of writes.
+pub const REPEATS_PER_MINUTE: u32 = 64;
+/// Records waiting for the writer at most (a ledger without a quorum
+/// stops taking them): past that they are dropped, with a warning.
+const MAX_QUEUED: usize = 4096;
 /// The rate limiter's window.
 const LIMIT_WINDOW: Duration = Duration::from_secs(60);
 /// Callers tracked at most before finished windows are dropped.
@@ -51,7 +59,8 @@ pub enum Refusal {
 #[derive(Default)]
 struct CallerWindow {
     started_ms: u64,
-    messages: Vec<u64>,
+    /// Each distinct record of this window and how often it was sent.
+    messages: Vec<(u64, u32)>,
     cut_off: bool,
 }
 
@@ -81,11 +90,16 @@ impl RefusalLimiter {
                 .try_into()
                 .unwrap_or_default(),
         );
-        if window.messages.contains(&key) {
-            return Refusal::Record;
+        if let Some((_, sent)) = window.messages.iter_mut().find(|(k, _)| *k == key) {
+            *sent += 1;
+            return if *sent <= REPEATS_PER_MINUTE {
+                Refusal::Record
+            } else {
+                Refusal::Drop
+            };
         }
         if window.messages.len() < DISTINCT_PER_MINUTE {
-            window.messages.push(key);
+            window.messages.push((key, 1));
             return Refusal::Record;
         }
         if window.cut_off {
@@ -100,7 +114,7 @@ impl RefusalLimiter {
 /// Gathers this node's audit records; the writer starts with the first.
 #[derive(Default)]
 pub struct AuditLog {
-    tx: OnceLock<mpsc::UnboundedSender<EventSpec>>,
+    tx: OnceLock<mpsc::Sender<EventSpec>>,
     refusals: std::sync::Mutex<RefusalLimiter>,
 }
 
@@ -142,19 +156,19 @@ impl AuditLog {
 
     fn send(&self, ledger: &LedgerClient, shutdown: watch::Receiver<bool>, spec: EventSpec) {
         let tx = self.tx.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
+            let (tx, rx) = mpsc::channel(MAX_QUEUED);
             tokio::spawn(write_windows(ledger.clone(), rx, shutdown));
             tx
         });
-        if tx.send(spec).is_err() {
-            tracing::warn!("could not record an audit event: the node is stopping");
+        if tx.try_send(spec).is_err() {
+            tracing::warn!("could not record an audit event: the node is stopping, or its ledger is this far behind");
         }
     }
 }
 
 async fn write_windows(
     ledger: LedgerClient,
-    mut rx: mpsc::UnboundedReceiver<EventSpec>,
+    mut rx: mpsc::Receiver<EventSpec>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -210,8 +224,12 @@ mod tests {
                 Refusal::Record
             );
         }
-        // A repeat is still recorded: the ledger counts it on its event.
-        assert_eq!(limiter.admit("b", "GET /0", t0 + 1), Refusal::Record);
+        // A repeat is still recorded (the ledger counts it on its event),
+        // up to a bound.
+        for _ in 1..REPEATS_PER_MINUTE {
+            assert_eq!(limiter.admit("b", "GET /0", t0 + 1), Refusal::Record);
+        }
+        assert_eq!(limiter.admit("b", "GET /0", t0 + 1), Refusal::Drop);
         assert_eq!(limiter.admit("b", "GET /new", t0 + 2), Refusal::CutOff);
         for route in 0..100 {
             assert_eq!(
