@@ -277,6 +277,10 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
         app.ledger().read().ok()?.ledger.global_tenant_id(t)
     });
     if asked != AUTO_REGION {
+        // A region that does not exist is the first thing to say.
+        if let Err(why) = fed::peer_named(&app, &asked) {
+            return error(StatusCode::NOT_FOUND, "not_found", why);
+        }
         if let Err(why) = shared {
             return error(StatusCode::FORBIDDEN, "forbidden", why);
         }
