@@ -204,12 +204,10 @@ impl Spawn {
             // The host refuses it for good (no privilege, an old kernel, a
             // seccomp filter); anything else (out of memory or
             // descriptors) fails this start only.
-            Err((Some((Step::PrivateProc, errno)), e))
-                if matches!(
-                    errno,
-                    libc::EPERM | libc::EINVAL | libc::ENOSYS | libc::EACCES
-                ) =>
-            {
+            Err((
+                Some((Step::PrivateProc, libc::EPERM | libc::EINVAL | libc::ENOSYS | libc::EACCES)),
+                e,
+            )) => {
                 NO_PRIVATE_PROC.store(true, Ordering::Relaxed);
                 tracing::warn!(
                     error = %e,
