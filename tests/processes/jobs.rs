@@ -1027,7 +1027,23 @@ async fn tasks_per_node_get_their_own_ranks_gpus_and_logs() {
     assert_eq!(lines, want_sorted);
 
     // srun outside a job: submits, streams every task's output, exits
-    // with the job's code.
+    // with the job's code. The failing task waits until every other one
+    // has written its line (in a directory every rank's user may write):
+    // its failure stops the gang, and a task that had not run yet by then
+    // would never print.
+    let marks = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        marks.path(),
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o1777),
+    )
+    .expect("chmod");
+    let script = format!(
+        "echo r$RANK; touch {dir}/r$RANK; \
+         if [ \"$RANK\" = 3 ]; then i=0; \
+           while [ $(ls {dir} | wc -l) -lt 4 ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; \
+           exit 4; fi",
+        dir = marks.path().display()
+    );
     let (code, out, err) = run(
         &bin.path().join("srun"),
         &[
@@ -1039,7 +1055,7 @@ async fn tasks_per_node_get_their_own_ranks_gpus_and_logs() {
             "-l",
             "sh",
             "-c",
-            "echo r$RANK; exit $((RANK == 3 ? 4 : 0))",
+            &script,
         ],
     );
     assert_eq!(code, Some(4), "{out} {err}");
