@@ -24,6 +24,24 @@ pub fn shoal_bin() -> &'static str {
 /// listener — can be handed one of them in between. Each test process
 /// walks its own slice of the range, so two binaries running at once do
 /// not walk the same ports either.
+/// Adds `args` to `command`, but a `--token T` pair as `T` in the
+/// environment variable `var`: users pass tokens that way (the CLI refuses
+/// a token in its arguments).
+pub fn args_with_token_in(command: &mut Command, args: &[&str], var: &str) {
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match (*arg, rest.clone().next()) {
+            ("--token", Some(token)) => {
+                command.env(var, token);
+                rest.next();
+            }
+            _ => {
+                command.arg(arg);
+            }
+        }
+    }
+}
+
 /// Runs the `shoal` CLI against `api` with `token`: (exit code, stdout,
 /// stderr), both trimmed. A `--token T` in `args` (the other region's, for
 /// `federation join`) goes in `SHOAL_PEER_TOKEN`: the CLI refuses a token
@@ -36,18 +54,7 @@ pub fn cli(args: &[&str], api: &str, token: &str) -> (i32, String, String) {
         .env("SHOAL_TOKEN", token)
         .arg("--api")
         .arg(api);
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        match (*arg, rest.clone().next()) {
-            ("--token", Some(peer)) => {
-                command.env("SHOAL_PEER_TOKEN", peer);
-                rest.next();
-            }
-            _ => {
-                command.arg(arg);
-            }
-        }
-    }
+    args_with_token_in(&mut command, args, "SHOAL_PEER_TOKEN");
     let out = command.output().expect("run shoal");
     (
         out.status.code().unwrap_or(-1),

@@ -40,18 +40,7 @@ impl ClientHost {
                 "SHOAL_DATA_DIR",
                 self.settings.with_extension("no-node-here"),
             );
-        let mut rest = args.iter();
-        while let Some(arg) = rest.next() {
-            match (*arg, rest.clone().next()) {
-                ("--token", Some(token)) => {
-                    command.env("SHOAL_TOKEN", token);
-                    rest.next();
-                }
-                _ => {
-                    command.arg(arg);
-                }
-            }
-        }
+        common::args_with_token_in(&mut command, args, "SHOAL_TOKEN");
         command.output().expect("run shoal on the client host")
     }
 

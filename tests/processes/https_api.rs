@@ -31,18 +31,7 @@ fn shoal(settings: &Path, args: &[&str]) -> Output {
         .env_remove("SHOAL_CA_FILE")
         .env("SHOAL_CLI_CONFIG", settings)
         .env("SHOAL_DATA_DIR", settings.with_extension("no-data-dir"));
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        match (*arg, rest.clone().next()) {
-            ("--token", Some(token)) => {
-                command.env("SHOAL_TOKEN", token);
-                rest.next();
-            }
-            _ => {
-                command.arg(arg);
-            }
-        }
-    }
+    crate::common::args_with_token_in(&mut command, args, "SHOAL_TOKEN");
     command.output().expect("run shoal")
 }
 
