@@ -162,6 +162,7 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::JobMoved { .. }
         | Command::SetPeerCa { .. }
         | Command::AdoptGlobalTenant { .. }
+        | Command::AdoptLocalTenant { .. }
         | Command::ShareRound { .. } => "federating regions",
         _ => "this operation",
     }

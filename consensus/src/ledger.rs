@@ -409,6 +409,19 @@ pub enum Command {
         expires_at_ms: u64,
         uses: u32,
     },
+    /// `shoal tenant adopt NAME --from REGION` (admin): this region's own
+    /// tenant `tenant` becomes the tenant region `home` shares across
+    /// regions, as its summary defines it. The leader adopts on its own
+    /// only a tenant this region does not have, or one it already holds
+    /// under `home` (protocol
+    /// [`crate::federation::global_tenants::CONSENT_SINCE_PROTOCOL`]).
+    AdoptLocalTenant {
+        tenant: String,
+        home: String,
+        gpus: Option<u32>,
+        gpu_seconds: Option<u64>,
+        limits: crate::workload::TenantLimits,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -699,7 +712,28 @@ impl Ledger {
                 gpus,
                 gpu_seconds,
                 limits,
-            } => answer(self.adopt_global_tenant(tenant, home, *gpus, *gpu_seconds, limits, now)),
+            } => answer(self.adopt_global_tenant(
+                tenant,
+                home,
+                (*gpus, *gpu_seconds),
+                limits,
+                false,
+                now,
+            )),
+            Command::AdoptLocalTenant {
+                tenant,
+                home,
+                gpus,
+                gpu_seconds,
+                limits,
+            } => answer(self.adopt_global_tenant(
+                tenant,
+                home,
+                (*gpus, *gpu_seconds),
+                limits,
+                true,
+                now,
+            )),
             Command::ShareRound {
                 tenant,
                 gpus,

@@ -30,7 +30,13 @@ use std::sync::OnceLock;
 /// with an old command, so it takes effect only once every member speaks 5
 /// and every replica applies the placement alike; and holders answer
 /// whether a tenant uploaded a chunk to them (`ChunkRequest::Uploaded`).
-pub const PROTOCOL: u16 = 5;
+/// Version 6: a peer region's tenant is adopted over a local tenant of
+/// its name only by an admin's `Command::AdoptLocalTenant`
+/// (`global_tenants::CONSENT_SINCE_PROTOCOL`), and a checkpoint copy from
+/// a peer region is recorded only for a tenant shared across regions
+/// (`federation::copies::SHARED_ONLY_SINCE_PROTOCOL`): refusals decided in
+/// `apply`, so they take effect once every member speaks 6.
+pub const PROTOCOL: u16 = 6;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL: u16 = 1;
 /// Test only: overrides the range a process speaks (`min..max`).

@@ -532,6 +532,16 @@ impl Client {
         self.get("/v1/tenants").await
     }
 
+    /// `shoal tenant adopt NAME --from REGION` (admin): this region's own
+    /// tenant `name` becomes the one `from` shares across regions.
+    pub async fn adopt_tenant(&self, name: &str, from: &str) -> Result<WriteResponse, ClientError> {
+        self.post(
+            &format!("/v1/tenants/{name}/adopt"),
+            &crate::federation::TenantAdoptRequest { from: from.into() },
+        )
+        .await
+    }
+
     /// Tenants capped across regions (`shoal tenant global`).
     pub async fn global_tenants(
         &self,

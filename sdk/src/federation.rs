@@ -249,6 +249,14 @@ pub struct FederationJoinResponse {
     pub cluster_id: String,
 }
 
+/// `POST /v1/tenants/{name}/adopt` (`shoal tenant adopt NAME --from
+/// REGION`, admin): this region's own tenant NAME becomes the tenant
+/// REGION (its home) shares across regions.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct TenantAdoptRequest {
+    pub from: String,
+}
+
 /// `POST /v1/federation/peers` (admin of the receiving region): the joining
 /// region's bundle and the secret the receiver uses to call it.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -58,7 +58,7 @@ async fn wait_region(
 /// (what such a node checks a forwarded request against), and the home has
 /// read the other region's summary naming it (`--region auto` picks only
 /// such regions). Returns a token of the tenant in the home region.
-async fn share_tenant(
+pub(crate) async fn share_tenant(
     home: &Client,
     home_region: &str,
     others: &[Client],
@@ -889,6 +889,93 @@ async fn a_peer_credential_acts_only_for_a_tenant_both_regions_share() {
         "the object was removed"
     );
 
+    // 4. A checkpoint copy (what `--ckpt-replicas L+R` sends, and what
+    // this region would run as the copy's tenant when it takes the job
+    // over): refused for no tenant and for a tenant local to eu-1; for the
+    // shared tenant, it may name only chunks it sends (eu-1's `/notes`,
+    // of its default tenant, is not one), and a chunk eu-1 holds for
+    // someone else is asked for, never answered as held.
+    let notes_chunks = {
+        let object = eu_admin.objects("/notes").await.expect("notes");
+        let manifest_bytes = hex::decode(&object[0].manifest_hex).expect("hex");
+        let manifest =
+            shoal_storage::manifest::Manifest::from_bytes(&manifest_bytes).expect("manifest");
+        let ids: Vec<String> = manifest
+            .unique_chunks()
+            .iter()
+            .map(|c| c.id.to_string())
+            .collect();
+        (manifest_bytes, ids)
+    };
+    let listed = serde_json::json!({ "chunks": notes_chunks.1 }).to_string();
+    for tenant in [None, Some("vision"), Some("default")] {
+        let (status, text) = as_peer(
+            reqwest::Method::POST,
+            "/v1/federation/copies/missing".into(),
+            tenant,
+            listed.clone(),
+        )
+        .await;
+        assert_eq!(status, 403, "a copy for {tenant:?}: {text}");
+    }
+    let (status, text) = as_peer(
+        reqwest::Method::POST,
+        "/v1/federation/copies/missing".into(),
+        Some("lab"),
+        listed.clone(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let missing: shoal_sdk::ChunkList = serde_json::from_str(&text).expect("chunk list");
+    assert_eq!(
+        missing.chunks, notes_chunks.1,
+        "eu-1 told the peer it holds another tenant's chunk"
+    );
+    let forged = |tenant: &str| {
+        let checkpoint = shoal_consensus::workload::Checkpoint {
+            step: 1,
+            epoch: 1,
+            ranks: 1,
+            parts: [(
+                0,
+                shoal_consensus::workload::CkptPart {
+                    manifest: notes_chunks.0.clone(),
+                    bytes: 12,
+                    holders: vec![1],
+                },
+            )]
+            .into(),
+            committed_at_ms: Some(1),
+            regions: Vec::new(),
+        };
+        let spec = shoal_consensus::workload::JobSpec {
+            tenant: tenant.into(),
+            ..Default::default()
+        };
+        serde_json::to_string(&shoal_node::node::federation::copy::CopyRequest {
+            origin_job: 7,
+            spec,
+            checkpoint,
+            origin_index: 1,
+        })
+        .expect("copy JSON")
+    };
+    for (named, job_of, why) in [
+        ("lab", "lab", "was not sent in this copy"),
+        ("lab", "default", "of a job of tenant 'default'"),
+        ("default", "default", "not shared across regions"),
+    ] {
+        let (status, text) = as_peer(
+            reqwest::Method::POST,
+            "/v1/federation/copies".into(),
+            Some(named),
+            forged(job_of),
+        )
+        .await;
+        assert_eq!(status, 403, "a copy of {job_of}'s job for {named}: {text}");
+        assert!(text.contains(why), "{text}");
+    }
+
     // 3. The shared tenant works across regions as before, within itself.
     let (status, text) = as_peer(
         reqwest::Method::GET,
@@ -959,6 +1046,76 @@ async fn a_peer_credential_acts_only_for_a_tenant_both_regions_share() {
         err.contains("priority 2000000000 is above the cap of tenant 'lab'"),
         "{err}"
     );
+
+    // 5. us-1 shares its "vision" now: eu-1's own "vision" stays eu-1's
+    // (a name is no identity across regions) until an admin of eu-1 makes
+    // it the shared one.
+    let (code, _, err) = shoal(
+        &["tenant", "adopt", "vision", "--from", "us-1"],
+        &eu_api,
+        &eu_token,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("shares no tenant 'vision'"), "{err}");
+    ok(
+        &["tenant", "set", "vision", "--global-gpus", "4"],
+        &us_api,
+        &us_token,
+    );
+    // "marker", shared after vision, is adopted by eu-1 from a summary at
+    // least as new as the one that first shared vision.
+    share_tenant(
+        &us_admin,
+        "us-1",
+        std::slice::from_ref(&eu_admin),
+        "marker",
+        4,
+    )
+    .await;
+    let shared_here = |c: Client| async move {
+        c.global_tenants()
+            .await
+            .expect("global tenants")
+            .into_iter()
+            .find(|t| t.tenant == "vision")
+            .map(|t| t.home)
+    };
+    assert_eq!(
+        shared_here(eu_admin.clone()).await,
+        None,
+        "eu-1's own vision was taken over by us-1's"
+    );
+    let (status, text) = as_peer(
+        reqwest::Method::GET,
+        "/v1/jobs".into(),
+        Some("vision"),
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 403, "{text}");
+    // A tenant token cannot consent; an admin of eu-1 can.
+    let vision_here = eu_admin
+        .create_api_token(&shoal_sdk::ApiTokenCreateRequest {
+            name: Some("vision-eu".into()),
+            tenant: Some("vision".into()),
+            ttl_s: None,
+        })
+        .await
+        .expect("a token of eu-1's vision")
+        .token;
+    let (code, _, err) = shoal(
+        &["tenant", "adopt", "vision", "--from", "us-1"],
+        &eu_api,
+        &vision_here,
+    );
+    assert_eq!(code, 1, "a tenant token consented: {err}");
+    let said = ok(
+        &["tenant", "adopt", "vision", "--from", "us-1"],
+        &eu_api,
+        &eu_token,
+    );
+    assert!(said.contains("vision@us-1"), "{said}");
+    assert_eq!(shared_here(eu_admin.clone()).await.as_deref(), Some("us-1"));
 }
 
 /// `shoal cp` to and from eu-1's objects, run against us-1: a download

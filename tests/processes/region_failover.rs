@@ -1,6 +1,7 @@
 //! Cross-region checkpoint copies and region failover, on spawned agents:
 //! two regions of two nodes each. A job in us-1 with `--ckpt-replicas
-//! 1+1` checkpoints a running sum; once a step is copied to eu-1, every
+//! 1+1`, of a tenant both regions share (another region takes copies of
+//! no other), checkpoints a running sum; once a step is copied to eu-1, every
 //! agent of us-1 is killed -9. eu-1 takes the job over after
 //! `region_failover_after_ms`, waits out us-1's lease and resumes it from
 //! the copied step to the sum an uninterrupted run reaches. When us-1
@@ -74,12 +75,15 @@ fn launches_since(dir: &Path, since: SystemTime) -> Vec<String> {
     found
 }
 
-/// Two federated regions of two agents each.
+/// Two federated regions of two agents each, and a token of tenant
+/// "travel", defined in us-1 with a cap of 4 GPUs across regions and
+/// adopted by eu-1.
 struct TwoRegions {
     us: Vec<common::NodeProc>,
     us_token: String,
     eu: Vec<common::NodeProc>,
     eu_token: String,
+    travel_token: String,
 }
 
 impl TwoRegions {
@@ -100,12 +104,39 @@ impl TwoRegions {
             async move { heard.then_some(()) }
         })
         .await;
+        let (us_admin, eu_admin) = (us[0].client(&us_token), eu[0].client(&eu_token));
+        let travel_token = crate::federation::share_tenant(
+            &us_admin,
+            "us-1",
+            std::slice::from_ref(&eu_admin),
+            "travel",
+            4,
+        )
+        .await;
         TwoRegions {
             us,
             us_token,
             eu,
             eu_token,
+            travel_token,
         }
+    }
+
+    /// Waits until eu-1's share of tenant travel's cap admits the job
+    /// (one GPU): a region cut off from the home raises no share, so what
+    /// eu-1 holds when us-1 is lost is what it can run.
+    async fn wait_eu_share(&self) {
+        let eu_admin = self.eu[0].client(&self.eu_token);
+        wait_for("eu-1's share of travel", Duration::from_secs(60), || {
+            let eu_admin = eu_admin.clone();
+            async move {
+                let tenants = eu_admin.global_tenants().await.ok()?;
+                let travel = tenants.into_iter().find(|t| t.tenant == "travel")?;
+                let here = travel.regions.into_iter().find(|r| r.local)?;
+                (here.share.unwrap_or(0) >= 1).then_some(())
+            }
+        })
+        .await;
     }
 
     fn us_api(&self) -> String {
@@ -148,7 +179,7 @@ impl TwoRegions {
                 &script,
             ],
             &self.us_api(),
-            &self.us_token,
+            &self.travel_token,
         )
     }
 
@@ -272,9 +303,24 @@ async fn a_job_resumes_in_another_region_from_its_copy_and_never_runs_twice() {
         err.starts_with("error: ") && err.contains("--ckpt-replicas"),
         "{err}"
     );
+    // Another region keeps copies only of a shared tenant's jobs: the
+    // admin's default tenant is local to us-1.
+    let (code, _, err) = shoal(
+        &["submit", "--ckpt-replicas", "1+1", "--", "true"],
+        &us_api,
+        &us_token,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.starts_with("error: --ckpt-replicas")
+            && err.contains("tenant 'default' is local")
+            && err.lines().count() == 1,
+        "{err}"
+    );
     let tick_file = root.path().join("ticks");
     let id = regions.submit_travel(&tick_file);
     let copied = regions.wait_copied(&id).await;
+    regions.wait_eu_share().await;
 
     // us-1 is lost: every agent killed -9 (with its ranks).
     let lost_at = Instant::now();

@@ -15,6 +15,11 @@ use crate::ledger::Ledger;
 use crate::workload::{Checkpoint, JobId, JobSpec, MAX_MANIFEST_BYTES};
 use serde::{Deserialize, Serialize};
 
+/// The protocol from which a copy is recorded only for a tenant this
+/// region shares across regions (a copy becomes the tenant's job here when
+/// the region takes it over): a refusal decided at commit.
+pub const SHARED_ONLY_SINCE_PROTOCOL: u16 = 6;
+
 /// Most jobs of one peer region whose copies this region keeps.
 pub const MAX_FOREIGN_JOBS: usize = 4096;
 
@@ -106,6 +111,16 @@ impl Ledger {
     ) -> Result<(), String> {
         self.require_peer(origin)?;
         crate::workload::validate_spec(spec)?;
+        let refuses_local = self
+            .effective_protocol()
+            .is_some_and(|p| p >= SHARED_ONLY_SINCE_PROTOCOL);
+        if refuses_local && self.global_tenant_id(&spec.tenant).is_none() {
+            return Err(format!(
+                "region {origin} sent a copy of a job of tenant '{}', which this region does not \
+                 share across regions: it would become that tenant's job here",
+                spec.tenant
+            ));
+        }
         if checkpoint.committed_at_ms.is_none()
             || checkpoint.parts.len() as u32 != checkpoint.ranks
             || checkpoint.ranks == 0
@@ -381,6 +396,45 @@ mod tests {
             committed_at_ms: Some(5),
             regions: vec![],
         }
+    }
+
+    #[test]
+    fn a_copy_is_recorded_only_for_a_tenant_shared_across_regions() {
+        // Every member at the protocol that refuses them.
+        let mut l = ledger_with_peer();
+        if let Some(m) = l.members.get_mut(&1) {
+            m.spec.protocol_max = SHARED_ONLY_SINCE_PROTOCOL;
+        }
+        // The default tenant is this region's own: a copy of a job of it
+        // would become its job here.
+        let refused = l.record_foreign_checkpoint("eu-1", 42, &spec(), &step(3), 10, 1);
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.contains("does not share across regions")),
+            "{refused:?}"
+        );
+        assert!(l
+            .federation
+            .foreign
+            .get("eu-1")
+            .is_none_or(|j| j.is_empty()));
+        // A tenant shared with eu-1 (eu-1 its home) is copied.
+        let limits = crate::workload::TenantLimits::default();
+        l.adopt_global_tenant("lab", "eu-1", (Some(8), None), &limits, false, 1)
+            .expect("adopt lab");
+        let lab = JobSpec {
+            tenant: "lab".into(),
+            ..spec()
+        };
+        l.record_foreign_checkpoint("eu-1", 42, &lab, &step(3), 10, 2)
+            .expect("a shared tenant's copy");
+        // Members of an older release record any tenant's, as they did:
+        // every replica must decide alike.
+        let mut older = ledger_with_peer();
+        older
+            .record_foreign_checkpoint("eu-1", 42, &spec(), &step(3), 10, 1)
+            .expect("recorded while a member speaks an older protocol");
     }
 
     #[test]

@@ -14,6 +14,10 @@ use std::collections::BTreeMap;
 /// The protocol version that brought global caps: the commands are
 /// proposed only once every member speaks it.
 pub const SINCE_PROTOCOL: u16 = 3;
+/// The protocol from which the leader adopts no local tenant of the name a
+/// home region shares (an admin's `Command::AdoptLocalTenant` does): a
+/// refusal decided at commit, so every replica must make it.
+pub const CONSENT_SINCE_PROTOCOL: u16 = 6;
 
 /// Most tenants one region caps globally (each is in every summary).
 pub const MAX_GLOBAL_TENANTS: usize = 256;
@@ -188,17 +192,43 @@ impl Ledger {
         Ok(())
     }
 
+    /// Whether `tenant` is a tenant of this region's own that region
+    /// `home`'s tenant of the same name may not take over without an
+    /// admin's consent (`Command::AdoptLocalTenant`): a name is no identity
+    /// across regions.
+    pub fn local_namesake(&self, tenant: &str, home: &str) -> bool {
+        self.workload.tenants.contains_key(tenant)
+            && !self.global_caps.get(tenant).is_some_and(|c| c.home == home)
+    }
+
+    /// `consented`: an admin of this region asked for it
+    /// (`Command::AdoptLocalTenant`), so a local tenant of the name may
+    /// become the shared one; the leader's own adoptions may not.
     pub(crate) fn adopt_global_tenant(
         &mut self,
         tenant: &str,
         home: &str,
-        gpus: Option<u32>,
-        gpu_seconds: Option<u64>,
+        (gpus, gpu_seconds): (Option<u32>, Option<u64>),
         limits: &TenantLimits,
+        consented: bool,
         now_ms: u64,
     ) -> Result<(), String> {
         if !self.federation.peers.contains_key(home) {
             return Err(format!("no peer region named '{home}'"));
+        }
+        if consented && gpus.is_none() && gpu_seconds.is_none() {
+            return Err(format!(
+                "region {home} caps no tenant '{tenant}' across regions, so there is nothing to adopt"
+            ));
+        }
+        let refuses_namesakes = self
+            .effective_protocol()
+            .is_some_and(|p| p >= CONSENT_SINCE_PROTOCOL);
+        if !consented && refuses_namesakes && self.local_namesake(tenant, home) {
+            return Err(format!(
+                "tenant '{tenant}' of this region is its own, not {tenant}@{home}: an admin here \
+                 makes it the shared one with `shoal tenant adopt {tenant} --from {home}`"
+            ));
         }
         if let Some(cap) = self.global_caps.get(tenant) {
             if cap.home != home {
@@ -393,16 +423,16 @@ impl Ledger {
 
     /// What adopting `report` (from `region`, the tenant's home) would
     /// change here, as a command; `None` when nothing would.
+    /// A tenant of this region's own of the same name is left alone
+    /// ([`Self::local_namesake`]).
     pub fn plan_adoption(&self, region: &str, report: &GlobalTenantReport) -> Option<Command> {
-        if report.home != region || !self.federation.peers.contains_key(region) {
+        if report.home != region
+            || !self.federation.peers.contains_key(region)
+            || self.local_namesake(&report.tenant, region)
+        {
             return None;
         }
-        let limits = limits_of(report.definition.as_ref()?);
-        let gpus = report
-            .gpus
-            .as_ref()
-            .map(|a| u32::try_from(a.cap).unwrap_or(u32::MAX));
-        let gpu_seconds = report.gpu_seconds.as_ref().map(|a| a.cap);
+        let (gpus, gpu_seconds, limits) = adoption_terms(report)?;
         let same_caps = self.global_caps.get(&report.tenant).is_some_and(|c| {
             c.home == region
                 && c.gpus.as_ref().map(|a| a.cap) == gpus.map(u64::from)
@@ -416,6 +446,36 @@ impl Ledger {
         (!(same_caps && same_limits)).then(|| Command::AdoptGlobalTenant {
             tenant: report.tenant.clone(),
             home: region.to_string(),
+            gpus,
+            gpu_seconds,
+            limits,
+        })
+    }
+
+    /// The command by which an admin of this region makes its own tenant
+    /// `report.tenant` the one `report`'s home shares across regions
+    /// (`shoal tenant adopt NAME --from REGION`), or why it cannot.
+    pub fn plan_consented_adoption(&self, report: &GlobalTenantReport) -> Result<Command, String> {
+        let (tenant, home) = (&report.tenant, &report.home);
+        if !self.federation.peers.contains_key(home) {
+            return Err(format!("'{home}' is not a peer region of this one"));
+        }
+        if !self.local_namesake(tenant, home) {
+            return Err(if self.workload.tenants.contains_key(tenant) {
+                format!("tenant '{tenant}' is {tenant}@{home} here already")
+            } else {
+                format!(
+                    "this region has no tenant '{tenant}': region {home}'s is adopted on its own, \
+                     within a summary round"
+                )
+            });
+        }
+        let (gpus, gpu_seconds, limits) = adoption_terms(report).ok_or_else(|| {
+            format!("region {home}'s summary does not define tenant '{tenant}' yet: try again in a moment")
+        })?;
+        Ok(Command::AdoptLocalTenant {
+            tenant: tenant.clone(),
+            home: home.clone(),
             gpus,
             gpu_seconds,
             limits,
@@ -555,6 +615,18 @@ fn limits_of(d: &GlobalTenantDefinition) -> TenantLimits {
         max_manifest_bytes: d.max_manifest_bytes,
         max_priority: d.max_priority,
     }
+}
+
+/// The caps and limits a tenant is adopted with, as its home's summary
+/// defines it; `None` before the summary carries its definition.
+fn adoption_terms(report: &GlobalTenantReport) -> Option<(Option<u32>, Option<u64>, TenantLimits)> {
+    let limits = limits_of(report.definition.as_ref()?);
+    let gpus = report
+        .gpus
+        .as_ref()
+        .map(|a| u32::try_from(a.cap).unwrap_or(u32::MAX));
+    let gpu_seconds = report.gpu_seconds.as_ref().map(|a| a.cap);
+    Some((gpus, gpu_seconds, limits))
 }
 
 #[cfg(test)]
@@ -916,6 +988,103 @@ mod tests {
         us.ok(Command::RemovePeerRegion { name: "eu".into() });
         assert!(us.ledger.global_caps.is_empty());
         assert!(us.ledger.workload.tenants.contains_key("lab"));
+    }
+
+    /// Every member of `r` at the protocol from which a local tenant is
+    /// adopted only with an admin's consent.
+    fn consent_spoken(r: &mut Region) {
+        for m in r.ledger.members.values_mut() {
+            m.spec.protocol_max = super::CONSENT_SINCE_PROTOCOL;
+        }
+    }
+
+    #[test]
+    fn a_local_tenant_of_a_shared_name_becomes_the_shared_one_only_by_an_admins_consent() {
+        let mut eu = Region::new("eu", 8, &["us"]);
+        let mut us = Region::new("us", 8, &["eu"]);
+        consent_spoken(&mut us);
+        // us has a "lab" of its own before eu shares its "lab".
+        us.ok(Command::CreateTenant {
+            name: "lab".into(),
+            limits: TenantLimits::default(),
+        });
+        eu.ok(Command::CreateTenant {
+            name: "lab".into(),
+            limits: TenantLimits {
+                weight: 3,
+                ..TenantLimits::default()
+            },
+        });
+        eu.ok(Command::SetGlobalCaps {
+            tenant: "lab".into(),
+            gpus: Some(Some(8)),
+            gpu_seconds: None,
+        });
+        let report = eu.ledger.global_reports().remove(0);
+        // The leader plans nothing, and a command planned before the local
+        // tenant existed is refused at commit, naming the way to consent.
+        assert!(us.ledger.plan_adoption("eu", &report).is_none());
+        let leaders = Command::AdoptGlobalTenant {
+            tenant: "lab".into(),
+            home: "eu".into(),
+            gpus: Some(8),
+            gpu_seconds: None,
+            limits: TenantLimits::default(),
+        };
+        let refused = us.apply(leaders.clone());
+        assert!(
+            matches!(&refused, LedgerResponse::Rejected(why)
+                if why.contains("shoal tenant adopt lab --from eu")),
+            "{refused:?}"
+        );
+        assert_eq!(us.ledger.global_tenant_id("lab"), None);
+        assert!(us
+            .ledger
+            .tenant_shared_with("eu", "lab", Some(&eu.ledger.global_reports()))
+            .is_err());
+        // A tenant token may not consent.
+        let consent = us
+            .ledger
+            .plan_consented_adoption(&report)
+            .expect("a local namesake to adopt");
+        let as_tenant = us.apply(Command::AsTenant {
+            tenant: "lab".into(),
+            cmd: Box::new(consent.clone()),
+        });
+        assert!(
+            matches!(as_tenant, LedgerResponse::Denied(_)),
+            "{as_tenant:?}"
+        );
+        // The admin's consent: us's lab is lab@eu from now on.
+        us.ok(consent);
+        assert_eq!(us.ledger.workload.tenants["lab"].limits.weight, 3);
+        assert_eq!(
+            us.ledger.global_tenant_id("lab").map(|id| id.to_string()),
+            Some("lab@eu".to_string())
+        );
+        assert!(us.ledger.plan_adoption("eu", &report).is_none());
+        assert!(us
+            .ledger
+            .plan_consented_adoption(&report)
+            .is_err_and(|e| e.contains("already")));
+        // A tenant us does not have needs no consent: created as eu's.
+        let mut fresh = Region::new("us", 8, &["eu"]);
+        consent_spoken(&mut fresh);
+        let adopt = fresh.ledger.plan_adoption("eu", &report).expect("adopt");
+        fresh.ok(adopt);
+        assert!(fresh
+            .ledger
+            .plan_consented_adoption(&report)
+            .is_err_and(|e| e.contains("already")));
+        // Members of an older release merge as they did: every replica
+        // must decide alike.
+        let mut older = Region::new("us", 8, &["eu"]);
+        older.ok(Command::CreateTenant {
+            name: "lab".into(),
+            limits: TenantLimits::default(),
+        });
+        older.ok(leaders);
+        assert!(older.ledger.global_tenant_id("lab").is_some());
     }
 
     #[test]

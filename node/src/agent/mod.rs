@@ -787,7 +787,7 @@ fn spawn_workers(
         node.shutdown_signal(),
     );
     workers::spawn(
-        crate::workers::global_caps::GlobalCaps { node: node.clone() },
+        crate::workers::global_caps::GlobalCaps::new(node.clone()),
         node.shutdown_signal(),
     );
     workers::spawn(

@@ -3,10 +3,11 @@
 //! Who may do what: joining and leaving need an admin token of this region
 //! (a tenant token is refused by the API's write list, a peer region's
 //! credential by [`admit_peer`]). A peer region's credential proves which
-//! region calls, not what it may do: it reaches only [`FORWARDABLE`] and
-//! [`PEER_ONLY`] ([`peer_scope`]). On [`PEER_ONLY`] (this region's summary,
-//! its own leave, checkpoint copies) it acts as the region itself; on
-//! [`FORWARDABLE`] it acts only for the tenant the request names, and only
+//! region calls, not what it may do: it reaches only [`FORWARDABLE`],
+//! [`COPIES`] and [`PEER_ONLY`] ([`peer_scope`]). On [`PEER_ONLY`] (this
+//! region's summary, its own leave) it acts as the region itself; on
+//! [`FORWARDABLE`] and [`COPIES`] it acts only for the tenant the request
+//! names (a copy: the copied job's tenant), and only
 //! when that tenant is one both regions hold as the same tenant shared
 //! across regions ([`GlobalTenantId`]: the same name under the same home
 //! region, read from this region's ledger and from the peer's own latest
@@ -37,6 +38,8 @@ use shoal_sdk::{
     JobSubmitRequest, PeerBundle, PeerRegisterRequest, PeerRegisterResponse, RegionInfo,
     RegionSummary, WriteResponse, AUTO_REGION, REGION_HEADER, TENANT_HEADER,
 };
+use shoal_storage::chunk::ChunkId;
+use shoal_storage::manifest::Manifest;
 use std::sync::Arc;
 
 /// The job commands `--region R` forwards to another region, and what
@@ -58,18 +61,18 @@ pub const FORWARDABLE: &[(&str, &str)] = &[
     ("GET", "/v1/chunks/{id}"),
 ];
 
-/// What a peer region's credential reaches besides [`FORWARDABLE`].
+/// What a peer region's credential reaches as the region itself.
 const PEER_ONLY: &[(&str, &str)] = &[
     ("GET", "/v1/federation/summary"),
     ("POST", "/v1/federation/peers/leave"),
-    ("POST", "/v1/federation/copies/missing"),
-    ("PUT", "/v1/federation/copies/chunks/{id}"),
-    ("POST", "/v1/federation/copies"),
 ];
 
-/// Routes that only a peer region's credential reaches: an admin or
-/// tenant token is refused before the body is read.
-const PEER_EXCLUSIVE: &[(&str, &str)] = &[
+/// A checkpoint copy of one of the peer's jobs (`--ckpt-replicas L+R`):
+/// only a peer region's credential reaches these (an admin or tenant token
+/// is refused before the body is read), and, like [`FORWARDABLE`], only for
+/// the job's tenant, one both regions share: a copy becomes a job of that
+/// tenant here when this region takes it over.
+pub const COPIES: &[(&str, &str)] = &[
     ("POST", "/v1/federation/copies/missing"),
     ("PUT", "/v1/federation/copies/chunks/{id}"),
     ("POST", "/v1/federation/copies"),
@@ -143,9 +146,9 @@ pub fn peer_scope(
     shared: impl FnOnce(&str) -> Result<(), String>,
 ) -> Result<PeerScope, String> {
     let key = (method, route);
-    if !FORWARDABLE.contains(&key) && !PEER_ONLY.contains(&key) {
+    if !FORWARDABLE.contains(&key) && !PEER_ONLY.contains(&key) && !COPIES.contains(&key) {
         return Err(format!(
-            "permission denied: region {region}'s credential may forward job commands and object reads, copies and removals, and read the summary, not {method} {route}"
+            "permission denied: region {region}'s credential may forward job commands and object reads, copies and removals, send checkpoint copies and read the summary, not {method} {route}"
         ));
     }
     if onward {
@@ -193,7 +196,7 @@ pub fn admit_peer(app: &Node, mut caller: Caller, req: &Request) -> Result<Calle
     let (method, route) = route_of(req);
     let key = (method.as_str(), route.as_str());
     let Some(region) = peer_of(app, &caller) else {
-        if PEER_EXCLUSIVE.contains(&key) {
+        if COPIES.contains(&key) {
             return Err(Box::new(error(
                 StatusCode::FORBIDDEN,
                 "forbidden",
@@ -805,79 +808,155 @@ async fn fresh_ledger(app: &Node) -> Result<(), String> {
         .map_err(|e| format!("this node's ledger lags its region's leader: {e}"))
 }
 
-/// The peer region a caller's credential stands for, or a 403.
-fn require_peer(caller: &Caller) -> Result<String, Box<Response>> {
-    caller.peer_region.clone().ok_or_else(|| {
-        Box::new(error(
+/// The peer region a copy comes from and the tenant it is for: who
+/// [`admit_peer`] let through on a [`COPIES`] route, or a 403.
+fn require_copier(caller: &Caller) -> Result<(String, String), Box<Response>> {
+    match (&caller.peer_region, &caller.tenant) {
+        (Some(region), Some(tenant)) => Ok((region.clone(), tenant.clone())),
+        _ => Err(Box::new(error(
             StatusCode::FORBIDDEN,
             "forbidden",
-            "only a peer region's credential sends checkpoint copies",
-        ))
-    })
+            "only a peer region's credential sends checkpoint copies, for a tenant both regions share",
+        ))),
+    }
 }
 
-/// `POST /v1/federation/copies/missing` (peer region): which of the
-/// listed chunks this node lacks.
+/// What a copy from `origin` for `tenant` may name that this node holds
+/// without being sent it again: the chunks of the tenant's own objects and
+/// checkpoints here, and of the copies `origin` sent for it before. Any
+/// other chunk must come in the copy itself (its receipt then counts), as
+/// a tenant's own upload must: a chunk id is the hash of its content, so
+/// naming one proves nothing (`rpc::receipts`).
+struct CopyRights {
+    tenant: String,
+    known: std::collections::HashSet<ChunkId>,
+}
+
+impl CopyRights {
+    fn of(app: &Node, origin: &str, caller: &Caller, tenant: &str) -> Result<CopyRights, String> {
+        let d = app.ledger().read().map_err(|e| e.message)?;
+        let mut known = super::scope::visible_chunks(&d.ledger, caller);
+        let copies = d.ledger.federation.foreign.get(origin);
+        for job in copies
+            .into_iter()
+            .flat_map(|jobs| jobs.values())
+            .filter(|j| j.spec.tenant == tenant)
+        {
+            for part in job.checkpoint.parts.values() {
+                if let Ok(m) = Manifest::from_bytes(&part.manifest) {
+                    known.extend(m.unique_chunks().into_iter().map(|c| c.id));
+                }
+            }
+        }
+        Ok(CopyRights {
+            tenant: tenant.to_string(),
+            known,
+        })
+    }
+
+    fn may_name(&self, app: &Node, id: &ChunkId) -> bool {
+        self.known.contains(id)
+            || app
+                .chunks()
+                .uploaded(&self.tenant, std::slice::from_ref(id))
+                .first()
+                .copied()
+                .unwrap_or(false)
+    }
+}
+
+/// `POST /v1/federation/copies/missing` (peer region, for a shared
+/// tenant): which of the listed chunks the copy must send this node.
 pub async fn copies_missing(
     State(app): State<Arc<Node>>,
     Extension(caller): Extension<Caller>,
     Json(list): Json<shoal_sdk::ChunkList>,
 ) -> Response {
-    if let Err(r) = require_peer(&caller) {
-        return *r;
-    }
+    let (origin, tenant) = match require_copier(&caller) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
     let node = app.clone();
-    match tokio::task::spawn_blocking(move || fed::copy::missing_here(&node, &list)).await {
+    let answer = tokio::task::spawn_blocking(move || {
+        let rights = CopyRights::of(&node, &origin, &caller, &tenant)?;
+        fed::copy::missing_here(&node, &list, |id| rights.may_name(&node, id))
+    })
+    .await;
+    match answer {
         Ok(Ok(missing)) => Json(missing).into_response(),
         Ok(Err(e)) => error(StatusCode::BAD_REQUEST, "invalid", e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
     }
 }
 
-/// `PUT /v1/federation/copies/chunks/{id}` (peer region): one chunk frame,
-/// verified against its id before it is stored.
+/// `PUT /v1/federation/copies/chunks/{id}` (peer region, for a shared
+/// tenant): one chunk frame, verified against its id before it is stored,
+/// and receipted to the tenant.
 pub async fn copies_chunk(
     State(app): State<Arc<Node>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    if let Err(r) = require_peer(&caller) {
-        return *r;
-    }
+    let (_, tenant) = match require_copier(&caller) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
     let node = app.clone();
     match tokio::task::spawn_blocking(move || fed::copy::store_chunk(&node, &id, body.to_vec()))
         .await
     {
-        Ok(Ok(())) => Json(serde_json::json!({})).into_response(),
+        Ok(Ok(id)) => {
+            app.chunks().note_upload(&tenant, id);
+            Json(serde_json::json!({})).into_response()
+        }
         Ok(Err(e)) => error(StatusCode::BAD_REQUEST, "invalid", e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
     }
 }
 
-/// `POST /v1/federation/copies` (peer region): a job and a committed step
-/// whose chunks this node holds; copied to peers of this region and
-/// recorded in its ledger.
+/// `POST /v1/federation/copies` (peer region, for the job's tenant, one
+/// both regions share): a job and a committed step whose chunks this node
+/// holds, each sent in this copy or the tenant's already; copied to peers
+/// of this region and recorded in its ledger.
 pub async fn copies_record(
     State(app): State<Arc<Node>>,
     Extension(caller): Extension<Caller>,
     Json(request): Json<fed::copy::CopyRequest>,
 ) -> Response {
-    let origin = match require_peer(&caller) {
-        Ok(r) => r,
+    let (origin, tenant) = match require_copier(&caller) {
+        Ok(c) => c,
         Err(r) => return *r,
     };
+    if request.spec.tenant != tenant {
+        return error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "permission denied: region {origin} sent a copy for tenant '{tenant}' of a job of tenant '{}'",
+                request.spec.tenant
+            ),
+        );
+    }
     let node = app.clone();
     let handle = tokio::runtime::Handle::current();
     let from = origin.clone();
     let req = request.clone();
+    let who = caller.clone();
     let checkpoint = match tokio::task::spawn_blocking(move || {
-        fed::copy::replicate_here(&node, handle, &from, &req)
+        let rights =
+            CopyRights::of(&node, &from, &who, &tenant).map_err(fed::copy::CopyRefused::Failed)?;
+        fed::copy::replicate_here(&node, handle, &from, &req, |id| rights.may_name(&node, id))
     })
     .await
     {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e),
+        Ok(Err(fed::copy::CopyRefused::NotSent(why))) => {
+            return error(StatusCode::FORBIDDEN, "forbidden", why)
+        }
+        Ok(Err(fed::copy::CopyRefused::Failed(why))) => {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", why)
+        }
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
     };
     let cmd = Command::RecordForeignCheckpoint {
@@ -886,6 +965,70 @@ pub async fn copies_record(
         spec: Box::new(request.spec),
         checkpoint: Box::new(checkpoint),
         origin_index: request.origin_index,
+    };
+    match commit(&app, &caller, cmd).await {
+        Ok(index) => Json(WriteResponse { index }).into_response(),
+        Err(r) => r,
+    }
+}
+
+/// `POST /v1/tenants/{name}/adopt` (`shoal tenant adopt NAME --from
+/// REGION`, admin): this region's own tenant NAME becomes the one REGION
+/// shares across regions, as REGION's latest summary defines it. The
+/// leader adopts a shared tenant on its own only when this region has no
+/// tenant of the name: a name is no identity across regions.
+pub async fn adopt_tenant(
+    State(app): State<Arc<Node>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Json(req): Json<shoal_sdk::TenantAdoptRequest>,
+) -> Response {
+    if let Err(r) = require_admin(&caller, "tenant adopt") {
+        return *r;
+    }
+    let home = req.from;
+    if let Err(why) = fed::peer_named(&app, &home) {
+        return error(StatusCode::NOT_FOUND, "not_found", why);
+    }
+    let report = app.federation().update(|t| {
+        t.status(&home)
+            .and_then(|p| p.summary.as_ref())
+            .and_then(|s| s.global_tenants.iter().find(|r| r.tenant == name).cloned())
+    });
+    let Some(report) = report else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("region {home} shares no tenant '{name}' across regions (as its latest summary here says)"),
+        );
+    };
+    if report.home != home {
+        return error(
+            StatusCode::CONFLICT,
+            "rejected",
+            format!(
+                "tenant '{name}' of region {home} is {name}@{}: adopt it --from {}",
+                report.home, report.home
+            ),
+        );
+    }
+    let planned = match app.ledger().read() {
+        Ok(d) => {
+            let since = shoal_consensus::federation::global_tenants::CONSENT_SINCE_PROTOCOL;
+            if !d.ledger.effective_protocol().is_some_and(|p| p >= since) {
+                return error(
+                    StatusCode::CONFLICT,
+                    "rejected",
+                    format!("tenant adopt needs every member at protocol {since} or newer: upgrade every node first"),
+                );
+            }
+            d.ledger.plan_consented_adoption(&report)
+        }
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.message),
+    };
+    let cmd = match planned {
+        Ok(cmd) => cmd,
+        Err(why) => return error(StatusCode::CONFLICT, "rejected", why),
     };
     match commit(&app, &caller, cmd).await {
         Ok(index) => Json(WriteResponse { index }).into_response(),

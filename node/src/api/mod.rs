@@ -173,6 +173,10 @@ pub fn router(state: AppState) -> Router {
         .route("/tenants", post(create_tenant).get(list_tenants))
         .route("/users", post(set_user).get(list_users))
         .route("/tenants/{name}", post(set_tenant))
+        .route(
+            "/tenants/{name}/adopt",
+            post(crate::api::federation::adopt_tenant),
+        )
         .route("/global-tenants", get(list_global_tenants))
         .route("/quota", get(quota))
         .route("/events", get(list_events))
@@ -272,6 +276,8 @@ async fn require_token(State(app): State<AppState>, req: Request, next: Next) ->
                     !ADMIN_READS.contains(&(method, route))
                 } else {
                     TENANT_WRITES.contains(&(method, route))
+                        || (caller.peer_region.is_some()
+                            && crate::api::federation::COPIES.contains(&(method, route)))
                 };
                 if !allowed {
                     audit(&app, &caller, method, route, StatusCode::FORBIDDEN);
@@ -648,7 +654,18 @@ async fn submit_job(
         req.tenant = caller.tenant.clone();
     }
     let mut spec = views::job_spec(&req).map_err(bad_request)?;
-    spec.choice = views::node_choice(&app.ledger().read()?.ledger, &req).map_err(bad_request)?;
+    {
+        let data = app.ledger().read()?;
+        spec.choice = views::node_choice(&data.ledger, &req).map_err(bad_request)?;
+        if spec.ckpt_region_copies > 0 && data.ledger.global_tenant_id(&spec.tenant).is_none() {
+            return Err(bad_request(format!(
+                "--ckpt-replicas: another region keeps copies only of a tenant shared across \
+                 regions, and tenant '{}' is local to this one (give it caps across regions in \
+                 its home region: `shoal tenant set {} --global-gpus N`)",
+                spec.tenant, spec.tenant
+            )));
+        }
+    }
     match write_as(
         &app,
         &caller,

@@ -432,6 +432,16 @@ pub enum TenantCmd {
     /// Tenants capped across federated regions: the cap, its home region,
     /// and each region's share, GPUs in use and GPUs waited for
     Global,
+    /// Make this region's own tenant NAME the one region REGION (its home)
+    /// shares across regions: its limits and caps then come from REGION.
+    /// A region adopts a shared tenant on its own only when it has no
+    /// tenant of that name
+    Adopt {
+        name: String,
+        /// The tenant's home region
+        #[arg(long, value_name = "REGION")]
+        from: String,
+    },
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -1537,6 +1547,15 @@ pub async fn tenant(client: &Client, cmd: &TenantCmd, json: bool) -> anyhow::Res
                 print_json(&tenants)
             } else {
                 print!("{}", format_global_tenants(&tenants));
+                Ok(())
+            }
+        }
+        TenantCmd::Adopt { name, from } => {
+            let r = client.adopt_tenant(name, from).await.map_err(api)?;
+            if json {
+                print_json(&r)
+            } else {
+                println!("tenant {name} is now {name}@{from}: its limits and caps come from region {from}");
                 Ok(())
             }
         }

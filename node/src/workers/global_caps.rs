@@ -17,6 +17,18 @@ use std::time::Duration;
 
 pub struct GlobalCaps {
     pub node: Arc<Node>,
+    /// The (tenant, home) pairs this node has said it leaves to an admin
+    /// (a local tenant of the shared name), so it says so once.
+    pub told: std::collections::BTreeSet<(String, String)>,
+}
+
+impl GlobalCaps {
+    pub fn new(node: Arc<Node>) -> GlobalCaps {
+        GlobalCaps {
+            node,
+            told: Default::default(),
+        }
+    }
 }
 
 impl Worker for GlobalCaps {
@@ -47,6 +59,21 @@ impl Worker for GlobalCaps {
                             .filter_map(|r| ledger.plan_adoption(&summary.region, r)),
                     );
                     out.extend(ledger.plan_lifted(&summary.region, &summary.global_tenants));
+                    // A tenant of this region's own with the shared name:
+                    // a name is no identity across regions, so only an
+                    // admin here may make it the shared one.
+                    for r in &summary.global_tenants {
+                        let namesake = r.home == summary.region
+                            && ledger.local_namesake(&r.tenant, &summary.region);
+                        if namesake && self.told.insert((r.tenant.clone(), r.home.clone())) {
+                            tracing::warn!(
+                                tenant = %r.tenant,
+                                home = %r.home,
+                                "region {} shares a tenant named like one of this region's own; it stays this region's own tenant unless an admin runs `shoal tenant adopt {} --from {}`",
+                                r.home, r.tenant, r.home
+                            );
+                        }
+                    }
                     // Two homes for one tenant: each caps it on its own, so
                     // together they may hold twice the cap. An operator's
                     // mistake this loop cannot settle; it says so.

@@ -121,9 +121,12 @@ async fn gather_chunks(node: &Node, checkpoint: &Checkpoint) -> Result<(), Strin
     .map_err(|e| e.to_string())?
 }
 
+/// One request of a copy, made for the copied job's `tenant`: the other
+/// region takes copies only for a tenant both regions share.
 async fn call(
     node: &Node,
     target: &PeerTarget,
+    tenant: &str,
     method: reqwest::Method,
     path: &str,
     body: Vec<u8>,
@@ -133,7 +136,7 @@ async fn call(
         method,
         path,
         body: Some(body),
-        tenant: None,
+        tenant: Some(tenant),
         binary,
     };
     let resp = node
@@ -169,6 +172,7 @@ async fn send_to(
     let answer = call(
         node,
         target,
+        &spec.tenant,
         reqwest::Method::POST,
         "/v1/federation/copies/missing",
         body,
@@ -188,6 +192,7 @@ async fn send_to(
         .filter(|id| ids.contains(id))
         .collect();
     use futures::StreamExt;
+    let tenant = spec.tenant.as_str();
     let uploads = futures::stream::iter(wanted.into_iter().map(|id| async move {
         let store = node.chunks().store().clone();
         let frame = tokio::task::spawn_blocking(move || store.get_encoded(&id))
@@ -197,7 +202,16 @@ async fn send_to(
         let bytes = frame.bytes().to_vec();
         let len = bytes.len() as u64;
         let path = format!("/v1/federation/copies/chunks/{}", id.to_hex());
-        call(node, target, reqwest::Method::PUT, &path, bytes, true).await?;
+        call(
+            node,
+            target,
+            tenant,
+            reqwest::Method::PUT,
+            &path,
+            bytes,
+            true,
+        )
+        .await?;
         Ok::<u64, String>(len)
     }))
     .buffer_unordered(UPLOADS_IN_FLIGHT);
@@ -216,6 +230,7 @@ async fn send_to(
     call(
         node,
         target,
+        &spec.tenant,
         reqwest::Method::POST,
         "/v1/federation/copies",
         body,
@@ -225,8 +240,14 @@ async fn send_to(
     Ok(report)
 }
 
-/// The chunk ids of `list` this node's store lacks.
-pub fn missing_here(node: &Node, list: &ChunkList) -> Result<ChunkList, String> {
+/// The chunk ids of `list` the copy must send: those this node's store
+/// lacks, and those the copy may not name unsent (`may_name`: the tenant's
+/// own, or sent for it before).
+pub fn missing_here(
+    node: &Node,
+    list: &ChunkList,
+    may_name: impl Fn(&ChunkId) -> bool,
+) -> Result<ChunkList, String> {
     if list.chunks.len() > MAX_LISTED_CHUNKS {
         return Err(format!(
             "at most {MAX_LISTED_CHUNKS} chunks per request, not {}",
@@ -236,12 +257,12 @@ pub fn missing_here(node: &Node, list: &ChunkList) -> Result<ChunkList, String> 
     let mut missing = Vec::new();
     for hex in &list.chunks {
         let id = ChunkId::from_hex(hex).map_err(|e| format!("'{hex}' is no chunk id: {e}"))?;
-        if !node
+        let stored = node
             .chunks()
             .store()
             .contains(&id)
-            .map_err(|e| e.to_string())?
-        {
+            .map_err(|e| e.to_string())?;
+        if !stored || !may_name(&id) {
             missing.push(hex.clone());
         }
     }
@@ -249,7 +270,7 @@ pub fn missing_here(node: &Node, list: &ChunkList) -> Result<ChunkList, String> 
 }
 
 /// Stores one chunk frame sent by a peer region, verified against `hex`.
-pub fn store_chunk(node: &Node, hex: &str, frame: Vec<u8>) -> Result<(), String> {
+pub fn store_chunk(node: &Node, hex: &str, frame: Vec<u8>) -> Result<ChunkId, String> {
     let id = ChunkId::from_hex(hex).map_err(|e| format!("'{hex}' is no chunk id: {e}"))?;
     let chunk = shoal_storage::chunk::EncodedChunk::from_wire(id, frame)
         .map_err(|e| format!("chunk {hex}: {e}"))?;
@@ -257,43 +278,63 @@ pub fn store_chunk(node: &Node, hex: &str, frame: Vec<u8>) -> Result<(), String>
         .store()
         .put(&chunk)
         .map_err(|e| format!("chunk {hex}: {e}"))?;
-    Ok(())
+    Ok(id)
+}
+
+/// Why a received step was not recorded.
+#[derive(Debug)]
+pub enum CopyRefused {
+    /// It names a chunk the copy did not send and the tenant does not
+    /// hold here.
+    NotSent(String),
+    /// Replicating it in this region failed.
+    Failed(String),
 }
 
 /// Copies each part of a received step from this node to peers of this
-/// region and returns the step with this region's holders; blocking.
+/// region and returns the step with this region's holders; blocking. Every
+/// chunk its manifests name must be here, and one the copy may name
+/// (`may_name`, as for [`missing_here`]).
 pub fn replicate_here(
     node: &Node,
     handle: tokio::runtime::Handle,
     origin: &str,
     request: &CopyRequest,
-) -> Result<Checkpoint, String> {
+    may_name: impl Fn(&ChunkId) -> bool,
+) -> Result<Checkpoint, CopyRefused> {
+    use CopyRefused::{Failed, NotSent};
     let net = node.chunks();
     let mut checkpoint = request.checkpoint.clone();
     let copies = crate::ckpt::peer_copies(request.spec.ckpt_peer_copies);
     for (rank, part) in checkpoint.parts.iter_mut() {
         let manifest = Manifest::from_bytes(&part.manifest)
-            .map_err(|e| format!("rank {rank}'s manifest is unreadable: {e}"))?;
+            .map_err(|e| Failed(format!("rank {rank}'s manifest is unreadable: {e}")))?;
         for chunk in manifest.unique_chunks() {
-            if !net.store().contains(&chunk.id).map_err(|e| e.to_string())? {
-                return Err(format!(
-                    "chunk {} of rank {rank}'s part was not sent first",
-                    chunk.id
-                ));
+            let stored = net
+                .store()
+                .contains(&chunk.id)
+                .map_err(|e| Failed(e.to_string()))?;
+            if !stored || !may_name(&chunk.id) {
+                return Err(NotSent(format!(
+                    "permission denied: chunk {} of rank {rank}'s part was not sent in this copy, \
+                     and tenant '{}' holds no such chunk here",
+                    chunk.id, request.spec.tenant
+                )));
             }
         }
         let key = format!(
             "{origin}/{}/{}/{rank}",
             request.origin_job, request.checkpoint.step
         );
-        let targets = crate::ckpt::choose_targets(net, &key, copies)?;
+        let targets = crate::ckpt::choose_targets(net, &key, copies).map_err(Failed)?;
         let here = crate::ckpt::replicate_manifest(
             net,
             handle.clone(),
             &manifest,
             &targets,
             checkpoint.step,
-        )?;
+        )
+        .map_err(Failed)?;
         part.holders = here.holders;
     }
     checkpoint.regions.clear();
