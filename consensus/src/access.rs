@@ -163,6 +163,7 @@ fn describe(cmd: &Command) -> &'static str {
         | Command::SetPeerCa { .. }
         | Command::AdoptGlobalTenant { .. }
         | Command::AdoptLocalTenant { .. }
+        | Command::SealPeerSecret { .. }
         | Command::ShareRound { .. } => "federating regions",
         _ => "this operation",
     }

@@ -422,6 +422,12 @@ pub enum Command {
         gpu_seconds: Option<u64>,
         limits: crate::workload::TenantLimits,
     },
+    /// The leader replaces a peer region's secret that an older release
+    /// kept in the ledger by its hash (protocol
+    /// [`crate::federation::SEALED_SECRETS_SINCE_PROTOCOL`]).
+    SealPeerSecret {
+        region: String,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -720,6 +726,7 @@ impl Ledger {
                 false,
                 now,
             )),
+            Command::SealPeerSecret { region } => answer(self.seal_peer_secret(region)),
             Command::AdoptLocalTenant {
                 tenant,
                 home,

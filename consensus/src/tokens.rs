@@ -29,6 +29,11 @@ pub const MAX_TOKENS: usize = 10_000;
 /// or request is told "expired" rather than "unknown"; then it is dropped.
 pub const RETAIN_AFTER_EXPIRY_MS: u64 = 24 * 3600 * 1000;
 
+/// The hash the ledger keeps of a secret: BLAKE3, in hex.
+pub fn hash_secret(secret: &str) -> String {
+    blake3::hash(secret.as_bytes()).to_hex().to_string()
+}
+
 /// The public id of the token whose secret hashes to `hash`.
 pub fn token_id(hash: &str) -> String {
     hash.chars().take(ID_LEN).collect()

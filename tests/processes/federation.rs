@@ -129,6 +129,71 @@ pub(crate) async fn share_tenant(
     .token
 }
 
+/// The secret a region presents to peer `peer`: held by each of the
+/// region's nodes in its data directory (the others fetched it from the
+/// node that made the join), and nowhere in the ledger (audit finding 5:
+/// it was found in clear with `strings raft.redb` on a learner): a backup
+/// holds only its hash, and no node's Raft store holds the secret.
+async fn kept_secret(
+    root: &std::path::Path,
+    nodes: &[common::NodeProc],
+    api: &str,
+    token: &str,
+    peer: &str,
+) -> String {
+    let file = |node: &common::NodeProc| {
+        node.data_dir
+            .join("federation")
+            .join(format!("{peer}.secret"))
+    };
+    let mut secret = String::new();
+    for node in nodes {
+        let path = file(node);
+        let held = wait_for(
+            &format!("{} to hold the secret for {peer}", node.name),
+            Duration::from_secs(30),
+            || {
+                let held = std::fs::read_to_string(&path).ok();
+                async move { held }
+            },
+        )
+        .await;
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).expect("stat").permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+        if secret.is_empty() {
+            secret = held.trim().to_string();
+        }
+        assert_eq!(held.trim(), secret, "{} holds another secret", node.name);
+    }
+    assert!(secret.starts_with("sa1."), "{secret}");
+    let backup = root.join(format!("{}.ledger", nodes[0].name));
+    ok(
+        &["snapshot", "save", backup.to_str().expect("utf-8 path")],
+        api,
+        token,
+    );
+    let (_, saved) = shoal_node::node::backup::read_file(&backup).expect("the backup");
+    assert_eq!(
+        saved.ledger.federation.peers[peer].outbound_secret_hash,
+        shoal_consensus::tokens::hash_secret(&secret)
+    );
+    assert!(
+        !format!("{:?}", saved.ledger).contains(&secret),
+        "the secret is in the ledger"
+    );
+    for node in nodes {
+        let raft = std::fs::read(node.data_dir.join("raft.redb")).expect("raft.redb");
+        assert!(
+            !raft.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "the secret is in {}'s raft.redb",
+            node.name
+        );
+    }
+    secret
+}
+
 fn show(api: &str, token: &str, job: &str) -> JobInfo {
     serde_json::from_str(&ok(&["--json", "show", job], api, token)).expect("show JSON")
 }
@@ -253,19 +318,14 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
         "{err}"
     );
 
-    // The credential us-1 holds for eu-1 (in its ledger, in clear: every
-    // us-1 node calls eu-1 with it) forwards job commands for a shared
-    // tenant and reads the summary there, and reaches no admin route.
-    let backup = root.path().join("us-1.ledger");
-    ok(
-        &["snapshot", "save", backup.to_str().expect("utf-8 path")],
-        &us_api,
-        &us_token,
-    );
+    // The credential us-1 holds for eu-1 (on its nodes' disks, not in
+    // its ledger) forwards job commands for a shared tenant and reads the
+    // summary there, and reaches no admin route. eu-1's for us-1 is kept
+    // the same way, on both of its nodes.
+    let peer_secret = kept_secret(root.path(), &us, &us_api, &us_token, "eu-1").await;
+    kept_secret(root.path(), &eu, &eu_api, &eu_token, "us-1").await;
+    let backup = root.path().join(format!("{}.ledger", us[0].name));
     let (_, saved) = shoal_node::node::backup::read_file(&backup).expect("the us-1 backup");
-    let peer_secret = saved.ledger.federation.peers["eu-1"]
-        .outbound_secret
-        .clone();
     let as_peer = |method: reqwest::Method, path: &str, tenant: Option<&str>| {
         let mut req = http
             .request(method, format!("{eu_api}{path}"))
@@ -731,18 +791,9 @@ async fn a_peer_credential_acts_only_for_a_tenant_both_regions_share() {
         &eu_token,
     );
 
-    // The credential us-1 presents to eu-1, as anyone holding a backup of
-    // us-1's ledger has it.
-    let backup = root.path().join("us-1.ledger");
-    ok(
-        &["snapshot", "save", backup.to_str().expect("utf-8 path")],
-        &us_api,
-        &us_token,
-    );
-    let (_, saved) = shoal_node::node::backup::read_file(&backup).expect("the us-1 backup");
-    let peer_secret = saved.ledger.federation.peers["eu-1"]
-        .outbound_secret
-        .clone();
+    // The credential us-1 presents to eu-1, as whoever holds the data
+    // directory of a us-1 node has it.
+    let peer_secret = kept_secret(root.path(), &us, &us_api, &us_token, "eu-1").await;
     let http = reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
         .build()

@@ -337,7 +337,7 @@ mod tests {
             cluster_id: "c".into(),
             ca_cert_pem: "pem".into(),
             api_urls: vec!["https://10.0.0.1:7070".into()],
-            outbound_secret: "out".into(),
+            outbound_secret_hash: "out".into(),
             inbound_token_hash: format!("hash-{name}"),
             joined_at_ms: 0,
         }

@@ -685,7 +685,7 @@ mod tests {
                         cluster_id: format!("{peer}-c"),
                         ca_cert_pem: "-----BEGIN CERTIFICATE-----".into(),
                         api_urls: vec!["https://10.1.0.1:7070".into()],
-                        outbound_secret: "out".into(),
+                        outbound_secret_hash: "out".into(),
                         inbound_token_hash: format!("h{i}"),
                         joined_at_ms: 0,
                     },

@@ -44,11 +44,17 @@ pub struct PeerRegion {
     /// The peer's API URLs at the time of the join; the summaries it sends
     /// keep the nodes' in-memory list current.
     pub api_urls: Vec<String>,
-    /// The secret this region presents to the peer. It is in the ledger in
-    /// clear because every node of this region must be able to call the
-    /// peer; the peer holds only its hash, and `federation leave` (or
-    /// revoking `region-<us>` there) ends it.
-    pub outbound_secret: String,
+    /// The hash of the secret this region presents to the peer
+    /// ([`crate::tokens::hash_secret`]). The secret itself is in the data
+    /// directory of this region's nodes, never in the ledger (so in no
+    /// snapshot, backup or log entry): the node that made the join keeps
+    /// it, and the others fetch it from a member and check it against this
+    /// hash. A ledger of an older release held the secret itself here
+    /// ([`is_clear_secret`]); its nodes keep it on disk and the leader
+    /// seals it (`Command::SealPeerSecret`) once every member speaks
+    /// [`SEALED_SECRETS_SINCE_PROTOCOL`]. The peer holds only its hash, and
+    /// `federation leave` (or revoking `region-<us>` there) ends it.
+    pub outbound_secret_hash: String,
     /// The hash of the secret the peer presents here (an API token).
     pub inbound_token_hash: String,
     pub joined_at_ms: u64,
@@ -59,6 +65,18 @@ impl PeerRegion {
     pub fn token_name(&self) -> String {
         token_name(&self.name)
     }
+}
+
+/// The protocol from which a peer region's secret is kept out of the
+/// ledger: a join records only its hash, and a secret an older release put
+/// in the ledger is replaced by its hash.
+pub const SEALED_SECRETS_SINCE_PROTOCOL: u16 = 6;
+
+/// Whether `value`, a peer record's `outbound_secret_hash`, is a secret an
+/// older release kept in the ledger in clear rather than its hash: secrets
+/// are `sa1.` and hex, hashes hex only.
+pub fn is_clear_secret(value: &str) -> bool {
+    value.starts_with("sa1.")
 }
 
 /// The API token name of peer region `region`'s inbound secret.
@@ -130,7 +148,7 @@ fn validate_peer(peer: &PeerRegion) -> Result<(), String> {
             "a peer region's CA must be 1-{MAX_CA_PEM} bytes of PEM"
         ));
     }
-    if peer.outbound_secret.is_empty() || peer.inbound_token_hash.is_empty() {
+    if peer.outbound_secret_hash.is_empty() || peer.inbound_token_hash.is_empty() {
         return Err("a peer region needs both secrets".into());
     }
     if peer.cluster_id.is_empty() || peer.cluster_id.len() > MAX_URL {
@@ -144,6 +162,16 @@ impl Ledger {
     /// the peer and its inbound secret.
     pub(crate) fn add_peer_region(&mut self, peer: &PeerRegion, now: u64) -> Result<(), String> {
         validate_peer(peer)?;
+        let sealed = self
+            .effective_protocol()
+            .is_some_and(|p| p >= SEALED_SECRETS_SINCE_PROTOCOL);
+        if sealed && is_clear_secret(&peer.outbound_secret_hash) {
+            return Err(
+                "a peer region's secret stays out of the ledger: record its hash, and keep the \
+                 secret in the nodes' data directories"
+                    .into(),
+            );
+        }
         let own = self.cluster.as_ref().map(|c| c.region.as_str());
         if own == Some(peer.name.as_str()) {
             return Err(format!(
@@ -212,6 +240,28 @@ impl Ledger {
 
     /// `Command::RemovePeerRegion`: forgets the peer; its secret stops
     /// working here in the same entry.
+    /// `Command::SealPeerSecret`: the secret an older release kept for
+    /// `region` in clear is replaced by its hash. Once every member speaks
+    /// [`SEALED_SECRETS_SINCE_PROTOCOL`] (they keep the secret on disk from
+    /// then on); a sealed record is left as it is.
+    pub(crate) fn seal_peer_secret(&mut self, region: &str) -> Result<(), String> {
+        if !self
+            .effective_protocol()
+            .is_some_and(|p| p >= SEALED_SECRETS_SINCE_PROTOCOL)
+        {
+            return Err(format!(
+                "sealing a peer's secret needs every member at protocol {SEALED_SECRETS_SINCE_PROTOCOL}"
+            ));
+        }
+        let Some(peer) = self.federation.peers.get_mut(region) else {
+            return Err(format!("no peer region named '{region}'"));
+        };
+        if is_clear_secret(&peer.outbound_secret_hash) {
+            peer.outbound_secret_hash = crate::tokens::hash_secret(&peer.outbound_secret_hash);
+        }
+        Ok(())
+    }
+
     pub(crate) fn remove_peer_region(&mut self, name: &str) -> Result<(), String> {
         match self.federation.peers.remove(name) {
             Some(peer) => {
@@ -261,7 +311,7 @@ mod tests {
             cluster_id: format!("{name}-cluster"),
             ca_cert_pem: "-----BEGIN CERTIFICATE-----".into(),
             api_urls: vec!["https://10.1.0.1:7070".into()],
-            outbound_secret: "out".into(),
+            outbound_secret_hash: "out".into(),
             inbound_token_hash: hash.into(),
             joined_at_ms: 0,
         }
@@ -269,6 +319,64 @@ mod tests {
 
     fn apply(l: &mut Ledger, cmd: Command) -> LedgerResponse {
         l.apply(2, &LedgerRequest { now_ms: 10, cmd })
+    }
+
+    #[test]
+    fn a_peer_secret_stays_out_of_the_ledger_once_every_member_speaks_it() {
+        let clear = "sa1.0123456789abcdef";
+        let with_secret = |value: &str| PeerRegion {
+            outbound_secret_hash: value.into(),
+            ..peer("eu-1", "h1")
+        };
+        // An older release's record, in clear: taken while a member speaks
+        // an older protocol, and sealing waits for all.
+        let mut l = ledger("us-1");
+        let add = Command::AddPeerRegion {
+            peer: with_secret(clear),
+        };
+        assert_eq!(apply(&mut l, add.clone()), LedgerResponse::Ok);
+        let seal = Command::SealPeerSecret {
+            region: "eu-1".into(),
+        };
+        assert!(matches!(
+            apply(&mut l, seal.clone()),
+            LedgerResponse::Rejected(_)
+        ));
+        // Every member at the protocol: sealed to the hash, once.
+        if let Some(m) = l.members.get_mut(&1) {
+            m.spec.protocol_max = SEALED_SECRETS_SINCE_PROTOCOL;
+        }
+        assert_eq!(apply(&mut l, seal.clone()), LedgerResponse::Ok);
+        let hash = crate::tokens::hash_secret(clear);
+        assert_eq!(l.federation.peers["eu-1"].outbound_secret_hash, hash);
+        assert_eq!(apply(&mut l, seal), LedgerResponse::Ok);
+        assert_eq!(l.federation.peers["eu-1"].outbound_secret_hash, hash);
+        assert!(!format!("{l:?}").contains(clear));
+        // And a join may no longer put a secret in the ledger.
+        let refused = apply(&mut l, add);
+        assert!(
+            matches!(&refused, LedgerResponse::Rejected(why) if why.contains("stays out of the ledger")),
+            "{refused:?}"
+        );
+        assert_eq!(l.federation.peers["eu-1"].outbound_secret_hash, hash);
+        let sealed = Command::AddPeerRegion {
+            peer: with_secret(&crate::tokens::hash_secret("sa1.new")),
+        };
+        assert_eq!(apply(&mut l, sealed), LedgerResponse::Ok);
+        // A tenant may not seal.
+        let as_tenant = apply(
+            &mut l,
+            Command::AsTenant {
+                tenant: "default".into(),
+                cmd: Box::new(Command::SealPeerSecret {
+                    region: "eu-1".into(),
+                }),
+            },
+        );
+        assert!(
+            matches!(as_tenant, LedgerResponse::Denied(_)),
+            "{as_tenant:?}"
+        );
     }
 
     #[test]

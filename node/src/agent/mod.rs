@@ -791,6 +791,10 @@ fn spawn_workers(
         node.shutdown_signal(),
     );
     workers::spawn(
+        crate::workers::peer_secrets::PeerSecrets::new(node.clone()),
+        node.shutdown_signal(),
+    );
+    workers::spawn(
         Housekeeping::new(
             ledger.clone(),
             node.peers().clone(),

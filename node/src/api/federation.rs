@@ -114,12 +114,7 @@ fn header(headers: &HeaderMap, name: &str) -> Option<String> {
 /// The peer region whose credential `caller` holds, if any.
 fn peer_of(app: &Node, caller: &Caller) -> Option<String> {
     let d = app.ledger().read().ok()?;
-    d.ledger
-        .federation
-        .peers
-        .values()
-        .find(|p| shoal_consensus::tokens::token_id(&p.inbound_token_hash) == caller.id)
-        .map(|p| p.name.clone())
+    crate::node::auth::peer_region(&d.ledger, caller)
 }
 
 /// How a peer region's credential is admitted on one request.
@@ -535,13 +530,62 @@ async fn commit(app: &Node, caller: &Caller, cmd: Command) -> Result<u64, Respon
     }
 }
 
-fn record(bundle: &PeerBundle, outbound_secret: String, inbound_token_hash: String) -> PeerRegion {
+/// Records the peer region of `bundle` in the ledger, with the secret this
+/// region presents to it: the secret goes to this node's data directory
+/// first and the ledger gets only its hash (the other members fetch it
+/// from here, `fed::secrets`); while a member speaks an older protocol the
+/// ledger keeps the secret itself, as those members read it from there.
+/// Returns the peer's name.
+async fn add_peer(
+    app: &Node,
+    caller: &Caller,
+    bundle: &PeerBundle,
+    outbound_secret: String,
+    inbound_token_hash: String,
+) -> Result<String, Response> {
+    let since = shoal_consensus::federation::SEALED_SECRETS_SINCE_PROTOCOL;
+    let sealed = match app.ledger().read() {
+        Ok(d) => d.ledger.effective_protocol().is_some_and(|p| p >= since),
+        Err(e) => {
+            return Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.message,
+            ))
+        }
+    };
+    let kept = if sealed {
+        // The name becomes a file name: checked before anything is written.
+        shoal_consensus::federation::validate_region_name(&bundle.region)
+            .map_err(|e| error(StatusCode::BAD_REQUEST, "invalid", e))?;
+        fed::secrets::store(app.data_dir(), &bundle.region, &outbound_secret).map_err(|e| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("cannot keep the secret for region {}: {e}", bundle.region),
+            )
+        })?;
+        identity::hash_secret(&outbound_secret)
+    } else {
+        outbound_secret
+    };
+    let peer = record(bundle, kept, inbound_token_hash);
+    let name = peer.name.clone();
+    commit(app, caller, Command::AddPeerRegion { peer }).await?;
+    Ok(name)
+}
+
+fn record(
+    bundle: &PeerBundle,
+    outbound_secret_hash: String,
+    inbound_token_hash: String,
+) -> PeerRegion {
     PeerRegion {
         name: bundle.region.clone(),
         cluster_id: bundle.cluster_id.clone(),
         ca_cert_pem: bundle.ca_cert_pem.clone(),
         api_urls: bundle.api_urls.clone(),
-        outbound_secret,
+        outbound_secret_hash,
         inbound_token_hash,
         joined_at_ms: 0,
     }
@@ -642,11 +686,10 @@ pub async fn join(
             )
         }
     };
-    let peer = record(&answer.bundle, answer.secret, inbound_hash);
-    let name = peer.name.clone();
-    if let Err(r) = commit(&app, &caller, Command::AddPeerRegion { peer }).await {
-        return r;
-    }
+    let name = match add_peer(&app, &caller, &answer.bundle, answer.secret, inbound_hash).await {
+        Ok(name) => name,
+        Err(r) => return r,
+    };
     refresh_soon(&app, name.clone());
     Json(FederationJoinResponse {
         region: name,
@@ -671,11 +714,10 @@ pub async fn register(
         Err(r) => return *r,
     };
     let (secret, inbound_hash) = identity::new_api_token();
-    let peer = record(&req.bundle, req.secret, inbound_hash);
-    let name = peer.name.clone();
-    if let Err(r) = commit(&app, &caller, Command::AddPeerRegion { peer }).await {
-        return r;
-    }
+    let name = match add_peer(&app, &caller, &req.bundle, req.secret, inbound_hash).await {
+        Ok(name) => name,
+        Err(r) => return r,
+    };
     refresh_soon(&app, name);
     Json(PeerRegisterResponse { bundle, secret }).into_response()
 }

@@ -66,6 +66,36 @@ impl Caller {
     }
 }
 
+/// The peer region whose inbound secret `caller`'s token is, if any.
+pub fn peer_region(ledger: &shoal_consensus::Ledger, caller: &Caller) -> Option<String> {
+    ledger
+        .federation
+        .peers
+        .values()
+        .find(|p| shoal_consensus::tokens::token_id(&p.inbound_token_hash) == caller.id)
+        .map(|p| p.name.clone())
+}
+
+/// What the leader proposes for a peer region's credential (`region`):
+/// a command the API narrowed to a tenant both regions share
+/// (`Command::AsTenant`, which the ledger checks as that tenant's), a
+/// checkpoint copy of one of the peer's jobs (whose tenant the API
+/// checked), and the region's own leave. Never anything else, whatever an
+/// API node sends: the ledger would take the credential's other commands
+/// as an admin's. Pure.
+pub fn peer_may_propose(region: &str, cmd: &Command) -> Result<(), String> {
+    match cmd {
+        Command::AsTenant { .. } => Ok(()),
+        Command::RecordForeignCheckpoint { origin, .. } if origin == region => Ok(()),
+        Command::RemovePeerRegion { name } if name == region => Ok(()),
+        Command::Once { cmd, .. } => peer_may_propose(region, cmd),
+        _ => Err(format!(
+            "permission denied: region {region}'s credential proposes only commands narrowed to a \
+             tenant both regions share, copies of its own jobs' checkpoints and its own leave"
+        )),
+    }
+}
+
 /// Why an API token was not accepted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TokenError {
@@ -526,4 +556,57 @@ pub fn renew(
                 format!("invalid certificate request: {e}"),
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_may_propose;
+    use shoal_consensus::Command;
+
+    #[test]
+    fn a_peer_regions_credential_proposes_only_narrowed_commands_its_copies_and_its_leave() {
+        let narrowed = Command::AsTenant {
+            tenant: "lab".into(),
+            cmd: Box::new(Command::CancelJob { job: 1 }),
+        };
+        assert!(peer_may_propose("eu-1", &narrowed).is_ok());
+        let once = Command::Once {
+            id: shoal_consensus::once::WriteId {
+                origin: 1,
+                nonce: 2,
+            },
+            cmd: Box::new(narrowed),
+        };
+        assert!(peer_may_propose("eu-1", &once).is_ok());
+        let own_leave = Command::RemovePeerRegion {
+            name: "eu-1".into(),
+        };
+        assert!(peer_may_propose("eu-1", &own_leave).is_ok());
+        for cmd in [
+            // Un-narrowed: the ledger would take them as an admin's.
+            Command::CancelJob { job: 1 },
+            Command::RemovePeerRegion {
+                name: "ap-1".into(),
+            },
+            Command::CreateTenant {
+                name: "x".into(),
+                limits: Default::default(),
+            },
+            Command::Once {
+                id: shoal_consensus::once::WriteId {
+                    origin: 1,
+                    nonce: 3,
+                },
+                cmd: Box::new(Command::CancelJob { job: 1 }),
+            },
+        ] {
+            let refused = peer_may_propose("eu-1", &cmd);
+            assert!(
+                refused
+                    .as_ref()
+                    .is_err_and(|e| e.contains("proposes only commands narrowed")),
+                "{cmd:?}: {refused:?}"
+            );
+        }
+    }
 }

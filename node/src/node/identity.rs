@@ -105,7 +105,7 @@ pub fn parse_join_token(token: &str) -> Result<ParsedJoinToken, String> {
 }
 
 pub fn hash_secret(secret: &str) -> String {
-    blake3::hash(secret.as_bytes()).to_hex().to_string()
+    shoal_consensus::tokens::hash_secret(secret)
 }
 
 pub fn new_api_token() -> (String, String) {

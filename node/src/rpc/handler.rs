@@ -90,6 +90,7 @@ impl NodeService {
                 Err(e) => Err(e),
             },
             Request::FetchCaKey { fingerprint } => self.hand_over_ca_key(member, &fingerprint),
+            Request::FetchPeerSecret { region } => Ok(self.hand_over_peer_secret(member, &region)),
             // A certificate for the caller itself, never for the id it wrote.
             Request::RenewCertificate { csr_pem, .. } => {
                 self.serve_as_leader(Request::RenewCertificate { member, csr_pem })
@@ -292,6 +293,24 @@ impl NodeService {
         Ok(Response::CaKey(key))
     }
 
+    /// The secret this region presents to peer `region`, for `member`, a
+    /// current member (every member calls the peers; one that has left is
+    /// refused before this), as the ledger's hash names it.
+    fn hand_over_peer_secret(&self, member: NodeId, region: &str) -> Response {
+        let peer = self
+            .ledger
+            .read()
+            .ok()
+            .and_then(|d| d.ledger.federation.peers.get(region).cloned());
+        let secret = peer
+            .and_then(|p| crate::node::federation::secrets::load(&self.signing.data_dir, &p))
+            .map(UserToken);
+        if secret.is_some() {
+            tracing::info!(node = member, %region, "handed a peer region's secret to a member");
+        }
+        Response::PeerSecret(secret)
+    }
+
     /// Records a refusal as an audit event, in the background.
     fn audit(&self, message: String) {
         tracing::warn!("{message}");
@@ -326,7 +345,21 @@ impl NodeService {
     async fn serve_write(&self, id: Option<WriteId>, req: Request) -> Result<Response, WireError> {
         let cmd = match req {
             Request::Write(cmd) => cmd,
-            Request::WriteAs { token, cmd } => self.user(&token)?.scoped(cmd),
+            Request::WriteAs { token, cmd } => {
+                let caller = self.user(&token)?;
+                let region = self
+                    .ledger
+                    .read()
+                    .ok()
+                    .and_then(|d| auth::peer_region(&d.ledger, &caller));
+                if let Some(region) = region {
+                    if let Err(why) = auth::peer_may_propose(&region, &cmd) {
+                        self.audit(format!("refused a write: {why}"));
+                        return Err(WireError::new(ErrorCode::Forbidden, why));
+                    }
+                }
+                caller.scoped(cmd)
+            }
             _ => return Err(WireError::new(ErrorCode::Invalid, "not a write")),
         };
         let cmd = match id {
@@ -394,6 +427,10 @@ impl NodeService {
                     new_fingerprint: r.new_fingerprint,
                 })
             }
+            Request::FetchPeerSecret { .. } => Err(WireError::new(
+                ErrorCode::Invalid,
+                "a peer region's secret is served by the node asked, not routed",
+            )),
             Request::HoldsCaKey | Request::FetchCaKey { .. } => Err(WireError::new(
                 ErrorCode::Invalid,
                 "CA key requests are served by the node asked, not routed",

@@ -74,6 +74,12 @@ pub enum Request {
         nonce: u64,
         req: Box<Request>,
     },
+    /// The secret this region presents to peer region `region`, for a
+    /// member that lacks it (served by the node asked, to any member; the
+    /// asker checks it against the ledger's hash). Protocol 6.
+    FetchPeerSecret {
+        region: String,
+    },
 }
 
 /// A user's API token on its way to the leader. Only its holder and the
@@ -179,6 +185,8 @@ pub enum Response {
     /// A node's own GPU samples (no job: the asker reads holders from its
     /// ledger and scopes them to its caller).
     GpuTelemetry(Vec<GpuTelemetry>),
+    /// A peer region's secret, `None` when the node does not hold it.
+    PeerSecret(Option<UserToken>),
 }
 
 #[derive(Serialize, Deserialize, Clone)]

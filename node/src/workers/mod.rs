@@ -14,6 +14,7 @@ pub mod gpu_health;
 pub mod job_files;
 pub mod member_record;
 pub mod own_removal;
+pub mod peer_secrets;
 pub mod reconcile;
 pub mod regions;
 pub mod scheduler;

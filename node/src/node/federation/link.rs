@@ -155,6 +155,14 @@ impl Federation {
         req: &PeerRequest<'_>,
         timeout: Duration,
     ) -> Result<PeerResponse, LinkError> {
+        if target.secret.is_empty() {
+            return Err(LinkError::Setup {
+                region: target.region.clone(),
+                detail: "this node does not hold this region's secret for it yet (it fetches it \
+                         from another member of this region)"
+                    .into(),
+            });
+        }
         let http = self.http(target)?;
         let started = Instant::now();
         let deadline = started + timeout;

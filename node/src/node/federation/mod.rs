@@ -14,6 +14,7 @@ pub mod config;
 pub mod copy;
 pub mod lease;
 pub mod link;
+pub mod secrets;
 pub mod summary;
 pub mod view;
 
@@ -42,14 +43,15 @@ pub fn peers(node: &Node) -> Vec<PeerRegion> {
 }
 
 /// How to reach `peer`: the addresses its latest summary named (else the
-/// ones recorded at the join), its CA and this region's secret.
+/// ones recorded at the join), its CA and this region's secret, from this
+/// node's data directory ([`secrets`]; empty while it lacks it).
 pub fn target(node: &Node, peer: &PeerRegion) -> PeerTarget {
     let urls = node.federation().tracker().urls(&peer.name, &peer.api_urls);
     PeerTarget {
         region: peer.name.clone(),
         urls,
         ca_pem: peer.ca_cert_pem.clone(),
-        secret: peer.outbound_secret.clone(),
+        secret: secrets::load(node.data_dir(), peer).unwrap_or_default(),
         wan_delay: node
             .config()
             .test_inject_wan
