@@ -198,7 +198,7 @@ impl Ledger {
     /// across regions.
     pub fn local_namesake(&self, tenant: &str, home: &str) -> bool {
         self.workload.tenants.contains_key(tenant)
-            && !self.global_caps.get(tenant).is_some_and(|c| c.home == home)
+            && self.global_caps.get(tenant).is_none_or(|c| c.home != home)
     }
 
     /// `consented`: an admin of this region asked for it

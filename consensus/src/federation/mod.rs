@@ -245,9 +245,9 @@ impl Ledger {
     /// [`SEALED_SECRETS_SINCE_PROTOCOL`] (they keep the secret on disk from
     /// then on); a sealed record is left as it is.
     pub(crate) fn seal_peer_secret(&mut self, region: &str) -> Result<(), String> {
-        if !self
+        if self
             .effective_protocol()
-            .is_some_and(|p| p >= SEALED_SECRETS_SINCE_PROTOCOL)
+            .is_none_or(|p| p < SEALED_SECRETS_SINCE_PROTOCOL)
         {
             return Err(format!(
                 "sealing a peer's secret needs every member at protocol {SEALED_SECRETS_SINCE_PROTOCOL}"

@@ -1057,7 +1057,7 @@ pub async fn adopt_tenant(
     let planned = match app.ledger().read() {
         Ok(d) => {
             let since = shoal_consensus::federation::global_tenants::CONSENT_SINCE_PROTOCOL;
-            if !d.ledger.effective_protocol().is_some_and(|p| p >= since) {
+            if d.ledger.effective_protocol().is_none_or(|p| p < since) {
                 return error(
                     StatusCode::CONFLICT,
                     "rejected",
