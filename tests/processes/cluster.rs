@@ -105,8 +105,8 @@ async fn a_stopping_leader_hands_its_leadership_over() {
             .expect("write before the stop");
     }
 
-    // SAFETY: kill(2) on our own child's pid.
     let pid = c.nodes[li].pid().expect("the leader runs") as i32;
+    // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let stopped_at = Instant::now();
     let mut attempt = 0;

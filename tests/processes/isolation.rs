@@ -41,9 +41,9 @@ fn uid_of(user: &str) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_job_reaches_nothing_of_the_agent_or_of_another_tenant() {
     // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "this test needs root: the agent switches ranks to unprivileged users"
     );
     let _serial = common::one_at_a_time();
@@ -254,9 +254,9 @@ fn cgroup2_mount() -> Option<PathBuf> {
 /// create cgroups there; panics with the reason otherwise.
 fn root_with_cgroup2() -> PathBuf {
     // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "this test needs root: the agent creates a cgroup per rank"
     );
     let mount = cgroup2_mount()

@@ -49,12 +49,13 @@ fn first_interface_address() -> Option<IpAddr> {
         let ifa = unsafe { &*cur };
         let flags = ifa.ifa_flags;
         let usable = flags & libc::IFF_UP as u32 != 0 && flags & libc::IFF_LOOPBACK as u32 == 0;
-        // SAFETY: a non-null ifa_addr points to a sockaddr whose family
-        // says how long it is; AF_INET means a sockaddr_in.
-        if usable
+        let inet = usable
             && !ifa.ifa_addr.is_null()
-            && i32::from(unsafe { (*ifa.ifa_addr).sa_family }) == libc::AF_INET
-        {
+            // SAFETY: a non-null ifa_addr points to a sockaddr whose
+            // family says how long it is.
+            && i32::from(unsafe { (*ifa.ifa_addr).sa_family }) == libc::AF_INET;
+        if inet {
+            // SAFETY: AF_INET, checked above: the address is a sockaddr_in.
             let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
             found = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
                 sin.sin_addr.s_addr,

@@ -765,6 +765,7 @@ fn statvfs(path: &Path) -> Result<(u64, u64, u64, PathBuf), String> {
         .map_err(|_| format!("{} has a NUL byte", at.display()))?;
     // SAFETY: statvfs fills the zeroed struct; `c` is a valid C string.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` a struct statvfs fills.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return Err(format!(
             "statvfs {}: {}",

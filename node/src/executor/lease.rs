@@ -79,6 +79,7 @@ pub struct FenceLease {
 // SAFETY: the mapping lives as long as the lease and is only accessed
 // through an atomic.
 unsafe impl Send for FenceLease {}
+// SAFETY: as for `Send`: every access to the shared word is atomic.
 unsafe impl Sync for FenceLease {}
 
 impl FenceLease {
@@ -206,17 +207,24 @@ impl Drop for FenceLease {
 }
 
 /// The forked guard: async-signal-safe calls only (see the module docs).
+///
+/// # Safety
+/// Only in the forked child, with `word` mapped for its whole life.
 unsafe fn forked_guard(word: &AtomicU64, group: libc::pid_t, kill_fd: libc::c_int) -> ! {
-    // Keep only the cgroup.kill descriptor (as fd 3): the agent's sockets
-    // and database files must not live on in the guard.
-    let first_closed = if kill_fd >= 0 && libc::dup2(kill_fd, 3) == 3 {
-        4
-    } else {
-        3
-    };
-    libc::syscall(libc::SYS_close_range, first_closed, libc::c_uint::MAX, 0);
-    let kill_fd = if first_closed == 4 { 3 } else { -1 };
-    watch(word, group, kill_fd)
+    // SAFETY: descriptor calls on the child's own table, then the guard's
+    // loop under this function's contract.
+    unsafe {
+        // Keep only the cgroup.kill descriptor (as fd 3): the agent's
+        // sockets and database files must not live on in the guard.
+        let first_closed = if kill_fd >= 0 && libc::dup2(kill_fd, 3) == 3 {
+            4
+        } else {
+            3
+        };
+        libc::syscall(libc::SYS_close_range, first_closed, libc::c_uint::MAX, 0);
+        let kill_fd = if first_closed == 4 { 3 } else { -1 };
+        watch(word, group, kill_fd)
+    }
 }
 
 /// `shoal __lease-guard GROUP`: the exec'd guard, with the lease's memfd
@@ -280,28 +288,49 @@ pub fn guard_program(candidate: &Path) -> Option<PathBuf> {
 }
 
 /// The guard's loop: async-signal-safe calls only (see the module docs).
+///
+/// # Safety
+/// `word` stays mapped while the guard lives; `kill_fd` is -1 or open.
 unsafe fn watch(word: &AtomicU64, group: libc::pid_t, kill_fd: libc::c_int) -> ! {
     let nap = libc::timespec {
         tv_sec: 0,
         tv_nsec: GUARD_POLL.as_nanos() as libc::c_long,
     };
-    loop {
-        libc::nanosleep(&nap, std::ptr::null_mut());
-        if libc::kill(-group, 0) != 0 && *libc::__errno_location() == libc::ESRCH {
-            libc::_exit(0);
-        }
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
-        let now = (ts.tv_sec as u64) * 1000 + ts.tv_nsec as u64 / 1_000_000;
-        if now > word.load(Ordering::Acquire) {
-            if kill_fd >= 0 {
-                libc::write(kill_fd, b"1".as_ptr().cast(), 1);
+    // SAFETY: async-signal-safe calls on locals and the caller's
+    // descriptors; errno is this thread's.
+    unsafe { guard_loop(word, group, kill_fd, &nap) }
+}
+
+/// [`watch`]'s loop.
+///
+/// # Safety
+/// As for [`watch`].
+unsafe fn guard_loop(
+    word: &AtomicU64,
+    group: libc::pid_t,
+    kill_fd: libc::c_int,
+    nap: &libc::timespec,
+) -> ! {
+    // SAFETY: as for [`watch`].
+    unsafe {
+        loop {
+            libc::nanosleep(nap, std::ptr::null_mut());
+            if libc::kill(-group, 0) != 0 && *libc::__errno_location() == libc::ESRCH {
+                libc::_exit(0);
             }
-            libc::kill(-group, libc::SIGKILL);
-            libc::_exit(0);
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+            let now = (ts.tv_sec as u64) * 1000 + ts.tv_nsec as u64 / 1_000_000;
+            if now > word.load(Ordering::Acquire) {
+                if kill_fd >= 0 {
+                    libc::write(kill_fd, b"1".as_ptr().cast(), 1);
+                }
+                libc::kill(-group, libc::SIGKILL);
+                libc::_exit(0);
+            }
         }
     }
 }

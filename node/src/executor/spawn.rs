@@ -284,7 +284,9 @@ impl Spawn {
         // The top of the stack, 16-byte aligned as the ABI wants it at a call.
         let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
         let base = stack.as_mut_ptr() as usize;
+        // SAFETY: an all-zero sigset_t is a valid (empty) set.
         let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: plain signal-mask calls on locals. Every signal is blocked
         // in this thread, and so in the child from its first instruction,
@@ -378,22 +380,25 @@ unsafe fn clone3(args: &mut CloneArgs, plan: &mut ChildPlan) -> isize {
     // The kernel preserves every register but rax, rcx and r11; the child
     // starts with rax = 0 and rsp at the top of its stack, where it calls
     // child_main (which never returns).
-    std::arch::asm!(
-        "syscall",
-        "test rax, rax",
-        "jnz 2f",
-        "mov rdi, r12",
-        "call r13",
-        "ud2",
-        "2:",
-        inlateout("rax") libc::SYS_clone3 as isize => ret,
-        in("rdi") args as *mut CloneArgs,
-        in("rsi") std::mem::size_of::<CloneArgs>(),
-        in("r12") plan as *mut ChildPlan,
-        in("r13") child_main as extern "C" fn(*mut libc::c_void) -> !,
-        lateout("rcx") _,
-        lateout("r11") _,
-    );
+    // SAFETY: the caller's contract: a valid stack and a live plan.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "mov rdi, r12",
+            "call r13",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 as isize => ret,
+            in("rdi") args as *mut CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") plan as *mut ChildPlan,
+            in("r13") child_main as extern "C" fn(*mut libc::c_void) -> !,
+            lateout("rcx") _,
+            lateout("r11") _,
+        );
+    }
     ret
 }
 
@@ -576,11 +581,14 @@ extern "C" fn child_main(plan: *mut libc::c_void) -> ! {
 /// # Safety
 /// Only in the child, with the parent's live plan.
 unsafe fn fail(plan: &ChildPlan, step: Step) -> ! {
-    let errno = *libc::__errno_location();
-    plan.step.store(step as i32, Ordering::Release);
-    let errno = if errno == 0 { libc::EINVAL } else { errno };
-    plan.errno.store(errno, Ordering::Release);
-    libc::_exit(127)
+    // SAFETY: errno is this thread's; `_exit` is async-signal-safe.
+    unsafe {
+        let errno = *libc::__errno_location();
+        plan.step.store(step as i32, Ordering::Release);
+        let errno = if errno == 0 { libc::EINVAL } else { errno };
+        plan.errno.store(errno, Ordering::Release);
+        libc::_exit(127)
+    }
 }
 
 /// The paths execvp would try for `program` with `path` (the child's
@@ -745,11 +753,8 @@ mod tests {
     /// Panics with the reason where the test cannot run.
     fn needs_root() {
         // SAFETY: geteuid has no preconditions.
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "this test needs root: the child switches users"
-        );
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(euid, 0, "this test needs root: the child switches users");
     }
 
     #[test]

@@ -110,6 +110,7 @@ fn free_bytes(dir: &Path) -> Result<u64, String> {
     let c = CString::new(dir.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: statvfs fills the struct it is given.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` a struct statvfs fills.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return Err(format!(
             "cannot statvfs {}: {}",
