@@ -5,6 +5,7 @@
 
 pub mod access;
 pub mod ca;
+pub mod command;
 pub mod events;
 pub mod federation;
 pub mod ledger;
