@@ -3,8 +3,9 @@
 
 use super::emit;
 use crate::api::views::rfc3339;
+use crate::cli::api;
 use clap::Subcommand;
-use shoal_sdk::{CaStatus, Client, ClientError};
+use shoal_sdk::{CaStatus, Client};
 
 #[derive(Subcommand, Debug)]
 pub enum CaCmd {
@@ -15,10 +16,6 @@ pub enum CaCmd {
     /// The cluster CA, the phase of a rotation in progress, and which CA
     /// signed each member's certificate
     Status,
-}
-
-fn api(e: ClientError) -> anyhow::Error {
-    anyhow::anyhow!(e.to_string())
 }
 
 pub(super) async fn run(client: &Client, cmd: &CaCmd, json: bool) -> anyhow::Result<()> {

@@ -2,6 +2,7 @@
 //! restore to a local directory from whichever holders answer, verifying
 //! every chunk against its hash.
 
+use crate::cli::api;
 use clap::Subcommand;
 use shoal_sdk::{CheckpointInfo, Client};
 use shoal_storage::chunk::{ChunkId, EncodedChunk};
@@ -25,10 +26,6 @@ pub enum CkptCmd {
         #[arg(long)]
         to: PathBuf,
     },
-}
-
-fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
-    anyhow::anyhow!(e.to_string())
 }
 
 pub async fn run(client: &Client, cmd: &CkptCmd, json: bool) -> anyhow::Result<()> {

@@ -10,6 +10,7 @@
 //! cross once and that node copies them inside its region
 //! ([`crate::api::import`]); a download reads every chunk through it.
 
+use crate::cli::api;
 use crate::cli::ckpt::HttpFetch;
 use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -141,10 +142,6 @@ async fn location(client: &Client, s: &str) -> anyhow::Result<Location> {
             .map_err(anyhow::Error::msg),
         None => Ok(Location::Local(PathBuf::from(s))),
     }
-}
-
-fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
-    anyhow::anyhow!(e.to_string())
 }
 
 fn base_name(path: &Path) -> anyhow::Result<String> {

@@ -3,6 +3,7 @@
 //! killed mid-run, and a timeline of what the cluster did about it.
 
 use crate::agent::testkit::LocalCluster;
+use crate::cli::api;
 use shoal_sdk::JobState;
 use shoal_sdk::JobSubmitRequest;
 use std::collections::BTreeSet;
@@ -25,10 +26,6 @@ impl Timeline {
             what.as_ref()
         );
     }
-}
-
-fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
-    anyhow::anyhow!(e.to_string())
 }
 
 pub async fn run() -> anyhow::Result<()> {

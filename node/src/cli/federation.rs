@@ -1,6 +1,7 @@
 //! `shoal federation join|leave`, `shoal regions`, and the region side of
 //! the job commands (`--region R`, `REGION:ID`, `queue --all-regions`).
 
+use crate::cli::api;
 use clap::Subcommand;
 use shoal_sdk::{Client, FederationJoinRequest, JobInfo, RegionInfo, RegionJobId};
 
@@ -23,10 +24,6 @@ pub enum FederationCmd {
     /// waiting for federation.region_failover_after_ms. Each still starts
     /// only once REGION's lease on it has run out
     Failover { region: String },
-}
-
-fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
-    anyhow::anyhow!("{e}")
 }
 
 /// `shoal federation ...`. `peer_token` is the other region's admin token

@@ -10,12 +10,15 @@ pub mod doctor;
 pub mod duration;
 pub mod federation;
 pub mod install;
+pub mod job_args;
 pub mod jobs;
 pub mod login;
+pub mod logs;
 pub mod recovery;
 pub mod slurm;
 pub mod slurm_cmds;
 pub mod srun;
+pub mod tenants;
 pub mod tokens;
 pub mod top;
 
@@ -605,6 +608,11 @@ fn client(cli: &Cli) -> anyhow::Result<Client> {
         token: cli.token.as_deref(),
         data_dir: &dir,
     })
+}
+
+/// An API error as the one `error:` line the CLI prints.
+pub(crate) fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
+    anyhow::anyhow!(e.to_string())
 }
 
 fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {

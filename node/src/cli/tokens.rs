@@ -3,14 +3,9 @@
 
 use super::{emit, print_json, ApiTokenArgs, ApiTokenCmd, TokenCmd};
 use crate::api::views::rfc3339;
+use crate::cli::api;
 use crate::cli::duration::parse_duration;
-use shoal_sdk::{
-    ApiTokenCreateRequest, ApiTokenInfo, Client, ClientError, JoinTokenInfo, TokenCreateRequest,
-};
-
-fn api(e: ClientError) -> anyhow::Error {
-    anyhow::anyhow!(e.to_string())
-}
+use shoal_sdk::{ApiTokenCreateRequest, ApiTokenInfo, Client, JoinTokenInfo, TokenCreateRequest};
 
 fn ttl_s(ttl: &Option<String>) -> anyhow::Result<Option<u64>> {
     ttl.as_deref()

@@ -7,6 +7,7 @@
 //! the job's tenant; `--me` the caller's tenant, `$SHOAL_TENANT`, else
 //! `default`); there is one partition, `shoal`, and every `-p` names it.
 
+use crate::cli::api;
 use shoal_sdk::JobState;
 use shoal_sdk::{Client, JobInfo, MemberState, NodeInfo};
 use std::collections::VecDeque;
@@ -84,10 +85,6 @@ async fn resolve_users(client: &Client, names: &[String]) -> Vec<String> {
 fn usage_error(msg: &str) -> anyhow::Error {
     eprintln!("error: {msg}");
     super::jobs::ExitWith(2).into()
-}
-
-fn api(e: shoal_sdk::ClientError) -> anyhow::Error {
-    anyhow::anyhow!(e.to_string())
 }
 
 // ---------------------------------------------------------------- options
