@@ -393,11 +393,11 @@ async fn member_views(client: &Client) -> anyhow::Result<(Vec<NodeInfo>, Vec<Pee
     let nodes = tokio::time::timeout(PROBE_TIMEOUT * 2, client.nodes())
         .await
         .map_err(|_| anyhow::anyhow!("no answer in {} s", PROBE_TIMEOUT.as_secs() * 2))?
-        .map_err(super::api_err)?;
+        .map_err(super::api)?;
     let peers = tokio::time::timeout(PROBE_TIMEOUT, client.peers())
         .await
         .map_err(|_| anyhow::anyhow!("no answer in {} s", PROBE_TIMEOUT.as_secs()))?
-        .map_err(super::api_err)?;
+        .map_err(super::api)?;
     Ok((nodes, peers))
 }
 

@@ -26,10 +26,17 @@ use crate::agent::{Agent, StartMode};
 use crate::cli::jobs::{ExitWith, JobArgs, QueueArgs, TenantCmd};
 use crate::node::config::{default_data_dir, parse_label, Config};
 use clap::{Args, Parser, Subcommand};
-use shoal_sdk::{Client, ClientError, NodeInfo, StatusResponse};
+use shoal_sdk::{Client, NodeInfo, StatusResponse};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+
+mod run_agent;
+use run_agent::*;
+mod status;
+use status::*;
+mod sim_cmd;
+use sim_cmd::*;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -380,96 +387,6 @@ enum NodeCmd {
     Remove { node: String },
 }
 
-#[derive(Args, Debug)]
-struct SimArgs {
-    /// A trace file, or a directory of trace files replayed together (one tenant per file)
-    #[arg(long)]
-    trace: PathBuf,
-    /// auto, philly, alibaba or simple (submit_time,gpus,duration,tenant,status)
-    #[arg(long, default_value = "auto")]
-    format: String,
-    /// One policy or a comma-separated list: fifo, hdrf, hdrf-preempt
-    #[arg(long, default_value = "hdrf")]
-    policy: String,
-    #[arg(long, default_value_t = 96)]
-    nodes: u32,
-    #[arg(long, default_value_t = 8)]
-    gpus_per_node: u32,
-    #[arg(long)]
-    racks: Option<u32>,
-    #[arg(long)]
-    zones: Option<u32>,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Mean time between failures of one node, e.g. 24h (enables failure injection)
-    #[arg(long)]
-    fail_mtbf: Option<String>,
-    /// Checkpoint interval of every job, e.g. 30m
-    #[arg(long)]
-    ckpt_interval: Option<String>,
-    /// Replay only jobs submitted before this point of the trace, e.g. 30d or 720h
-    #[arg(long)]
-    until: Option<String>,
-    /// Write an SVG with utilization over time and the JCT CDF, policy against policy
-    #[arg(long)]
-    plot: Option<PathBuf>,
-    /// direct (the simulator applies plans itself) or ledger (jobs live in a
-    /// real consensus ledger and every decision is a ledger command)
-    #[arg(long)]
-    driver: Option<String>,
-}
-
-#[derive(Args, Debug)]
-struct AgentArgs {
-    /// TOML config file (see configs/node.example.toml) [env: SHOAL_CONFIG]
-    #[arg(long)]
-    config: Option<PathBuf>,
-    #[arg(long)]
-    name: Option<String>,
-    /// API address, HTTPS unless loopback [default: 0.0.0.0:7070]
-    #[arg(long)]
-    api_addr: Option<SocketAddr>,
-    /// quinn/UDP address for Raft and data [default: 0.0.0.0:7071]
-    #[arg(long)]
-    rpc_addr: Option<SocketAddr>,
-    /// libp2p QUIC/UDP gossip address [default: 0.0.0.0:7072]
-    #[arg(long)]
-    gossip_addr: Option<SocketAddr>,
-    /// Address peers should use to reach this node
-    #[arg(long)]
-    advertise: Option<IpAddr>,
-    /// KEY=VALUE; zone=, rack=, region= are topology labels
-    #[arg(long = "label")]
-    labels: Vec<String>,
-    /// Simulated GPUs instead of NVML, e.g. 8xH100-80GB or 4xA100-40GB,2xL4
-    #[arg(long)]
-    sim_gpus: Option<String>,
-    /// Region name recorded at bootstrap (a region is one cluster) [default: default]
-    #[arg(long)]
-    region: Option<String>,
-    /// text or json
-    #[arg(long)]
-    log_format: Option<String>,
-    /// Create a new cluster with this node as its first member
-    #[arg(long, conflicts_with_all = ["join", "join_token_file"])]
-    bootstrap: bool,
-    /// RPC address (IP:PORT) of any member of the cluster to join, with the
-    /// token from --join-token-file or $SHOAL_JOIN_TOKEN
-    #[arg(long)]
-    join: Option<SocketAddr>,
-    /// File holding the join token from `shoal token create`, readable by
-    /// its owner only (chmod 600)
-    #[arg(long, requires = "join", value_name = "FILE")]
-    join_token_file: Option<PathBuf>,
-    /// Refused: a secret in the arguments is readable by every process on
-    /// the machine (/proc/PID/cmdline)
-    #[arg(long, hide = true)]
-    join_token: Option<String>,
-    /// On SIGINT/SIGTERM, leave the cluster before exiting
-    #[arg(long)]
-    leave: bool,
-}
-
 /// Parses arguments, runs the command, and returns the exit code. Errors are
 /// printed as one `error:` line; usage errors exit 2, others 1.
 pub fn main() -> i32 {
@@ -671,7 +588,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Ca { cmd } => crate::cli::ca::run(&client(&cli)?, cmd, cli.json).await,
         Cmd::Status => {
-            let s = client(&cli)?.status().await.map_err(api_err)?;
+            let s = client(&cli)?.status().await.map_err(api)?;
             if cli.json {
                 print_json(&s)
             } else {
@@ -680,7 +597,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Nodes => {
-            let n = client(&cli)?.nodes().await.map_err(api_err)?;
+            let n = client(&cli)?.nodes().await.map_err(api)?;
             if cli.json {
                 print_json(&n)
             } else {
@@ -689,7 +606,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Mesh => {
-            let peers = client(&cli)?.peers().await.map_err(api_err)?;
+            let peers = client(&cli)?.peers().await.map_err(api)?;
             if cli.json {
                 print_json(&peers)
             } else {
@@ -719,7 +636,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
         Cmd::Node {
             cmd: NodeCmd::Remove { node },
         } => {
-            let r = client(&cli)?.remove_node(node).await.map_err(api_err)?;
+            let r = client(&cli)?.remove_node(node).await.map_err(api)?;
             if cli.json {
                 print_json(&r)
             } else {
@@ -736,7 +653,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
             let r = client(&cli)?
                 .drain_gpu(node, gpu, drain, reason)
                 .await
-                .map_err(api_err)?;
+                .map_err(api)?;
             emit(cli.json, &r, || {
                 format!(
                     "GPU {gpu} of {node} {}\n",
@@ -746,10 +663,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Drain { node } | Cmd::Undrain { node } => {
             let drain = matches!(cli.command, Cmd::Drain { .. });
-            let r = client(&cli)?
-                .drain_node(node, drain)
-                .await
-                .map_err(api_err)?;
+            let r = client(&cli)?.drain_node(node, drain).await.map_err(api)?;
             if cli.json {
                 print_json(&r)
             } else {
@@ -766,10 +680,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
         Cmd::Debug {
             cmd: DebugCmd::GpuFault { gpu, fault },
         } => {
-            let r = client(&cli)?
-                .gpu_fault(*gpu, fault)
-                .await
-                .map_err(api_err)?;
+            let r = client(&cli)?.gpu_fault(*gpu, fault).await.map_err(api)?;
             if cli.json {
                 print_json(&r)
             } else {
@@ -779,8 +690,8 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::PrometheusSd { out } => {
             let c = client(&cli)?;
-            let status = c.status().await.map_err(api_err)?;
-            let nodes = c.nodes().await.map_err(api_err)?;
+            let status = c.status().await.map_err(api)?;
+            let nodes = c.nodes().await.map_err(api)?;
             // One target group per scheme: Prometheus scrapes a node's
             // HTTPS API with the cluster CA as its `tls_config.ca_file`.
             let mut by_scheme: BTreeMap<&str, Vec<String>> = BTreeMap::new();
@@ -940,10 +851,6 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn api_err(e: ClientError) -> anyhow::Error {
-    anyhow::anyhow!(e.to_string())
-}
-
 /// Warnings only, unless RUST_LOG says otherwise: for commands whose own
 /// output is the point (the demo's timeline).
 fn init_logging_quiet() {
@@ -977,516 +884,6 @@ pub fn init_logging(format: &str) {
         (false, true) => builder.without_time().try_init(),
         (false, false) => builder.try_init(),
     };
-}
-
-/// READY=1 for systemd once the ledger is reachable (a leader is known),
-/// or after a minute without one, so that a whole cluster booting at once
-/// (each node waiting for the others) is not killed as a failed start;
-/// STATUS says which.
-async fn tell_systemd_when_ready(node: std::sync::Arc<crate::node::Node>) {
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(leader) = node.ledger().current_leader() {
-            let name = node
-                .ledger()
-                .name_of(leader)
-                .unwrap_or_else(|| leader.to_string());
-            break format!("serving; leader {name}");
-        }
-        if started.elapsed() > std::time::Duration::from_secs(60) {
-            break "serving; no leader yet (waiting for a quorum of voters)".to_string();
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
-    crate::agent::notify::notify(&format!("READY=1\nSTATUS={status}"));
-}
-
-/// Deletes the join token file `[first_start]` named, once the node holds
-/// an identity: a spent token does not stay readable on disk. A file the
-/// agent may not delete (an install before the token moved to the data
-/// dir left it in read-only /etc) is named in a warning.
-fn scrub_join_token(file: &Path) {
-    match crate::node::identity::scrub_file(file) {
-        Ok(true) => tracing::info!(file = %file.display(), "deleted the spent join token"),
-        Ok(false) => {}
-        Err(e) => tracing::warn!(
-            file = %file.display(),
-            "cannot delete the spent join token ({e}); delete it by hand: it is no use any more"
-        ),
-    }
-}
-
-/// The join token for `--join`: from `--join-token-file`, else from
-/// `SHOAL_JOIN_TOKEN`. Never from the arguments (see [`AgentArgs`]).
-fn join_token_of(args: &AgentArgs, env: &BTreeMap<String, String>) -> anyhow::Result<String> {
-    if let Some(file) = &args.join_token_file {
-        return read_secret_file(file, "--join-token-file");
-    }
-    match env.get("SHOAL_JOIN_TOKEN").map(|t| t.trim()) {
-        Some(token) if !token.is_empty() => Ok(token.to_string()),
-        _ => {
-            eprintln!(
-                "error: --join needs the join token: --join-token-file FILE (chmod 600) or SHOAL_JOIN_TOKEN"
-            );
-            Err(ExitWith(2).into())
-        }
-    }
-}
-
-/// Reads a secret (a join token) from a file that only its owner may read:
-/// one that others can read has already leaked, and is refused so that the
-/// operator fixes its mode rather than learn of it from an audit.
-pub(crate) fn read_secret_file(file: &Path, what: &str) -> anyhow::Result<String> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta =
-        std::fs::metadata(file).map_err(|e| anyhow::anyhow!("{what} {}: {e}", file.display()))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        anyhow::bail!(
-            "{what} {} can be read by other users (mode {mode:04o}); chmod 600 it",
-            file.display()
-        );
-    }
-    let token = std::fs::read_to_string(file)
-        .map_err(|e| anyhow::anyhow!("{what} {}: {e}", file.display()))?;
-    let token = token.trim();
-    if token.is_empty() {
-        anyhow::bail!("{what} {} is empty", file.display());
-    }
-    Ok(token.to_string())
-}
-
-/// Without `--bootstrap`/`--join`: a restart from the data dir, or, while
-/// it holds no identity, what `[first_start]` says.
-fn first_start_mode(cfg: &Config) -> anyhow::Result<StartMode> {
-    let has_identity = crate::node::identity::load_identity(&cfg.data_dir())
-        .map_err(anyhow::Error::msg)?
-        .is_some();
-    let first = &cfg.first_start;
-    Ok(match (&first.join, &first.join_token_file) {
-        _ if has_identity => {
-            // Spent at the first start; still here if the node stopped
-            // between joining and deleting it.
-            if let Some(file) = &first.join_token_file {
-                scrub_join_token(file);
-            }
-            StartMode::Restart
-        }
-        (Some(addr), Some(file)) => StartMode::Join {
-            addr: *addr,
-            token: read_secret_file(file, "first_start.join_token_file")?,
-        },
-        _ if first.bootstrap => StartMode::Bootstrap,
-        _ => StartMode::Restart,
-    })
-}
-
-async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()> {
-    if args.join_token.is_some() {
-        eprintln!(
-            "error: --join-token puts the secret where every process on this machine can read it \
-             (/proc/PID/cmdline); write it to a file only you can read (chmod 600) and pass \
-             --join-token-file FILE, or set SHOAL_JOIN_TOKEN"
-        );
-        return Err(ExitWith(2).into());
-    }
-    let env = env_map();
-    let file = args
-        .config
-        .clone()
-        .or_else(|| env.get("SHOAL_CONFIG").map(PathBuf::from));
-    let mut cfg = Config::load(file.as_deref(), &env).map_err(anyhow::Error::msg)?;
-    if let Some(d) = &cli.data_dir {
-        cfg.data_dir = Some(d.clone());
-    }
-    if let Some(n) = &args.name {
-        cfg.name = Some(n.clone());
-    }
-    if let Some(a) = args.api_addr {
-        cfg.api_addr = a;
-    }
-    if let Some(a) = args.rpc_addr {
-        cfg.rpc_addr = a;
-    }
-    if let Some(a) = args.gossip_addr {
-        cfg.gossip_addr = a;
-    }
-    if let Some(a) = args.advertise {
-        cfg.advertise = Some(a);
-    }
-    for kv in &args.labels {
-        let (k, v) = parse_label(kv).map_err(anyhow::Error::msg)?;
-        cfg.labels.insert(k, v);
-    }
-    if let Some(s) = &args.sim_gpus {
-        cfg.sim_gpus = Some(s.clone());
-    }
-    if let Some(r) = &args.region {
-        cfg.region = r.clone();
-    }
-    if let Some(f) = &args.log_format {
-        cfg.log_format = f.clone();
-    }
-    cfg.validate().map_err(anyhow::Error::msg)?;
-    init_logging(&cfg.log_format);
-
-    let mode = match (&args.join, args.bootstrap) {
-        (Some(addr), _) => StartMode::Join {
-            addr: *addr,
-            token: join_token_of(args, &env)?,
-        },
-        (None, true) => StartMode::Bootstrap,
-        (None, false) => first_start_mode(&cfg)?,
-    };
-    let token_file = match (&mode, args.join.is_none()) {
-        (StartMode::Join { .. }, true) => cfg.first_start.join_token_file.clone(),
-        _ => None,
-    };
-    let agent = match Agent::start(cfg, mode).await {
-        Ok(agent) => agent,
-        Err(e @ crate::agent::AgentError::Removed(_)) => {
-            eprintln!("error: {e}");
-            return Err(crate::cli::jobs::ExitWith(crate::node::removal::EXIT_STATUS).into());
-        }
-        Err(e) => return Err(e.into()),
-    };
-    // Joined: the identity is saved, the token spent.
-    if let Some(file) = &token_file {
-        scrub_join_token(file);
-    }
-    if let Some(boot) = &agent.bootstrap {
-        println!(
-            "Cluster bootstrapped; this node is {} (id {}).",
-            agent.name(),
-            agent.id()
-        );
-        println!(
-            "Admin token written to {}",
-            agent
-                .data_dir()
-                .join(crate::node::identity::ADMIN_TOKEN_FILE)
-                .display()
-        );
-        println!(
-            "API {} (cluster CA {}); from another machine: SHOAL_TOKEN=$(cat {}) shoal login {}",
-            agent.api_url(),
-            boot.join_token.rsplit('.').next().unwrap_or_default(),
-            agent
-                .data_dir()
-                .join(crate::node::identity::ADMIN_TOKEN_FILE)
-                .display(),
-            agent.api_url(),
-        );
-        if std::env::var_os("JOURNAL_STREAM").is_some() {
-            // journald keeps stdout for good, readable by its groups: no
-            // secret goes there.
-            println!(
-                "Join more nodes with a token from `shoal token create` (the bootstrap's own token is not logged under journald)."
-            );
-        } else {
-            println!(
-                "Join one more node, voter-eligible (single use, valid for {}; `shoal token create --uses N [--voter]` makes more):",
-                crate::cli::tokens::format_ttl(agent.node().config().join_token_ttl_s)
-            );
-            println!("  join token: {}", boot.join_token);
-            println!(
-                "  (umask 077; cat > join.token)   # paste the token: never put it in a command's arguments"
-            );
-            println!(
-                "  shoal agent --join {} --join-token-file join.token",
-                agent.rpc_addr()
-            );
-        }
-    }
-    tokio::spawn(tell_systemd_when_ready(agent.node().clone()));
-    {
-        let node = agent.node().clone();
-        tokio::spawn(async move { crate::agent::shutdown::undrain_after_restart(&node).await });
-    }
-    tokio::select! {
-        _ = wait_for_signal() => {}
-        why = agent.removed_from_cluster() => {
-            tracing::error!(reason = %why, "this node was removed from the cluster; exiting for good");
-            crate::agent::notify::notify("STOPPING=1");
-            agent.shutdown().await;
-            eprintln!("error: this node was removed from the cluster ({why}); its data dir never starts again: start with an empty --data-dir and --join to come back as a new member");
-            return Err(crate::cli::jobs::ExitWith(crate::node::removal::EXIT_STATUS).into());
-        }
-        why = agent.ledger_stopped_for_good() => {
-            tracing::error!(error = %why, "this node's ledger stopped; exiting so that its supervisor starts it again");
-            crate::agent::notify::notify("STOPPING=1");
-            agent.shutdown().await;
-            anyhow::bail!("this node's ledger stopped: {why}");
-        }
-    }
-    crate::agent::notify::notify("STOPPING=1");
-    let cfg = agent.node().config();
-    if cfg.agent.shutdown == crate::node::config::ShutdownMode::Drain {
-        // The ranks' grace, and time for the gang to be told and to exit.
-        let limit = std::time::Duration::from_secs(cfg.executor.stop_grace_s + 30);
-        crate::agent::shutdown::drain_before_stop(agent.node(), limit).await;
-    }
-    if args.leave {
-        match agent.leave().await {
-            Ok(()) => tracing::info!("left the cluster"),
-            Err(e) => tracing::error!(error = %e, "could not leave the cluster cleanly"),
-        }
-    }
-    if agent.node().ledger().is_leader() {
-        let lease = std::time::Duration::from_millis(cfg.raft.election_timeout_max_ms);
-        let started = std::time::Instant::now();
-        match crate::node::handover::hand_over(agent.node().ledger(), lease).await {
-            Ok(leader) => tracing::info!(
-                leader,
-                ms = started.elapsed().as_millis() as u64,
-                "handed the leadership over"
-            ),
-            Err(e) => tracing::warn!(error = %e, "stopping without handing the leadership over"),
-        }
-    }
-    agent.shutdown().await;
-    Ok(())
-}
-
-pub async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-fn format_status(s: &StatusResponse) -> String {
-    let name_of = |id: u64| {
-        s.members
-            .iter()
-            .find(|m| m.id == id)
-            .map(|m| m.name.clone())
-            .unwrap_or_else(|| "?".into())
-    };
-    let mut out = String::new();
-    out.push_str(&format!(
-        "cluster  {}  (region {})\n",
-        s.cluster_id, s.region
-    ));
-    if !s.ca_fingerprint.is_empty() {
-        out.push_str(&format!("ca       {}\n", s.ca_fingerprint));
-    }
-    match s.leader {
-        Some(l) => out.push_str(&format!(
-            "leader   {} ({})  term {}  commit {}\n",
-            l,
-            name_of(l),
-            s.term,
-            s.commit_index
-        )),
-        None => out.push_str("leader   none\n"),
-    }
-    if !s.ca_fingerprint.is_empty() {
-        out.push_str(&format!("ca       {}", s.ca_fingerprint));
-        match &s.ca_rotation {
-            Some(phase) => out.push_str(&format!("  (rotation: {phase}; shoal ca status)\n")),
-            None => out.push('\n'),
-        }
-    }
-    out.push_str(&format!(
-        "voters   {}\n",
-        s.voters
-            .iter()
-            .map(|v| format!("{v} ({})", name_of(*v)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
-    if let Some(p) = s.effective_protocol {
-        out.push_str(&format!(
-            "protocol {p}  (the newest version every member speaks)\n"
-        ));
-    }
-    out.push_str(&format!(
-        "{:<6}{:<20}{:<10}{:<9}{:<12}{}\n",
-        "ID", "NAME", "STATE", "ROLE", "VERSION", "PROTOCOL"
-    ));
-    for m in &s.members {
-        let role = if s.leader == Some(m.id) {
-            "leader"
-        } else if s.voters.contains(&m.id) {
-            "voter"
-        } else {
-            "learner"
-        };
-        let dash = |v: &str| {
-            if v.is_empty() {
-                "-".to_string()
-            } else {
-                v.to_string()
-            }
-        };
-        out.push_str(&format!(
-            "{:<6}{:<20}{:<10}{:<9}{:<12}{}\n",
-            m.id,
-            m.name,
-            m.state,
-            role,
-            dash(&m.version),
-            dash(&m.protocol)
-        ));
-    }
-    out
-}
-
-fn format_nodes(nodes: &[NodeInfo]) -> String {
-    let mut out = format!(
-        "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{:<26}{}\n",
-        "ID", "NAME", "STATE", "ADDR", "GPUS", "MODEL", "UTIL", "SEEN", "ISOLATION", "LABELS"
-    );
-    for n in nodes {
-        let mut models: Vec<&str> = n.gpus.iter().map(|g| g.model.as_str()).collect();
-        models.dedup();
-        let labels = n
-            .labels
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let seen = match n.last_seen_ms {
-            Some(ms) if ms < 1000 => format!("{ms}ms"),
-            Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
-            None => "-".into(),
-        };
-        out.push_str(&format!(
-            "{:<5}{:<16}{:<9}{:<23}{:<11}{:<14}{:<6}{:<10}{:<26}{}\n",
-            n.id,
-            n.name,
-            if n.drained {
-                format!("{}*", n.state)
-            } else {
-                n.state.to_string()
-            },
-            n.addr,
-            format!("{}/{}", n.gpus_free, n.gpus_total),
-            if models.is_empty() {
-                "-".to_string()
-            } else {
-                models.join("+")
-            },
-            n.gpu_util
-                .filter(|_| n.gpus_total > 0)
-                .map(|u| format!("{:.0}%", u * 100.0))
-                .unwrap_or_else(|| "-".into()),
-            seen,
-            isolation_text(&n.isolation, &n.isolation_controllers),
-            if labels.is_empty() {
-                "-".to_string()
-            } else {
-                labels
-            }
-        ));
-    }
-    // GPUs that take no work, one line each, so nobody wonders why.
-    for n in nodes {
-        for g in n
-            .gpus
-            .iter()
-            .filter(|g| g.health != "ok" && !g.health.is_empty())
-        {
-            out.push_str(&format!(
-                "  GPU {}:{} {}: {}\n",
-                n.name,
-                g.index,
-                g.health,
-                g.health_reason.as_deref().unwrap_or("-")
-            ));
-        }
-    }
-    out
-}
-
-/// `none`, `cgroup (kill only)`, `cgroup (memory,cpu,pids)`; `-` for a node
-/// that has not said (an older agent).
-fn isolation_text(mode: &str, controllers: &[String]) -> String {
-    match (mode, controllers) {
-        ("", _) => "-".into(),
-        ("cgroup", []) => "cgroup (kill only)".into(),
-        ("cgroup", c) => format!("cgroup ({})", c.join(",")),
-        (other, _) => other.to_string(),
-    }
-}
-
-fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
-    use shoal_sim::run::{execute, summary_table, CliOptions};
-    use shoal_sim::{Policy, SimConfig};
-    let secs = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<u64>> {
-        v.as_deref()
-            .map(|s| {
-                crate::cli::duration::parse_duration(s)
-                    .map(|d| d.as_secs())
-                    .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
-            })
-            .transpose()
-    };
-    let policies = args
-        .policy
-        .split(',')
-        .map(|p| p.trim().parse())
-        .collect::<Result<Vec<Policy>, _>>()?;
-    if args.nodes == 0 || args.gpus_per_node == 0 {
-        anyhow::bail!("--nodes and --gpus-per-node must be positive");
-    }
-    let mut config = SimConfig::new(args.nodes, args.gpus_per_node, policies[0]);
-    if let Some(r) = args.racks {
-        config.racks = r;
-    }
-    if let Some(z) = args.zones {
-        config.zones = z;
-    }
-    config.seed = args.seed;
-    config.fail_mtbf_s = secs("--fail-mtbf", &args.fail_mtbf)?;
-    config.ckpt_interval_s = secs("--ckpt-interval", &args.ckpt_interval)?;
-    if let Some(name) = &args.driver {
-        config.driver = shoal_sim::parse_driver(name)
-            .ok_or_else(|| anyhow::anyhow!("unknown driver '{name}': use direct or ledger"))?;
-    }
-    let options = CliOptions {
-        trace: args.trace.clone(),
-        format: args.format.parse().map_err(anyhow::Error::msg)?,
-        policies,
-        config,
-        until_s: secs("--until", &args.until)?,
-        json: None,
-        svg: args.plot.clone(),
-    };
-    let (trace, reports) = execute(&options)?;
-    if json {
-        if reports.len() == 1 {
-            print_json(&reports[0])
-        } else {
-            print_json(&reports)
-        }
-    } else {
-        println!(
-            "{} jobs replayed ({} skipped) on {} nodes x {} GPUs",
-            trace.jobs.len(),
-            trace.skipped.values().sum::<usize>(),
-            args.nodes,
-            args.gpus_per_node
-        );
-        print!("{}", summary_table(&reports));
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -171,7 +171,7 @@ async fn save_via(
     if let Some(e) = sink.error.take() {
         anyhow::bail!("cannot write {}: {e}", tmp.display());
     }
-    let bytes = fetched.map_err(super::api_err)?;
+    let bytes = fetched.map_err(super::api)?;
     sink.file
         .sync_all()
         .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
