@@ -279,3 +279,49 @@ fn src_has_at_most_a_dozen_top_level_entries() {
         entries.len()
     );
 }
+
+/// Every source file of the workspace's crates stays readable in one
+/// sitting: at most this many lines, test modules in files of their own
+/// (`tests.rs`, `proptests.rs`) aside.
+const MAX_SOURCE_LINES: usize = 1200;
+
+#[test]
+fn no_source_file_is_over_1200_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut long = Vec::new();
+    for krate in [
+        "sdk",
+        "mesh",
+        "consensus",
+        "storage",
+        "sim",
+        "chaos",
+        "node",
+    ] {
+        let mut dirs = vec![root.join(krate).join("src")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("a source folder").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !name.ends_with(".rs") || name == "tests.rs" || name == "proptests.rs" {
+                    continue;
+                }
+                let lines = std::fs::read_to_string(&path)
+                    .expect("a source file")
+                    .lines()
+                    .count();
+                if lines > MAX_SOURCE_LINES {
+                    long.push(format!("{} ({lines} lines)", path.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "over {MAX_SOURCE_LINES} lines; cut along a seam: {long:?}"
+    );
+}
