@@ -141,20 +141,27 @@ async fn kept_secret(
     token: &str,
     peer: &str,
 ) -> String {
-    let file = |node: &common::NodeProc| {
-        node.data_dir
-            .join("federation")
-            .join(format!("{peer}.secret"))
+    // `<data-dir>/federation/<peer>-<hash prefix>.secret`
+    let file = |node: &common::NodeProc| -> Option<std::path::PathBuf> {
+        std::fs::read_dir(node.data_dir.join("federation"))
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{peer}-")) && n.ends_with(".secret"))
+            })
     };
     let mut secret = String::new();
     for node in nodes {
-        let path = file(node);
-        let held = wait_for(
+        let (path, held) = wait_for(
             &format!("{} to hold the secret for {peer}", node.name),
             Duration::from_secs(30),
             || {
-                let held = std::fs::read_to_string(&path).ok();
-                async move { held }
+                let found =
+                    file(node).and_then(|p| std::fs::read_to_string(&p).ok().map(|held| (p, held)));
+                async move { found }
             },
         )
         .await;

@@ -77,18 +77,26 @@ pub fn peer_region(ledger: &shoal_consensus::Ledger, caller: &Caller) -> Option<
 }
 
 /// What the leader proposes for a peer region's credential (`region`):
-/// a command the API narrowed to a tenant both regions share
-/// (`Command::AsTenant`, which the ledger checks as that tenant's), a
-/// checkpoint copy of one of the peer's jobs (whose tenant the API
-/// checked), and the region's own leave. Never anything else, whatever an
-/// API node sends: the ledger would take the credential's other commands
-/// as an admin's. Pure.
-pub fn peer_may_propose(region: &str, cmd: &Command) -> Result<(), String> {
+/// a command the API narrowed to a tenant this region shares across
+/// regions (`shared`; `Command::AsTenant`, which the ledger checks as that
+/// tenant's), a checkpoint copy of one of the peer's jobs of such a tenant,
+/// and the region's own leave. Never anything else, whatever an API node
+/// sends: the ledger would take the credential's other commands as an
+/// admin's. Pure.
+pub fn peer_may_propose(
+    region: &str,
+    cmd: &Command,
+    shared: impl Fn(&str) -> bool + Copy,
+) -> Result<(), String> {
     match cmd {
-        Command::AsTenant { .. } => Ok(()),
-        Command::RecordForeignCheckpoint { origin, .. } if origin == region => Ok(()),
+        Command::AsTenant { tenant, .. } if shared(tenant) => Ok(()),
+        Command::RecordForeignCheckpoint { origin, spec, .. }
+            if origin == region && shared(&spec.tenant) =>
+        {
+            Ok(())
+        }
         Command::RemovePeerRegion { name } if name == region => Ok(()),
-        Command::Once { cmd, .. } => peer_may_propose(region, cmd),
+        Command::Once { cmd, .. } => peer_may_propose(region, cmd, shared),
         _ => Err(format!(
             "permission denied: region {region}'s credential proposes only commands narrowed to a \
              tenant both regions share, copies of its own jobs' checkpoints and its own leave"
@@ -569,7 +577,8 @@ mod tests {
             tenant: "lab".into(),
             cmd: Box::new(Command::CancelJob { job: 1 }),
         };
-        assert!(peer_may_propose("eu-1", &narrowed).is_ok());
+        let shared = |tenant: &str| tenant == "lab";
+        assert!(peer_may_propose("eu-1", &narrowed, shared).is_ok());
         let once = Command::Once {
             id: shoal_consensus::once::WriteId {
                 origin: 1,
@@ -577,11 +586,11 @@ mod tests {
             },
             cmd: Box::new(narrowed),
         };
-        assert!(peer_may_propose("eu-1", &once).is_ok());
+        assert!(peer_may_propose("eu-1", &once, shared).is_ok());
         let own_leave = Command::RemovePeerRegion {
             name: "eu-1".into(),
         };
-        assert!(peer_may_propose("eu-1", &own_leave).is_ok());
+        assert!(peer_may_propose("eu-1", &own_leave, shared).is_ok());
         for cmd in [
             // Un-narrowed: the ledger would take them as an admin's.
             Command::CancelJob { job: 1 },
@@ -599,8 +608,13 @@ mod tests {
                 },
                 cmd: Box::new(Command::CancelJob { job: 1 }),
             },
+            // Narrowed, but to a tenant local to this region.
+            Command::AsTenant {
+                tenant: "vision".into(),
+                cmd: Box::new(Command::CancelJob { job: 1 }),
+            },
         ] {
-            let refused = peer_may_propose("eu-1", &cmd);
+            let refused = peer_may_propose("eu-1", &cmd, shared);
             assert!(
                 refused
                     .as_ref()

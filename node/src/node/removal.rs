@@ -78,13 +78,16 @@ impl RemovalNotice {
     }
 }
 
-/// Marks `data_dir` as a removed node's, so that it never starts again.
+/// Marks `data_dir` as a removed node's, so that it never starts again,
+/// and deletes the secrets it held for the region's peers: a removed
+/// node keeps no credential that acts as the region.
 pub fn mark(data_dir: &Path, why: &str) -> std::io::Result<()> {
     super::identity::write_private(
         &data_dir.join(MARKER_FILE),
         format!("{why}\n").as_bytes(),
         0o600,
-    )
+    )?;
+    super::federation::secrets::forget_all(data_dir)
 }
 
 /// Why `data_dir` belongs to a removed node, if it does.

@@ -297,11 +297,17 @@ impl NodeService {
     /// current member (every member calls the peers; one that has left is
     /// refused before this), as the ledger's hash names it.
     fn hand_over_peer_secret(&self, member: NodeId, region: &str) -> Response {
-        let peer = self
-            .ledger
-            .read()
-            .ok()
-            .and_then(|d| d.ledger.federation.peers.get(region).cloned());
+        let peer = self.ledger.read().ok().and_then(|d| {
+            // A node this one has not heard of yet asks again later.
+            let current = d
+                .ledger
+                .members
+                .get(&member)
+                .is_some_and(|m| m.state != MemberState::Left);
+            current
+                .then(|| d.ledger.federation.peers.get(region).cloned())
+                .flatten()
+        });
         let secret = peer
             .and_then(|p| crate::node::federation::secrets::load(&self.signing.data_dir, &p))
             .map(UserToken);
@@ -353,7 +359,12 @@ impl NodeService {
                     .ok()
                     .and_then(|d| auth::peer_region(&d.ledger, &caller));
                 if let Some(region) = region {
-                    if let Err(why) = auth::peer_may_propose(&region, &cmd) {
+                    let shared = |tenant: &str| {
+                        self.ledger
+                            .read()
+                            .is_ok_and(|d| d.ledger.global_tenant_id(tenant).is_some())
+                    };
+                    if let Err(why) = auth::peer_may_propose(&region, &cmd, shared) {
                         self.audit(format!("refused a write: {why}"));
                         return Err(WireError::new(ErrorCode::Forbidden, why));
                     }
@@ -408,6 +419,7 @@ impl NodeService {
             Request::RemoveMember { id, token } => {
                 if let Some(token) = token {
                     let caller = self.user(&token)?;
+                    self.refuse_peer(&caller, "remove a node")?;
                     if let Some(tenant) = caller.tenant {
                         return Err(WireError::new(
                             ErrorCode::Forbidden,
@@ -419,6 +431,7 @@ impl NodeService {
             }
             Request::RotateCa { token } => {
                 let caller = self.user(&token)?;
+                self.refuse_peer(&caller, "rotate the cluster CA")?;
                 let r =
                     crate::node::ca_rotation::start(&self.ledger, &caller, &self.signing).await?;
                 Ok(Response::CaRotated {
@@ -455,6 +468,25 @@ impl NodeService {
     }
 
     /// The holder of a user's token, as the leader's (current) ledger knows it.
+    /// A peer region's credential acts only through `WriteAs`, as far as
+    /// [`auth::peer_may_propose`] lets it: never on the leader's other
+    /// token-carrying requests.
+    fn refuse_peer(&self, caller: &auth::Caller, what: &str) -> Result<(), WireError> {
+        let region = self
+            .ledger
+            .read()
+            .ok()
+            .and_then(|d| auth::peer_region(&d.ledger, caller));
+        match region {
+            None => Ok(()),
+            Some(region) => {
+                let why = format!("permission denied: region {region}'s credential may not {what}");
+                self.audit(format!("refused a request: {why}"));
+                Err(WireError::new(ErrorCode::Forbidden, why))
+            }
+        }
+    }
+
     fn user(&self, token: &UserToken) -> Result<auth::Caller, WireError> {
         auth::resolve(&self.ledger, &token.0).map_err(|e| {
             let message = match e {

@@ -99,8 +99,10 @@ impl PeerSecrets {
     /// replaced in the ledger by its hash. Whether the secret is on disk.
     async fn seal(&self, peer: &PeerRegion, spoken: bool) -> bool {
         let clear = &peer.outbound_secret_hash;
-        let on_disk = std::fs::read_to_string(secrets::path(self.node.data_dir(), &peer.name))
-            .is_ok_and(|s| s.trim() == clear);
+        let hash = shoal_consensus::tokens::hash_secret(clear);
+        let on_disk =
+            std::fs::read_to_string(secrets::path(self.node.data_dir(), &peer.name, &hash))
+                .is_ok_and(|s| s.trim() == clear);
         if !on_disk {
             if let Err(e) = secrets::store(self.node.data_dir(), &peer.name, clear) {
                 tracing::warn!(region = %peer.name, error = %e, "cannot keep a peer region's secret");

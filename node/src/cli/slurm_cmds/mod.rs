@@ -252,31 +252,9 @@ fn active(job: &JobInfo) -> bool {
 
 // ------------------------------------------------------------ time
 
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
 /// Seconds since the epoch of `YYYY-MM-DD[THH:MM[:SS]]` (UTC; anything after
-/// the seconds, a fraction or `Z`, is ignored).
+/// the seconds, a fraction or `Z`, is ignored). A day or time that does not
+/// exist (`2024-02-31`, `25:00`) is none.
 pub fn parse_timestamp(s: &str) -> Option<i64> {
     let (date, time) = match s.split_once(['T', ' ']) {
         Some((d, t)) => (d, t),
@@ -284,30 +262,46 @@ pub fn parse_timestamp(s: &str) -> Option<i64> {
     };
     let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
     let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    if d.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&day) {
+    if d.next().is_some() {
         return None;
     }
+    let date = time::Date::from_calendar_date(
+        i32::try_from(y).ok()?,
+        time::Month::try_from(u8::try_from(m).ok()?).ok()?,
+        u8::try_from(day).ok()?,
+    )
+    .ok()?;
     let time: String = time
         .chars()
         .take_while(|c| c.is_ascii_digit() || *c == ':')
         .collect();
     let mut t = time.split(':').filter(|p| !p.is_empty());
-    let hh = t.next().map_or(Some(0), |p| p.parse::<i64>().ok())?;
-    let mm = t.next().map_or(Some(0), |p| p.parse::<i64>().ok())?;
-    let ss = t.next().map_or(Some(0), |p| p.parse::<i64>().ok())?;
-    Some(days_from_civil(y, m, day) * 86_400 + hh * 3600 + mm * 60 + ss)
+    let hh = t.next().map_or(Some(0), |p| p.parse::<u8>().ok())?;
+    let mm = t.next().map_or(Some(0), |p| p.parse::<u8>().ok())?;
+    let ss = t.next().map_or(Some(0), |p| p.parse::<u8>().ok())?;
+    let time = time::Time::from_hms(hh, mm, ss).ok()?;
+    Some(
+        time::PrimitiveDateTime::new(date, time)
+            .assume_utc()
+            .unix_timestamp(),
+    )
 }
 
 /// `YYYY-MM-DDTHH:MM:SS`, Slurm's way of printing a time (UTC here).
 pub fn format_timestamp(s: i64) -> String {
-    let (y, m, d) = civil_from_days(s.div_euclid(86_400));
-    let r = s.rem_euclid(86_400);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
-        r / 3600,
-        (r / 60) % 60,
-        r % 60
-    )
+    match time::OffsetDateTime::from_unix_timestamp(s) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second()
+        ),
+        // Beyond the calendar `time` knows (±9999 years): Slurm's word.
+        Err(_) => "Unknown".into(),
+    }
 }
 
 /// A time as sacct's `-S`/`-E` take it: `YYYY-MM-DD[THH:MM[:SS]]`,
@@ -337,10 +331,19 @@ pub fn parse_when(s: &str, now: i64) -> Option<i64> {
     }
     let midnight = now - now.rem_euclid(86_400);
     let mut t = s.split(':');
-    let hh: i64 = t.next()?.parse().ok()?;
-    let mm: i64 = t.next()?.parse().ok()?;
-    let ss: i64 = t.next().map_or(Some(0), |p| p.parse().ok())?;
-    Some(midnight + hh * 3600 + mm * 60 + ss)
+    let hh: u8 = t.next()?.parse().ok()?;
+    let mm: u8 = t.next()?.parse().ok()?;
+    let ss: u8 = t.next().map_or(Some(0), |p| p.parse().ok())?;
+    if t.next().is_some() {
+        return None;
+    }
+    let time = time::Time::from_hms(hh, mm, ss).ok()?;
+    Some(
+        midnight
+            + i64::from(time.hour()) * 3600
+            + i64::from(time.minute()) * 60
+            + i64::from(time.second()),
+    )
 }
 
 /// squeue's TIME and TIME_LIMIT: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`.
@@ -610,6 +613,20 @@ mod tests {
         assert_eq!(parse_when("now-2hours", NOW), Some(NOW - 7200));
         assert_eq!(parse_when("19:30", NOW), Some(NOW - 1800));
         assert_eq!(parse_when("bogus", NOW), None);
+        // Days and times that do not exist are refused, leap days kept.
+        assert_eq!(parse_timestamp("2024-02-31"), None);
+        assert_eq!(parse_timestamp("2023-02-29"), None);
+        assert!(parse_timestamp("2024-02-29").is_some());
+        assert_eq!(parse_timestamp("2025-12-01T24:00"), None);
+        assert_eq!(parse_timestamp("2025-13-01"), None);
+        assert_eq!(parse_when("19:61", NOW), None);
+        assert_eq!(parse_when("19:30:00:00", NOW), None);
+        assert_eq!(
+            parse_timestamp("1969-12-31T23:59:59"),
+            Some(-1),
+            "before the epoch"
+        );
+        assert_eq!(format_timestamp(-1), "1969-12-31T23:59:59");
         assert_eq!(format_squeue_time(65), "1:05");
         assert_eq!(format_squeue_time(3600), "1:00:00");
         assert_eq!(format_squeue_time(90_061), "1-01:01:01");
