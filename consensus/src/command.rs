@@ -4,8 +4,8 @@
 //! The variants' order is the log's encoding (bincode numbers them): a new
 //! command goes last, and none is ever removed or reordered.
 
-use crate::ledger::{GpuFaultReport, MemberSpec};
-use crate::types::NodeId;
+use crate::ids::NodeId;
+use crate::members::{GpuFaultReport, MemberSpec};
 use crate::workload::{CkptPart, JobId, JobSpec, Plan, TenantLimits, TenantUpdate};
 use serde::{Deserialize, Serialize};
 use shoal_sdk::MemberState;
@@ -161,14 +161,14 @@ pub enum Command {
     /// commit all of them; each command keeps its own answer.
     Batch(Vec<Command>),
     /// A command sent with a tenant-scoped API token: applied only if that
-    /// tenant may (checked at commit, [`crate::access::authorize`]).
+    /// tenant may (checked at commit by the ledger's `access` guard).
     AsTenant {
         tenant: String,
         cmd: Box<Command>,
     },
     /// A command a member node forwarded on its own authority (no user
     /// token): applied only if it is about that node
-    /// ([`crate::node_access::authorize`]); a refusal is an audit event.
+    /// (the ledger's `node_access` guard); a refusal is an audit event.
     AsNode {
         node: NodeId,
         cmd: Box<Command>,
@@ -295,7 +295,7 @@ pub enum Command {
     /// tenant holds at once, and the GPU-seconds it commits, in all
     /// federated regions together. The region that sets one first is the
     /// tenant's home and holds each whole cap until it grants parts of it
-    /// to the others ([`crate::federation::escrow`]). `None` leaves a cap
+    /// to the others ([`crate::escrow`]). `None` leaves a cap
     /// as it is, `Some(None)` lifts it.
     SetGlobalCaps {
         tenant: String,
@@ -369,7 +369,7 @@ pub enum LedgerResponse {
     /// The caller's token may not do this; the message is for a human.
     Denied(String),
     /// The command named another tenant's job; the message is the one a
-    /// job that does not exist gets (see [`crate::access::Refusal::Hidden`]),
+    /// job that does not exist gets (see the ledger's `access::Refusal::Hidden`),
     /// and callers answer it exactly like a `Rejected` one.
     Hidden(String),
 }

@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
-use crate::types::NodeId;
+use crate::ids::NodeId;
 
 /// The kind of the events that record admin actions and refused requests.
 pub const AUDIT: &str = "audit";

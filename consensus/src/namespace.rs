@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use crate::types::NodeId;
+use crate::ids::NodeId;
 
 /// Longest mesh path.
 pub const MAX_PATH: usize = 1024;

@@ -6,7 +6,7 @@
 //! broke while the request was in flight). Without an id the retry is
 //! applied a second time: a job submitted twice, or a removal that commits
 //! and whose retry is then answered "does not exist". So every routed write
-//! carries an id ([`crate::Command::Once`]) and the state machine keeps the
+//! carries an id (`Command::Once`) and the state machine keeps the
 //! answer of each id it applied, as the Raft thesis (§6.3) has it: a repeat
 //! is answered from the record and changes nothing.
 //!
@@ -19,8 +19,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::ledger::LedgerResponse;
-use crate::types::NodeId;
+use crate::ids::NodeId;
 
 /// The protocol version that brought write ids: a node wraps its writes in
 /// them only once the cluster's effective protocol is at least this, so a
@@ -43,28 +42,38 @@ pub struct WriteId {
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-struct Record {
+struct Record<A> {
     at_ms: u64,
-    answer: LedgerResponse,
+    answer: A,
 }
 
-/// The answers of recent writes, oldest first in `order`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-pub struct RecentWrites {
-    answers: BTreeMap<WriteId, Record>,
+/// The answers (`A`: the ledger's responses) of recent writes, oldest
+/// first in `order`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct RecentWrites<A> {
+    answers: BTreeMap<WriteId, Record<A>>,
     order: VecDeque<WriteId>,
 }
 
-impl RecentWrites {
+impl<A> Default for RecentWrites<A> {
+    fn default() -> Self {
+        RecentWrites {
+            answers: BTreeMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+}
+
+impl<A> RecentWrites<A> {
     /// The answer `id` got when it was applied, if it is still kept.
-    pub fn answer(&self, id: &WriteId) -> Option<&LedgerResponse> {
+    pub fn answer(&self, id: &WriteId) -> Option<&A> {
         self.answers.get(id).map(|r| &r.answer)
     }
 
     /// Keeps `answer` for `id`, applied at ledger time `now_ms` (which
     /// never runs backwards), and forgets what is too old or too many. An
     /// id already kept keeps its first answer.
-    pub fn record(&mut self, id: WriteId, answer: LedgerResponse, now_ms: u64) {
+    pub fn record(&mut self, id: WriteId, answer: A, now_ms: u64) {
         if let std::collections::btree_map::Entry::Vacant(slot) = self.answers.entry(id) {
             slot.insert(Record {
                 at_ms: now_ms,
@@ -98,6 +107,7 @@ impl RecentWrites {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::command::LedgerResponse;
     use proptest::prelude::*;
 
     fn id(origin: NodeId, nonce: u64) -> WriteId {

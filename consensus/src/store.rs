@@ -380,10 +380,13 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<StateMachineData, StorageError> {
             // The ledger is the last field of the state machine, and the
             // fields each version added are the last of the ledger.
             if v <= 11 {
-                plain.extend(encode(&crate::once::RecentWrites::default()).map_err(read_err)?);
+                plain.extend(
+                    encode(&crate::once::RecentWrites::<LedgerResponse>::default())
+                        .map_err(read_err)?,
+                );
             }
             if v <= 12 {
-                let none: BTreeMap<String, crate::federation::escrow::GlobalCap> = BTreeMap::new();
+                let none: BTreeMap<String, crate::escrow::GlobalCap> = BTreeMap::new();
                 plain.extend(encode(&none).map_err(read_err)?);
             }
             if v <= 13 {
@@ -673,7 +676,8 @@ mod tests {
         data.ledger.attrs.insert("k".into(), "v".into());
         data.ledger.next_node_id = 4;
         let plain = encode(&data).expect("encode");
-        let table = encode(&crate::once::RecentWrites::default()).expect("encode");
+        let table =
+            encode(&crate::once::RecentWrites::<LedgerResponse>::default()).expect("encode");
         let caps = encode(&data.ledger.global_caps).expect("encode");
         let eligibility = encode(&data.ledger.voter_eligibility).expect("encode");
         let holds = encode(&data.ledger.admin_holds).expect("encode");

@@ -1,9 +1,9 @@
 //! openraft type configuration.
 
-use crate::ledger::{LedgerRequest, LedgerResponse};
+use crate::command::{LedgerRequest, LedgerResponse};
 use std::io::Cursor;
 
-pub type NodeId = u64;
+pub use crate::ids::NodeId;
 
 openraft::declare_raft_types!(
     /// Shoal's Raft types: ledger commands in, ledger responses out.

@@ -6,7 +6,7 @@
 //! This module is pure: the leader feeds it the members it knows and how
 //! healthy they are, and gets the voter set it should converge to.
 
-use crate::types::NodeId;
+use crate::ids::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 

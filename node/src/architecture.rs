@@ -39,12 +39,34 @@ fn modules(src: &Path) -> BTreeMap<ModPath, String> {
                 parts.pop();
             }
             let text = std::fs::read_to_string(&path).unwrap_or_default();
-            // Test modules may reach anywhere; the architecture is the rest.
-            let code = match text.find("#[cfg(test)]\nmod ") {
-                Some(at) => text[..at].to_string(),
-                None => text,
-            };
-            out.insert(parts, code);
+            out.insert(parts, text);
+        }
+    }
+    // Test modules may reach anywhere; the architecture is the rest: a
+    // file declared `#[cfg(test)] mod x;` is left out with its children,
+    // and an inline `#[cfg(test)] mod x { … }` (last in its file) is cut.
+    let mut test_only = BTreeSet::new();
+    for (module, text) in &out {
+        for (at, _) in text.match_indices("#[cfg(test)]\n") {
+            let rest = text[at + "#[cfg(test)]\n".len()..].trim_start_matches("pub ");
+            if let Some(decl) = rest.strip_prefix("mod ") {
+                let name = path_at(decl);
+                if decl[name.iter().map(String::len).sum::<usize>()..].starts_with(';') {
+                    test_only.extend(name.first().map(|n| {
+                        module
+                            .iter()
+                            .cloned()
+                            .chain([n.clone()])
+                            .collect::<ModPath>()
+                    }));
+                }
+            }
+        }
+    }
+    out.retain(|module, _| !test_only.iter().any(|t| module.starts_with(t)));
+    for text in out.values_mut() {
+        if let Some(at) = text.find("#[cfg(test)]\nmod tests {") {
+            text.truncate(at);
         }
     }
     out
@@ -223,6 +245,120 @@ fn name(path: &[String]) -> String {
     }
 }
 
+/// The graph between top-level modules: an edge wherever a module, or
+/// any module below it, names another top-level module or one below it.
+fn top_level(graph: &BTreeMap<ModPath, BTreeSet<ModPath>>) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, deps) in graph {
+        let Some(from) = module.first() else {
+            continue;
+        };
+        let entry = out.entry(from.clone()).or_default();
+        entry.extend(
+            deps.iter()
+                .filter_map(|d| d.first())
+                .filter(|to| *to != from)
+                .cloned(),
+        );
+    }
+    out
+}
+
+/// What breaks a crate's declared layers: a top-level module in no layer
+/// (or in two), and every `crate::` path that does not point down them —
+/// to a module of the same layer or of one above.
+fn layer_breaches(
+    graph: &BTreeMap<ModPath, BTreeSet<ModPath>>,
+    layers: &[(&str, &[&str])],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut layer_of = BTreeMap::new();
+    for (index, (_, modules)) in layers.iter().enumerate() {
+        for m in *modules {
+            if layer_of.insert(m.to_string(), index).is_some() {
+                out.push(format!("`{m}` is in two layers"));
+            }
+        }
+    }
+    let tops = top_level(graph);
+    for m in tops.keys() {
+        if !layer_of.contains_key(m) {
+            out.push(format!(
+                "`{m}` is in no layer: place it in the crate's declared layers"
+            ));
+        }
+    }
+    for (from, deps) in &tops {
+        let Some(&at) = layer_of.get(from) else {
+            continue;
+        };
+        for to in deps {
+            let Some(&target) = layer_of.get(to) else {
+                continue;
+            };
+            if target >= at {
+                let examples: Vec<String> = graph
+                    .iter()
+                    .filter(|(m, d)| {
+                        m.first() == Some(from) && d.iter().any(|x| x.first() == Some(to))
+                    })
+                    .map(|(m, _)| name(m))
+                    .take(3)
+                    .collect();
+                out.push(format!(
+                    "`{from}` ({}) names `{to}` ({}), which is not below it (in {})",
+                    layers[at].0,
+                    layers[target].0,
+                    examples.join(", ")
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// consensus/'s layers, lowest first: each module names only modules of
+/// the layers below its own. The ledger (`ledger/`) owns the state and the
+/// dispatch; each concern's records and rules sit below it and know
+/// nothing of the ledger, and `ledger/` holds the transitions that read or
+/// write more than one concern.
+const CONSENSUS_LAYERS: &[(&str, &[&str])] = &[
+    ("pure cores", &["ids", "sched", "escrow"]),
+    (
+        "records",
+        &["members", "events", "namespace", "voters", "tokens", "once"],
+    ),
+    ("concerns", &["ca", "workload"]),
+    ("regions", &["federation"]),
+    ("the log's commands", &["command"]),
+    ("the state machine", &["ledger", "types"]),
+    ("storage and transport", &["store", "network"]),
+    ("disaster recovery", &["recovery"]),
+];
+
+#[test]
+fn consensus_is_a_tree_in_its_declared_layers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../consensus/src");
+    let g = graph(&src);
+    assert!(
+        g.len() > 20,
+        "found only {} modules under {}",
+        g.len(),
+        src.display()
+    );
+    let found = cycles(&g);
+    assert!(
+        found.is_empty(),
+        "import cycles among consensus/ modules: {found:?}"
+    );
+    let breaches = layer_breaches(&g, CONSENSUS_LAYERS);
+    assert!(
+        breaches.is_empty(),
+        "consensus/ layers:\n{}",
+        breaches.join("\n")
+    );
+}
+
 #[test]
 fn no_module_reaches_up_into_one_that_depends_on_it() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -263,6 +399,48 @@ fn the_checker_sees_a_cycle_and_a_re_export() {
     assert_eq!(g[&m("b")], [m("a::inner"), m("c")].into());
     assert!(g[&m("c")].is_empty(), "test modules do not count");
     assert_eq!(cycles(&g), vec![vec![m("a::inner"), m("b")]]);
+    let layers: &[(&str, &[&str])] = &[("low", &["c", "a"]), ("high", &["b"])];
+    let breaches = layer_breaches(&g, layers);
+    assert_eq!(breaches.len(), 1, "{breaches:?}");
+    assert!(
+        breaches[0].starts_with("`a` (low) names `b` (high)"),
+        "{breaches:?}"
+    );
+}
+
+#[test]
+fn the_checker_leaves_out_test_modules_and_places_every_module() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |rel: &str, text: &str| {
+        let path = dir.path().join(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    };
+    write(
+        "lib.rs",
+        "pub mod a;\npub mod b;\n#[cfg(test)]\nmod harness;\npub mod c;\n",
+    );
+    write(
+        "a.rs",
+        "#[cfg(test)]\nmod tests;\npub fn f() {}\nuse crate::b::g;\n",
+    );
+    write("a/tests.rs", "use crate::c::h;\n");
+    write("b.rs", "pub fn g() {}\n");
+    write("c.rs", "use crate::a::f;\n");
+    write("harness.rs", "use crate::c::h;\n");
+    let g = graph(dir.path());
+    let m = |s: &str| -> ModPath { s.split("::").map(String::from).collect() };
+    assert!(!g.contains_key(&m("harness")) && !g.contains_key(&m("a::tests")));
+    assert_eq!(
+        g[&m("a")],
+        [m("b")].into(),
+        "code after a test module's declaration counts"
+    );
+    let layers: &[(&str, &[&str])] = &[("low", &["b"]), ("mid", &["a"])];
+    assert_eq!(
+        layer_breaches(&g, layers),
+        vec!["`c` is in no layer: place it in the crate's declared layers".to_string()]
+    );
 }
 
 #[test]

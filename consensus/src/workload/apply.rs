@@ -12,10 +12,11 @@ use super::{
     MAX_FINISHED_JOBS, MAX_JOB_SIGNALS, MAX_JOB_SPEC_BYTES, MAX_MANIFEST_BYTES, MAX_NAMED_NODES,
     MAX_USERS, REPLACE_AFTER_NODE_LOSS_MS, STOP_DEADLINE_MS,
 };
-use crate::federation::escrow::RegionalShares;
-use crate::ledger::{validate_name, Member};
+use crate::escrow::RegionalShares;
+use crate::ids::validate_name;
+use crate::ids::NodeId;
+use crate::members::Member;
 use crate::sched::gpu_model_matches;
-use crate::types::NodeId;
 
 mod plan;
 mod validate;

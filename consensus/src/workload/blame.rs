@@ -28,7 +28,7 @@
 
 use shoal_sdk::MemberState;
 
-use crate::types::NodeId;
+use crate::ids::NodeId;
 
 /// How long before a rank's failure an unhealthy spell of a gang node still
 /// counts against the node: a collective can block on a peer that stopped

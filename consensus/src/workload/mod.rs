@@ -41,10 +41,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::NodeId;
 pub use crate::sched::model::JobId;
 use crate::sched::{NodeChoice, TopologyTier};
-use crate::types::NodeId;
-pub use view::{tenant_views, trial_start, SchedSnapshot, TrialStart, TRIAL_JOB};
+pub use view::{tenant_views, SchedSnapshot, TrialStart, TRIAL_JOB};
 
 /// The protocol version from which an exclusive job's placement holds every
 /// GPU of its nodes (`shoal_mesh::protocol::PROTOCOL` 5).
@@ -89,9 +89,9 @@ pub const MAX_DEPENDENCIES: usize = 64;
 
 /// A tenant's limits. For `max_gpus` and `gpu_seconds_limit` `None` means
 /// unlimited; for the ledger limits below it means the cluster default
-/// ([`crate::limits::Limits::DEFAULT`]). The ledger limits bound what a
-/// tenant token may do (`Command::AsTenant`, checked in `apply` by
-/// [`crate::limits`]); each counts the tenant's own jobs and objects, not
+/// (the ledger's `limits::Limits::DEFAULT`). The ledger limits bound what a
+/// tenant token may do (`Command::AsTenant`, checked in `apply` by the
+/// ledger's `limits` guard); each counts the tenant's own jobs and objects, not
 /// its subtree's.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct TenantLimits {

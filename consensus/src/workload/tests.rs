@@ -4,7 +4,7 @@ use proptest::prelude::*;
 use shoal_sdk::{GpuInfo, MemberState};
 
 use super::*;
-use crate::ledger::{Command, Ledger, LedgerRequest, LedgerResponse, MemberSpec};
+use crate::ledger::{trial_start, Command, Ledger, LedgerRequest, LedgerResponse, MemberSpec};
 use crate::sched::{schedule, Policy, TopologyProximity};
 
 fn gpus(count: u32, model: &str) -> Vec<GpuInfo> {

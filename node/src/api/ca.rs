@@ -70,7 +70,7 @@ pub fn ca_status(ledger: &Ledger) -> CaStatus {
         phase_since_ms: rotation.map(|r| r.phase_since_ms),
         rotations: ledger.ca.generation,
         members,
-        waiting_for: shoal_consensus::ca::waiting_for(ledger)
+        waiting_for: shoal_consensus::ca::waiting_for(&ledger.ca, &ledger.members)
             .unwrap_or_default()
             .into_iter()
             .map(|(_, why)| why)

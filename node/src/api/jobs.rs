@@ -69,7 +69,7 @@ pub(super) async fn test_job(
     }
     spec.choice = views::node_choice(ledger, &req).map_err(bad_request)?;
     let now_ms = crate::node::wall_ms();
-    let trial = shoal_consensus::workload::trial_start(
+    let trial = shoal_consensus::ledger::trial_start(
         ledger,
         &spec,
         now_ms,

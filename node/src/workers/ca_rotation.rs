@@ -32,7 +32,8 @@ impl CaRotationDriver {
     fn next(&self) -> Option<Result<CaPhase, String>> {
         let d = self.ledger.read().ok()?;
         let r = d.ledger.ca.rotation.as_ref()?;
-        let waiting = shoal_consensus::ca::waiting_for(&d.ledger).unwrap_or_default();
+        let waiting =
+            shoal_consensus::ca::waiting_for(&d.ledger.ca, &d.ledger.members).unwrap_or_default();
         if let Some((_, why)) = waiting.first() {
             return Some(Err(why.clone()));
         }

@@ -6,9 +6,8 @@ use super::*;
 
 impl Workload {
     /// Applies a committed scheduling pass. `epoch` is the log index.
-    /// `validate` is false only for a planted bug ([`ApplyChecks`]).
-    ///
-    /// [`ApplyChecks`]: crate::ledger::ApplyChecks
+    /// `validate` is false only for a planted bug (the ledger's
+    /// `ApplyChecks`).
     pub(crate) fn apply_plan(
         &mut self,
         plan: &Plan,

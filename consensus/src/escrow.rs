@@ -18,12 +18,14 @@
 //! published as their own shares; two regions acting on each other's stale
 //! summaries could then both take the same GPUs. Grants cannot.)
 //!
-//! Which way grants flow is [`super::shares::rebalance`]'s split, computed
+//! Which way grants flow is [`shares::rebalance`]'s split, computed
 //! by each region from the latest summaries: a region holding more than its
 //! target (and more than it uses) grants the surplus to the regions whose
 //! share, counting grants still in flight to them, is below theirs.
 
-use super::shares::{rebalance, RegionUse};
+pub mod shares;
+
+use self::shares::{rebalance, RegionUse};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

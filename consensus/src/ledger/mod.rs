@@ -3,89 +3,26 @@
 //! stamped by the leader when it proposes the command (DESIGN invariant 7), so
 //! every replica computes the same result.
 
+pub mod access;
+mod ca;
+mod copies;
+mod federation;
+mod global_tenants;
+pub mod limits;
+pub mod node_access;
+mod tokens;
+mod view;
+pub use view::trial_start;
+
 use serde::{Deserialize, Serialize};
-use shoal_sdk::{GpuInfo, MemberState};
+use shoal_sdk::MemberState;
 use std::collections::BTreeMap;
 
-use crate::types::NodeId;
+use crate::ids::NodeId;
 use crate::workload::Workload;
 
-/// Cluster-wide facts fixed at bootstrap.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ClusterInfo {
-    pub cluster_id: String,
-    pub region: String,
-    /// The certificate of the cluster CA that signs: joiners' and renewed
-    /// certificates, and what new join tokens pin. During a rotation
-    /// ([`crate::ca`]) the cluster trusts another CA too. Private keys are
-    /// not in the ledger: only voters hold them, on disk, and hand them to
-    /// each other over mTLS (see the node's `ca_custody`), so a learner's
-    /// disk never has one.
-    pub ca_cert_pem: String,
-    pub created_at_ms: u64,
-}
-
-impl MemberSpec {
-    /// The protocol versions the member speaks, `(min, max)`.
-    pub fn protocol(&self) -> (u16, u16) {
-        let min = self.protocol_min.max(1);
-        (min, self.protocol_max.max(min))
-    }
-
-    /// The URL of the member's API.
-    pub fn api_url(&self) -> String {
-        let scheme = if self.api_tls { "https" } else { "http" };
-        format!("{scheme}://{}", self.api_addr)
-    }
-}
-
-/// [`Command::SetGpuFault`]'s fault; the ledger stamps the time.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct GpuFaultReport {
-    pub reason: String,
-    pub detected: bool,
-}
-
-/// What a node tells the cluster about itself. `Default` is a base for
-/// struct-update literals in tests.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-pub struct MemberSpec {
-    pub name: String,
-    pub rpc_addr: String,
-    pub api_addr: String,
-    /// Whether the API at `api_addr` is HTTPS (with the node's cluster
-    /// certificate); plain HTTP is served on loopback addresses only.
-    pub api_tls: bool,
-    pub labels: BTreeMap<String, String>,
-    pub gpus: Vec<GpuInfo>,
-    /// libp2p identity and QUIC multiaddr of the node's gossip endpoint;
-    /// only messages signed by the peer ids recorded here are accepted.
-    pub gossip_peer_id: String,
-    pub gossip_addr: String,
-    /// How the node fences its ranks' resources: `cgroup` (a cgroup v2
-    /// per rank) or `none`.
-    pub isolation: String,
-    /// The cgroup controllers it enforces for ranks (`memory`, `cpu`,
-    /// `pids`, and `devices` for the GPU device fence); empty under
-    /// `cgroup`: accounting and kill only.
-    pub isolation_controllers: Vec<String>,
-    /// The release the node runs (its crate version).
-    pub version: String,
-    /// The protocol versions it speaks, both ends included (`shoal_mesh::
-    /// protocol`); 0 means not recorded, read as version 1 (what every
-    /// release before the range was recorded spoke).
-    pub protocol_min: u16,
-    pub protocol_max: u16,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Member {
-    pub id: NodeId,
-    pub spec: MemberSpec,
-    pub state: MemberState,
-    pub joined_at_ms: u64,
-    pub state_since_ms: u64,
-}
+pub use crate::ids::{validate_name, MAX_NAME};
+pub use crate::members::{ClusterInfo, GpuFaultReport, Member, MemberSpec};
 
 pub use crate::tokens::{ApiToken, JoinToken};
 
@@ -115,7 +52,6 @@ pub struct ApplyChecks {
 /// Limits that keep the ledger (and therefore every snapshot) small.
 pub const MAX_ATTR_KEY: usize = 256;
 pub const MAX_ATTR_VALUE: usize = 4096;
-pub const MAX_NAME: usize = 63;
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ledger {
@@ -136,10 +72,10 @@ pub struct Ledger {
     /// Peer regions ([`crate::federation`]).
     pub federation: crate::federation::FederationState,
     /// The answers of recent routed writes ([`crate::once`]).
-    pub recent_writes: crate::once::RecentWrites,
+    pub recent_writes: crate::once::RecentWrites<LedgerResponse>,
     /// Tenants whose GPUs are capped across regions, and this region's
-    /// part of each cap ([`crate::federation::escrow`]).
-    pub global_caps: BTreeMap<String, crate::federation::escrow::GlobalCap>,
+    /// part of each cap ([`crate::escrow`]).
+    pub global_caps: BTreeMap<String, crate::escrow::GlobalCap>,
     /// Which members may vote ([`crate::voters::VoterEligibility`]).
     pub voter_eligibility: crate::voters::VoterEligibility,
     /// Jobs an admin token put on hold: a tenant may not release them
@@ -147,26 +83,6 @@ pub struct Ledger {
     /// field before it, so an older snapshot decodes with both empty
     /// appended.
     pub admin_holds: std::collections::BTreeSet<crate::workload::JobId>,
-}
-
-/// Checks a node name: DNS-label-like so it is safe in paths, labels and
-/// metrics.
-pub fn validate_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_NAME {
-        return Err(format!(
-            "node name must be 1-{MAX_NAME} characters, got {}",
-            name.len()
-        ));
-    }
-    if !name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-    {
-        return Err(format!(
-            "node name '{name}' may only contain letters, digits, '-', '_' and '.'"
-        ));
-    }
-    Ok(())
 }
 
 impl Ledger {
@@ -445,16 +361,16 @@ impl Ledger {
                 ) {
                     return LedgerResponse::Rejected("tenant commands do not nest".into());
                 }
-                match crate::access::authorize(self, tenant, cmd) {
+                match crate::ledger::access::authorize(self, tenant, cmd) {
                     Ok(()) => {}
-                    Err(crate::access::Refusal::Denied(reason)) => {
+                    Err(crate::ledger::access::Refusal::Denied(reason)) => {
                         return LedgerResponse::Denied(reason)
                     }
-                    Err(crate::access::Refusal::Hidden(reason)) => {
+                    Err(crate::ledger::access::Refusal::Hidden(reason)) => {
                         return LedgerResponse::Hidden(reason)
                     }
                 }
-                match (crate::limits::check(self, cmd), &**cmd) {
+                match (crate::ledger::limits::check(self, cmd), &**cmd) {
                     (Err(reason), _) => LedgerResponse::Rejected(reason),
                     (Ok(()), Command::HoldJob { job, hold }) => {
                         answer(self.set_hold(*job, *hold, false))
@@ -472,7 +388,7 @@ impl Ledger {
                 ) {
                     Some(format!("node {node} may not nest commands"))
                 } else {
-                    crate::node_access::authorize(self, *node, cmd).err()
+                    crate::ledger::node_access::authorize(self, *node, cmd).err()
                 };
                 match refusal {
                     None => self.apply_command(index, cmd, checks),
@@ -792,7 +708,7 @@ mod tests {
             "{again:?}"
         );
 
-        let object = crate::access::tests::object("/data", "default");
+        let object = crate::ledger::access::tests::object("/data", "default");
         let put = Command::PutObject {
             object,
             replace: false,

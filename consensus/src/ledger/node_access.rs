@@ -5,7 +5,7 @@
 //! (tokens, tenants, jobs, other members) is a user's action and must carry
 //! the user's token, which the leader verifies (see `Command::AsNode`).
 //!
-//! Pure, and decided in `apply` like [`crate::access`], so the check reads
+//! Pure, and decided in `apply` like [`crate::ledger::access`], so the check reads
 //! the ledger as of the commit and every replica agrees.
 //!
 //! The leader itself proposes without this check: Raft trusts its leader

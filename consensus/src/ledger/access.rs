@@ -634,7 +634,7 @@ pub(crate) mod tests {
     #[test]
     fn a_tenant_token_is_held_to_the_waiting_jobs_limit_and_an_admin_is_not() {
         let mut l = ledger_with_tenants();
-        let most = crate::limits::Limits::DEFAULT.waiting_jobs;
+        let most = crate::ledger::limits::Limits::DEFAULT.waiting_jobs;
         let mut big = job("a");
         big.gpus_per_node = 1;
         for _ in 0..most {
