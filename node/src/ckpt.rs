@@ -265,7 +265,7 @@ mod tests {
     }
 
     fn random_file(path: &Path, bytes: usize, seed: u64) {
-        let data = crate::bench::data::Xorshift::new(seed).bytes(bytes);
+        let data = crate::cli::bench::data::Xorshift::new(seed).bytes(bytes);
         std::fs::write(path, data).expect("write");
     }
 

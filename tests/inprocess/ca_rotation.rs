@@ -19,7 +19,7 @@ use shoal_mesh::tls::{fingerprint_pem, issued_by, split_certs};
 use shoal_mesh::{CaBundle, NodeCredentials, PeerInfo, RpcEndpoint, RpcHandler};
 use shoal_node::agent::testkit::{node_config, LocalCluster};
 use shoal_node::agent::{Agent, StartMode};
-use shoal_node::rpc::proto::{self, Request, Response};
+use shoal_node::proto::{self, Request, Response};
 use shoal_sdk::{ApiTokenCreateRequest, Client, ClientError, TenantRequest};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,7 +37,7 @@ impl RpcHandler for Silent {
 
 /// The node's credentials as it saved them (what it serves and dials with).
 fn credentials(a: &Agent) -> NodeCredentials {
-    shoal_node::node::identity::load_identity(a.data_dir())
+    shoal_node::identity::load_identity(a.data_dir())
         .expect("identity")
         .expect("saved")
         .credentials
@@ -300,8 +300,8 @@ async fn a_ca_rotation_reissues_every_certificate_and_retires_the_old_ca_without
                 .iter()
                 .filter(|a| voters.contains(&a.id()))
                 .all(|a| {
-                    shoal_node::node::ca_key::key_for(a.data_dir(), &new_ca_pem).is_some()
-                        && shoal_node::node::ca_key::key_for(a.data_dir(), &old_ca.cert_pem)
+                    shoal_node::trust::ca_key::key_for(a.data_dir(), &new_ca_pem).is_some()
+                        && shoal_node::trust::ca_key::key_for(a.data_dir(), &old_ca.cert_pem)
                             .is_none()
                 });
         async move { ok }
@@ -330,11 +330,11 @@ async fn a_ca_rotation_reissues_every_certificate_and_retires_the_old_ca_without
     // same request with a certificate of the new CA is served.
     let new_ca = CaBundle {
         cert_pem: new_ca_pem.clone(),
-        key_pem: shoal_node::node::ca_key::key_for(c.agents[0].data_dir(), &new_ca_pem)
+        key_pem: shoal_node::trust::ca_key::key_for(c.agents[0].data_dir(), &new_ca_pem)
             .or_else(|| {
                 c.agents
                     .iter()
-                    .find_map(|a| shoal_node::node::ca_key::key_for(a.data_dir(), &new_ca_pem))
+                    .find_map(|a| shoal_node::trust::ca_key::key_for(a.data_dir(), &new_ca_pem))
             })
             .expect("a voter holds the new key"),
     };
@@ -456,7 +456,7 @@ async fn a_rotation_survives_the_loss_of_its_leader_and_waits_for_members_that_a
         TIMEOUT,
         |c| {
             let ok = c.agents.iter().filter(|a| a.id() != learner_id).all(|a| {
-                shoal_node::node::ca_key::key_for(a.data_dir(), &new_ca_pem).is_some()
+                shoal_node::trust::ca_key::key_for(a.data_dir(), &new_ca_pem).is_some()
                     && trusted(a).len() == 3
             }) && c.agent(leader_id).is_some_and(|l| {
                 l.ledger().read().is_ok_and(|d| {

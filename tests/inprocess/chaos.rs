@@ -12,8 +12,8 @@
 use crate::common;
 
 use shoal_chaos::schedule::FaultKind;
-use shoal_node::bench::chaos::run::{default_kinds, run_seed, RunOptions, SeedReport};
-use shoal_node::node::chaos_hooks::PlantedBug;
+use shoal_node::cli::bench::chaos::run::{default_kinds, run_seed, RunOptions, SeedReport};
+use shoal_node::faults::chaos_hooks::PlantedBug;
 use std::collections::BTreeSet;
 use std::time::Duration;
 

@@ -9,7 +9,7 @@ use crate::common;
 
 use shoal_consensus::network::RaftRpc;
 use shoal_node::agent::testkit::{node_config, LocalCluster};
-use shoal_node::rpc::proto::{self, ErrorCode, Query, Request, Response};
+use shoal_node::proto::{self, ErrorCode, Query, Request, Response};
 use shoal_node::{Agent, StartMode};
 use shoal_sdk::ClientError;
 use std::collections::BTreeSet;
@@ -502,7 +502,7 @@ async fn injected_latency_moves_vivaldi_estimates() {
     // its estimate to n2.
     let c = LocalCluster::start(4, |i, cfg| {
         let spec = if i == 3 { "n1=40,n2=40,n3=40" } else { "n4=40" };
-        cfg.test_inject_rtt = shoal_node::node::peers::parse_injected_rtt(spec).expect("spec");
+        cfg.test_inject_rtt = shoal_node::peers::parse_injected_rtt(spec).expect("spec");
     })
     .await
     .expect("cluster");

@@ -13,7 +13,7 @@ use crate::common;
 use shoal_consensus::{Command, LedgerResponse};
 use shoal_mesh::RpcEndpoint;
 use shoal_node::agent::testkit::LocalCluster;
-use shoal_node::bench::data::Xorshift;
+use shoal_node::cli::bench::data::Xorshift;
 use shoal_sdk::MemberState;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

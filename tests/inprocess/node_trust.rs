@@ -15,7 +15,7 @@ use shoal_consensus::{Command, LedgerResponse};
 use shoal_mesh::rpc::RpcFuture;
 use shoal_mesh::{CaBundle, PeerInfo, RpcEndpoint, RpcHandler};
 use shoal_node::agent::testkit::LocalCluster;
-use shoal_node::rpc::proto::{self, ErrorCode, Request, Response, UserToken};
+use shoal_node::proto::{self, ErrorCode, Request, Response, UserToken};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +33,7 @@ impl RpcHandler for Silent {
 pub fn ca_key_of(c: &LocalCluster) -> String {
     c.agents
         .iter()
-        .find_map(|a| shoal_node::node::ca_key::load(a.data_dir()))
+        .find_map(|a| shoal_node::trust::ca_key::load(a.data_dir()))
         .expect("a voter holds the CA key")
 }
 
@@ -424,7 +424,7 @@ async fn short_lived_certificates_are_renewed_before_they_expire() {
         .expect("cluster");
     c.wait_all_alive(TIMEOUT).await.expect("alive");
     let first_expiry = |a: &shoal_node::agent::Agent| {
-        let ident = shoal_node::node::identity::load_identity(a.data_dir())
+        let ident = shoal_node::identity::load_identity(a.data_dir())
             .expect("identity")
             .expect("saved");
         shoal_mesh::tls::cert_validity(&ident.credentials.cert_pem)
@@ -490,7 +490,7 @@ async fn voters_hold_the_ca_key_and_a_learners_disk_never_does() {
     let c = LocalCluster::start(4, |_, _| {}).await.expect("cluster");
     c.wait_all_alive(TIMEOUT).await.expect("alive");
     let holds =
-        |a: &shoal_node::agent::Agent| shoal_node::node::ca_key::load(a.data_dir()).is_some();
+        |a: &shoal_node::agent::Agent| shoal_node::trust::ca_key::load(a.data_dir()).is_some();
     c.wait_until(
         "three voters, each holding the CA key, and no one else",
         TIMEOUT,

@@ -23,7 +23,7 @@ use openraft::ServerState;
 use shoal_consensus::workload::JobState;
 use shoal_consensus::{Command, NodeId};
 use shoal_node::agent::testkit::LocalCluster;
-use shoal_node::rpc::faults::{Channel, FaultRouter, Filter};
+use shoal_node::faults::{Channel, FaultRouter, Filter};
 use shoal_node::Agent;
 use shoal_sdk::MemberState;
 use shoal_storage::replicate::{ChunkTransport, TransportError};

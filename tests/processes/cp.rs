@@ -9,7 +9,7 @@
 use crate::common;
 
 use common::{one_at_a_time, shoal_bin, start_cluster, wait_for};
-use shoal_node::bench::data::Xorshift;
+use shoal_node::cli::bench::data::Xorshift;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;

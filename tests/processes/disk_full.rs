@@ -8,7 +8,7 @@
 #![allow(clippy::await_holding_lock)]
 
 use crate::common::{self, form_cluster, wait_converged, wait_for, NodeProc};
-use shoal_node::bench::chaos::disks::Disks;
+use shoal_node::cli::bench::chaos::disks::Disks;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(90);

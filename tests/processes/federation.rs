@@ -181,7 +181,7 @@ async fn kept_secret(
         api,
         token,
     );
-    let (_, saved) = shoal_node::node::backup::read_file(&backup).expect("the backup");
+    let (_, saved) = shoal_node::backup::read_file(&backup).expect("the backup");
     assert_eq!(
         saved.ledger.federation.peers[peer].outbound_secret_hash,
         shoal_consensus::tokens::hash_secret(&secret)
@@ -332,7 +332,7 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
     let peer_secret = kept_secret(root.path(), &us, &us_api, &us_token, "eu-1").await;
     kept_secret(root.path(), &eu, &eu_api, &eu_token, "us-1").await;
     let backup = root.path().join(format!("{}.ledger", us[0].name));
-    let (_, saved) = shoal_node::node::backup::read_file(&backup).expect("the us-1 backup");
+    let (_, saved) = shoal_node::backup::read_file(&backup).expect("the us-1 backup");
     let as_peer = |method: reqwest::Method, path: &str, tenant: Option<&str>| {
         let mut req = http
             .request(method, format!("{eu_api}{path}"))
@@ -470,7 +470,7 @@ async fn two_regions_federate_forward_every_job_command_and_survive_a_lost_regio
                 &us_api,
                 &us_token,
             );
-            let learned = shoal_node::node::backup::read_file(&backup)
+            let learned = shoal_node::backup::read_file(&backup)
                 .map(|(_, l)| l.ledger.federation.peers["eu-1"].ca_cert_pem.clone())
                 .unwrap_or_default();
             let hit = learned.trim_end() == eu_trusts.trim_end();
@@ -1010,7 +1010,7 @@ async fn a_peer_credential_acts_only_for_a_tenant_both_regions_share() {
             tenant: tenant.into(),
             ..Default::default()
         };
-        serde_json::to_string(&shoal_node::node::federation::copy::CopyRequest {
+        serde_json::to_string(&shoal_node::regions::copy::CopyRequest {
             origin_job: 7,
             spec,
             checkpoint,

@@ -2,7 +2,7 @@
 //! what other machines (peers, and clients sent to it for `cp` or `logs`)
 //! can reach, never loopback while the machine has another interface.
 
-use crate::node::config::Config;
+use crate::config::Config;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 /// The address peers should use: explicit (`--advertise`), else the bound

@@ -2,8 +2,8 @@
 //! checks the answer against the join token's CA pin.
 
 use super::AgentError;
-use crate::node::identity::{self, Identity};
-use crate::rpc::proto::{self, ErrorCode, JoinRequest, Request, Response};
+use crate::identity::{self, Identity};
+use crate::proto::{self, ErrorCode, JoinRequest, Request, Response};
 use shoal_consensus::MemberSpec;
 use shoal_mesh::NodeCredentials;
 use std::net::SocketAddr;

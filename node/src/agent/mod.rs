@@ -9,25 +9,30 @@ pub mod recovery;
 pub mod shutdown;
 pub mod testkit;
 
+use crate::anomaly::webhook::Webhook;
+use crate::anomaly::{AnomalyWatch, EventLog};
+use crate::config::{CgroupMode, Config};
+use crate::credentials::CredentialsInForce;
 use crate::executor::account::RankUsers;
 use crate::executor::cgroup::{self, Isolation, RankCgroups};
 use crate::executor::{Executor, RankHost};
-use crate::node::chaos_hooks::PlantedBug;
-use crate::node::client::LeaderService;
-use crate::node::config::{CgroupMode, Config};
-use crate::node::credentials::CredentialsInForce;
-use crate::node::gpu::Gpus;
-use crate::node::identity::{self, Identity, RuntimeInfo};
-use crate::node::metrics::Metrics;
-use crate::node::{auth, LedgerClient, LocalMember, Node, NodeParts};
+use crate::faults;
+use crate::faults::chaos_hooks::PlantedBug;
+use crate::gpu::Gpus;
+use crate::identity::{self, Identity, RuntimeInfo};
+use crate::ledger_client::client::LeaderService;
+use crate::ledger_client::LedgerClient;
+use crate::metrics::Metrics;
+use crate::node::LocalMember;
+use crate::node::Node;
+use crate::node::NodeParts;
+use crate::proto::WireError;
 use crate::rpc::chunks::ChunkNet;
-use crate::rpc::faults;
-use crate::rpc::handler::{NodeRpc, NodeService};
-use crate::rpc::proto::WireError;
 use crate::rpc::raft_transport::MeshTransport;
+use crate::rpc_handler::{NodeRpc, NodeService};
+use crate::trust::auth;
+use crate::worker;
 use crate::workers;
-use crate::workers::anomaly::webhook::Webhook;
-use crate::workers::anomaly::{AnomalyWatch, EventLog};
 use crate::workers::durability::Durability;
 use crate::workers::gossip::GossipParts;
 use crate::workers::member_record::MemberRecord;
@@ -70,7 +75,7 @@ pub enum AgentError {
     Join(String),
     #[error("{0}")]
     Raft(String),
-    /// The data dir is a removed node's (see [`crate::node::removal`]).
+    /// The data dir is a removed node's (see [`crate::ledger_client::removal`]).
     #[error("{0}")]
     Removed(String),
 }
@@ -146,16 +151,16 @@ impl Agent {
             }
             _ => {}
         }
-        if let Some(why) = crate::node::removal::marked(&data_dir) {
-            return Err(AgentError::Removed(crate::node::removal::refusal(
+        if let Some(why) = crate::ledger_client::removal::marked(&data_dir) {
+            return Err(AgentError::Removed(crate::ledger_client::removal::refusal(
                 &data_dir, &why,
             )));
         }
         identity::ensure_data_dir(&data_dir)
             .map_err(|e| io(&format!("cannot create data dir {}", data_dir.display()), e))?;
         let name = cfg.node_name();
-        let gpu_source = crate::node::gpu::discover(cfg.sim_gpus.as_deref(), &name)
-            .map_err(AgentError::Config)?;
+        let gpu_source =
+            crate::gpu::discover(cfg.sim_gpus.as_deref(), &name).map_err(AgentError::Config)?;
         let gpus = gpu_source
             .as_ref()
             .map(|g| g.inventory())
@@ -289,7 +294,7 @@ impl Agent {
         )
         .map_err(|e| io("opening the chunk store", e))?;
         let contacts = ContactTracker::default();
-        let removal = crate::node::removal::RemovalNotice::default();
+        let removal = crate::ledger_client::removal::RemovalNotice::default();
         // Below the contact tracker, so that a message a fault filter cuts
         // is no sign of life either.
         let raft_transport = faults::wrap_raft(
@@ -321,7 +326,7 @@ impl Agent {
             raft.clone(),
             ledger_state,
             metrics.clone(),
-            crate::node::client::PeerLinks {
+            crate::ledger_client::client::PeerLinks {
                 rpc: rpc.clone(),
                 request_timeout: Duration::from_millis(cfg.membership.request_timeout_ms),
                 faults: cfg.test_faults.clone(),
@@ -334,7 +339,7 @@ impl Agent {
             Arc::new(chunk_store),
             cfg.test_faults.clone(),
         );
-        let peers = crate::node::peers::new_view(
+        let peers = crate::peers::new_view(
             std::time::Duration::from_millis(cfg.membership.suspicion_timeout_ms),
             cfg.test_inject_rtt.clone(),
         );
@@ -354,11 +359,11 @@ impl Agent {
             chunks.clone(),
             peers.clone(),
             gpus.clone(),
-            crate::node::auth::Signing {
+            crate::trust::auth::Signing {
                 data_dir: data_dir.clone(),
                 lifetime: Duration::from_secs(cfg.cert_lifetime_s),
             },
-            crate::rpc::handler::VoterContacts {
+            crate::rpc_handler::VoterContacts {
                 tracker: contacts.clone(),
                 // Heartbeats go out every heartbeat_ms; two election
                 // timeouts without an answer is a voter that is not there.
@@ -410,15 +415,15 @@ impl Agent {
             None
         };
         spawn_workers(&node, gossip, gossip_events, cgroups, rank_ca_file.clone());
-        workers::spawn(
+        worker::spawn(
             workers::ca_custody::CaCustody::new(node.ledger().clone(), data_dir.clone()),
             node.shutdown_signal(),
         );
-        workers::spawn(
+        worker::spawn(
             workers::ca_rotation::CaRotationDriver::new(node.ledger().clone(), data_dir.clone()),
             node.shutdown_signal(),
         );
-        workers::spawn(
+        worker::spawn(
             workers::cert_renewal::CertRenewal::new(
                 node.ledger().clone(),
                 in_force,
@@ -480,7 +485,7 @@ impl Agent {
 
     /// This node's own gossip view of its peers (what `shoal mesh` shows).
     pub fn peer_views(&self) -> Vec<shoal_sdk::PeerView> {
-        crate::api::views::peer_views(self.node.ledger(), self.node.peers())
+        crate::views::peer_views(self.node.ledger(), self.node.peers())
     }
 
     /// This node's applied ledger (local, possibly behind the leader).
@@ -517,7 +522,7 @@ impl Agent {
     /// its ranks belong to jobs the cluster has already moved.
     pub async fn removed_from_cluster(&self) -> String {
         let why = self.node.ledger().removal().wait().await;
-        if let Err(e) = crate::node::removal::mark(self.data_dir(), &why) {
+        if let Err(e) = crate::ledger_client::removal::mark(self.data_dir(), &why) {
             tracing::error!(error = %e, "cannot mark the data dir as a removed node's");
         }
         why
@@ -552,7 +557,7 @@ impl Agent {
         token: &str,
         cmd: Command,
     ) -> Result<(LedgerResponse, u64), WireError> {
-        let token = crate::rpc::proto::UserToken(token.to_string());
+        let token = crate::proto::UserToken(token.to_string());
         self.node.ledger().write_as(&token, cmd).await
     }
 
@@ -587,7 +592,7 @@ fn reissue_if_expired(
     ident: Identity,
     lifetime: Duration,
 ) -> Result<Identity, AgentError> {
-    let now = crate::node::clock::wall_ms() / 1000;
+    let now = crate::clock::wall_ms() / 1000;
     let expired = shoal_mesh::tls::cert_validity(&ident.credentials.cert_pem)
         .is_none_or(|(_, not_after)| not_after <= now as i64 + 60);
     if !expired {
@@ -601,13 +606,13 @@ fn reissue_if_expired(
         .iter()
         .position(|c| shoal_mesh::tls::issued_by(&ident.credentials.cert_pem, c));
     let ca = signer.into_iter().chain(0..trusted.len()).find_map(|i| {
-        crate::node::ca_key::key_for(data_dir, &trusted[i]).map(|key_pem| CaBundle {
+        crate::trust::ca_key::key_for(data_dir, &trusted[i]).map(|key_pem| CaBundle {
             cert_pem: trusted[i].clone(),
             key_pem,
         })
     });
     let Some(ca) = ca else {
-        if crate::node::ca_key::load(data_dir).is_some() {
+        if crate::trust::ca_key::load(data_dir).is_some() {
             return Err(AgentError::Config(
                 "the CA key in the data dir does not match the cluster CA".into(),
             ));
@@ -654,7 +659,7 @@ async fn bootstrap_cluster(
         .await
         .map_err(|e| AgentError::Raft(format!("this node did not become leader: {e}")))?;
     // The first voter holds the CA key; it never enters the ledger.
-    crate::node::ca_key::store(node.data_dir(), &ca.key_pem)
+    crate::trust::ca_key::store(node.data_dir(), &ca.key_pem)
         .map_err(|e| io("cannot write the CA key", e))?;
     let (admin_token, admin_hash) = identity::new_api_token();
     let cmd = Command::Bootstrap {
@@ -774,27 +779,27 @@ fn spawn_workers(
         gossip_events,
         node.shutdown_signal(),
     );
-    workers::spawn(
+    worker::spawn(
         crate::workers::federation::SummaryPull { node: node.clone() },
         node.shutdown_signal(),
     );
-    workers::spawn(
+    worker::spawn(
         crate::workers::regions::RegionCopies::new(node.clone()),
         node.shutdown_signal(),
     );
-    workers::spawn(
+    worker::spawn(
         crate::workers::regions::RegionTakeover { node: node.clone() },
         node.shutdown_signal(),
     );
-    workers::spawn(
+    worker::spawn(
         crate::workers::global_caps::GlobalCaps::new(node.clone()),
         node.shutdown_signal(),
     );
-    workers::spawn(
+    worker::spawn(
         crate::workers::peer_secrets::PeerSecrets::new(node.clone()),
         node.shutdown_signal(),
     );
-    workers::spawn(
+    worker::spawn(
         Housekeeping::new(
             ledger.clone(),
             node.peers().clone(),
@@ -804,7 +809,7 @@ fn spawn_workers(
         ),
         node.shutdown_signal(),
     );
-    workers::spawn(
+    worker::spawn(
         Scheduler {
             ledger: ledger.clone(),
             peers: node.peers().clone(),
@@ -843,7 +848,7 @@ fn spawn_workers(
             regions: node.federation().leases().clone(),
             region_lease: Duration::from_millis(cfg.federation.region_lease_ms),
         });
-        workers::spawn(
+        worker::spawn(
             workers::job_files::JobFiles {
                 me: local.id,
                 ledger: ledger.clone(),
@@ -853,11 +858,11 @@ fn spawn_workers(
             },
             node.shutdown_signal(),
         );
-        workers::spawn(executor.freshness_probe(), node.shutdown_signal());
-        workers::spawn(executor.fence_guard(), node.shutdown_signal());
-        workers::spawn(executor, node.shutdown_signal());
+        worker::spawn(executor.freshness_probe(), node.shutdown_signal());
+        worker::spawn(executor.fence_guard(), node.shutdown_signal());
+        worker::spawn(executor, node.shutdown_signal());
     }
-    workers::spawn(
+    worker::spawn(
         AnomalyWatch::new(
             local.clone(),
             ledger.clone(),
@@ -870,11 +875,11 @@ fn spawn_workers(
     );
     if let Some(url) = cfg.anomaly.webhook_url.clone() {
         match Webhook::new(ledger.clone(), url) {
-            Ok(webhook) => workers::spawn(webhook, node.shutdown_signal()),
+            Ok(webhook) => worker::spawn(webhook, node.shutdown_signal()),
             Err(e) => tracing::error!(error = %e, "events will not be posted"),
         }
     }
-    workers::spawn(
+    worker::spawn(
         Durability::new(
             node.chunks().clone(),
             node.metrics().clone(),
@@ -882,7 +887,7 @@ fn spawn_workers(
         ),
         node.shutdown_signal(),
     );
-    workers::spawn(
+    worker::spawn(
         workers::gpu_health::GpuHealth {
             local: local.clone(),
             ledger: ledger.clone(),
@@ -890,9 +895,9 @@ fn spawn_workers(
         },
         node.shutdown_signal(),
     );
-    workers::spawn(
+    worker::spawn(
         workers::own_removal::OwnRemoval::new(ledger.clone()),
         node.shutdown_signal(),
     );
-    workers::spawn(MemberRecord { local, ledger }, node.shutdown_signal());
+    worker::spawn(MemberRecord { local, ledger }, node.shutdown_signal());
 }

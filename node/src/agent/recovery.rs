@@ -20,9 +20,9 @@
 //! every certificate of the old cluster worthless — harmless, since every
 //! other node joins again anyway.
 
-use crate::node::backup;
-use crate::node::ca_key;
-use crate::node::identity::{self, Identity, RuntimeInfo};
+use crate::backup;
+use crate::identity::{self, Identity, RuntimeInfo};
+use crate::trust::ca_key;
 use serde::Serialize;
 use shoal_consensus::recovery::{self, LocalState, Reseated, Survivor};
 use shoal_consensus::store::{open_db, LogStore, StateMachineStore};
@@ -200,7 +200,7 @@ pub fn restore(o: &RestoreOptions) -> Result<RecoveryReport, String> {
         "restored from the snapshot of cluster {} at index {} taken on {} ({})",
         header.cluster_id, header.index, header.node, header.created_at
     );
-    let now = crate::node::clock::wall_ms();
+    let now = crate::clock::wall_ms();
     let reseated = recovery::reseat(
         &mut data,
         Survivor::New(Box::new(spec)),
@@ -448,7 +448,7 @@ pub fn force_new_cluster(
         ..
     } = plan;
     let me = ident.node_id;
-    let now = crate::node::clock::wall_ms();
+    let now = crate::clock::wall_ms();
     let reseated = recovery::reseat(
         &mut state.data,
         Survivor::Member(me),

@@ -3,7 +3,7 @@
 //! runs no rank; a marker in the data dir makes it undrain itself at its
 //! next start. An operator's drain (no marker) is left alone.
 
-use crate::node::identity::write_private;
+use crate::identity::write_private;
 use crate::node::Node;
 use shoal_consensus::Command;
 use std::path::Path;

@@ -7,9 +7,9 @@
 //! messages on its links, and heal it again, without root.
 
 use crate::agent::{Agent, AgentError, StartMode};
-use crate::node::auth;
-use crate::node::config::Config;
-use crate::rpc::faults::FaultRouter;
+use crate::config::Config;
+use crate::faults::FaultRouter;
+use crate::trust::auth;
 use shoal_consensus::NodeId;
 use std::future::Future;
 use std::net::SocketAddr;

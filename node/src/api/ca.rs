@@ -4,8 +4,8 @@
 //! this node's ledger.
 
 use super::{ApiError, AppState};
-use crate::node::auth::Caller;
-use crate::rpc::proto::{ErrorCode, Request, Response, WireError};
+use crate::proto::{ErrorCode, Request, Response, WireError};
+use crate::trust::auth::Caller;
 use axum::extract::State;
 use axum::{Extension, Json};
 use shoal_consensus::Ledger;

@@ -11,7 +11,7 @@
 //! own store or fetches it from the holder the caller names.
 
 use super::{bad_request, write_as, ApiError, AppState};
-use crate::node::auth::Caller;
+use crate::trust::auth::Caller;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};

@@ -39,7 +39,7 @@ pub(super) async fn submit_job(
             region: caller
                 .peer_region
                 .as_ref()
-                .map(|_| crate::node::federation::local_region(&app)),
+                .map(|_| crate::regions::local_region(&app)),
         })),
         _ => Err(unexpected()),
     }
@@ -68,7 +68,7 @@ pub(super) async fn test_job(
         }
     }
     spec.choice = views::node_choice(ledger, &req).map_err(bad_request)?;
-    let now_ms = crate::node::wall_ms();
+    let now_ms = crate::clock::wall_ms();
     let trial = shoal_consensus::ledger::trial_start(
         ledger,
         &spec,

@@ -20,11 +20,11 @@ pub mod snapshot;
 pub mod stream;
 pub mod telemetry;
 pub mod tokens;
-pub mod views;
 
-use crate::node::auth::{self, Caller};
 use crate::node::Node;
-use crate::rpc::proto::{ErrorCode, Query as ProtoQuery, Response as ProtoResponse, WireError};
+use crate::proto::{ErrorCode, Query as ProtoQuery, Response as ProtoResponse, WireError};
+use crate::trust::auth::{self, Caller};
+use crate::views;
 use axum::extract::{MatchedPath, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -436,7 +436,7 @@ async fn health(State(app): State<AppState>) -> Json<serde_json::Value> {
         "name": app.name(),
         "leader": leader,
         // Wall-clock ms, for `shoal doctor`'s skew (finer than `Date`).
-        "now_ms": crate::node::clock::wall_ms(),
+        "now_ms": crate::clock::wall_ms(),
     }))
 }
 
@@ -532,7 +532,7 @@ async fn put_attr(
         .config()
         .test_chaos
         .as_ref()
-        .is_some_and(|h| h.planted(crate::node::chaos_hooks::PlantedBug::AckBeforeCommit))
+        .is_some_and(|h| h.planted(crate::faults::chaos_hooks::PlantedBug::AckBeforeCommit))
     {
         // The planted bug: answer before the write has committed.
         let ledger = app.ledger().clone();

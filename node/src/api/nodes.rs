@@ -12,7 +12,7 @@ pub(super) async fn nodes(
 }
 
 pub(super) async fn peers(State(app): State<AppState>) -> Json<Vec<shoal_sdk::PeerView>> {
-    Json(crate::api::views::peer_views(app.ledger(), app.peers()))
+    Json(crate::views::peer_views(app.ledger(), app.peers()))
 }
 
 pub(super) async fn remove_node(
@@ -150,7 +150,7 @@ pub(super) async fn gpu_fault(
     State(app): State<AppState>,
     Json(req): Json<shoal_sdk::GpuFaultRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let fault = crate::node::gpu::sim::SimFault::parse(&req.fault).map_err(bad_request)?;
+    let fault = crate::gpu::sim::SimFault::parse(&req.fault).map_err(bad_request)?;
     let injector = app
         .gpus()
         .fault_injector()

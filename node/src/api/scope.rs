@@ -5,7 +5,7 @@
 //! asking for it by id answers as if it did not exist, so ids and names do
 //! not leak through error messages either. Pure: decided from the ledger.
 
-use crate::node::auth::Caller;
+use crate::trust::auth::Caller;
 use shoal_consensus::access::covers;
 use shoal_consensus::ledger::Ledger;
 use shoal_consensus::workload::JobId;

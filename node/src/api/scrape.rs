@@ -69,7 +69,7 @@ pub fn refresh(node: &Node) {
         .get_or_create(&vec![("state".into(), "free".into())])
         .set((alive_gpus as i64 - allocated).max(0));
     let held = workload.gpus_in_use();
-    let now = ledger.clock_ms.max(crate::node::wall_ms());
+    let now = ledger.clock_ms.max(crate::clock::wall_ms());
     mm.tenant_gpus.clear();
     mm.tenant_gpu_hours.clear();
     mm.tenant_gpu_hours_limit.clear();
@@ -148,8 +148,8 @@ fn reason_class(reason: &str) -> &'static str {
         .unwrap_or("resources")
 }
 
-fn refresh_process(p: &crate::node::metrics::ProcessSeries) {
-    if let Some(stat) = crate::node::procstat::read_self() {
+fn refresh_process(p: &crate::metrics::ProcessSeries) {
+    if let Some(stat) = crate::procstat::read_self() {
         let seen = p.cpu_seconds.get();
         if stat.cpu_seconds > seen {
             p.cpu_seconds.inc_by(stat.cpu_seconds - seen);
@@ -160,15 +160,15 @@ fn refresh_process(p: &crate::node::metrics::ProcessSeries) {
             .set(i64::try_from(stat.virtual_bytes).unwrap_or(i64::MAX));
         p.threads
             .set(i64::try_from(stat.threads).unwrap_or(i64::MAX));
-        if let Some(boot) = crate::node::procstat::boot_time_s() {
+        if let Some(boot) = crate::procstat::boot_time_s() {
             p.start_time_seconds
                 .set(boot as f64 + stat.started_after_boot_s);
         }
     }
-    if let Some(n) = crate::node::procstat::open_fds() {
+    if let Some(n) = crate::procstat::open_fds() {
         p.open_fds.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
-    if let Some(n) = crate::node::procstat::max_fds() {
+    if let Some(n) = crate::procstat::max_fds() {
         p.max_fds.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 }

@@ -1,5 +1,5 @@
 //! `GET /v1/snapshot` (admin only): a consistent backup of the ledger, in
-//! the file format of [`crate::node::backup`], from any node.
+//! the file format of [`crate::backup`], from any node.
 //!
 //! Consistent means linearizable: the leader confirms its leadership with
 //! a quorum and answers the index it has applied (a status query, which is
@@ -9,9 +9,9 @@
 //! serves it.
 
 use super::{forbidden, record_audit, ApiError, AppState};
-use crate::node::auth::Caller;
-use crate::node::backup;
-use crate::rpc::proto::{ErrorCode, WireError};
+use crate::backup;
+use crate::proto::{ErrorCode, WireError};
+use crate::trust::auth::Caller;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::header;
@@ -48,7 +48,7 @@ pub async fn get_snapshot(
         })?;
     let data = ledger.read()?.clone();
     let node = app.name().to_string();
-    let now = crate::node::clock::wall_ms();
+    let now = crate::clock::wall_ms();
     let (head, bytes) = tokio::task::spawn_blocking(move || backup::encode(&data, &node, now))
         .await
         .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?

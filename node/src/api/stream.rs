@@ -21,8 +21,10 @@
 //! most [`MAX_STREAMS`] feeds at once; more are refused with 503.
 
 use super::{ApiError, AppState};
-use crate::api::{scope, telemetry, views};
-use crate::node::auth::Caller;
+use crate::api::scope;
+use crate::api::telemetry;
+use crate::trust::auth::Caller;
+use crate::views;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};

@@ -6,9 +6,9 @@
 //! top` shows them per GPU and ranks' utilization. Scoped like the rest: a
 //! tenant token sees only its own jobs' utilization and names.
 //!
-//! The other members' samples come through the [`crate::node::gpu_relay::Relay`]: the answering
+//! The other members' samples come through the [`crate::gpu_relay::Relay`]: the answering
 //! node asks each member for its own samples over the node-to-node link
-//! ([`crate::rpc::proto::Request::GpuTelemetry`]), waits at most
+//! ([`crate::proto::Request::GpuTelemetry`]), waits at most
 //! `dashboard.relay_timeout_ms`, and keeps the answers
 //! `dashboard.relay_max_age_ms`, so however many pages and `shoal top`s are
 //! open each member is asked at most once per period. Reading never waits
@@ -18,10 +18,10 @@
 //! scoped to the caller here.
 
 use crate::api::scope;
-use crate::node::auth::Caller;
-use crate::node::gpu_relay::{own_gpus, RelayTiming};
+use crate::gpu_relay::{own_gpus, RelayTiming};
 use crate::node::Node;
-pub use crate::rpc::proto::GpuTelemetry;
+pub use crate::proto::GpuTelemetry;
+use crate::trust::auth::Caller;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -74,7 +74,7 @@ pub struct NodeTelemetry {
 /// Starts a refresh of the relay in the background when one is due;
 /// never waits for it.
 fn refresh_soon(app: &Node, members: &[u64]) {
-    let timing = RelayTiming::of(app);
+    let timing = RelayTiming::of(&app.config().dashboard);
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -110,7 +110,7 @@ pub fn collect(app: &Node, caller: &Caller, pairwise: bool) -> Telemetry {
                 .active_members()
                 .map(|m| (m.id, m.spec.name.clone()))
                 .collect();
-            let owners = crate::api::views::gpu_owners(&d.ledger);
+            let owners = crate::views::gpu_owners(&d.ledger);
             let jobs: BTreeMap<u64, String> = d
                 .ledger
                 .workload
@@ -131,15 +131,17 @@ pub fn collect(app: &Node, caller: &Caller, pairwise: bool) -> Telemetry {
         .filter(|id| *id != me)
         .collect();
     refresh_soon(app, &remote_ids);
-    let mut relayed = app
-        .gpu_relay()
-        .view(&remote_ids, Instant::now(), RelayTiming::of(app));
-    let own_util = crate::workers::anomaly::job_utilization(me, &samples, &owners);
+    let mut relayed = app.gpu_relay().view(
+        &remote_ids,
+        Instant::now(),
+        RelayTiming::of(&app.config().dashboard),
+    );
+    let own_util = crate::anomaly::job_utilization(me, &samples, &owners);
     let names: BTreeMap<u64, String> = members.iter().cloned().collect();
     let Ok(view) = app.peers().lock() else {
         return Telemetry {
             node: app.name().to_string(),
-            at_ms: crate::node::clock::wall_ms(),
+            at_ms: crate::clock::wall_ms(),
             nodes: Vec::new(),
         };
     };
@@ -150,10 +152,7 @@ pub fn collect(app: &Node, caller: &Caller, pairwise: bool) -> Telemetry {
         .map(|(id, name)| {
             let advert = view.capacity.get(*id);
             let (load, util) = if *id == me {
-                (
-                    Some(crate::node::gpu::mean_load(&samples)),
-                    own_util.clone(),
-                )
+                (Some(crate::gpu::mean_load(&samples)), own_util.clone())
             } else {
                 (
                     advert.map(|a| a.load),
@@ -206,7 +205,7 @@ pub fn collect(app: &Node, caller: &Caller, pairwise: bool) -> Telemetry {
         .collect();
     Telemetry {
         node: app.name().to_string(),
-        at_ms: crate::node::clock::wall_ms(),
+        at_ms: crate::clock::wall_ms(),
         nodes,
     }
 }
@@ -239,7 +238,7 @@ pub async fn get(
     // by its timeout), so a one-off `curl` or `shoal top`'s first frame
     // shows every member; later reads never wait.
     if app.gpu_relay().never_asked() {
-        let timing = RelayTiming::of(&app);
+        let timing = RelayTiming::of(&app.config().dashboard);
         let relay = app.gpu_relay().clone();
         if relay.due(Instant::now(), timing) {
             relay

@@ -133,7 +133,7 @@ pub(super) async fn list_global_tenants(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<shoal_sdk::GlobalTenantInfo>>, ApiError> {
-    let now = crate::node::wall_ms();
+    let now = crate::clock::wall_ms();
     let tracker = app.federation().tracker();
     let summaries = tracker.summaries(now);
     let d = app.ledger().read()?;

@@ -5,9 +5,9 @@
 //! ledger holds none.
 
 use super::{bad_request, write_or_reject, ApiError, AppState};
-use crate::node::auth::{self, Caller};
-use crate::node::identity;
+use crate::identity;
 use crate::node::Node;
+use crate::trust::auth::{self, Caller};
 use axum::extract::State;
 use axum::{Extension, Json};
 use shoal_consensus::{Command, LedgerResponse};
@@ -38,7 +38,7 @@ pub(super) fn api_token_ttl(ttl_s: Option<u64>) -> Result<Option<Duration>, ApiE
 /// Notes that `caller`'s token was used now, and tells the ledger at most
 /// once a minute per token (in the background, never holding the request).
 pub(super) fn note_use(app: &Arc<Node>, caller: &Caller) {
-    if !app.token_use().note(&caller.id, crate::node::wall_ms()) {
+    if !app.token_use().note(&caller.id, crate::clock::wall_ms()) {
         return;
     }
     let ledger = app.ledger().clone();
@@ -55,7 +55,7 @@ pub(super) async fn list_join_tokens(
     State(app): State<AppState>,
 ) -> Result<Json<Vec<JoinTokenInfo>>, ApiError> {
     let d = app.ledger().read()?;
-    let now = d.ledger.clock_ms.max(crate::node::wall_ms());
+    let now = d.ledger.clock_ms.max(crate::clock::wall_ms());
     let mut rows: Vec<JoinTokenInfo> = d
         .ledger
         .join_tokens
@@ -90,7 +90,7 @@ pub(super) async fn list_api_tokens(
     State(app): State<AppState>,
 ) -> Result<Json<Vec<ApiTokenInfo>>, ApiError> {
     let d = app.ledger().read()?;
-    let now = d.ledger.clock_ms.max(crate::node::wall_ms());
+    let now = d.ledger.clock_ms.max(crate::clock::wall_ms());
     let mut rows: Vec<ApiTokenInfo> = d
         .ledger
         .api_tokens

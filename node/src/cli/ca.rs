@@ -2,8 +2,8 @@
 //! downtime, and follow the rotation (docs/security.md, "CA rotation").
 
 use super::emit;
-use crate::api::views::rfc3339;
 use crate::cli::api;
+use crate::views::rfc3339;
 use clap::Subcommand;
 use shoal_sdk::{CaStatus, Client};
 

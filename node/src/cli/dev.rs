@@ -2,7 +2,7 @@
 //! on a laptop with no configuration.
 
 use crate::agent::{Agent, StartMode};
-use crate::node::config::Config;
+use crate::config::Config;
 use std::net::SocketAddr;
 
 pub async fn run(api_addr: Option<SocketAddr>, sim_gpus: Option<String>) -> anyhow::Result<()> {

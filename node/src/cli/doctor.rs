@@ -6,10 +6,10 @@
 //! where it may, the agent's own command line and environment, so that it
 //! judges the configuration the agent really runs with.
 
+use crate::config::{CgroupMode, Config};
 use crate::executor::cgroup;
-use crate::node::config::{CgroupMode, Config};
-use crate::node::identity::{self, RuntimeInfo};
-use crate::rpc::proto;
+use crate::identity::{self, RuntimeInfo};
+use crate::proto;
 use clap::Args;
 use serde::Serialize;
 use shoal_sdk::{Client, NodeInfo, PeerView};
@@ -718,8 +718,8 @@ async fn check_nvml(cfg: &Config, me: Option<&NodeInfo>) -> Check {
     }
     let listed = me.map(|n| n.gpus_total);
     let opened = tokio::task::spawn_blocking(|| {
-        crate::node::gpu::nvml::NvmlGpus::open().map(|g| {
-            use crate::node::gpu::GpuSource;
+        crate::gpu::nvml::NvmlGpus::open().map(|g| {
+            use crate::gpu::GpuSource;
             g.inventory().len()
         })
     })

@@ -5,8 +5,8 @@
 //! `--root DIR` does the same inside an image or a test's directory and
 //! starts nothing.
 
-use crate::node::config::Config;
-use crate::node::identity::{self, write_private};
+use crate::config::Config;
+use crate::identity::{self, write_private};
 use clap::Args;
 use serde::Serialize;
 use std::net::SocketAddr;
@@ -21,8 +21,8 @@ const CONFIG: &str = "etc/shoal/node.toml";
 /// agent cannot delete it there: /etc is read-only to the unit).
 const LEGACY_JOIN_TOKEN: &str = "etc/shoal/join.token";
 /// The join token, in the data dir (0700, the agent's): the agent deletes
-/// it once the node has joined ([`crate::node::identity::JOIN_TOKEN_FILE`]).
-const JOIN_TOKEN: &str = crate::node::identity::JOIN_TOKEN_FILE;
+/// it once the node has joined ([`crate::identity::JOIN_TOKEN_FILE`]).
+const JOIN_TOKEN: &str = crate::identity::JOIN_TOKEN_FILE;
 const UNIT_PATH: &str = "etc/systemd/system/shoal.service";
 const DEFAULT_DATA_DIR: &str = "/var/lib/shoal";
 

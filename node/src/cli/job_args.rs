@@ -239,7 +239,7 @@ impl JobArgs {
         match (self.nodes, self.nodelist.as_deref()) {
             (Some(n), _) => Ok(n),
             (None, Some(list)) => {
-                let names = crate::executor::tasks::expand_hostlist(list)
+                let names = crate::hostlist::expand_hostlist(list)
                     .map_err(|e| format!("--nodelist: {e}"))?;
                 u32::try_from(names.len()).map_err(|_| "--nodelist names too many nodes".into())
             }
@@ -359,7 +359,7 @@ impl JobArgs {
             hold: self.hold,
             ckpt_replicas: match &self.ckpt_replicas {
                 Some(text) => {
-                    crate::api::views::parse_ckpt_replicas(Some(text))?;
+                    crate::views::parse_ckpt_replicas(Some(text))?;
                     Some(text.clone())
                 }
                 None => None,

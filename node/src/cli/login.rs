@@ -5,7 +5,7 @@
 //! node it talks to (including the nodes `cp`, `logs` and `ckpt restore` are
 //! sent to) against that CA before a token leaves the machine.
 
-use crate::node::identity::{self, write_private};
+use crate::identity::{self, write_private};
 use serde::{Deserialize, Serialize};
 use shoal_mesh::api_tls::{api_client_config, der_to_pem, ApiServerVerifier, ApiTrust};
 use shoal_mesh::tls::{fingerprint_der, pem_to_der};

@@ -1,6 +1,7 @@
 //! The command-line interface: `shoal agent` runs a node; every other
 //! command is a client of some node's HTTP API (INTERFACE.md).
 
+pub mod bench;
 pub mod ca;
 pub mod ckpt;
 pub mod cp;
@@ -24,7 +25,7 @@ pub mod top;
 
 use crate::agent::{Agent, StartMode};
 use crate::cli::jobs::{ExitWith, JobArgs, QueueArgs, TenantCmd};
-use crate::node::config::{default_data_dir, parse_label, Config};
+use crate::config::{default_data_dir, parse_label, Config};
 use clap::{Args, Parser, Subcommand};
 use shoal_sdk::{Client, NodeInfo, StatusResponse};
 use std::collections::BTreeMap;
@@ -313,7 +314,7 @@ enum Cmd {
     /// Benchmarks (see docs/BENCHMARKS.md)
     Bench {
         #[command(subcommand)]
-        cmd: crate::bench::BenchCmd,
+        cmd: crate::cli::bench::BenchCmd,
     },
 }
 
@@ -841,12 +842,12 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
         Cmd::Bench { cmd } => {
             // A chaos run's own report is the point; its nodes' logs of
             // the faults it injects would drown it.
-            if matches!(cmd, crate::bench::BenchCmd::Chaos { .. }) {
+            if matches!(cmd, crate::cli::bench::BenchCmd::Chaos { .. }) {
                 init_logging_quiet();
             } else {
                 init_logging("text");
             }
-            crate::bench::run(cmd, cli.json).await
+            crate::cli::bench::run(cmd, cli.json).await
         }
     }
 }

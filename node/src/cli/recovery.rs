@@ -2,8 +2,8 @@
 //! backups of the ledger and disaster recovery (docs/operations.md).
 
 use crate::agent::recovery::{self, RecoveryReport, RestoreOptions};
-use crate::node::backup;
-use crate::node::config::Config;
+use crate::backup;
+use crate::config::Config;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use shoal_sdk::Client;

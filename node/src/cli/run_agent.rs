@@ -80,7 +80,7 @@ pub(super) async fn tell_systemd_when_ready(node: std::sync::Arc<crate::node::No
 /// agent may not delete (an install before the token moved to the data
 /// dir left it in read-only /etc) is named in a warning.
 pub(super) fn scrub_join_token(file: &Path) {
-    match crate::node::identity::scrub_file(file) {
+    match crate::identity::scrub_file(file) {
         Ok(true) => tracing::info!(file = %file.display(), "deleted the spent join token"),
         Ok(false) => {}
         Err(e) => tracing::warn!(
@@ -136,7 +136,7 @@ pub(crate) fn read_secret_file(file: &Path, what: &str) -> anyhow::Result<String
 /// Without `--bootstrap`/`--join`: a restart from the data dir, or, while
 /// it holds no identity, what `[first_start]` says.
 pub(super) fn first_start_mode(cfg: &Config) -> anyhow::Result<StartMode> {
-    let has_identity = crate::node::identity::load_identity(&cfg.data_dir())
+    let has_identity = crate::identity::load_identity(&cfg.data_dir())
         .map_err(anyhow::Error::msg)?
         .is_some();
     let first = &cfg.first_start;
@@ -223,7 +223,9 @@ pub(super) async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()>
         Ok(agent) => agent,
         Err(e @ crate::agent::AgentError::Removed(_)) => {
             eprintln!("error: {e}");
-            return Err(crate::cli::jobs::ExitWith(crate::node::removal::EXIT_STATUS).into());
+            return Err(
+                crate::cli::jobs::ExitWith(crate::ledger_client::removal::EXIT_STATUS).into(),
+            );
         }
         Err(e) => return Err(e.into()),
     };
@@ -241,7 +243,7 @@ pub(super) async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()>
             "Admin token written to {}",
             agent
                 .data_dir()
-                .join(crate::node::identity::ADMIN_TOKEN_FILE)
+                .join(crate::identity::ADMIN_TOKEN_FILE)
                 .display()
         );
         println!(
@@ -250,7 +252,7 @@ pub(super) async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()>
             boot.join_token.rsplit('.').next().unwrap_or_default(),
             agent
                 .data_dir()
-                .join(crate::node::identity::ADMIN_TOKEN_FILE)
+                .join(crate::identity::ADMIN_TOKEN_FILE)
                 .display(),
             agent.api_url(),
         );
@@ -287,7 +289,7 @@ pub(super) async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()>
             crate::agent::notify::notify("STOPPING=1");
             agent.shutdown().await;
             eprintln!("error: this node was removed from the cluster ({why}); its data dir never starts again: start with an empty --data-dir and --join to come back as a new member");
-            return Err(crate::cli::jobs::ExitWith(crate::node::removal::EXIT_STATUS).into());
+            return Err(crate::cli::jobs::ExitWith(crate::ledger_client::removal::EXIT_STATUS).into());
         }
         why = agent.ledger_stopped_for_good() => {
             tracing::error!(error = %why, "this node's ledger stopped; exiting so that its supervisor starts it again");
@@ -298,7 +300,7 @@ pub(super) async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()>
     }
     crate::agent::notify::notify("STOPPING=1");
     let cfg = agent.node().config();
-    if cfg.agent.shutdown == crate::node::config::ShutdownMode::Drain {
+    if cfg.agent.shutdown == crate::config::ShutdownMode::Drain {
         // The ranks' grace, and time for the gang to be told and to exit.
         let limit = std::time::Duration::from_secs(cfg.executor.stop_grace_s + 30);
         crate::agent::shutdown::drain_before_stop(agent.node(), limit).await;
@@ -312,7 +314,7 @@ pub(super) async fn run_agent(cli: &Cli, args: &AgentArgs) -> anyhow::Result<()>
     if agent.node().ledger().is_leader() {
         let lease = std::time::Duration::from_millis(cfg.raft.election_timeout_max_ms);
         let started = std::time::Instant::now();
-        match crate::node::handover::hand_over(agent.node().ledger(), lease).await {
+        match crate::ledger_client::handover::hand_over(agent.node().ledger(), lease).await {
             Ok(leader) => tracing::info!(
                 leader,
                 ms = started.elapsed().as_millis() as u64,

@@ -2,9 +2,9 @@
 //! A new secret is printed once, alone on stdout; listings never show one.
 
 use super::{emit, print_json, ApiTokenArgs, ApiTokenCmd, TokenCmd};
-use crate::api::views::rfc3339;
 use crate::cli::api;
 use crate::cli::duration::parse_duration;
+use crate::views::rfc3339;
 use shoal_sdk::{ApiTokenCreateRequest, ApiTokenInfo, Client, JoinTokenInfo, TokenCreateRequest};
 
 fn ttl_s(ttl: &Option<String>) -> anyhow::Result<Option<u64>> {

@@ -7,7 +7,7 @@
 //! whatever the tick is doing.
 
 use super::cgroup::RankCgroup;
-use crate::workers::Worker;
+use crate::worker::Worker;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard};

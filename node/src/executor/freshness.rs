@@ -19,8 +19,8 @@
 //! after it, before the cluster's wait of `REPLACE_AFTER_NODE_LOSS_MS`
 //! from the entry that released them is over.
 
-use crate::node::client::LedgerClient;
-use crate::workers::Worker;
+use crate::ledger_client::client::LedgerClient;
+use crate::worker::Worker;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

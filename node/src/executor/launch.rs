@@ -583,7 +583,7 @@ pub(super) fn gang_env(
         per_node,
         gpus: gpus.clone(),
     };
-    let nodelist = tasks::compress_hostlist(&names);
+    let nodelist = crate::hostlist::compress_hostlist(&names);
     let submit_dir = a
         .spec
         .env

@@ -48,13 +48,14 @@ use reports::*;
 pub use fence::{FenceGuard, RankFence, RankGroups};
 pub use lease::{run_guard as run_lease_guard, GUARD_COMMAND as LEASE_GUARD_COMMAND};
 
-use crate::node::metrics::Metrics;
-use crate::node::peers::SharedPeerView;
-use crate::node::{LedgerClient, LocalMember};
+use crate::anomaly::stall::StallWatch;
+use crate::anomaly::EventLog;
+use crate::ledger_client::LedgerClient;
+use crate::metrics::Metrics;
+use crate::node::LocalMember;
+use crate::peers::SharedPeerView;
 use crate::rpc::chunks::ChunkNet;
-use crate::workers::anomaly::stall::StallWatch;
-use crate::workers::anomaly::EventLog;
-use crate::workers::Worker;
+use crate::worker::Worker;
 use freshness::LedgerFreshness;
 use plan::{Action, KillWhy, NotLaunched};
 use shoal_consensus::events::{EventSpec, Severity};
@@ -215,12 +216,12 @@ pub struct RankHost {
     /// The cluster CA for ranks (`SHOAL_CA_FILE`) when the API is HTTPS.
     pub ca_file: Option<PathBuf>,
     /// This node's GPUs: a rank that fails is first checked for a GPU fault.
-    pub gpus: crate::node::gpu::Gpus,
+    pub gpus: crate::gpu::Gpus,
     /// The `shoal` binary that starts a rank's tasks (`exec-tasks`).
     pub task_launcher: PathBuf,
     /// Peer regions' leases on jobs they hold checkpoint copies of: such a
     /// job's ranks run only while every such region's lease holds.
-    pub regions: crate::node::federation::lease::RegionLeases,
+    pub regions: crate::federation::lease::RegionLeases,
     /// `federation.region_lease_ms`.
     pub region_lease: Duration,
 }
@@ -328,8 +329,8 @@ impl Worker for Executor {
 
     /// New allocations launch, and stops are signalled, as soon as this
     /// node applies them; a rank's exit is reported as soon as it exits.
-    fn wakeup(&self) -> crate::workers::Wakeup {
-        crate::workers::Wakeup::on_apply(self.host.ledger.applied_watch()).and_child_exits()
+    fn wakeup(&self) -> crate::worker::Wakeup {
+        crate::worker::Wakeup::on_apply(self.host.ledger.applied_watch()).and_child_exits()
     }
 
     async fn stop(&mut self) {
@@ -363,7 +364,7 @@ impl Worker for Executor {
             }
         };
         let now = Instant::now();
-        let wall_ms = crate::node::clock::wall_ms();
+        let wall_ms = crate::clock::wall_ms();
         // What the plan decides from: the ledger's asks (and the launch
         // markers of earlier agent runs), the ranks running here, the exits
         // still to report.
@@ -697,7 +698,7 @@ fn self_fenced(host: &RankHost, freshness: &LedgerFreshness, now: Instant) -> bo
 }
 
 /// Whether the peer regions holding copies of `job`'s checkpoints let its
-/// ranks run here now ([`crate::node::federation::lease`]).
+/// ranks run here now ([`crate::federation::lease`]).
 fn region_lease(host: &RankHost, job: u64, now: Instant) -> Result<(), String> {
     let Ok(d) = host.ledger.read() else {
         return Ok(());

@@ -59,7 +59,7 @@ pub(super) async fn report_gpu_faults(host: &RankHost, gpus: &[u32]) {
         .filter(|g| busy.contains(&g.index))
         .cloned()
         .collect();
-    for (gpu, reason) in crate::workers::gpu_health::faults(&inventory, &samples) {
+    for (gpu, reason) in crate::gpu::health::faults(&inventory, &samples) {
         let known = host
             .ledger
             .read()

@@ -9,13 +9,13 @@
 //!
 //! Every transport [`ChunkNet::transport`] hands out is wrapped in a
 //! [`FaultyChunkTransport`], which passes everything straight through unless
-//! a test installed a fault router ([`super::faults`]); the chained pushes
+//! a test installed a fault router ([`crate::faults`]); the chained pushes
 //! this node forwards use the same wrapped transport, so each forwarded hop
 //! is judged by the node that sends it.
 
-use super::faults::{FaultRouter, FaultyChunkTransport};
-use super::proto::{self, ChunkRequest, ErrorCode, Request, Response, WireError};
-use crate::node::LedgerClient;
+use crate::faults::{FaultRouter, FaultyChunkTransport};
+use crate::ledger_client::LedgerClient;
+use crate::proto::{self, ChunkRequest, ErrorCode, Request, Response, WireError};
 use shoal_mesh::RpcEndpoint;
 use shoal_storage::chunk::{ChunkId, EncodedChunk};
 use shoal_storage::replicate::{ChainPush, ChunkTransport, TransportError};
@@ -64,14 +64,14 @@ impl ChunkNet {
     /// `tenant` uploaded chunk `id` to this node through the API.
     pub fn note_upload(&self, tenant: &str, id: ChunkId) {
         if let Ok(mut receipts) = self.receipts.lock() {
-            receipts.record(tenant, id, crate::node::clock::wall_ms());
+            receipts.record(tenant, id, crate::clock::wall_ms());
         }
     }
 
     /// For each of `ids`, whether `tenant` uploaded it to this node lately.
     pub fn uploaded(&self, tenant: &str, ids: &[ChunkId]) -> Vec<bool> {
         match self.receipts.lock() {
-            Ok(receipts) => receipts.uploaded(tenant, ids, crate::node::clock::wall_ms()),
+            Ok(receipts) => receipts.uploaded(tenant, ids, crate::clock::wall_ms()),
             Err(_) => vec![false; ids.len()],
         }
     }

@@ -1,11 +1,8 @@
-//! Mesh RPC between members: the wire protocol ([`proto`]), the handler
-//! that serves peers ([`handler`]), Raft messages ([`raft_transport`]) and
-//! checkpoint chunks ([`chunks`]), and the fault-injecting router tests put
-//! between them ([`faults`]).
+//! Mesh RPC between members: Raft messages ([`raft_transport`]),
+//! checkpoint chunks ([`chunks`]) and the upload receipts holders keep
+//! ([`receipts`]). The wire protocol is [`crate::proto`]; the handler that
+//! serves peers needs the whole node, so it sits above it (`rpc_handler`).
 
 pub mod chunks;
-pub mod faults;
-pub mod handler;
-pub mod proto;
 pub mod raft_transport;
 pub mod receipts;

@@ -1,8 +1,8 @@
 //! Raft messages over mesh RPC: the node's implementation of the consensus
 //! crate's transport trait.
 
-use super::proto::{self, Request, Response};
-use crate::node::removal::RemovalNotice;
+use crate::ledger_client::removal::RemovalNotice;
+use crate::proto::{self, Request, Response};
 use shoal_consensus::network::{RaftRpc, RaftTransport, TransportError, TransportFuture};
 use shoal_consensus::NodeId;
 use shoal_mesh::{RpcEndpoint, RpcError};

@@ -7,9 +7,10 @@
 //! deletes its keys once another voter is known to hold them all, so a key
 //! is never lost with its last copy.
 
-use super::Worker;
-use crate::node::{ca_key, LedgerClient};
-use crate::rpc::proto::{Request, Response};
+use crate::ledger_client::LedgerClient;
+use crate::proto::{Request, Response};
+use crate::trust::ca_key;
+use crate::worker::Worker;
 use shoal_consensus::NodeId;
 use shoal_mesh::CaBundle;
 use std::ops::ControlFlow;
@@ -192,8 +193,8 @@ impl Worker for CaCustody {
     /// are the only ones that can admit a node, and losing them then (the
     /// bootstrap node wiped just after two joins: chaos seed 16) leaves a
     /// cluster that can never admit anyone again.
-    fn wakeup(&self) -> super::Wakeup {
-        super::Wakeup::on_apply(self.ledger.applied_watch())
+    fn wakeup(&self) -> crate::worker::Wakeup {
+        crate::worker::Wakeup::on_apply(self.ledger.applied_watch())
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {

@@ -4,8 +4,9 @@
 //! (`shoal_consensus::ca::waiting_for`) and, when they are, proposes it;
 //! `apply` checks the same rule again at commit.
 
-use super::Worker;
-use crate::node::{ca_key, LedgerClient};
+use crate::ledger_client::LedgerClient;
+use crate::trust::ca_key;
+use crate::worker::Worker;
 use shoal_consensus::ca::{short, CaPhase};
 use shoal_consensus::{Command, LedgerResponse};
 use std::ops::ControlFlow;
@@ -58,7 +59,7 @@ impl CaRotationDriver {
     /// ledger has the rotation and its "holds every trusted key" answer
     /// covers the new one.
     async fn new_key_held_by_a_majority(&self) -> Result<(), String> {
-        use crate::rpc::proto::{Request, Response};
+        use crate::proto::{Request, Response};
         let voters = self.ledger.voters();
         let me = self.ledger.me();
         let mut holders = usize::from(voters.contains(&me));

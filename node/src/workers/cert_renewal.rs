@@ -15,11 +15,11 @@
 //! A node whose certificate expires anyway (it was cut off for a third of
 //! the lifetime) is refused by its peers and must rejoin.
 
-use super::Worker;
-use crate::node::credentials::CredentialsInForce;
-use crate::node::identity::{self, Identity};
-use crate::node::LedgerClient;
-use crate::rpc::proto::{Request, Response};
+use crate::credentials::CredentialsInForce;
+use crate::identity::{self, Identity};
+use crate::ledger_client::LedgerClient;
+use crate::proto::{Request, Response};
+use crate::worker::Worker;
 use shoal_consensus::Command;
 use shoal_mesh::tls::{fingerprint_pem, issuer_fingerprint, split_certs};
 use shoal_mesh::NodeCredentials;

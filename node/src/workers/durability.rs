@@ -13,11 +13,11 @@
 //! object references any more (removed objects, checkpoints past retention,
 //! abandoned uploads) are deleted once older than `storage.gc_grace_s`.
 
-use super::Worker;
 use crate::ckpt::{storage_node, REPLICAS};
-use crate::node::config::StorageTuning;
-use crate::node::metrics::Metrics;
+use crate::config::StorageTuning;
+use crate::metrics::Metrics;
 use crate::rpc::chunks::ChunkNet;
+use crate::worker::Worker;
 use shoal_consensus::{Command, NodeId};
 use shoal_sdk::MemberState;
 use shoal_storage::manifest::Manifest;

@@ -3,7 +3,7 @@
 //! by `federation.request_timeout_ms`, so one lost region delays nobody.
 
 use crate::node::Node;
-use crate::workers::Worker;
+use crate::worker::Worker;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,13 +18,13 @@ impl Worker for SummaryPull {
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {
-        let peers = crate::node::federation::peers(&self.node);
+        let peers = crate::regions::peers(&self.node);
         let names: Vec<String> = peers.iter().map(|p| p.name.clone()).collect();
         self.node.federation().update(|t| t.retain(&names));
         let pulls = peers.iter().map(|peer| {
             let node = self.node.clone();
             async move {
-                if let Err(e) = crate::node::federation::refresh_peer(&node, peer).await {
+                if let Err(e) = crate::regions::refresh_peer(&node, peer).await {
                     tracing::debug!(region = %peer.name, error = %e, "no summary from a peer region");
                 }
             }

@@ -8,8 +8,9 @@
 //! must not undo a newer definition); every peer's latest summary, however
 //! old, takes part in the rounds, which a stale report can only delay.
 
-use super::Worker;
-use crate::node::{wall_ms, Node};
+use crate::clock::wall_ms;
+use crate::node::Node;
+use crate::worker::Worker;
 use shoal_consensus::{Command, LedgerResponse};
 use std::ops::ControlFlow;
 use std::sync::Arc;

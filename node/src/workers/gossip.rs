@@ -1,21 +1,23 @@
 //! The node's side of the gossip (libp2p, `shoal_mesh::gossip`): keeps the
 //! gossip membership in step with the ledger, publishes heartbeats and
 //! capacity adverts, and feeds what arrives into this node's
-//! [`PeerView`](crate::node::peers::PeerView).
+//! [`PeerView`](crate::peers::PeerView).
 //!
 //! Gossip has no transport a fault router could wrap, so when a test
-//! installed one ([`crate::rpc::faults`]) the event loop applies it on
+//! installed one ([`crate::faults`]) the event loop applies it on
 //! receipt: a heartbeat or capacity advert from a node the router does not
 //! let reach this one is ignored, and so is an RTT sample of a ping
 //! exchange this node may not start towards that peer (a delayed link adds
 //! its delay to the sample instead).
 
-use super::Worker;
-use crate::node::gpu::Gpus;
-use crate::node::metrics::Metrics;
-use crate::node::peers::{Multiaddr, PeerId, SharedPeerView, HEARTBEAT_EVERY};
-use crate::node::{wall_ms, LedgerClient, LocalMember};
-use crate::rpc::faults::{Channel, FaultRouter, Verdict};
+use crate::clock::wall_ms;
+use crate::faults::{Channel, FaultRouter, Verdict};
+use crate::gpu::Gpus;
+use crate::ledger_client::LedgerClient;
+use crate::metrics::Metrics;
+use crate::node::LocalMember;
+use crate::peers::{Multiaddr, PeerId, SharedPeerView, HEARTBEAT_EVERY};
+use crate::worker::Worker;
 use shoal_consensus::NodeId;
 use shoal_mesh::failure_detector::PeerState;
 use shoal_mesh::gossip::{CapacityAdvert, GossipEvent, GossipHandle, RejectReason, WireError};
@@ -50,7 +52,7 @@ pub fn spawn(
     shutdown: watch::Receiver<bool>,
 ) {
     tokio::spawn(handle_events(parts.clone(), events, shutdown.clone()));
-    super::spawn(Publisher::new(parts, handle), shutdown);
+    crate::worker::spawn(Publisher::new(parts, handle), shutdown);
 }
 
 async fn handle_events(
@@ -289,12 +291,12 @@ pub fn capacity_advert(local: &LocalMember, ledger: &LedgerClient, gpus: &Gpus) 
         .ok()
         .and_then(|d| {
             let inventory = d.ledger.members.get(&local.id)?.spec.gpus.clone();
-            Some((inventory, crate::api::views::gpu_owners(&d.ledger)))
+            Some((inventory, crate::views::gpu_owners(&d.ledger)))
         })
         .unwrap_or_else(|| (local.spec.gpus.clone(), BTreeMap::new()));
     let free = free_by_model(local.id, &inventory, &owners);
     let samples = gpus.latest();
-    let load = crate::node::gpu::mean_load(&samples);
+    let load = crate::gpu::mean_load(&samples);
     CapacityAdvert {
         node_id: local.id,
         seq: 0,
@@ -302,7 +304,7 @@ pub fn capacity_advert(local: &LocalMember, ledger: &LedgerClient, gpus: &Gpus) 
         gpus_total: inventory.len() as u32,
         healthy: true,
         load,
-        job_util: crate::workers::anomaly::job_utilization(local.id, &samples, &owners),
+        job_util: crate::anomaly::job_utilization(local.id, &samples, &owners),
         coordinate: None,
         sent_at_ms: 0,
     }

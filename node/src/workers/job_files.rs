@@ -4,10 +4,11 @@
 //! mode, from its new end), and a finished job's directory goes
 //! `executor.job_retention_s` after the job ended.
 
-use super::Worker;
+use crate::clock;
 use crate::executor::{job_dir, log_path, log_rotations, rotations_path};
-use crate::node::identity::write_private;
-use crate::node::{clock, LedgerClient};
+use crate::identity::write_private;
+use crate::ledger_client::LedgerClient;
+use crate::worker::Worker;
 use shoal_consensus::workload::Workload;
 use shoal_consensus::NodeId;
 use std::ops::ControlFlow;

@@ -4,8 +4,9 @@
 //! ledger refuses a node's own change of those (`node_access`), and a node
 //! that has other ones must be removed and join again.
 
-use super::Worker;
-use crate::node::{LedgerClient, LocalMember};
+use crate::ledger_client::LedgerClient;
+use crate::node::LocalMember;
+use crate::worker::Worker;
 use shoal_consensus::{Command, MemberSpec};
 use std::ops::ControlFlow;
 use std::time::Duration;

@@ -2,11 +2,11 @@
 //! ledger (it was connected when the others removed it), or by asking a
 //! voter now and then (it was cut off then, and a learner never campaigns,
 //! so no peer would tell it otherwise). A peer's refusal is recorded by the
-//! ledger client that carried the call (see [`crate::node::removal`]).
+//! ledger client that carried the call (see [`crate::ledger_client::removal`]).
 
-use super::{Wakeup, Worker};
-use crate::node::LedgerClient;
-use crate::rpc::proto::Request;
+use crate::ledger_client::LedgerClient;
+use crate::proto::Request;
+use crate::worker::{Wakeup, Worker};
 use shoal_sdk::MemberState;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};

@@ -7,10 +7,10 @@
 //! (`Command::SealPeerSecret`) once every member speaks the protocol that
 //! keeps secrets out of the ledger.
 
-use super::Worker;
-use crate::node::federation::secrets;
+use crate::federation::secrets;
 use crate::node::Node;
-use crate::rpc::proto::{Request, Response};
+use crate::proto::{Request, Response};
+use crate::worker::Worker;
 use shoal_consensus::federation::{is_clear_secret, PeerRegion, SEALED_SECRETS_SINCE_PROTOCOL};
 use shoal_consensus::{Command, LedgerResponse, NodeId};
 use std::collections::BTreeSet;
@@ -137,8 +137,8 @@ impl Worker for PeerSecrets {
         Duration::from_secs(1)
     }
 
-    fn wakeup(&self) -> super::Wakeup {
-        super::Wakeup::on_apply(self.node.ledger().applied_watch())
+    fn wakeup(&self) -> crate::worker::Wakeup {
+        crate::worker::Wakeup::on_apply(self.node.ledger().applied_watch())
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {

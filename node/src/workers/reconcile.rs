@@ -9,9 +9,9 @@
 //!    (3 or 5 voters across failure domains, dead voters replaced after
 //!    `membership.voter_replace_after_ms`).
 
-use super::Worker;
-use crate::node::peers::SharedPeerView;
-use crate::node::LedgerClient;
+use crate::ledger_client::LedgerClient;
+use crate::peers::SharedPeerView;
+use crate::worker::Worker;
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use shoal_consensus::network::ContactTracker;
 use shoal_consensus::voters::{change_keeps_a_quorum, choose_voters, VoterCandidate};

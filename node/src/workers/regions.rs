@@ -10,9 +10,10 @@
 //! a job that ended in its region, and takes over the jobs of a region
 //! unreachable for `federation.region_failover_after_ms`.
 
-use super::Worker;
-use crate::node::federation as fed;
-use crate::node::{wall_ms, Node};
+use crate::clock::wall_ms;
+use crate::node::Node;
+use crate::regions as fed;
+use crate::worker::Worker;
 use shoal_consensus::{Command, LedgerResponse};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;

@@ -3,11 +3,12 @@
 //! other node's loop idles. `apply` re-validates the plan, so a leader that
 //! lost its term while planning cannot double-book anything.
 
-use super::Worker;
-use crate::node::metrics::Metrics;
-use crate::node::peers::SharedPeerView;
-use crate::node::{wall_ms, LedgerClient};
-use crate::rpc::proto::WireError;
+use crate::clock::wall_ms;
+use crate::ledger_client::LedgerClient;
+use crate::metrics::Metrics;
+use crate::peers::SharedPeerView;
+use crate::proto::WireError;
+use crate::worker::Worker;
 use shoal_consensus::sched::{schedule, Policy, Proximity};
 use shoal_consensus::workload::{SchedSnapshot, STOP_DEADLINE_MS};
 use shoal_consensus::{Command, LedgerResponse, NodeId};
@@ -45,8 +46,8 @@ impl Worker for Scheduler {
     }
 
     /// A pass as soon as a submit, an end or a node change is applied.
-    fn wakeup(&self) -> super::Wakeup {
-        super::Wakeup::on_apply(self.ledger.applied_watch())
+    fn wakeup(&self) -> crate::worker::Wakeup {
+        crate::worker::Wakeup::on_apply(self.ledger.applied_watch())
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {

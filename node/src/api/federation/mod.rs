@@ -19,11 +19,11 @@
 //! On the forwarding side, [`forward`] refuses at once what the peer
 //! would: an admin token's request, and a tenant local to this region.
 
-use crate::node::auth::Caller;
-use crate::node::federation as fed;
-use crate::node::federation::link::{PeerRequest, PeerTarget};
-use crate::node::identity;
+use crate::federation::link::{PeerRequest, PeerTarget};
+use crate::identity;
 use crate::node::Node;
+use crate::regions as fed;
+use crate::trust::auth::Caller;
 use axum::body::Body;
 use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -114,7 +114,7 @@ fn header(headers: &HeaderMap, name: &str) -> Option<String> {
 /// The peer region whose credential `caller` holds, if any.
 fn peer_of(app: &Node, caller: &Caller) -> Option<String> {
     let d = app.ledger().read().ok()?;
-    crate::node::auth::peer_region(&d.ledger, caller)
+    crate::trust::auth::peer_region(&d.ledger, caller)
 }
 
 /// How a peer region's credential is admitted on one request.
@@ -376,7 +376,7 @@ pub async fn forward(State(app): State<Arc<Node>>, req: Request, next: Next) -> 
     }
 }
 
-fn passthrough(resp: fed::link::PeerResponse) -> Response {
+fn passthrough(resp: crate::federation::link::PeerResponse) -> Response {
     let mut out = Response::builder()
         .status(StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY));
     for (k, v) in &resp.headers {
@@ -397,7 +397,10 @@ fn choose_region(
     tenant: Option<&GlobalTenantId>,
 ) -> Result<String, String> {
     let local = fed::local_summary(app)?;
-    let mut peers = app.federation().tracker().summaries(crate::node::wall_ms());
+    let mut peers = app
+        .federation()
+        .tracker()
+        .summaries(crate::clock::wall_ms());
     if let Some(near) = &job.near {
         if *near != local.region && !peers.iter().any(|(s, _, _)| s.region == *near) {
             return Err(format!(

@@ -7,7 +7,7 @@ use super::*;
 /// `GET /v1/federation/summary`: this region, for its peers. Served after
 /// a ReadIndex read: a peer renews its region lease from this answer, so
 /// it must show every takeover committed before it was asked
-/// ([`fed::lease`]).
+/// ([`crate::federation::lease`]).
 pub async fn summary(State(app): State<Arc<Node>>) -> Response {
     if let Err(e) = fresh_ledger(&app).await {
         return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e);
@@ -25,9 +25,9 @@ pub async fn regions(State(app): State<Arc<Node>>) -> Response {
         Ok(s) => s,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e),
     };
-    let now = crate::node::wall_ms();
+    let now = crate::clock::wall_ms();
     let tracker = app.federation().tracker();
-    let mut rows: Vec<RegionInfo> = vec![fed::view::summary_row(&local, true)];
+    let mut rows: Vec<RegionInfo> = vec![crate::federation::view::summary_row(&local, true)];
     rows.extend(fed::peers(&app).iter().map(|p| tracker.info(&p.name, now)));
     Json(rows).into_response()
 }
@@ -64,7 +64,7 @@ fn own_bundle(app: &Node) -> Result<PeerBundle, Box<Response>> {
 /// Records the peer region of `bundle` in the ledger, with the secret this
 /// region presents to it: the secret goes to this node's data directory
 /// first and the ledger gets only its hash (the other members fetch it
-/// from here, `fed::secrets`); while a member speaks an older protocol the
+/// from here, `crate::federation::secrets`); while a member speaks an older protocol the
 /// ledger keeps the secret itself, as those members read it from there.
 /// Returns the peer's name.
 async fn add_peer(
@@ -89,13 +89,14 @@ async fn add_peer(
         // The name becomes a file name: checked before anything is written.
         shoal_consensus::federation::validate_region_name(&bundle.region)
             .map_err(|e| error(StatusCode::BAD_REQUEST, "invalid", e))?;
-        fed::secrets::store(app.data_dir(), &bundle.region, &outbound_secret).map_err(|e| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                format!("cannot keep the secret for region {}: {e}", bundle.region),
-            )
-        })?;
+        crate::federation::secrets::store(app.data_dir(), &bundle.region, &outbound_secret)
+            .map_err(|e| {
+                error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    format!("cannot keep the secret for region {}: {e}", bundle.region),
+                )
+            })?;
         identity::hash_secret(&outbound_secret)
     } else {
         outbound_secret
@@ -330,7 +331,7 @@ pub async fn rank_log(
     let (url, ca_pem) = {
         let d = app.ledger().read().ok()?;
         let job = d.ledger.workload.jobs.get(&id)?;
-        let info = crate::api::views::job_info(&d.ledger, job);
+        let info = crate::views::job_info(&d.ledger, job);
         let name = info.nodes.get(rank as usize)?;
         let member = d.ledger.member_by_name_or_id(name)?;
         if member.id == app.id() {

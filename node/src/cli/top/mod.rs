@@ -128,7 +128,7 @@ async fn refresh(
     tail: &mut LogTail,
     after: &mut u64,
 ) {
-    snap.now_ms = crate::node::clock::wall_ms();
+    snap.now_ms = crate::clock::wall_ms();
     let mut problems = Vec::new();
     match client.nodes().await {
         Ok(n) => snap.nodes = n,

@@ -1,0 +1,576 @@
+//! The ledger client every part of the node uses: reads of this node's
+//! applied ledger, writes and linearizable queries routed to the leader
+//! (served here when this node leads, with the batcher behind the writes),
+//! and the Raft membership calls the leader's housekeeping makes.
+
+use crate::faults::{Channel, FaultRouter, Verdict, RAFT_DROP_WAIT_MAX};
+use crate::ledger_client::batcher::Batcher;
+use crate::ledger_client::removal::RemovalNotice;
+use crate::metrics::Metrics;
+use crate::proto::{self, ErrorCode, Query, Request, Response, UserToken, WireError};
+use futures::future::BoxFuture;
+use openraft::error::{ChangeMembershipError, CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState};
+use shoal_consensus::store::{LedgerHandle, StateMachineData};
+use shoal_consensus::types::Raft;
+use shoal_consensus::{Command, LedgerResponse, NodeId};
+use shoal_mesh::RpcEndpoint;
+use shoal_sdk::{NodeInfo, StatusResponse};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock, RwLockReadGuard, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// What the leader serves: the node's RPC handler, installed once the node
+/// is wired. A trait, so that routing does not depend on what it routes to.
+// This build must speak the protocol that brought write ids.
+const _: () = assert!(shoal_mesh::protocol::PROTOCOL >= shoal_consensus::once::SINCE_PROTOCOL);
+const _: () = assert!(
+    shoal_mesh::protocol::PROTOCOL >= shoal_consensus::workload::WHOLE_NODES_SINCE_PROTOCOL
+);
+
+pub trait LeaderService: Send + Sync + 'static {
+    fn serve(&self, req: Request) -> BoxFuture<'_, Result<Response, WireError>>;
+}
+
+pub type RaftWatch = watch::Receiver<RaftMetrics<NodeId, BasicNode>>;
+
+/// Changes of this node's applied index, for loops that act on what the
+/// ledger says as soon as it says it (Raft's other metrics, such as a
+/// leader's quorum acknowledgements, change far more often and are skipped).
+pub struct AppliedWatch {
+    rx: RaftWatch,
+    last: Option<openraft::LogId<NodeId>>,
+}
+
+impl AppliedWatch {
+    /// Returns once an entry was applied since the last return; never, once
+    /// Raft has shut down.
+    pub async fn changed(&mut self) {
+        loop {
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            let applied = self.rx.borrow_and_update().last_applied;
+            if applied != self.last {
+                self.last = applied;
+                return;
+            }
+        }
+    }
+}
+
+/// A cheap handle on this node's ledger and its route to the leader.
+#[derive(Clone)]
+pub struct LedgerClient {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    me: NodeId,
+    raft: Raft,
+    state: LedgerHandle,
+    rpc: RpcEndpoint,
+    batcher: Batcher,
+    metrics: Arc<Metrics>,
+    request_timeout: Duration,
+    leader_service: OnceLock<Weak<dyn LeaderService>>,
+    /// This node is handing its leadership over: it proposes nothing more
+    /// (an append would renew the voters' leader lease and keep the
+    /// successor from being elected).
+    stepping_down: std::sync::atomic::AtomicBool,
+    /// Test only: judges the requests forwarded to the leader, so that a
+    /// node cut off by a fault filter cannot reach the leader this way
+    /// either (see [`crate::faults`]).
+    faults: Option<FaultRouter>,
+    /// Set when a peer refuses this node as removed.
+    removal: RemovalNotice,
+}
+
+/// How the ledger client reaches the other members.
+pub struct PeerLinks {
+    pub rpc: RpcEndpoint,
+    pub request_timeout: Duration,
+    /// Test only: judges the calls to other members (see
+    /// [`crate::faults`]).
+    pub faults: Option<FaultRouter>,
+    /// Shared with the Raft transport, which hears a refusal first.
+    pub removal: RemovalNotice,
+}
+
+impl LedgerClient {
+    pub fn new(
+        me: NodeId,
+        raft: Raft,
+        state: LedgerHandle,
+        metrics: Arc<Metrics>,
+        links: PeerLinks,
+    ) -> Self {
+        let PeerLinks {
+            rpc,
+            request_timeout,
+            faults,
+            removal,
+        } = links;
+        let batcher = Batcher::spawn(raft.clone(), me);
+        LedgerClient {
+            shared: Arc::new(Shared {
+                me,
+                raft,
+                state,
+                rpc,
+                batcher,
+                metrics,
+                request_timeout,
+                leader_service: OnceLock::new(),
+                stepping_down: std::sync::atomic::AtomicBool::new(false),
+                faults,
+                removal,
+            }),
+        }
+    }
+
+    /// Installs what serves routed requests when this node is the leader.
+    pub fn serve_leader_requests_with(&self, service: Weak<dyn LeaderService>) {
+        let _ = self.shared.leader_service.set(service);
+    }
+
+    pub fn me(&self) -> NodeId {
+        self.shared.me
+    }
+
+    /// Whether (and why) this node was removed from the cluster.
+    pub fn removal(&self) -> &RemovalNotice {
+        &self.shared.removal
+    }
+
+    /// This node's applied ledger (possibly behind the leader's).
+    pub fn read(&self) -> Result<RwLockReadGuard<'_, StateMachineData>, WireError> {
+        self.shared
+            .state
+            .read()
+            .map_err(|_| WireError::new(ErrorCode::Internal, "ledger lock poisoned"))
+    }
+
+    pub fn handle(&self) -> LedgerHandle {
+        self.shared.state.clone()
+    }
+
+    /// The Raft state as this node sees it; changes on every apply.
+    pub fn raft_metrics(&self) -> RaftWatch {
+        self.shared.raft.metrics()
+    }
+
+    /// Wakes on every change of this node's applied index.
+    pub fn applied_watch(&self) -> AppliedWatch {
+        let rx = self.raft_metrics();
+        let last = rx.borrow().last_applied;
+        AppliedWatch { rx, last }
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.shared.raft
+    }
+
+    pub fn name_of(&self, node: NodeId) -> Option<String> {
+        self.read()
+            .ok()?
+            .ledger
+            .members
+            .get(&node)
+            .map(|m| m.spec.name.clone())
+    }
+
+    pub fn current_leader(&self) -> Option<NodeId> {
+        self.shared.raft.metrics().borrow().current_leader
+    }
+
+    pub fn leader(&self) -> Option<(NodeId, SocketAddr)> {
+        let m = self.shared.raft.metrics();
+        let m = m.borrow();
+        let id = m.current_leader?;
+        let addr = m
+            .membership_config
+            .membership()
+            .get_node(&id)?
+            .addr
+            .parse()
+            .ok()?;
+        Some((id, addr))
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let m = self.shared.raft.metrics();
+        let m = m.borrow();
+        m.current_leader == Some(self.shared.me) && m.state == ServerState::Leader
+    }
+
+    /// The voter set as this node knows it.
+    pub fn voters(&self) -> BTreeSet<NodeId> {
+        self.shared
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
+    /// Sends `req` to member `id` itself (not routed to the leader), at the
+    /// RPC address the Raft membership has for it.
+    pub async fn call_member(&self, id: NodeId, req: &Request) -> Result<Response, WireError> {
+        let addr = self
+            .shared
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone())
+            .ok_or_else(|| {
+                WireError::new(
+                    ErrorCode::Invalid,
+                    format!("node {id} is not in the membership"),
+                )
+            })?;
+        let addr: SocketAddr = addr.parse().map_err(|_| {
+            WireError::new(
+                ErrorCode::Invalid,
+                format!("node {id} has an invalid address '{addr}'"),
+            )
+        })?;
+        self.pass_faults(id, self.shared.request_timeout, "node")
+            .await?;
+        let reply = self
+            .shared
+            .rpc
+            .call(addr, &proto::encode(req), self.shared.request_timeout)
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Unavailable, format!("node {id}: {e}")))?;
+        match proto::decode::<Response>(&reply)? {
+            Response::Error(e) => {
+                self.shared.removal.note_refusal(id, &e);
+                Err(e)
+            }
+            ok => Ok(ok),
+        }
+    }
+
+    /// Sends `req` to the leader (or serves it here when this node leads),
+    /// retrying while there is no leader or the leader is unreachable, up to
+    /// the request timeout.
+    pub async fn route(&self, req: Request) -> Result<Response, WireError> {
+        let deadline = Instant::now() + self.shared.request_timeout;
+        // An attempt may commit and still fail here (the leader changed or
+        // the link broke while it was in flight); its retry carries the same
+        // id, so the leader answers it from the record instead of applying
+        // it twice.
+        let ids_spoken = self
+            .read()
+            .ok()
+            .and_then(|d| d.ledger.effective_protocol())
+            .is_some_and(|p| p >= shoal_consensus::once::SINCE_PROTOCOL);
+        let req = match req {
+            write @ (Request::Write(_) | Request::WriteAs { .. }) if ids_spoken => Request::Once {
+                nonce: rand::random(),
+                req: Box::new(write),
+            },
+            other => other,
+        };
+        let body = proto::encode(&req);
+        let mut local = Some(req);
+        loop {
+            let attempt = match self.leader() {
+                Some((id, _)) if id == self.shared.me => {
+                    let req = match local.take() {
+                        Some(r) => r,
+                        None => proto::decode(&body)?,
+                    };
+                    // A leader cut off from its quorum does not know it yet
+                    // and would hold the write until the partition heals.
+                    let left = deadline
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(100));
+                    tokio::time::timeout(left, self.serve_here(req))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(WireError::new(
+                                ErrorCode::Unavailable,
+                                "this node leads but could not commit within the request timeout (no quorum?)",
+                            ))
+                        })
+                }
+                Some((id, addr)) => self.call_leader(id, addr, &body, deadline).await,
+                None => Err(WireError::new(
+                    ErrorCode::NotLeader,
+                    "no leader is elected right now",
+                )),
+            };
+            match attempt {
+                Err(e)
+                    if matches!(e.code, ErrorCode::NotLeader | ErrorCode::Unavailable)
+                        && Instant::now() < deadline =>
+                {
+                    tracing::debug!(error = %e, "retrying on the leader");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn serve_here(&self, req: Request) -> Result<Response, WireError> {
+        let service = self.shared.leader_service.get().and_then(Weak::upgrade);
+        match service {
+            Some(service) => service.serve(req).await,
+            None => Err(WireError::new(
+                ErrorCode::Unavailable,
+                "the node is still starting",
+            )),
+        }
+    }
+
+    /// One attempt on the leader `id`. Abandoned as soon as this node learns
+    /// of another leader: a dead leader's connection would otherwise hold the
+    /// request until QUIC's idle timeout.
+    async fn call_leader(
+        &self,
+        id: NodeId,
+        addr: SocketAddr,
+        body: &[u8],
+        deadline: Instant,
+    ) -> Result<Response, WireError> {
+        let mut metrics = self.shared.raft.metrics();
+        let leader_changed = async move {
+            loop {
+                if metrics.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                if metrics.borrow().current_leader != Some(id) {
+                    return;
+                }
+            }
+        };
+        let budget = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        self.pass_faults(id, budget, "leader").await?;
+        tokio::select! {
+            r = self.shared.rpc.call(addr, body, budget) => match r {
+                Ok(reply) => match proto::decode::<Response>(&reply)? {
+                    Response::Error(e) => {
+                        self.shared.removal.note_refusal(id, &e);
+                        Err(e)
+                    }
+                    ok => Ok(ok),
+                },
+                Err(e) => Err(WireError::new(ErrorCode::Unavailable, format!("leader {id} unreachable: {e}"))),
+            },
+            _ = leader_changed => Err(WireError::new(ErrorCode::NotLeader, format!("node {id} is no longer the leader"))),
+        }
+    }
+
+    /// Test only: what the fault filters do to a call from this node to
+    /// `to` (Raft's channel: a node cut off from its peers reaches them in
+    /// no other way either). `role` names `to` in the error.
+    async fn pass_faults(&self, to: NodeId, budget: Duration, role: &str) -> Result<(), WireError> {
+        let Some(router) = &self.shared.faults else {
+            return Ok(());
+        };
+        let unreachable = |why: &str| {
+            WireError::new(
+                ErrorCode::Unavailable,
+                format!("{role} {to} unreachable: {why}"),
+            )
+        };
+        match router.verdict(Channel::Raft, self.shared.me, to) {
+            Verdict::Deliver => Ok(()),
+            Verdict::Delay(delay) => {
+                tokio::time::sleep(delay.min(budget)).await;
+                Ok(())
+            }
+            Verdict::Drop => {
+                tokio::time::sleep(budget.min(RAFT_DROP_WAIT_MAX)).await;
+                Err(unreachable("request dropped by a fault filter"))
+            }
+            Verdict::Cut => Err(unreachable("link cut by a fault filter")),
+        }
+    }
+
+    /// A write through the leader (forwarded when this node is not it).
+    pub async fn write(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
+        match self.route(Request::Write(cmd)).await? {
+            Response::Write { response, index } => Ok((response, index)),
+            _ => Err(unexpected("a write")),
+        }
+    }
+
+    /// A user's write through the leader, which checks `token` and applies
+    /// `cmd` as far as its holder may.
+    pub async fn write_as(
+        &self,
+        token: &UserToken,
+        cmd: Command,
+    ) -> Result<(LedgerResponse, u64), WireError> {
+        let req = Request::WriteAs {
+            token: token.clone(),
+            cmd,
+        };
+        match self.route(req).await? {
+            Response::Write { response, index } => Ok((response, index)),
+            _ => Err(unexpected("a write")),
+        }
+    }
+
+    /// Proposes on this node, which must be the leader. The leader stamps the
+    /// time (DESIGN invariant 7); concurrent writes share one log entry.
+    pub async fn write_local(&self, cmd: Command) -> Result<(LedgerResponse, u64), WireError> {
+        if self.is_stepping_down() {
+            return Err(WireError::new(
+                ErrorCode::NotLeader,
+                format!(
+                    "node {} is stopping and hands its leadership over; retry",
+                    self.shared.me
+                ),
+            ));
+        }
+        let started = Instant::now();
+        let out = self.shared.batcher.propose(cmd).await;
+        if out.is_ok() {
+            self.shared.metrics.observe_proposal(started.elapsed());
+        }
+        out
+    }
+
+    /// From now on this node proposes nothing: it is handing its leadership
+    /// over on a graceful stop.
+    pub fn stop_proposing(&self) {
+        self.shared
+            .stepping_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_stepping_down(&self) -> bool {
+        self.shared
+            .stepping_down
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Confirms with a quorum that this node still leads, so a read of its
+    /// ledger that follows is linearizable.
+    pub async fn ensure_linearizable(&self) -> Result<(), WireError> {
+        match self.shared.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
+                Err(WireError::new(
+                    ErrorCode::NotLeader,
+                    format!("node {} is not the leader", self.shared.me),
+                ))
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(WireError::new(
+                    ErrorCode::Unavailable,
+                    format!("the leader cannot reach a quorum: {e}"),
+                ))
+            }
+            Err(e) => Err(raft_wire_error(e)),
+        }
+    }
+
+    /// A read of the ledger on the leader (linearizable).
+    pub async fn query(&self, q: Query) -> Result<Response, WireError> {
+        self.route(Request::Query(q)).await
+    }
+
+    pub async fn status(&self) -> Result<StatusResponse, WireError> {
+        match self.query(Query::Status).await? {
+            Response::Status(s) => Ok(s),
+            _ => Err(unexpected("a status query")),
+        }
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeInfo>, WireError> {
+        match self.query(Query::Nodes).await? {
+            Response::Nodes(n) => Ok(n),
+            _ => Err(unexpected("a nodes query")),
+        }
+    }
+
+    pub async fn attrs(&self, prefix: String) -> Result<BTreeMap<String, String>, WireError> {
+        match self.query(Query::Attrs { prefix }).await? {
+            Response::Attrs(a) => Ok(a),
+            _ => Err(unexpected("an attribute query")),
+        }
+    }
+
+    /// Removes member `id`: by an admin's `token`, or (`None`) this node
+    /// leaving on its own.
+    pub async fn remove_member(
+        &self,
+        id: NodeId,
+        token: Option<UserToken>,
+    ) -> Result<u64, WireError> {
+        match self.route(Request::RemoveMember { id, token }).await? {
+            Response::Write { index, .. } => Ok(index),
+            _ => Err(unexpected("a removal")),
+        }
+    }
+
+    /// `change_membership`, retried while another membership change (the
+    /// housekeeping loop's) is still in flight.
+    pub async fn change_membership(
+        &self,
+        changes: ChangeMembers<NodeId, BasicNode>,
+        retain: bool,
+    ) -> Result<(), WireError> {
+        let deadline = Instant::now() + self.shared.request_timeout;
+        loop {
+            match self
+                .shared
+                .raft
+                .change_membership(changes.clone(), retain)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                    ChangeMembershipError::InProgress(_),
+                ))) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                    return Err(WireError::new(
+                        ErrorCode::NotLeader,
+                        format!("node {} is not the leader", self.shared.me),
+                    ))
+                }
+                Err(e) => return Err(raft_wire_error(e)),
+            }
+        }
+    }
+
+    /// Adds `id` to Raft as a learner (non-blocking: it catches up later).
+    pub async fn add_learner(&self, id: NodeId, rpc_addr: String) -> Result<(), WireError> {
+        self.shared
+            .raft
+            .add_learner(id, BasicNode::new(rpc_addr), false)
+            .await
+            .map(|_| ())
+            .map_err(raft_wire_error)
+    }
+}
+
+fn unexpected(what: &str) -> WireError {
+    WireError::new(ErrorCode::Internal, format!("unexpected answer to {what}"))
+}
+
+pub fn raft_wire_error<E: std::fmt::Display>(e: RaftError<NodeId, E>) -> WireError {
+    match e {
+        RaftError::Fatal(f) => {
+            WireError::new(ErrorCode::Unavailable, format!("raft has stopped: {f}"))
+        }
+        RaftError::APIError(e) => WireError::new(ErrorCode::Internal, e.to_string()),
+    }
+}

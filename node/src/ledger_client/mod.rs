@@ -1,0 +1,11 @@
+//! How the node reads and writes the ledger: the [`LedgerClient`] (reads
+//! of the applied state, writes routed to the leader, queries, membership
+//! calls), the write [`batcher`], leadership [`handover`], and the notice
+//! that this node was [`removal`]-ed from the cluster.
+
+pub mod batcher;
+pub mod client;
+pub mod handover;
+pub mod removal;
+
+pub use client::LedgerClient;
