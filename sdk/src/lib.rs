@@ -3,7 +3,9 @@
 //! feature, a small HTTP client. Internal crates take the types only.
 
 pub mod federation;
+pub mod stats;
 pub mod types;
+pub mod units;
 
 #[cfg(feature = "client")]
 pub mod client;

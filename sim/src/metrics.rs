@@ -272,13 +272,9 @@ pub fn round6(value: f64) -> f64 {
     }
 }
 
-/// Nearest-rank percentile of sorted values.
+/// Nearest-rank percentile of sorted values; 0 without any.
 fn percentile(sorted: &[u64], fraction: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (fraction * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1] as f64
+    shoal_sdk::stats::percentile(sorted, fraction).map_or(0.0, |v| v as f64)
 }
 
 fn mean(values: impl Iterator<Item = u64>) -> f64 {

@@ -1,8 +1,8 @@
 //! The flags of `submit`, `alloc` and `queue` (Slurm's names included),
 //! and their parsers: time, memory, GRES, arrays.
 
-use crate::cli::duration::parse_duration;
 use clap::Args;
+pub use shoal_sdk::units::{format_mem, parse_duration, parse_mem};
 use shoal_sdk::JobSubmitRequest;
 use std::collections::BTreeMap;
 
@@ -155,53 +155,6 @@ pub fn parse_gres(s: &str) -> Result<(Option<String>, u32), String> {
         )),
         _ => Err(bad()),
     }
-}
-
-/// Bytes from a Slurm memory size: a bare number is MiB; the suffixes K, M,
-/// G and T (optionally followed by `B` or `iB`, any case) are powers of
-/// 1024; `B` alone is bytes.
-pub fn parse_mem(s: &str) -> Result<u64, String> {
-    let bad = || {
-        format!(
-            "invalid --mem '{s}': use a size such as 512M, 16G or 1048576B (a bare number is MiB)"
-        )
-    };
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let unit = unit.to_ascii_uppercase();
-    let unit = unit
-        .strip_suffix("IB")
-        .filter(|u| !u.is_empty())
-        .or_else(|| unit.strip_suffix('B').filter(|u| !u.is_empty()))
-        .unwrap_or(&unit);
-    let shift = match unit {
-        "" => 20,
-        "B" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => return Err(bad()),
-    };
-    let bytes = n.checked_mul(1u64 << shift).ok_or_else(bad)?;
-    if bytes == 0 {
-        return Err(format!(
-            "invalid --mem '{s}': the memory of a rank must be positive"
-        ));
-    }
-    Ok(bytes)
-}
-
-/// A byte count the way `--mem` takes it: the largest unit that divides it.
-pub fn format_mem(bytes: u64) -> String {
-    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    format!("{bytes}B")
 }
 
 pub(crate) fn parse_kv(s: &str, what: &str) -> Result<(String, String), String> {

@@ -858,41 +858,6 @@ mod tests {
     }
 
     #[test]
-    fn memory_sizes_read_like_slurm() {
-        assert_eq!(parse_mem("512"), Ok(512 << 20), "a bare number is MiB");
-        assert_eq!(parse_mem("512M"), Ok(512 << 20));
-        assert_eq!(parse_mem("16G"), Ok(16 << 30));
-        assert_eq!(parse_mem("16g"), Ok(16 << 30));
-        assert_eq!(parse_mem("16GB"), Ok(16 << 30));
-        assert_eq!(parse_mem("16GiB"), Ok(16 << 30));
-        assert_eq!(parse_mem("2T"), Ok(2 << 40));
-        assert_eq!(parse_mem("64K"), Ok(64 << 10));
-        assert_eq!(parse_mem("1048576B"), Ok(1 << 20));
-        assert_eq!(parse_mem("1048576b"), Ok(1 << 20));
-        for bad in [
-            "",
-            "G",
-            "iB",
-            "16iB",
-            "0",
-            "0G",
-            "1.5G",
-            "16X",
-            "-1",
-            "16 G",
-            "99999999999999T",
-        ] {
-            assert!(parse_mem(bad).is_err(), "'{bad}' accepted");
-        }
-        assert_eq!(format_mem(16 << 30), "16G");
-        assert_eq!(format_mem(1536 << 20), "1536M");
-        assert_eq!(format_mem(1000), "1000B");
-        for s in ["512M", "16G", "3T", "7K", "1000B"] {
-            assert_eq!(format_mem(parse_mem(s).expect("valid")), s);
-        }
-    }
-
-    #[test]
     fn tenant_args_understand_none() {
         let args = TenantArgs {
             name: "t".into(),

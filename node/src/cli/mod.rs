@@ -8,7 +8,6 @@ pub mod cp;
 pub mod demo;
 pub mod dev;
 pub mod doctor;
-pub mod duration;
 pub mod federation;
 pub mod install;
 pub mod job_args;

@@ -47,7 +47,7 @@ pub(super) fn run_sim(args: &SimArgs, json: bool) -> anyhow::Result<()> {
     let secs = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<u64>> {
         v.as_deref()
             .map(|s| {
-                crate::cli::duration::parse_duration(s)
+                shoal_sdk::units::parse_duration(s)
                     .map(|d| d.as_secs())
                     .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
             })

@@ -161,7 +161,7 @@ impl TenantArgs {
             "max_manifest_bytes",
             &mut req.unset,
             |v| {
-                crate::cli::bench::parse_size(v).map_err(|e| {
+                shoal_sdk::units::parse_bytes(v).map_err(|e| {
                     format!("--max-manifest-bytes must be a size (e.g. 16MiB) or none: {e}")
                 })
             },

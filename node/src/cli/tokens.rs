@@ -3,8 +3,8 @@
 
 use super::{emit, print_json, ApiTokenArgs, ApiTokenCmd, TokenCmd};
 use crate::cli::api;
-use crate::cli::duration::parse_duration;
 use crate::views::rfc3339;
+use shoal_sdk::units::parse_duration;
 use shoal_sdk::{ApiTokenCreateRequest, ApiTokenInfo, Client, JoinTokenInfo, TokenCreateRequest};
 
 fn ttl_s(ttl: &Option<String>) -> anyhow::Result<Option<u64>> {

@@ -160,7 +160,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                 anyhow::bail!("--seeds must be at least 1");
             }
             let duration =
-                crate::cli::duration::parse_duration(duration).map_err(anyhow::Error::msg)?;
+                shoal_sdk::units::parse_duration(duration).map_err(anyhow::Error::msg)?;
             if duration < Duration::from_secs(5) {
                 anyhow::bail!("--duration must be at least 5s");
             }
@@ -208,7 +208,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCmd::Cp { size, replica } => {
-            let bytes = parse_size(size).map_err(anyhow::Error::msg)?;
+            let bytes = shoal_sdk::units::parse_bytes(size).map_err(anyhow::Error::msg)?;
             let rows = crate::cli::bench::cp::run(bytes, *replica).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -249,7 +249,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCmd::Recovery { ckpt_size, runs } => {
-            let bytes = parse_size(ckpt_size).map_err(anyhow::Error::msg)?;
+            let bytes = shoal_sdk::units::parse_bytes(ckpt_size).map_err(anyhow::Error::msg)?;
             let report = crate::cli::bench::recovery::run(bytes, *runs).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -259,7 +259,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCmd::Ckpt { size } => {
-            let bytes = parse_size(size).map_err(anyhow::Error::msg)?;
+            let bytes = shoal_sdk::units::parse_bytes(size).map_err(anyhow::Error::msg)?;
             let report = crate::cli::bench::ckpt::run(bytes).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -302,7 +302,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
             if *nodes == 0 || *nodes > 7 {
                 anyhow::bail!("--nodes must be 1-7");
             }
-            let d = crate::cli::duration::parse_duration(duration).map_err(anyhow::Error::msg)?;
+            let d = shoal_sdk::units::parse_duration(duration).map_err(anyhow::Error::msg)?;
             let rows = bench_ledger(*nodes, &counts, d, *value_bytes).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -327,34 +327,10 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
     }
 }
 
-/// `1GiB`, `512MiB`, `100MB`, `4096` (bytes).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("invalid size '{s}': use e.g. 1GiB, 512MiB or 100MB"))?;
-    let factor: u64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "kib" => 1 << 10,
-        "m" | "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "g" | "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        _ => return Err(format!("invalid size unit in '{s}'")),
-    };
-    n.checked_mul(factor)
-        .ok_or_else(|| format!("size '{s}' is too large"))
-}
-
+/// The nearest-rank percentile ([`shoal_sdk::stats::percentile`]); 0
+/// without samples.
 pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
+    shoal_sdk::stats::percentile(sorted, p).unwrap_or(0.0)
 }
 
 pub async fn bench_ledger(

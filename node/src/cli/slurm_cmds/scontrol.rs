@@ -94,7 +94,7 @@ pub(super) fn scontrol_update(words: &[String]) -> Result<Scontrol, String> {
                 )
             }
             "timelimit" => {
-                let limit = crate::cli::duration::parse_duration(v)
+                let limit = shoal_sdk::units::parse_duration(v)
                     .map_err(|e| format!("scontrol: TimeLimit: {e}"))?
                     .as_secs();
                 if limit == 0 {

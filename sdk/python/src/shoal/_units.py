@@ -1,5 +1,5 @@
 """Durations, memory sizes and GPU requests as ``shoal submit`` reads them
-(``node/src/cli/duration.rs`` and ``node/src/cli/jobs.rs``)."""
+(``sdk/src/units.rs``; both are checked against ``sdk/testdata/units.json``)."""
 
 from __future__ import annotations
 
