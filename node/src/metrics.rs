@@ -240,6 +240,7 @@ pub struct Metrics {
     pub fd_phi: Family<Labels, FloatGauge>,
     pub fd_local_health: Gauge,
     pub anomaly_events: Family<Labels, Counter>,
+    pub gpu_sample_rounds: Counter,
     pub api_request_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     pub ckpt_parts: Family<Labels, Counter>,
     pub ckpt_bytes: Counter,
@@ -293,6 +294,7 @@ impl Metrics {
             fd_phi: Family::default(),
             fd_local_health: Gauge::default(),
             anomaly_events: Family::default(),
+            gpu_sample_rounds: Counter::default(),
             api_request_seconds: Family::new_with_constructor(api_latency_histogram),
             ckpt_parts: Family::default(),
             ckpt_bytes: Counter::default(),
@@ -438,6 +440,11 @@ impl Metrics {
             "anomaly_events",
             "Anomalies this node detected and proposed to the event log, by kind",
             m.anomaly_events.clone(),
+        );
+        registry.register(
+            "gpu_sample_rounds",
+            "Rounds of GPU samples this node took; the anomaly detectors judge each one",
+            m.gpu_sample_rounds.clone(),
         );
         registry.register(
             "api_request_seconds",

@@ -605,7 +605,27 @@ async fn only_the_leader_may_ask_a_voter_to_stand() {
         "a follower's ElectNow was served: {answer:?}"
     );
     let term = leader.node().ledger().raft_metrics().borrow().current_term;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A served ElectNow starts a campaign before it answers, so the term
+    // would already have moved; a write the leader commits and the target
+    // applies afterwards shows the leader still leads it.
+    let admin = shoal_sdk::Client::new(leader.api_url(), Some(c.admin_token.clone()));
+    let written = admin
+        .put_attr("after-a-refused-elect-now", "1")
+        .await
+        .expect("a write through the leader");
+    let target = followers[1];
+    c.wait_until("the target to apply the write", TIMEOUT, |_| {
+        let applied = target
+            .node()
+            .ledger()
+            .raft_metrics()
+            .borrow()
+            .last_applied
+            .is_some_and(|l| l.index >= written.index);
+        async move { applied }
+    })
+    .await
+    .expect("applied");
     let metrics = followers[1].node().ledger().raft_metrics().borrow().clone();
     assert_eq!(
         (metrics.current_leader, metrics.current_term),

@@ -589,8 +589,32 @@ async fn a_frozen_agents_rank_is_killed_by_its_guard_when_the_lease_lapses() {
         "the guard is not the agent's child: {stat}"
     );
 
-    // A live agent renews the lease: its guard leaves the rank alone.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A live agent renews the lease: its guard leaves the rank alone
+    // through several renewals of the word it watches (the first word of
+    // its mapping of the lease's memfd: the monotonic millisecond the rank
+    // may run until), read through /proc as root.
+    let lease_word = move || -> Option<u64> {
+        let maps = std::fs::read_to_string(format!("/proc/{guard}/maps")).ok()?;
+        let range = maps
+            .lines()
+            .find(|l| l.contains("memfd:shoal-lease"))?
+            .split_whitespace()
+            .next()?
+            .to_string();
+        let bytes = std::fs::read(format!("/proc/{guard}/map_files/{range}")).ok()?;
+        Some(u64::from_ne_bytes(bytes.get(..8)?.try_into().ok()?))
+    };
+    let mut renewals: Vec<u64> = Vec::new();
+    wait_for("four renewals of the rank's lease", TIMEOUT, || {
+        if let Some(word) = lease_word() {
+            if renewals.last().is_none_or(|last| word > *last) {
+                renewals.push(word);
+            }
+        }
+        let done = renewals.len() > 4;
+        async move { done.then_some(()) }
+    })
+    .await;
     assert_eq!(
         processes_with(&marker),
         [rank],

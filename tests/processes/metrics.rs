@@ -318,8 +318,10 @@ async fn injected_gpu_faults_become_one_event_each_soon() {
         eprintln!("{kind}: event committed {latency:.2?} after the injection");
         assert!(latency < Duration::from_secs(5), "{kind} took {latency:?}");
     }
-    // Persistent faults are not reported again.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Persistent faults are not reported again: the detectors judge eight
+    // more rounds of samples (2 s at the 250 ms period), then a repeat
+    // would have been proposed.
+    sample_rounds(&client, 8).await;
     let events = client.events(0).await.expect("events");
     for (gpu, _, kind) in faults {
         let n = events
@@ -351,6 +353,32 @@ async fn wait_for_first_samples(client: &shoal_sdk::Client) {
                 .then_some(())
         }
     })
+    .await;
+}
+
+/// The GPU sample rounds this node reported so far.
+async fn sample_rounds_so_far(client: &shoal_sdk::Client) -> Option<u64> {
+    let text = client.metrics_text().await.ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("shoal_gpu_sample_rounds_total "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Waits until the node's detectors judged `rounds` more rounds of samples.
+async fn sample_rounds(client: &shoal_sdk::Client, rounds: u64) {
+    let start = wait_for("the sample round counter", TIMEOUT, || {
+        sample_rounds_so_far(client)
+    })
+    .await;
+    wait_for(
+        &format!("{rounds} more sample rounds"),
+        TIMEOUT,
+        || async move {
+            sample_rounds_so_far(client)
+                .await
+                .filter(|n| *n >= start + rounds)
+        },
+    )
     .await;
 }
 
@@ -474,9 +502,18 @@ async fn a_silent_rank_is_reported_stalled_and_a_chatty_one_is_not() {
     assert_eq!(event.node.as_deref(), Some("s1"));
     assert!(event.message.contains("rank 0"), "{}", event.message);
     // Give the chatty job the same window again: it must never be reported.
-    // (It writes every 0.3 s; the 4 s window leaves room for a stalled
-    // machine without making the test slow.)
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // It writes a line every 0.3 s; sixteen more lines span more than the
+    // 4 s window, however slowly a loaded machine runs it.
+    let lines = |log: Vec<u8>| log.split(|b| *b == b'\n').count();
+    let before = lines(client.job_log(chatty, 0, 0).await.expect("log"));
+    wait_for("sixteen more lines of the chatty job", TIMEOUT, || {
+        let c = client.clone();
+        async move {
+            let now = lines(c.job_log(chatty, 0, 0).await.ok()?);
+            (now >= before + 16).then_some(())
+        }
+    })
+    .await;
     let events = client.events(0).await.expect("events");
     let stalled: Vec<_> = events.iter().filter(|e| e.kind == "job_stalled").collect();
     assert_eq!(stalled.len(), 1, "{stalled:?}");

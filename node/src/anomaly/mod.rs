@@ -135,6 +135,11 @@ impl EventLog {
         EventLog { ledger, metrics }
     }
 
+    /// Counts a round of samples the detectors judged.
+    pub fn round_judged(&self) {
+        self.metrics.gpu_sample_rounds.inc();
+    }
+
     /// Logs, counts and commits a detected anomaly (in the background).
     pub fn record(&self, spec: EventSpec) {
         tracing::warn!(kind = %spec.kind, gpu = ?spec.gpu, job = ?spec.job, "{}", spec.message);
@@ -221,6 +226,7 @@ impl Worker for AnomalyWatch {
         if self.ledger.is_leader() {
             self.check_gangs(&current, &owners);
         }
+        self.events.round_judged();
         self.previous = current;
         ControlFlow::Continue(())
     }
