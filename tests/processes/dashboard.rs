@@ -294,6 +294,14 @@ async fn scenario(
     )
     .await?;
 
+    // Redraws patch the page in place: remember n2's tile, to find the
+    // same element once the gang has changed the map.
+    probe(
+        b,
+        "window.__n2 = document.querySelector('.node-tile[data-node=\"n2\"]'); return !!window.__n2",
+    )
+    .await?;
+
     // A gang of 2 nodes × 4 GPUs that checkpoints step 1 and keeps running.
     let mut req = sh_job(
         2,
@@ -319,6 +327,15 @@ async fn scenario(
     .await?;
     let seen = placed_at.elapsed();
     eprintln!("dashboard: gang {id} on the map {seen:.2?} after the API reported it placed");
+    let kept = probe(
+        b,
+        "return window.__n2.isConnected && \
+         window.__n2 === document.querySelector('.node-tile[data-node=\"n2\"]')",
+    )
+    .await?;
+    if kept != serde_json::Value::Bool(true) {
+        return Err("a redraw rebuilt n2's tile instead of patching it in place".into());
+    }
     if seen > Duration::from_secs(2) {
         return Err(format!("the gang took {seen:?} to appear on the map"));
     }

@@ -20,6 +20,49 @@ function h(tag, attrs = {}, ...kids) {
 }
 const text = (s) => document.createTextNode(s);
 
+// In-place updates. A redraw builds the new tree with `h` and `update`
+// patches the page to match it: unchanged elements stay (with their focus,
+// selection, scroll and hover), changed ones are patched attribute by
+// attribute, and an element is replaced only by one of another kind or
+// identity. Identity is `id`, `data-job`, `data-node` or `data-gpu`: the
+// listeners `h` attaches are bound to it, so no element ever takes over
+// another's, and a keyed row that moves is moved, not rebuilt.
+const IDENTITY = ["id", "data-job", "data-node", "data-gpu"];
+function keyOf(n) {
+  if (n.nodeType !== 1 || !IDENTITY.some((k) => n.hasAttribute(k))) return null;
+  return n.nodeName + IDENTITY.map((k) => `|${n.getAttribute(k) ?? ""}`).join("");
+}
+function reconcile(old, fresh) {
+  if (!old || old.nodeType !== fresh.nodeType || old.nodeName !== fresh.nodeName || keyOf(old) !== keyOf(fresh)) return fresh;
+  if (old.isEqualNode(fresh)) return old;
+  if (old.nodeType !== 1) { old.textContent = fresh.textContent; return old; }
+  for (const { name } of [...old.attributes]) if (!fresh.hasAttribute(name)) old.removeAttribute(name);
+  for (const { name, value } of [...fresh.attributes]) if (old.getAttribute(name) !== value) old.setAttribute(name, value);
+  patchChildren(old, [...fresh.childNodes]);
+  return old;
+}
+function patchChildren(parent, fresh) {
+  const old = [...parent.childNodes];
+  const keyed = new Map();
+  for (const o of old) { const k = keyOf(o); if (k !== null) keyed.set(k, o); }
+  const taken = new Set();
+  const want = fresh.map((f, i) => {
+    const k = keyOf(f);
+    let o = k !== null ? keyed.get(k) : old[i];
+    if (o && (taken.has(o) || (k === null && keyOf(o) !== null))) o = undefined;
+    const kept = reconcile(o, f);
+    if (kept === o) taken.add(o);
+    return kept;
+  });
+  want.forEach((n, i) => { if (parent.childNodes[i] !== n) parent.insertBefore(n, parent.childNodes[i] || null); });
+  while (parent.childNodes.length > want.length) parent.lastChild.remove();
+}
+// `parent.replaceChildren(...kids)`, in place.
+function update(parent, ...kids) {
+  patchChildren(parent, kids.flat().filter((k) => k !== null && k !== undefined)
+    .map((k) => (typeof k === "string" ? text(k) : k)));
+}
+
 function fmtBytes(b) {
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
@@ -157,7 +200,7 @@ function mapPage(el) {
     const alive = n.filter((x) => x.state === "alive").length;
     const running = [...state.jobs.values()].filter((j) => j.state === "running").length;
     const pending = [...state.jobs.values()].filter((j) => j.state === "pending" || j.state === "requeued").length;
-    body.replaceChildren(
+    update(body,
       h("div", { class: "summary" },
         h("span", {}, h("b", { id: "count-nodes", text: String(n.length) }), text(" nodes")),
         h("span", {}, h("b", { text: String(alive) }), text(" alive")),
@@ -192,7 +235,7 @@ function jobsPage(el) {
       (!tenant.value || j.tenant === tenant.value) &&
       (!st.value || (st.value === "active" ? !FINAL_STATES.includes(j.state) : j.state === st.value)))
       .sort((a, b) => b.id - a.id);
-    table.replaceChildren(h("table", { id: "jobs" },
+    update(table, h("table", { id: "jobs" },
       h("thead", {}, h("tr", {}, ["Job", "Name", "Tenant", "State", "Why / how it ended", "Size", "Nodes", "Running", "Restarts", "Epoch"]
         .map((c, i) => h("th", { class: i === 6 || i === 9 ? "hide-narrow" : null, text: c })))),
       h("tbody", {}, jobs.length ? jobs.map((j) => h("tr", {
@@ -279,8 +322,8 @@ function jobPage(el, arg) {
       j.reason ? h("p", { id: "job-reason", text: (j.state === "pending" || j.state === "requeued" ? "Waiting: " : "") + j.reason }) : null,
       h("p", { class: "muted", text: j.command.join(" ") })].filter((x) => x));
     const nodes = state.nodes.filter((n) => j.nodes.includes(n.name));
-    gang.replaceChildren(nodes.length ? topology(nodes, j) : h("p", { class: "muted", text: "Not placed." }));
-    ranks.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, ["Rank", "Node", "GPUs", "GPU %"].map((c) => h("th", { text: c })))),
+    update(gang, nodes.length ? topology(nodes, j) : h("p", { class: "muted", text: "Not placed." }));
+    update(ranks, h("table", {}, h("thead", {}, h("tr", {}, ["Rank", "Node", "GPUs", "GPU %"].map((c) => h("th", { text: c })))),
       h("tbody", {}, j.nodes.map((n, r) => {
         const t = telemetryOf(n);
         const u = t && t.job_util[j.id] !== undefined ? `${Math.round(t.job_util[j.id])}%` : "–";
@@ -295,13 +338,13 @@ function jobPage(el, arg) {
 
   const drawEvents = () => {
     const mine = state.events.filter((e) => e.job === id).slice(-50).reverse();
-    events.replaceChildren(eventTable(mine));
+    update(events, eventTable(mine));
   };
 
   const loadCkpts = async () => {
     try {
       const list = await api(`/v1/jobs/${id}/checkpoints`);
-      ckpts.replaceChildren(h("table", { id: "ckpts" },
+      update(ckpts, h("table", { id: "ckpts" },
         h("thead", {}, h("tr", {}, ["Step", "Size", "Replicas", "Holders per rank", "Epoch", "Committed"].map((c) => h("th", { text: c })))),
         h("tbody", {}, list.length ? list.slice().reverse().map((c) => h("tr", { class: "ckpt", "data-step": c.step, "data-replicas": c.replicas.length },
           h("td", { text: String(c.step) }), h("td", { text: fmtBytes(c.bytes) }),
@@ -376,7 +419,7 @@ function eventsPage(el) {
     const needle = q.value.toLowerCase();
     const list = state.events.filter((e) => (!sev.value || e.severity === sev.value) && (!kind.value || e.kind === kind.value) &&
       (!needle || `${e.message} ${e.node || ""} ${e.job ?? ""}`.toLowerCase().includes(needle))).slice().reverse();
-    body.replaceChildren(eventTable(list));
+    update(body, eventTable(list));
   };
   for (const c of [q, sev, kind]) c.addEventListener("input", draw);
   draw();
@@ -401,7 +444,7 @@ function tenantsPage(el) {
     for (const r of q) { if (!u.series.has(r.tenant)) u.series.set(r.tenant, new Array(u.t.length - 1).fill(null)); }
     for (const [t, s] of u.series) { const r = q.find((x) => x.tenant === t); s.push(r ? r.gpus_in_use : null); }
     if (u.t.length > MAX_POINTS) { u.t.shift(); for (const s of u.series.values()) s.shift(); }
-    table.replaceChildren(h("table", { id: "tenants" },
+    update(table, h("table", { id: "tenants" },
       h("thead", {}, h("tr", {}, ["Tenant", "GPUs in use / cap", "", "GPU-hours used / budget", "", "Share", "Weight", "Fair-share usage", "Refunded", "Running", "Waiting"].map((c) => h("th", { text: c })))),
       h("tbody", {}, q.map((r) => h("tr", { "data-tenant": r.tenant },
         h("td", { text: r.tenant }),
