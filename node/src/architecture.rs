@@ -367,78 +367,68 @@ const NODE_LAYERS: &[(&str, &[&str])] = &[
     ("the command line", &["cli"]),
 ];
 
-#[test]
-fn node_is_in_its_declared_layers() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let g = graph(&src);
-    let breaches = layer_breaches(&g, NODE_LAYERS);
-    assert!(
-        breaches.is_empty(),
-        "node/ layers:\n{}",
-        breaches.join("\n")
-    );
-}
-
-#[test]
-fn consensus_is_a_tree_in_its_declared_layers() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../consensus/src");
-    let g = graph(&src);
+/// Checks the crate whose sources are at `src` (relative to node/): no
+/// import cycle among its modules, and every path pointing down `layers`.
+fn check_crate(src: &str, layers: &[(&str, &[&str])]) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
+    let g = graph(&dir);
     assert!(
         g.len() > 20,
         "found only {} modules under {}",
         g.len(),
-        src.display()
+        dir.display()
     );
-    let found = cycles(&g);
-    assert!(
-        found.is_empty(),
-        "import cycles among consensus/ modules: {found:?}"
-    );
-    let breaches = layer_breaches(&g, CONSENSUS_LAYERS);
-    assert!(
-        breaches.is_empty(),
-        "consensus/ layers:\n{}",
-        breaches.join("\n")
-    );
-}
-
-#[test]
-fn no_module_reaches_up_into_one_that_depends_on_it() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let g = graph(&src);
-    assert!(
-        g.len() > 20,
-        "found only {} modules under {}",
-        g.len(),
-        src.display()
-    );
-    let found = cycles(&g);
-    let shown: Vec<String> = found
+    let shown: Vec<String> = cycles(&g)
         .iter()
         .map(|c| c.iter().map(|m| name(m)).collect::<Vec<_>>().join(" <-> "))
         .collect();
     assert!(
-        found.is_empty(),
-        "import cycles among node/ modules:\n{}",
+        shown.is_empty(),
+        "import cycles under {src}:\n{}",
         shown.join("\n")
+    );
+    let breaches = layer_breaches(&g, layers);
+    assert!(
+        breaches.is_empty(),
+        "layers of {src}:\n{}",
+        breaches.join("\n")
     );
 }
 
 #[test]
-fn the_checker_sees_a_cycle_and_a_re_export() {
+fn node_is_a_tree_in_its_declared_layers() {
+    check_crate("src", NODE_LAYERS);
+}
+
+#[test]
+fn consensus_is_a_tree_in_its_declared_layers() {
+    check_crate("../consensus/src", CONSENSUS_LAYERS);
+}
+
+/// The module graph of a crate made of `files` (path, source).
+fn graph_of(files: &[(&str, &str)]) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
     let dir = tempfile::tempdir().expect("tempdir");
-    let write = |rel: &str, text: &str| {
+    for (rel, text) in files {
         let path = dir.path().join(rel);
         std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
         std::fs::write(path, text).expect("write");
-    };
-    write("lib.rs", "pub mod a;\npub mod b;\npub mod c;\n");
-    write("a/mod.rs", "pub mod inner;\npub use inner::Thing;\n");
-    write("a/inner.rs", "use crate::b::helper;\n");
-    write("b.rs", "use crate::{c::Other, a::Thing};\n");
-    write("c.rs", "#[cfg(test)]\nmod tests { use crate::b; }\n");
-    let g = graph(dir.path());
-    let m = |s: &str| -> ModPath { s.split("::").map(String::from).collect() };
+    }
+    graph(dir.path())
+}
+
+fn m(s: &str) -> ModPath {
+    s.split("::").map(String::from).collect()
+}
+
+#[test]
+fn the_checker_sees_a_cycle_and_a_re_export() {
+    let g = graph_of(&[
+        ("lib.rs", "pub mod a;\npub mod b;\npub mod c;\n"),
+        ("a/mod.rs", "pub mod inner;\npub use inner::Thing;\n"),
+        ("a/inner.rs", "use crate::b::helper;\n"),
+        ("b.rs", "use crate::{c::Other, a::Thing};\n"),
+        ("c.rs", "#[cfg(test)]\nmod tests { use crate::b; }\n"),
+    ]);
     assert_eq!(g[&m("b")], [m("a::inner"), m("c")].into());
     assert!(g[&m("c")].is_empty(), "test modules do not count");
     assert_eq!(cycles(&g), vec![vec![m("a::inner"), m("b")]]);
@@ -453,26 +443,20 @@ fn the_checker_sees_a_cycle_and_a_re_export() {
 
 #[test]
 fn the_checker_leaves_out_test_modules_and_places_every_module() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let write = |rel: &str, text: &str| {
-        let path = dir.path().join(rel);
-        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-        std::fs::write(path, text).expect("write");
-    };
-    write(
-        "lib.rs",
-        "pub mod a;\npub mod b;\n#[cfg(test)]\nmod harness;\npub mod c;\n",
-    );
-    write(
-        "a.rs",
-        "#[cfg(test)]\nmod tests;\npub fn f() {}\nuse crate::b::g;\n",
-    );
-    write("a/tests.rs", "use crate::c::h;\n");
-    write("b.rs", "pub fn g() {}\n");
-    write("c.rs", "use crate::a::f;\n");
-    write("harness.rs", "use crate::c::h;\n");
-    let g = graph(dir.path());
-    let m = |s: &str| -> ModPath { s.split("::").map(String::from).collect() };
+    let g = graph_of(&[
+        (
+            "lib.rs",
+            "pub mod a;\npub mod b;\n#[cfg(test)]\nmod harness;\npub mod c;\n",
+        ),
+        (
+            "a.rs",
+            "#[cfg(test)]\nmod tests;\npub fn f() {}\nuse crate::b::g;\n",
+        ),
+        ("a/tests.rs", "use crate::c::h;\n"),
+        ("b.rs", "pub fn g() {}\n"),
+        ("c.rs", "use crate::a::f;\n"),
+        ("harness.rs", "use crate::c::h;\n"),
+    ]);
     assert!(!g.contains_key(&m("harness")) && !g.contains_key(&m("a::tests")));
     assert_eq!(
         g[&m("a")],

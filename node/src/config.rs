@@ -522,21 +522,24 @@ impl Config {
                 .map_err(|e| format!("config file {} is not valid TOML: {e}", path.display()))?;
             merge(&mut table, file_table);
         }
+        // A variable is read as the type its key has by default (so
+        // `SHOAL_REGION=42` is the string "42"); a key whose default is
+        // unset (an optional one) is read by its look, and as a string if
+        // the configuration then does not take it.
+        let mut by_look = Vec::new();
         for key in ENV_KEYS {
             let var = format!("SHOAL_{}", key.replace('.', "__").to_ascii_uppercase());
             if let Some(raw) = env.get(&var) {
-                let mut t = &mut table;
-                let parts: Vec<&str> = key.split('.').collect();
-                for p in &parts[..parts.len() - 1] {
-                    t = match t
-                        .entry(p.to_string())
-                        .or_insert_with(|| toml::Value::Table(Default::default()))
-                    {
-                        toml::Value::Table(inner) => inner,
-                        _ => return Err(format!("config key {p} is not a table")),
-                    };
-                }
-                t.insert(parts[parts.len() - 1].to_string(), env_value(raw));
+                let (t, leaf) = leaf_table(&mut table, key)?;
+                let value = match t.get(leaf) {
+                    Some(toml::Value::String(_)) => toml::Value::String(raw.clone()),
+                    Some(_) => env_value(raw),
+                    None => {
+                        by_look.push((*key, raw.clone()));
+                        env_value(raw)
+                    }
+                };
+                t.insert(leaf.to_string(), value);
             }
         }
         if let Some(labels) = env.get("SHOAL_LABELS") {
@@ -547,9 +550,20 @@ impl Config {
             }
             table.insert("labels".into(), toml::Value::Table(map));
         }
-        let mut cfg: Config = table
-            .try_into()
-            .map_err(|e: toml::de::Error| format!("invalid configuration: {}", e.message()))?;
+        let mut cfg: Config = match table.clone().try_into() {
+            Ok(cfg) => cfg,
+            Err(first) if !by_look.is_empty() => {
+                let first: toml::de::Error = first;
+                for (key, raw) in &by_look {
+                    let (t, leaf) = leaf_table(&mut table, key)?;
+                    t.insert(leaf.to_string(), toml::Value::String(raw.clone()));
+                }
+                table.try_into().map_err(|_: toml::de::Error| {
+                    format!("invalid configuration: {}", first.message())
+                })?
+            }
+            Err(e) => return Err(format!("invalid configuration: {}", e.message())),
+        };
         if let Some(range) = env
             .get(shoal_mesh::protocol::TEST_ENV)
             .filter(|s| !s.trim().is_empty())
@@ -690,6 +704,26 @@ impl Config {
     }
 }
 
+/// The table holding the dotted `key`'s leaf, made on the way, and the
+/// leaf's name.
+fn leaf_table<'a, 'k>(
+    table: &'a mut toml::Table,
+    key: &'k str,
+) -> Result<(&'a mut toml::Table, &'k str), String> {
+    let (path, leaf) = key.rsplit_once('.').unwrap_or(("", key));
+    let mut t = table;
+    for p in path.split('.').filter(|p| !p.is_empty()) {
+        t = match t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(Default::default()))
+        {
+            toml::Value::Table(inner) => inner,
+            _ => return Err(format!("config key {p} is not a table")),
+        };
+    }
+    Ok((t, leaf))
+}
+
 fn merge(base: &mut toml::Table, over: toml::Table) {
     for (k, v) in over {
         match (base.get_mut(&k), v) {
@@ -741,6 +775,32 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_variable_is_read_as_the_type_of_its_key() {
+        let load = |pairs: &[(&str, &str)]| {
+            let env = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>();
+            Config::load(None, &env)
+        };
+        let cfg = load(&[
+            ("SHOAL_NAME", "42"),
+            ("SHOAL_REGION", "7"),
+            ("SHOAL_EXECUTOR__RUN_AS", "1000"),
+            ("SHOAL_STORAGE__CAPACITY_BYTES", "4096"),
+            ("SHOAL_EXECUTOR__ENABLED", "false"),
+        ])
+        .expect("valid");
+        assert_eq!(cfg.name.as_deref(), Some("42"));
+        assert_eq!(cfg.region, "7");
+        assert_eq!(cfg.executor.run_as.as_deref(), Some("1000"));
+        assert_eq!(cfg.storage.capacity_bytes, 4096);
+        assert!(!cfg.executor.enabled);
+        let err = load(&[("SHOAL_STORAGE__CAPACITY_BYTES", "lots")]).expect_err("not a number");
+        assert!(err.contains("invalid configuration"), "{err}");
+    }
 
     #[test]
     fn the_suspicion_timeout_is_bounded_by_the_ledgers_wait_for_a_gangs_verdict() {

@@ -633,3 +633,83 @@ async fn only_the_leader_may_ask_a_voter_to_stand() {
         "leadership moved after a refused ElectNow"
     );
 }
+
+/// A peer region's secret is handed over only to a current member of this
+/// cluster: a certificate the cluster CA signed for an id it never admitted
+/// gets nothing, and a member's certificate stops working for it once the
+/// member is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_regions_secret_is_handed_only_to_current_members() {
+    let _serial = common::one_at_a_time();
+    let c = LocalCluster::start(3, |_, _| {}).await.expect("cluster");
+    c.wait_all_alive(TIMEOUT).await.expect("alive");
+    let leader = agreed_leader(&c).await;
+    let leader_id = leader.id();
+    let secret = "sa1.a-peer-regions-secret-for-this-test";
+    let peer = shoal_consensus::federation::PeerRegion {
+        name: "eu-9".into(),
+        cluster_id: "c-peer".into(),
+        ca_cert_pem: "-----BEGIN CERTIFICATE-----\npeer\n-----END CERTIFICATE-----\n".into(),
+        api_urls: vec!["https://127.0.0.1:9".into()],
+        outbound_secret_hash: shoal_consensus::tokens::hash_secret(secret),
+        inbound_token_hash: shoal_consensus::tokens::hash_secret("sa1.the-peers-own"),
+        joined_at_ms: 0,
+    };
+    // As a join does: the secret on the joining node's disk first, then
+    // the record with its hash.
+    shoal_node::federation::secrets::store(leader.data_dir(), &peer.name, secret)
+        .expect("store the secret");
+    let (answer, _) = leader
+        .node()
+        .ledger()
+        .write_local(Command::AddPeerRegion { peer })
+        .await
+        .expect("the peer recorded");
+    assert_eq!(answer, LedgerResponse::Ok);
+    let ask = Request::FetchPeerSecret {
+        region: "eu-9".into(),
+    };
+    let handed =
+        |r: &Response| matches!(r, Response::PeerSecret(Some(UserToken(s))) if s == secret);
+
+    let member = c
+        .agents
+        .iter()
+        .find(|a| a.id() != leader_id)
+        .expect("a follower");
+    let as_member = impersonate(&c, member.id(), member.name());
+    let answer = call(&as_member, leader.rpc_addr(), &ask).await;
+    assert!(
+        handed(&answer),
+        "a member was not handed the secret: {answer:?}"
+    );
+
+    let stranger = impersonate(&c, 4242, "stranger");
+    let answer = call(&stranger, leader.rpc_addr(), &ask).await;
+    assert!(
+        !handed(&answer),
+        "an id the cluster never admitted got the secret"
+    );
+
+    let admin = shoal_sdk::Client::new(leader.api_url(), Some(c.admin_token.clone()));
+    admin
+        .remove_node(&member.id().to_string())
+        .await
+        .expect("removed");
+    c.wait_until("the leader to apply the removal", TIMEOUT, |_| {
+        let left = leader.node().ledger().read().is_ok_and(|d| {
+            d.ledger
+                .members
+                .get(&member.id())
+                .is_some_and(|m| m.state == shoal_sdk::MemberState::Left)
+        });
+        async move { left }
+    })
+    .await
+    .expect("applied");
+    let answer = call(&as_member, leader.rpc_addr(), &ask).await;
+    assert!(
+        !handed(&answer),
+        "a removed member was still handed the secret"
+    );
+}

@@ -266,22 +266,17 @@ impl Ledger {
                 gpus,
                 gpu_seconds,
             } => answer(self.set_global_caps(tenant, *gpus, *gpu_seconds)),
+            Command::SealPeerSecret { region } => answer(self.seal_peer_secret(region)),
+            // A peer's shared tenant, adopted by name (`Global`) or, over a
+            // local tenant of that name, by an admin's consent (`Local`).
             Command::AdoptGlobalTenant {
                 tenant,
                 home,
                 gpus,
                 gpu_seconds,
                 limits,
-            } => answer(self.adopt_global_tenant(
-                tenant,
-                home,
-                (*gpus, *gpu_seconds),
-                limits,
-                false,
-                now,
-            )),
-            Command::SealPeerSecret { region } => answer(self.seal_peer_secret(region)),
-            Command::AdoptLocalTenant {
+            }
+            | Command::AdoptLocalTenant {
                 tenant,
                 home,
                 gpus,
@@ -292,7 +287,7 @@ impl Ledger {
                 home,
                 (*gpus, *gpu_seconds),
                 limits,
-                true,
+                matches!(cmd, Command::AdoptLocalTenant { .. }),
                 now,
             )),
             Command::ShareRound {
