@@ -11,6 +11,7 @@ pub mod failure_detector;
 pub mod gossip;
 pub mod protocol;
 pub mod rpc;
+mod rpc_traffic;
 pub mod tls;
 pub mod vivaldi;
 

@@ -36,7 +36,11 @@ use std::sync::OnceLock;
 /// a peer region is recorded only for a tenant shared across regions
 /// (`federation::copies::SHARED_ONLY_SINCE_PROTOCOL`): refusals decided in
 /// `apply`, so they take effect once every member speaks 6.
-pub const PROTOCOL: u16 = 6;
+/// Version 7: members renew a lease on the leader (`Request::Renew`) in
+/// place of a status query, and the leader judges liveness from those
+/// renewals instead of every member hearing every other's gossiped
+/// heartbeat; used towards a leader once every member speaks 7.
+pub const PROTOCOL: u16 = 7;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL: u16 = 1;
 /// Test only: overrides the range a process speaks (`min..max`).

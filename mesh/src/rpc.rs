@@ -13,6 +13,8 @@
 
 use crate::admission::{Admission, Holder, Limits};
 use crate::protocol::{self, Mismatch, Negotiated, Range};
+use crate::rpc_traffic::{Counters, CountingSocket};
+pub use crate::rpc_traffic::RpcTraffic;
 use crate::tls::{joiner_client_config_for, NodeCredentials, TlsError, CLUSTER_SERVER_NAME};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{ClientConfig, Connection, Endpoint, ServerConfig, TransportConfig};
@@ -149,6 +151,7 @@ pub struct RpcEndpoint {
     connections: Arc<Mutex<HashMap<SocketAddr, Connection>>>,
     /// The protocol versions this endpoint offers and accepts.
     speaks: Range,
+    traffic: Arc<Counters>,
 }
 
 impl RpcEndpoint {
@@ -192,19 +195,25 @@ impl RpcEndpoint {
             addr,
             reason: "no async runtime".into(),
         })?;
+        let bind_error = |e: std::io::Error| RpcError::Bind {
+            addr,
+            reason: e.to_string(),
+        };
+        let traffic = Arc::new(Counters::default());
+        let socket = CountingSocket::wrap(
+            runtime.wrap_udp_socket(socket).map_err(bind_error)?,
+            traffic.clone(),
+        );
         let endpoint =
-            Endpoint::new(endpoint_config(), Some(server), socket, runtime).map_err(|e| {
-                RpcError::Bind {
-                    addr,
-                    reason: e.to_string(),
-                }
-            })?;
+            Endpoint::new_with_abstract_socket(endpoint_config(), Some(server), socket, runtime)
+                .map_err(bind_error)?;
         let client = member_client_config(creds, speaks)?;
         let this = RpcEndpoint {
             endpoint: endpoint.clone(),
             client: Arc::new(std::sync::RwLock::new(client)),
             connections: Arc::new(Mutex::new(HashMap::new())),
             speaks,
+            traffic,
         };
         let admission = Arc::new(std::sync::Mutex::new(Admission::new(Limits::default())));
         tokio::spawn(accept_loop(endpoint, handler, admission, speaks));
@@ -230,6 +239,12 @@ impl RpcEndpoint {
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.endpoint.local_addr().ok()
+    }
+
+    /// Bytes this endpoint's socket moved since it was bound (every
+    /// connection, handshakes and retransmissions included).
+    pub fn traffic(&self) -> RpcTraffic {
+        self.traffic.snapshot()
     }
 
     /// The protocol versions this endpoint speaks.
@@ -750,8 +765,46 @@ pub async fn call_as_joiner(
     call_as_joiner_speaking(addr, ca_pin, body, timeout, protocol::local()).await
 }
 
+/// [`call_as_joiner`] from the local address `from` (the one the joining
+/// node will serve on), so that the member asked sees the joiner's own
+/// address, not whichever the system would pick, and counts what it
+/// allows per source against that node.
+pub async fn call_as_joiner_from(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    ca_pin: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(Vec<u8>, Vec<u8>), RpcError> {
+    joiner_call(
+        SocketAddr::new(from, 0),
+        addr,
+        ca_pin,
+        body,
+        timeout,
+        protocol::local(),
+    )
+    .await
+}
+
 /// [`call_as_joiner`] offering the protocol versions of `speaks`.
 pub async fn call_as_joiner_speaking(
+    addr: SocketAddr,
+    ca_pin: &str,
+    body: &[u8],
+    timeout: Duration,
+    speaks: Range,
+) -> Result<(Vec<u8>, Vec<u8>), RpcError> {
+    let bind: SocketAddr = if addr.is_ipv4() {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    } else {
+        SocketAddr::from(([0u16; 8], 0))
+    };
+    joiner_call(bind, addr, ca_pin, body, timeout, speaks).await
+}
+
+async fn joiner_call(
+    bind: SocketAddr,
     addr: SocketAddr,
     ca_pin: &str,
     body: &[u8],
@@ -762,11 +815,6 @@ pub async fn call_as_joiner_speaking(
     let quic = QuicClientConfig::try_from(tls).map_err(|e| TlsError::Invalid(e.to_string()))?;
     let mut config = ClientConfig::new(Arc::new(quic));
     config.transport_config(transport_config());
-    let bind: SocketAddr = if addr.is_ipv4() {
-        SocketAddr::from(([0, 0, 0, 0], 0))
-    } else {
-        SocketAddr::from(([0u16; 8], 0))
-    };
     let endpoint = Endpoint::client(bind).map_err(|e| RpcError::Bind {
         addr: bind,
         reason: e.to_string(),
@@ -822,6 +870,25 @@ mod tests {
             .expect("b");
         let addr = a.local_addr().expect("addr");
         (a, b, addr)
+    }
+
+    #[tokio::test]
+    async fn each_endpoint_counts_the_bytes_its_socket_moves() {
+        let (a, b, addr) = two_members();
+        let body = vec![7u8; 100_000];
+        b.call(addr, &body, Duration::from_secs(5))
+            .await
+            .expect("call");
+        let (ta, tb) = (a.traffic(), b.traffic());
+        // The body went out of b and into a, and came back echoed.
+        for t in [ta, tb] {
+            assert!(t.bytes_in > 100_000 && t.bytes_out > 100_000, "{t:?}");
+        }
+        // Nothing is counted received that was not sent; a burst may lose
+        // a few datagrams to a full receive buffer, which QUIC resends.
+        for (sent, received) in [(tb.bytes_out, ta.bytes_in), (ta.bytes_out, tb.bytes_in)] {
+            assert!(received <= sent && received * 10 >= sent * 9, "{ta:?} {tb:?}");
+        }
     }
 
     #[tokio::test]

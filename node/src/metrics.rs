@@ -234,6 +234,7 @@ pub struct Metrics {
     pub gossip_rejected: Counter,
     pub gossip_advert_delay: Histogram,
     pub gossip_bytes: Family<Labels, Counter>,
+    pub rpc_bytes: Family<Labels, Counter>,
     pub gossip_peers_heard: Gauge,
     pub fd_peers: Family<Labels, Gauge>,
     pub fd_transitions: Family<Labels, Counter>,
@@ -288,6 +289,7 @@ impl Metrics {
             gossip_rejected: Counter::default(),
             gossip_advert_delay: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             gossip_bytes: Family::default(),
+            rpc_bytes: Family::default(),
             gossip_peers_heard: Gauge::default(),
             fd_peers: Family::default(),
             fd_transitions: Family::default(),
@@ -410,6 +412,11 @@ impl Metrics {
             "gossip_bytes",
             "Bytes of gossip traffic, by direction",
             m.gossip_bytes.clone(),
+        );
+        registry.register(
+            "rpc_bytes",
+            "Bytes through this node's member RPC socket (QUIC: Raft, routed writes, chunks), by direction",
+            m.rpc_bytes.clone(),
         );
         registry.register(
             "gossip_peers_heard",

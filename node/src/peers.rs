@@ -1,15 +1,22 @@
-//! This node's view of its peers, kept without asking anyone: the gossip
-//! loop (`workers::gossip`) feeds it heartbeats, capacity adverts and RTT
-//! samples; from them the node keeps
+//! This node's view of its peers: the gossip loop (`workers::gossip`)
+//! feeds it capacity adverts and RTT samples, and while this node leads,
+//! the members' lease renewals and Raft answers. From them the node keeps
 //!
-//! - a failure detector (phi accrual + Lifeguard local health) per member,
-//!   so every node — not only the leader — knows within seconds who is gone,
-//!   and a newly elected leader already has a history to decide from;
+//! - while it leads, a failure detector (phi accrual + Lifeguard local
+//!   health) per member, fed by the renewals every member sends it several
+//!   times a second; the leader turns its verdicts into ledger states
+//!   (`reconcile`), from which every other node learns them. Only the
+//!   leader judges, so no node hears from every other: a member's cost
+//!   does not grow with the pool (heartbeats gossiped all to all did);
 //! - Vivaldi network coordinates (its own, and every member's from their
 //!   adverts), so any node can estimate the RTT between any two members;
 //! - the latest capacity advert of every member.
 //!
-//! The leader turns the detector's verdicts into ledger states (`reconcile`).
+//! A newly elected leader starts its detector afresh: every member the
+//! ledger holds alive or suspect as if just heard (its renewals arrive
+//! within a renewal period), a member held down only once heard again —
+//! so a leader change never revives a dead node, and a node that died with
+//! the old leader is found a suspicion timeout later.
 
 use shoal_consensus::NodeId;
 use shoal_mesh::failure_detector::{FailureDetector, FailureDetectorConfig, PeerState, Transition};
@@ -22,8 +29,9 @@ use std::time::{Duration, Instant};
 
 pub use shoal_mesh::gossip::{Multiaddr, PeerId};
 
-/// How often a node says it is alive.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(200);
+/// How often a member renews its lease on the leader: the interval the
+/// leader's detector expects between a live member's signs of life.
+pub const RENEW_EVERY: Duration = Duration::from_millis(200);
 /// Time a new member has to be heard from before the detector counts it.
 const JOIN_GRACE: Duration = Duration::from_secs(10);
 
@@ -40,6 +48,8 @@ pub struct PeerView {
     /// Test-only extra RTT per peer, to emulate distance on one machine.
     injected_rtt: BTreeMap<String, Duration>,
     last_tick: Instant,
+    /// This node leads, so its detector judges the members.
+    judging: bool,
 }
 
 impl PeerView {
@@ -51,7 +61,7 @@ impl PeerView {
         PeerView {
             detector: FailureDetector::new(
                 FailureDetectorConfig {
-                    heartbeat_interval: HEARTBEAT_EVERY,
+                    heartbeat_interval: RENEW_EVERY,
                     suspicion_timeout,
                     ..FailureDetectorConfig::default()
                 },
@@ -64,19 +74,31 @@ impl PeerView {
             node_of_peer: BTreeMap::new(),
             injected_rtt,
             last_tick: now,
+            judging: false,
         }
     }
 
-    /// A sign of life from `node` (gossip message, or a Raft ack seen by the leader).
+    /// A sign of life from `node`: a gossip message, or, on the leader,
+    /// a lease renewal or a Raft answer.
     pub fn heard(&mut self, node: NodeId, now: Instant) {
-        if self.unheard_since.remove(&node).is_some() {
+        self.last_heard.insert(node, now);
+        if !self.judging {
+            return;
+        }
+        if self.detector.state(&node).is_none() {
+            self.unheard_since.remove(&node);
             self.detector.add_peer(node, now);
         }
         self.detector.heartbeat(&node, now);
-        self.last_heard.insert(node, now);
     }
 
-    /// The state this node's detector gives a member.
+    /// Whether this node's detector judges the members (it leads).
+    pub fn judging(&self) -> bool {
+        self.judging
+    }
+
+    /// The state this node's detector gives a member (none where this
+    /// node does not lead).
     pub fn state(&self, node: NodeId) -> Option<MemberState> {
         self.detector.state(&node).map(|s| match s {
             PeerState::Alive => MemberState::Alive,
@@ -104,19 +126,43 @@ impl PeerView {
     }
 
     /// One tick of the detector's clock with the ledger's current members
-    /// (this node excluded): new members get `JOIN_GRACE` before they are
-    /// counted, removed ones are forgotten. Returns the state changes.
+    /// (this node excluded) and their ledger states, `judging` while this
+    /// node leads: new members get `JOIN_GRACE` before they are counted,
+    /// removed ones are forgotten. Returns the state changes.
     pub fn tick(
         &mut self,
-        members: &[(NodeId, PeerId)],
+        members: &[(NodeId, PeerId, MemberState)],
+        judging: bool,
         expected_tick: Duration,
         now: Instant,
     ) -> Vec<Transition<NodeId>> {
         let expected = self.last_tick + expected_tick;
         self.detector.observe_own_tick(expected, now);
         self.last_tick = now;
-        self.node_of_peer = members.iter().map(|(id, peer)| (*peer, *id)).collect();
-        for (id, _) in members {
+        self.node_of_peer = members
+            .iter()
+            .map(|(id, peer, _)| (*peer, *id))
+            .collect();
+        if judging != self.judging {
+            self.judging = judging;
+            let known: Vec<NodeId> = self.detector.peers().map(|(k, _)| *k).collect();
+            for k in known {
+                self.detector.remove_peer(&k);
+            }
+            self.unheard_since.clear();
+            if judging {
+                for (id, _, state) in members {
+                    if *state != MemberState::Down {
+                        self.detector.add_peer(*id, now);
+                    }
+                }
+            }
+        }
+        if !judging {
+            self.forget_removed(members);
+            return Vec::new();
+        }
+        for (id, _, _) in members {
             if self.detector.state(id).is_none() {
                 let since = *self.unheard_since.entry(*id).or_insert(now);
                 if now.duration_since(since) >= JOIN_GRACE {
@@ -127,15 +173,28 @@ impl PeerView {
         }
         let known: Vec<NodeId> = self.detector.peers().map(|(k, _)| *k).collect();
         for k in known {
-            if !members.iter().any(|(id, _)| *id == k) {
+            if !members.iter().any(|(id, _, _)| *id == k) {
                 self.detector.remove_peer(&k);
-                self.capacity.remove(k);
-                self.last_heard.remove(&k);
             }
         }
         self.unheard_since
-            .retain(|id, _| members.iter().any(|(m, _)| m == id));
+            .retain(|id, _| members.iter().any(|(m, _, _)| m == id));
+        self.forget_removed(members);
         self.detector.tick(now)
+    }
+
+    /// Forgets the adverts and contact times of nodes no longer members.
+    fn forget_removed(&mut self, members: &[(NodeId, PeerId, MemberState)]) {
+        let gone: Vec<NodeId> = self
+            .last_heard
+            .keys()
+            .copied()
+            .filter(|k| !members.iter().any(|(id, _, _)| id == k))
+            .collect();
+        for k in gone {
+            self.capacity.remove(k);
+            self.last_heard.remove(&k);
+        }
     }
 
     /// Estimated RTT between two members from their coordinates.

@@ -42,6 +42,36 @@ pub fn read_self() -> Option<ProcStat> {
     parse_stat(&text, ticks as f64, page as u64)
 }
 
+/// CPU seconds of this process's threads, summed by thread name (the
+/// `comm` of `/proc/self/task/*/stat`): a harness that names the threads of
+/// each in-process node after it can tell what each node costs.
+pub fn cpu_seconds_by_thread_name() -> std::collections::HashMap<String, f64> {
+    let mut by_name = std::collections::HashMap::new();
+    // SAFETY: sysconf only reads a system constant.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return by_name;
+    };
+    if ticks <= 0 {
+        return by_name;
+    }
+    for task in tasks.flatten() {
+        let Ok(text) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        if let Some((name, cpu)) = thread_cpu(&text, ticks as f64) {
+            *by_name.entry(name).or_insert(0.0) += cpu;
+        }
+    }
+    by_name
+}
+
+/// A thread's name and CPU seconds from its `stat` line.
+fn thread_cpu(text: &str, ticks_per_s: f64) -> Option<(String, f64)> {
+    let name = &text[text.find('(')? + 1..text.rfind(')')?];
+    Some((name.to_string(), parse_stat(text, ticks_per_s, 1)?.cpu_seconds))
+}
+
 /// Seconds since the Unix epoch at boot (`btime` in /proc/stat).
 pub fn boot_time_s() -> Option<u64> {
     std::fs::read_to_string("/proc/stat")
@@ -79,6 +109,41 @@ mod tests {
         assert_eq!(s.virtual_bytes, 1_048_576_000);
         assert_eq!(s.resident_bytes, 25600 * 4096);
         assert!(parse_stat("garbage", 100.0, 4096).is_none());
+    }
+
+    #[test]
+    fn threads_are_told_apart_by_name() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (spun_tx, spun_rx) = std::sync::mpsc::channel::<()>();
+        let spinner = std::thread::Builder::new()
+            .name("procstat-spin".into())
+            .spawn(move || {
+                // Spin until this thread itself has used 0.2 s of CPU,
+                // however busy the machine is.
+                let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                loop {
+                    // SAFETY: clock_gettime writes into `ts` only.
+                    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+                    if ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9 >= 0.2 {
+                        break;
+                    }
+                }
+                let _ = spun_tx.send(());
+                let _ = rx.recv();
+            })
+            .expect("spawn");
+        // Read while the thread is alive: a joined thread leaves no stat.
+        spun_rx.recv().expect("spun");
+        let by_name = cpu_seconds_by_thread_name();
+        let _ = tx.send(());
+        let _ = spinner.join();
+        let spun = by_name.get("procstat-spin").copied().unwrap_or(0.0);
+        // Clock ticks are 10 ms.
+        assert!(spun >= 0.15, "{by_name:?}");
+        assert_eq!(
+            thread_cpu("12 (hn 3) S 1 1 1 0 -1 0 0 0 0 0 250 150 0 0 20 0 1 0 1 1 1", 100.0),
+            Some(("hn 3".to_string(), 4.0))
+        );
     }
 
     #[test]

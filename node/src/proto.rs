@@ -7,6 +7,10 @@ use shoal_consensus::network::{RaftRpc, RaftRpcReply};
 use shoal_consensus::{Command, LedgerResponse, MemberSpec};
 use shoal_sdk::{NodeInfo, StatusResponse};
 
+/// The protocol version from which members renew a lease on the leader
+/// (`Request::Renew`) rather than query its status.
+pub const RENEW_SINCE_PROTOCOL: u16 = 7;
+
 /// Bound on any decoded message (the frame limit is the same).
 const MAX_MESSAGE: u64 = shoal_mesh::rpc::MAX_FRAME as u64;
 
@@ -80,6 +84,13 @@ pub enum Request {
     FetchPeerSecret {
         region: String,
     },
+    /// A member renews its lease on the leader (leader only), several
+    /// times a second: the leader counts it as a sign of life, and answers
+    /// with a read index (its commit index, its leadership confirmed by a
+    /// quorum after the request arrived) which the member applies before
+    /// it counts its ledger current. Protocol 7; a member whose leader
+    /// speaks less asks `Query::Status` instead.
+    Renew,
 }
 
 /// A user's API token on its way to the leader. Only its holder and the
@@ -187,6 +198,10 @@ pub enum Response {
     GpuTelemetry(Vec<GpuTelemetry>),
     /// A peer region's secret, `None` when the node does not hold it.
     PeerSecret(Option<UserToken>),
+    /// The read index a renewal was answered with.
+    Renewed {
+        read_index: u64,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone)]

@@ -159,9 +159,24 @@ impl NodeService {
             ))),
             Request::ElectNow => self.elect_now(member).await,
             Request::StillMember => Ok(Response::Holds(true)),
+            Request::Renew => self.renew_lease(member).await,
             other => self.serve_as_leader(other).await,
         };
         result.unwrap_or_else(Response::Error)
+    }
+
+    /// A member's lease renewal: a sign of life for this leader's failure
+    /// detector (the certificate names the member, whatever it wrote), then
+    /// a read index from a round shared with the other renewals.
+    async fn renew_lease(&self, member: NodeId) -> Result<Response, WireError> {
+        if !self.ledger.is_leader() {
+            return Err(WireError::new(ErrorCode::NotLeader, "not the leader"));
+        }
+        if let Ok(mut peers) = self.peers.lock() {
+            peers.heard(member, std::time::Instant::now());
+        }
+        let read_index = self.ledger.shared_read_index().await?;
+        Ok(Response::Renewed { read_index })
     }
 
     /// A stopping leader hands its leadership over: this voter stands for
@@ -462,6 +477,10 @@ impl NodeService {
                 ErrorCode::Invalid,
                 "a membership probe is served by the node asked, not routed",
             )),
+            // The leader's own renewal, routed to itself.
+            Request::Renew => Ok(Response::Renewed {
+                read_index: self.ledger.shared_read_index().await?,
+            }),
             Request::Raft(_) | Request::Chunk(_) => Err(WireError::new(
                 ErrorCode::Invalid,
                 "Raft and chunk RPCs are not routed",

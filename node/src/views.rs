@@ -714,18 +714,20 @@ fn protocol_text(spec: &shoal_consensus::MemberSpec) -> String {
     format!("{min}..{max}")
 }
 
-/// This node's own view of every other member, from gossip.
+/// This node's own view of every other member: adverts and RTTs from
+/// gossip, liveness as the leader judges it (its detector on the leader,
+/// the ledger elsewhere).
 pub fn peer_views(
     ledger: &crate::ledger_client::LedgerClient,
     peers: &crate::peers::SharedPeerView,
 ) -> Vec<shoal_sdk::PeerView> {
     let me = ledger.me();
-    let members: Vec<(NodeId, String)> = match ledger.read() {
+    let members: Vec<(NodeId, String, MemberState)> = match ledger.read() {
         Ok(d) => d
             .ledger
             .active_members()
             .filter(|m| m.id != me)
-            .map(|m| (m.id, m.spec.name.clone()))
+            .map(|m| (m.id, m.spec.name.clone(), m.state))
             .collect(),
         Err(_) => return Vec::new(),
     };
@@ -735,15 +737,19 @@ pub fn peer_views(
     let now = Instant::now();
     members
         .into_iter()
-        .map(|(id, name)| {
+        .map(|(id, name, committed)| {
             let advert = p.capacity.get(id);
+            // The leader's own judgement where this node leads (it is
+            // ahead of the ledger by a commit), else the ledger's.
+            let state = if p.judging() {
+                p.state(id).map(|s| s.as_str().to_string())
+            } else {
+                Some(committed.as_str().to_string())
+            };
             shoal_sdk::PeerView {
                 id,
                 name,
-                state: p
-                    .state(id)
-                    .map(|s| s.as_str().to_string())
-                    .unwrap_or_else(|| "unknown".into()),
+                state: state.unwrap_or_else(|| "unknown".into()),
                 last_heard_ms: p
                     .last_heard
                     .get(&id)

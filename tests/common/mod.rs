@@ -181,21 +181,23 @@ pub fn form_cluster(nodes: &mut [NodeProc]) -> String {
 
 /// Waits until every node of `nodes` has, in its *own* state (its
 /// `/metrics`, answered locally, not routed to the leader): every node an
-/// alive member of its ledger, and every other node alive in its failure
-/// detector. "The leader lists every member alive" only proves admission —
-/// a follower may not have applied the last join yet, and a member is alive
-/// in the ledger from its admission on, before anyone has heard from it. A
-/// test that then acts through any node relies on that node's own view.
+/// alive member of its ledger and of its liveness view, and a capacity
+/// advert heard from every other node. "The leader lists every member
+/// alive" only proves admission — a follower may not have applied the last
+/// join yet, and a member is alive in the ledger from its admission on,
+/// before anyone has heard from it. A test that then acts through any node
+/// relies on that node's own view.
 pub async fn wait_converged(nodes: &[NodeProc], token: &str) {
     let want = nodes.len();
     let members = format!("shoal_members{{state=\"alive\"}} {want}\n");
     let peers = format!("shoal_fd_peers{{state=\"alive\"}} {}\n", want - 1);
+    let heard = format!("shoal_gossip_peers_heard {}\n", want - 1);
     for n in nodes {
         let c = n.client(token);
-        let (members, peers) = (&members, &peers);
+        let (members, peers, heard) = (&members, &peers, &heard);
         wait_for(
             &format!(
-                "{} to see every member alive in its own ledger and detector",
+                "{} to see every member alive in its own ledger and liveness view, and hear every advert",
                 n.name
             ),
             Duration::from_secs(120),
@@ -203,7 +205,8 @@ pub async fn wait_converged(nodes: &[NodeProc], token: &str) {
                 let c = c.clone();
                 async move {
                     let text = c.metrics_text().await.ok()?;
-                    let peers_ok = want == 1 || text.contains(peers.as_str());
+                    let peers_ok = want == 1
+                        || (text.contains(peers.as_str()) && text.contains(heard.as_str()));
                     (text.contains(members.as_str()) && peers_ok).then_some(())
                 }
             },

@@ -30,14 +30,25 @@ pub async fn join_cluster(
     // asked forwards to the leader and retries for a while, and so do we.
     // Admission is idempotent for the same name and gossip key.
     let deadline = Instant::now() + JOIN_RETRY_FOR;
+    // From the address this node will serve on, when it names one of the
+    // asked member's family.
+    let from = spec
+        .rpc_addr
+        .parse::<SocketAddr>()
+        .ok()
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_unspecified() && ip.is_ipv4() == addr.is_ipv4());
     let reply = loop {
-        let (reply, _ca) = shoal_mesh::rpc::call_as_joiner(
-            addr,
-            &parsed.ca_pin,
-            &proto::encode(&req),
-            Duration::from_secs(30),
-        )
-        .await
+        let body = proto::encode(&req);
+        let timeout = Duration::from_secs(30);
+        let called = match from {
+            Some(ip) => {
+                shoal_mesh::rpc::call_as_joiner_from(ip, addr, &parsed.ca_pin, &body, timeout)
+                    .await
+            }
+            None => shoal_mesh::rpc::call_as_joiner(addr, &parsed.ca_pin, &body, timeout).await,
+        };
+        let (reply, _ca) = called
         .map_err(|e| AgentError::Join(format!("cannot join via {addr}: {e}")))?;
         match proto::decode::<Response>(&reply) {
             Ok(Response::Error(e))

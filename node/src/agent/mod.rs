@@ -861,6 +861,17 @@ fn spawn_workers(
         worker::spawn(executor.freshness_probe(), node.shutdown_signal());
         worker::spawn(executor.fence_guard(), node.shutdown_signal());
         worker::spawn(executor, node.shutdown_signal());
+    } else {
+        // No ranks to fence, but the renewals are also how the leader
+        // knows this node lives.
+        worker::spawn(
+            crate::executor::freshness::FreshnessProbe::new(
+                ledger.clone(),
+                Default::default(),
+                Duration::from_millis(shoal_consensus::workload::SELF_FENCE_MS),
+            ),
+            node.shutdown_signal(),
+        );
     }
     worker::spawn(
         AnomalyWatch::new(

@@ -12,6 +12,14 @@ type Labels = Vec<(String, String)>;
 pub fn refresh(node: &Node) {
     refresh_process(&node.metrics().process);
     refresh_peer_view(node);
+    let rpc = node.ledger().rpc_traffic();
+    for (direction, total) in [("in", rpc.bytes_in), ("out", rpc.bytes_out)] {
+        let counter = node
+            .metrics()
+            .rpc_bytes
+            .get_or_create(&vec![("direction".into(), direction.into())]);
+        counter.inc_by(total.saturating_sub(counter.get()));
+    }
     let m = node.ledger().raft_metrics().borrow().clone();
     let mm = node.metrics();
     mm.raft_term.set(m.current_term as i64);
@@ -173,15 +181,34 @@ fn refresh_process(p: &crate::metrics::ProcessSeries) {
     }
 }
 
-/// This node's own failure-detector view, labelled with member names.
+/// Liveness as this node knows it (its failure detector where it leads,
+/// the ledger elsewhere: `peers`), labelled with member names.
 fn refresh_peer_view(node: &Node) {
     let mm = node.metrics();
+    let committed: Vec<MemberState> = node
+        .ledger()
+        .read()
+        .map(|d| {
+            d.ledger
+                .active_members()
+                .filter(|m| m.id != node.id())
+                .map(|m| m.state)
+                .collect()
+        })
+        .unwrap_or_default();
     let Ok(view) = node.peers().lock() else {
         return;
     };
     let now = std::time::Instant::now();
     let mut by_state: BTreeMap<&str, i64> =
         BTreeMap::from([("alive", 0), ("suspect", 0), ("down", 0)]);
+    if !view.judging() {
+        for state in committed {
+            if let Some(n) = by_state.get_mut(state.as_str()) {
+                *n += 1;
+            }
+        }
+    }
     mm.fd_phi.clear();
     for (peer, state) in view.detector.peers() {
         let state = match state {
@@ -211,7 +238,7 @@ fn refresh_peer_view(node: &Node) {
     let heard = view
         .last_heard
         .values()
-        .filter(|t| now.duration_since(**t) <= std::time::Duration::from_secs(1))
+        .filter(|t| now.duration_since(**t) <= 2 * crate::workers::gossip::refresh_period(view.last_heard.len() + 1))
         .count();
     mm.gossip_peers_heard.set(heard as i64);
 }

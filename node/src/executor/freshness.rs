@@ -9,8 +9,11 @@
 //! seed 103 of the pause faults: two epochs at once for 585 ms).
 //!
 //! So freshness is a ReadIndex read, as a Raft lease read is: at `asked`
-//! this node asks the leader for its commit index (the leader confirms its
-//! leadership with a quorum first), then waits until it has applied that
+//! this node renews its lease on the leader (`Request::Renew`), which
+//! answers with its commit index once it has confirmed its leadership with
+//! a quorum (one round shared by the renewals that arrive together), and
+//! the renewal is the leader's sign that this node lives. The node then
+//! waits until it has applied that
 //! index itself. Every entry committed before `asked` is then in this
 //! node's ledger, so if its allocation had been released before `asked`,
 //! the fence has already seen that. A node that cannot complete such a
@@ -29,7 +32,7 @@ use std::time::{Duration, Instant};
 /// How often a read is started. Reads overlap, so a slow one does not
 /// hold back the next: freshness trails by one round trip, not by the
 /// slowest one.
-pub const PROBE_EVERY: Duration = Duration::from_millis(200);
+pub const PROBE_EVERY: Duration = crate::peers::RENEW_EVERY;
 /// Reads in flight at most; a node that cannot reach its leader does not
 /// pile them up.
 const MAX_IN_FLIGHT: usize = 8;
@@ -103,16 +106,16 @@ impl Worker for FreshnessProbe {
     }
 }
 
-/// The leader's commit index, confirmed with a quorum (a status query is
-/// served after `ensure_linearizable`), applied here too.
+/// A lease renewal on the leader: its read index (its commit index,
+/// confirmed with a quorum after the renewal arrived), applied here too.
 async fn read_index(ledger: &LedgerClient, limit: Duration) -> bool {
-    let Ok(status) = ledger.status().await else {
+    let Ok(read_index) = ledger.renew().await else {
         return false;
     };
     ledger
         .raft()
         .wait(Some(limit))
-        .applied_index_at_least(Some(status.commit_index), "a fresh ledger")
+        .applied_index_at_least(Some(read_index), "a fresh ledger")
         .await
         .is_ok()
 }

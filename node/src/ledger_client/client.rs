@@ -5,6 +5,7 @@
 
 use crate::faults::{Channel, FaultRouter, Verdict, RAFT_DROP_WAIT_MAX};
 use crate::ledger_client::batcher::Batcher;
+use crate::ledger_client::read_rounds::ReadRounds;
 use crate::ledger_client::removal::RemovalNotice;
 use crate::metrics::Metrics;
 use crate::proto::{self, ErrorCode, Query, Request, Response, UserToken, WireError};
@@ -73,6 +74,7 @@ struct Shared {
     state: LedgerHandle,
     rpc: RpcEndpoint,
     batcher: Batcher,
+    read_rounds: ReadRounds,
     metrics: Arc<Metrics>,
     request_timeout: Duration,
     leader_service: OnceLock<Weak<dyn LeaderService>>,
@@ -121,6 +123,7 @@ impl LedgerClient {
                 state,
                 rpc,
                 batcher,
+                read_rounds: ReadRounds::default(),
                 metrics,
                 request_timeout,
                 leader_service: OnceLock::new(),
@@ -134,6 +137,12 @@ impl LedgerClient {
     /// Installs what serves routed requests when this node is the leader.
     pub fn serve_leader_requests_with(&self, service: Weak<dyn LeaderService>) {
         let _ = self.shared.leader_service.set(service);
+    }
+
+    /// Bytes this node's RPC socket moved (Raft, routed writes, chunks:
+    /// every member-to-member byte outside gossip).
+    pub fn rpc_traffic(&self) -> shoal_mesh::rpc::RpcTraffic {
+        self.shared.rpc.traffic()
     }
 
     pub fn me(&self) -> NodeId {
@@ -460,10 +469,11 @@ impl LedgerClient {
     }
 
     /// Confirms with a quorum that this node still leads, so a read of its
-    /// ledger that follows is linearizable.
-    pub async fn ensure_linearizable(&self) -> Result<(), WireError> {
+    /// ledger that follows is linearizable; returns the read index (applied
+    /// here by then).
+    pub async fn ensure_linearizable(&self) -> Result<u64, WireError> {
         match self.shared.raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
+            Ok(read) => Ok(read.map(|l| l.index).unwrap_or(0)),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
                 Err(WireError::new(
                     ErrorCode::NotLeader,
@@ -477,6 +487,40 @@ impl LedgerClient {
                 ))
             }
             Err(e) => Err(raft_wire_error(e)),
+        }
+    }
+
+    /// On the leader: a read index confirmed by a ReadIndex round that
+    /// started after this call, shared with the reads asked for meanwhile
+    /// ([`ReadRounds`]).
+    pub async fn shared_read_index(&self) -> Result<u64, WireError> {
+        let client = self.clone();
+        self.shared
+            .read_rounds
+            .read(move || {
+                let client = client.clone();
+                async move { client.ensure_linearizable().await }
+            })
+            .await
+    }
+
+    /// Renews this node's lease on the leader: a sign of life for the
+    /// leader's failure detector, answered with the index this node must
+    /// apply before its ledger counts as current. Towards a cluster of
+    /// which some member does not speak protocol 7 yet, a status query
+    /// (confirmed the same way, one round per query) instead.
+    pub async fn renew(&self) -> Result<u64, WireError> {
+        let renews = self
+            .read()
+            .ok()
+            .and_then(|d| d.ledger.effective_protocol())
+            .is_some_and(|p| p >= proto::RENEW_SINCE_PROTOCOL);
+        if !renews {
+            return Ok(self.status().await?.commit_index);
+        }
+        match self.route(Request::Renew).await? {
+            Response::Renewed { read_index } => Ok(read_index),
+            _ => Err(unexpected("a renewal")),
         }
     }
 

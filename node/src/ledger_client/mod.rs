@@ -6,6 +6,7 @@
 pub mod batcher;
 pub mod client;
 pub mod handover;
+pub mod read_rounds;
 pub mod removal;
 
 pub use client::LedgerClient;

@@ -1,7 +1,8 @@
 //! The node's side of the gossip (libp2p, `shoal_mesh::gossip`): keeps the
-//! gossip membership in step with the ledger, publishes heartbeats and
-//! capacity adverts, and feeds what arrives into this node's
-//! [`PeerView`](crate::peers::PeerView).
+//! gossip membership in step with the ledger, publishes capacity adverts,
+//! and feeds what arrives into this node's
+//! [`PeerView`](crate::peers::PeerView). Liveness is not gossiped: members
+//! renew a lease on the leader, which alone judges them (`peers`).
 //!
 //! Gossip has no transport a fault router could wrap, so when a test
 //! installed one ([`crate::faults`]) the event loop applies it on
@@ -16,7 +17,8 @@ use crate::gpu::Gpus;
 use crate::ledger_client::LedgerClient;
 use crate::metrics::Metrics;
 use crate::node::LocalMember;
-use crate::peers::{Multiaddr, PeerId, SharedPeerView, HEARTBEAT_EVERY};
+use crate::peers::{Multiaddr, PeerId, SharedPeerView};
+use shoal_sdk::MemberState;
 use crate::worker::Worker;
 use shoal_consensus::NodeId;
 use shoal_mesh::failure_detector::PeerState;
@@ -27,8 +29,29 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
-/// How often a node re-publishes its capacity when nothing changed.
-const CAPACITY_EVERY: Duration = Duration::from_secs(1);
+/// How often a node re-publishes its capacity when nothing changed (a
+/// change is published at once) in a pool of up to
+/// `POOL_REFRESHES_PER_S × 5` members (see [`refresh_period`]), and during
+/// its first [`WARM_UP_ADVERTS`] adverts in any pool, so that a new member
+/// is known soon even if its first advert went out before its gossip
+/// connections were up.
+pub const CAPACITY_EVERY: Duration = Duration::from_secs(5);
+/// Unchanged adverts the whole pool publishes per second at most. Every
+/// member receives every advert, so with a fixed period each node's cost
+/// would grow with the pool; spreading the refreshes instead keeps it flat
+/// (as Nomad spaces its clients' heartbeats by the region's size). A
+/// refresh only repairs a lost advert and moves a coordinate: liveness
+/// does not ride on it, and a change is never held back.
+pub const POOL_REFRESHES_PER_S: u32 = 2;
+/// Adverts a node publishes at [`CAPACITY_EVERY`] after it starts.
+const WARM_UP_ADVERTS: u64 = 3;
+
+/// The refresh period of each member's advert in a pool of `members`.
+pub fn refresh_period(members: usize) -> Duration {
+    CAPACITY_EVERY.max(Duration::from_secs_f64(
+        members as f64 / f64::from(POOL_REFRESHES_PER_S),
+    ))
+}
 const TICK: Duration = Duration::from_millis(100);
 
 /// The handles the gossip loops use.
@@ -149,9 +172,9 @@ async fn handle_events(
 struct Publisher {
     parts: GossipParts,
     handle: GossipHandle,
-    heartbeat_seq: u64,
     capacity_seq: u64,
-    last_heartbeat: Instant,
+    /// Adverts published since this node started.
+    adverts_sent: u64,
     last_capacity: Option<(Instant, CapacityAdvert)>,
     members_sent: BTreeMap<PeerId, Multiaddr>,
 }
@@ -165,16 +188,15 @@ impl Publisher {
             // they saw from a node, so sequence numbers must keep growing
             // across restarts: start from the wall clock in milliseconds
             // (they advance by one per message, far slower than the clock).
-            heartbeat_seq: wall_ms(),
             capacity_seq: wall_ms(),
-            last_heartbeat: Instant::now() - HEARTBEAT_EVERY,
+            adverts_sent: 0,
             last_capacity: None,
             members_sent: BTreeMap::new(),
         }
     }
 
-    /// Members' gossip identities from the ledger (this node excluded).
-    fn gossip_members(&self) -> Vec<(NodeId, PeerId, Multiaddr)> {
+    /// Members' gossip identities and ledger states (this node excluded).
+    fn gossip_members(&self) -> Vec<(NodeId, PeerId, Multiaddr, MemberState)> {
         let Ok(d) = self.parts.ledger.read() else {
             return Vec::new();
         };
@@ -184,7 +206,7 @@ impl Publisher {
             .filter_map(|m| {
                 let peer = m.spec.gossip_peer_id.parse().ok()?;
                 let addr = m.spec.gossip_addr.parse().ok()?;
-                Some((m.id, peer, addr))
+                Some((m.id, peer, addr, m.state))
             })
             .collect()
     }
@@ -205,10 +227,13 @@ impl Worker for Publisher {
 
         // Members from the ledger.
         let members = self.gossip_members();
+        let judging = parts.ledger.is_leader();
         if let Ok(mut v) = parts.view.lock() {
-            let ids: Vec<(NodeId, PeerId)> =
-                members.iter().map(|(id, peer, _)| (*id, *peer)).collect();
-            for t in v.tick(&ids, TICK, now) {
+            let ids: Vec<(NodeId, PeerId, MemberState)> = members
+                .iter()
+                .map(|(id, peer, _, state)| (*id, *peer, *state))
+                .collect();
+            for t in v.tick(&ids, judging, TICK, now) {
                 let to = match t.to {
                     PeerState::Alive => "alive",
                     PeerState::Suspect => "suspect",
@@ -234,21 +259,9 @@ impl Worker for Publisher {
             }
         }
         let wanted: BTreeMap<PeerId, Multiaddr> =
-            members.iter().map(|(_, p, a)| (*p, a.clone())).collect();
+            members.iter().map(|(_, p, a, _)| (*p, a.clone())).collect();
         if wanted != self.members_sent && self.handle.set_members(wanted.clone()).await.is_ok() {
             self.members_sent = wanted;
-        }
-
-        if now.duration_since(self.last_heartbeat) >= HEARTBEAT_EVERY {
-            self.heartbeat_seq += 1;
-            self.last_heartbeat = now;
-            if let Err(e) = self
-                .handle
-                .publish_heartbeat(parts.local.id, self.heartbeat_seq, wall_ms())
-                .await
-            {
-                tracing::trace!(error = %e, "heartbeat not published");
-            }
         }
 
         let mut advert = capacity_advert(&parts.local, &parts.ledger, &parts.gpus);
@@ -258,7 +271,12 @@ impl Worker for Publisher {
         let due = match &self.last_capacity {
             None => true,
             Some((at, prev)) => {
-                now.duration_since(*at) >= CAPACITY_EVERY
+                let period = if self.adverts_sent < WARM_UP_ADVERTS {
+                    CAPACITY_EVERY
+                } else {
+                    refresh_period(members.len() + 1)
+                };
+                now.duration_since(*at) >= period
                     || prev.gpus_free_by_model != advert.gpus_free_by_model
                     || prev.healthy != advert.healthy
                     || job_util_moved(&prev.job_util, &advert.job_util)
@@ -266,6 +284,7 @@ impl Worker for Publisher {
         };
         if due {
             self.capacity_seq += 1;
+            self.adverts_sent += 1;
             advert.seq = self.capacity_seq;
             advert.sent_at_ms = wall_ms();
             if let Err(e) = self.handle.publish_capacity(&advert).await {
@@ -359,6 +378,17 @@ mod tests {
             health: String::new(),
             health_reason: None,
         }
+    }
+
+    #[test]
+    fn the_pool_refreshes_its_adverts_at_a_bounded_rate() {
+        assert_eq!(refresh_period(1), CAPACITY_EVERY);
+        assert_eq!(refresh_period(10), CAPACITY_EVERY);
+        for members in [11, 500, 5_000] {
+            let pool_rate = members as f64 / refresh_period(members).as_secs_f64();
+            assert!(pool_rate <= f64::from(POOL_REFRESHES_PER_S) + 1e-9, "{members}: {pool_rate}");
+        }
+        assert_eq!(refresh_period(5_000), Duration::from_secs(2_500));
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod data;
 pub mod gossip;
 pub mod place;
 pub mod recovery;
+pub mod scale;
 pub mod submit;
 
 use crate::agent::testkit::LocalCluster;
@@ -116,6 +117,26 @@ pub enum BenchCmd {
         /// One-GPU jobs running `true`, from 16 concurrent clients (0 skips it)
         #[arg(long, default_value_t = 500)]
         jobs: usize,
+    },
+    /// Hollow nodes: join time, idle cost per node and on the leader, gangs, writes, down detection, false downs
+    Scale {
+        #[arg(long, default_value_t = 50)]
+        nodes: usize,
+        /// Wait once every node is alive everywhere, before measuring
+        #[arg(long, default_value = "20s")]
+        settle: String,
+        /// How long the idle cost is measured
+        #[arg(long, default_value = "20s")]
+        idle: String,
+        /// Gangs of 8 nodes × 8 GPUs, one at a time, each cancelled once placed
+        #[arg(long, default_value_t = 20)]
+        gangs: usize,
+        /// Joins in flight at once
+        #[arg(long, default_value_t = 8)]
+        join_parallel: usize,
+        /// Where the nodes' data directories go (default /dev/shm)
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
     },
     /// Gang placement: pure decisions/s and p99, one full pass, and placements/s through Raft
     Place {
@@ -236,6 +257,30 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 crate::cli::bench::gossip::print(&report);
+            }
+            Ok(())
+        }
+        BenchCmd::Scale {
+            nodes,
+            settle,
+            idle,
+            gangs,
+            join_parallel,
+            data_dir,
+        } => {
+            let args = crate::cli::bench::scale::ScaleArgs {
+                nodes: *nodes,
+                settle: shoal_sdk::units::parse_duration(settle).map_err(anyhow::Error::msg)?,
+                idle: shoal_sdk::units::parse_duration(idle).map_err(anyhow::Error::msg)?,
+                gangs: *gangs,
+                join_parallel: *join_parallel,
+                data_dir: data_dir.clone(),
+            };
+            let report = crate::cli::bench::scale::run(args).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                crate::cli::bench::scale::print(&report);
             }
             Ok(())
         }
