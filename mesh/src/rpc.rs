@@ -13,8 +13,8 @@
 
 use crate::admission::{Admission, Holder, Limits};
 use crate::protocol::{self, Mismatch, Negotiated, Range};
-use crate::rpc_traffic::{Counters, CountingSocket};
 pub use crate::rpc_traffic::RpcTraffic;
+use crate::rpc_traffic::{Counters, CountingSocket};
 use crate::tls::{joiner_client_config_for, NodeCredentials, TlsError, CLUSTER_SERVER_NAME};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{ClientConfig, Connection, Endpoint, ServerConfig, TransportConfig};
@@ -887,7 +887,10 @@ mod tests {
         // Nothing is counted received that was not sent; a burst may lose
         // a few datagrams to a full receive buffer, which QUIC resends.
         for (sent, received) in [(tb.bytes_out, ta.bytes_in), (ta.bytes_out, tb.bytes_in)] {
-            assert!(received <= sent && received * 10 >= sent * 9, "{ta:?} {tb:?}");
+            assert!(
+                received <= sent && received * 10 >= sent * 9,
+                "{ta:?} {tb:?}"
+            );
         }
     }
 

@@ -32,6 +32,27 @@ pub use shoal_mesh::gossip::{Multiaddr, PeerId};
 /// How often a member renews its lease on the leader: the interval the
 /// leader's detector expects between a live member's signs of life.
 pub const RENEW_EVERY: Duration = Duration::from_millis(200);
+/// How often a node re-publishes its capacity when nothing changed (a
+/// change is published at once) in a pool of up to
+/// `POOL_REFRESHES_PER_S × 5` members (see [`refresh_period`]), and during
+/// a node's first few adverts in any pool, so that a new member
+/// is known soon even if its first advert went out before its gossip
+/// connections were up.
+pub const CAPACITY_EVERY: Duration = Duration::from_secs(5);
+/// Unchanged adverts the whole pool publishes per second at most. Every
+/// member receives every advert, so with a fixed period each node's cost
+/// would grow with the pool; spreading the refreshes instead keeps it flat
+/// (as Nomad spaces its clients' heartbeats by the region's size). A
+/// refresh only repairs a lost advert and moves a coordinate: liveness
+/// does not ride on it, and a change is never held back.
+pub const POOL_REFRESHES_PER_S: u32 = 2;
+
+/// The refresh period of each member's advert in a pool of `members`.
+pub fn refresh_period(members: usize) -> Duration {
+    CAPACITY_EVERY.max(Duration::from_secs_f64(
+        members as f64 / f64::from(POOL_REFRESHES_PER_S),
+    ))
+}
 /// Time a new member has to be heard from before the detector counts it.
 const JOIN_GRACE: Duration = Duration::from_secs(10);
 
@@ -139,10 +160,7 @@ impl PeerView {
         let expected = self.last_tick + expected_tick;
         self.detector.observe_own_tick(expected, now);
         self.last_tick = now;
-        self.node_of_peer = members
-            .iter()
-            .map(|(id, peer, _)| (*peer, *id))
-            .collect();
+        self.node_of_peer = members.iter().map(|(id, peer, _)| (*peer, *id)).collect();
         if judging != self.judging {
             self.judging = judging;
             let known: Vec<NodeId> = self.detector.peers().map(|(k, _)| *k).collect();
@@ -242,4 +260,74 @@ pub fn parse_injected_rtt(spec: &str) -> Result<BTreeMap<String, Duration>, Stri
         out.insert(name.to_string(), Duration::from_secs_f64(ms / 1000.0));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_leader_judges_and_a_new_leader_never_revives_a_dead_member() {
+        let t0 = Instant::now();
+        let mut v = PeerView::new(t0, Duration::from_secs(2), BTreeMap::new());
+        let (alive, dead) = (PeerId::random(), PeerId::random());
+        let members = [(2, alive, MemberState::Alive), (3, dead, MemberState::Down)];
+        let tick = Duration::from_millis(100);
+        let mut now = t0;
+        // Not leading: heard or not, no verdicts.
+        v.heard(2, now);
+        assert!(v.tick(&members, false, tick, now).is_empty());
+        assert_eq!((v.state(2), v.state(3)), (None, None));
+        assert!(
+            v.last_heard.contains_key(&2),
+            "adverts still count as heard"
+        );
+        // Leading from now: the live member starts alive as if just heard,
+        // the one the ledger holds down stays unjudged until heard.
+        now += tick;
+        v.tick(&members, true, tick, now);
+        assert_eq!((v.state(2), v.state(3)), (Some(MemberState::Alive), None));
+        // Member 2 renews; member 3 comes back and is heard.
+        for _ in 0..50 {
+            now += tick;
+            v.heard(2, now);
+            v.tick(&members, true, tick, now);
+        }
+        assert_eq!(v.state(2), Some(MemberState::Alive));
+        assert_eq!(v.state(3), None);
+        v.heard(3, now);
+        assert_eq!(v.state(3), Some(MemberState::Alive));
+        // Member 2 falls silent: down within seconds.
+        let mut went_down = None;
+        for i in 0..100 {
+            now += tick;
+            v.heard(3, now);
+            if v.tick(&members, true, tick, now)
+                .iter()
+                .any(|t| t.peer == 2 && t.to == PeerState::Down)
+            {
+                went_down = Some(i);
+                break;
+            }
+        }
+        assert!(went_down.is_some_and(|i| i <= 60), "{went_down:?}");
+        // Leadership lost: the detector forgets.
+        now += tick;
+        assert!(v.tick(&members, false, tick, now).is_empty());
+        assert_eq!((v.state(2), v.state(3)), (None, None));
+    }
+
+    #[test]
+    fn the_pool_refreshes_its_adverts_at_a_bounded_rate() {
+        assert_eq!(refresh_period(1), CAPACITY_EVERY);
+        assert_eq!(refresh_period(10), CAPACITY_EVERY);
+        for members in [11, 500, 5_000] {
+            let pool_rate = members as f64 / refresh_period(members).as_secs_f64();
+            assert!(
+                pool_rate <= f64::from(POOL_REFRESHES_PER_S) + 1e-9,
+                "{members}: {pool_rate}"
+            );
+        }
+        assert_eq!(refresh_period(5_000), Duration::from_secs(2_500));
+    }
 }

@@ -69,7 +69,10 @@ pub fn cpu_seconds_by_thread_name() -> std::collections::HashMap<String, f64> {
 /// A thread's name and CPU seconds from its `stat` line.
 fn thread_cpu(text: &str, ticks_per_s: f64) -> Option<(String, f64)> {
     let name = &text[text.find('(')? + 1..text.rfind(')')?];
-    Some((name.to_string(), parse_stat(text, ticks_per_s, 1)?.cpu_seconds))
+    Some((
+        name.to_string(),
+        parse_stat(text, ticks_per_s, 1)?.cpu_seconds,
+    ))
 }
 
 /// Seconds since the Unix epoch at boot (`btime` in /proc/stat).
@@ -120,7 +123,10 @@ mod tests {
             .spawn(move || {
                 // Spin until this thread itself has used 0.2 s of CPU,
                 // however busy the machine is.
-                let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                let mut ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
                 loop {
                     // SAFETY: clock_gettime writes into `ts` only.
                     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
@@ -141,7 +147,10 @@ mod tests {
         // Clock ticks are 10 ms.
         assert!(spun >= 0.15, "{by_name:?}");
         assert_eq!(
-            thread_cpu("12 (hn 3) S 1 1 1 0 -1 0 0 0 0 0 250 150 0 0 20 0 1 0 1 1 1", 100.0),
+            thread_cpu(
+                "12 (hn 3) S 1 1 1 0 -1 0 0 0 0 0 250 150 0 0 20 0 1 0 1 1 1",
+                100.0
+            ),
             Some(("hn 3".to_string(), 4.0))
         );
     }

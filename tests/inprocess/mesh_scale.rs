@@ -200,3 +200,33 @@ async fn ten_nodes_on_a_saturated_machine_declare_no_live_peer_down_in_60s() {
     );
     c.shutdown().await;
 }
+
+/// A region of hollow nodes (`shoal bench scale`: whole agents on threads
+/// of their own, eight simulated GPUs each, no rank forked) forms, places
+/// an 8 × 8 gang, and finds its killed nodes down in every survivor's
+/// ledger, with no live node ever declared down. 24 nodes keep it within
+/// a minute on a 2-core machine; `shoal bench scale` measures larger ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hollow_region_forms_places_a_gang_and_finds_its_dead() {
+    let _serial = one_at_a_time();
+    let report = shoal_node::cli::bench::scale::run(shoal_node::cli::bench::scale::ScaleArgs {
+        nodes: 24,
+        settle: Duration::ZERO,
+        idle: Duration::from_secs(3),
+        gangs: 2,
+        join_parallel: 8,
+        data_dir: None,
+    })
+    .await
+    .expect("the hollow region runs");
+    println!("{report:?}");
+    assert_eq!(report.gangs, 2);
+    assert!(report.gang_placed_p99_ms > 0.0, "{report:?}");
+    assert_eq!(report.killed, 1);
+    assert!(
+        report.down_everywhere_s <= 10.0,
+        "down everywhere after {} s",
+        report.down_everywhere_s
+    );
+    assert_eq!(report.false_downs, 0, "live nodes declared down");
+}

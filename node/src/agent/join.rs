@@ -43,13 +43,12 @@ pub async fn join_cluster(
         let timeout = Duration::from_secs(30);
         let called = match from {
             Some(ip) => {
-                shoal_mesh::rpc::call_as_joiner_from(ip, addr, &parsed.ca_pin, &body, timeout)
-                    .await
+                shoal_mesh::rpc::call_as_joiner_from(ip, addr, &parsed.ca_pin, &body, timeout).await
             }
             None => shoal_mesh::rpc::call_as_joiner(addr, &parsed.ca_pin, &body, timeout).await,
         };
-        let (reply, _ca) = called
-        .map_err(|e| AgentError::Join(format!("cannot join via {addr}: {e}")))?;
+        let (reply, _ca) =
+            called.map_err(|e| AgentError::Join(format!("cannot join via {addr}: {e}")))?;
         match proto::decode::<Response>(&reply) {
             Ok(Response::Error(e))
                 if matches!(e.code, ErrorCode::NotLeader | ErrorCode::Unavailable)

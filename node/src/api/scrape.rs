@@ -238,7 +238,9 @@ fn refresh_peer_view(node: &Node) {
     let heard = view
         .last_heard
         .values()
-        .filter(|t| now.duration_since(**t) <= 2 * crate::workers::gossip::refresh_period(view.last_heard.len() + 1))
+        .filter(|t| {
+            now.duration_since(**t) <= 2 * crate::peers::refresh_period(view.last_heard.len() + 1)
+        })
         .count();
     mm.gossip_peers_heard.set(heard as i64);
 }

@@ -17,41 +17,22 @@ use crate::gpu::Gpus;
 use crate::ledger_client::LedgerClient;
 use crate::metrics::Metrics;
 use crate::node::LocalMember;
-use crate::peers::{Multiaddr, PeerId, SharedPeerView};
-use shoal_sdk::MemberState;
+use crate::peers::{
+    refresh_period, Multiaddr, PeerId, SharedPeerView, CAPACITY_EVERY, RENEW_EVERY,
+};
 use crate::worker::Worker;
 use shoal_consensus::NodeId;
 use shoal_mesh::failure_detector::PeerState;
 use shoal_mesh::gossip::{CapacityAdvert, GossipEvent, GossipHandle, RejectReason, WireError};
+use shoal_sdk::MemberState;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
-/// How often a node re-publishes its capacity when nothing changed (a
-/// change is published at once) in a pool of up to
-/// `POOL_REFRESHES_PER_S × 5` members (see [`refresh_period`]), and during
-/// its first [`WARM_UP_ADVERTS`] adverts in any pool, so that a new member
-/// is known soon even if its first advert went out before its gossip
-/// connections were up.
-pub const CAPACITY_EVERY: Duration = Duration::from_secs(5);
-/// Unchanged adverts the whole pool publishes per second at most. Every
-/// member receives every advert, so with a fixed period each node's cost
-/// would grow with the pool; spreading the refreshes instead keeps it flat
-/// (as Nomad spaces its clients' heartbeats by the region's size). A
-/// refresh only repairs a lost advert and moves a coordinate: liveness
-/// does not ride on it, and a change is never held back.
-pub const POOL_REFRESHES_PER_S: u32 = 2;
 /// Adverts a node publishes at [`CAPACITY_EVERY`] after it starts.
 const WARM_UP_ADVERTS: u64 = 3;
-
-/// The refresh period of each member's advert in a pool of `members`.
-pub fn refresh_period(members: usize) -> Duration {
-    CAPACITY_EVERY.max(Duration::from_secs_f64(
-        members as f64 / f64::from(POOL_REFRESHES_PER_S),
-    ))
-}
 const TICK: Duration = Duration::from_millis(100);
 
 /// The handles the gossip loops use.
@@ -173,6 +154,8 @@ struct Publisher {
     parts: GossipParts,
     handle: GossipHandle,
     capacity_seq: u64,
+    heartbeat_seq: u64,
+    last_heartbeat: Instant,
     /// Adverts published since this node started.
     adverts_sent: u64,
     last_capacity: Option<(Instant, CapacityAdvert)>,
@@ -189,6 +172,8 @@ impl Publisher {
             // across restarts: start from the wall clock in milliseconds
             // (they advance by one per message, far slower than the clock).
             capacity_seq: wall_ms(),
+            heartbeat_seq: wall_ms(),
+            last_heartbeat: Instant::now() - RENEW_EVERY,
             adverts_sent: 0,
             last_capacity: None,
             members_sent: BTreeMap::new(),
@@ -262,6 +247,26 @@ impl Worker for Publisher {
             members.iter().map(|(_, p, a, _)| (*p, a.clone())).collect();
         if wanted != self.members_sent && self.handle.set_members(wanted.clone()).await.is_ok() {
             self.members_sent = wanted;
+        }
+
+        // A member of an older release judges every peer itself, from
+        // gossiped heartbeats: while one is a member, keep sending them.
+        let older_members = parts
+            .ledger
+            .read()
+            .ok()
+            .and_then(|d| d.ledger.effective_protocol())
+            .is_some_and(|p| p < crate::proto::RENEW_SINCE_PROTOCOL);
+        if older_members && now.duration_since(self.last_heartbeat) >= RENEW_EVERY {
+            self.heartbeat_seq += 1;
+            self.last_heartbeat = now;
+            if let Err(e) = self
+                .handle
+                .publish_heartbeat(parts.local.id, self.heartbeat_seq, wall_ms())
+                .await
+            {
+                tracing::trace!(error = %e, "heartbeat not published");
+            }
         }
 
         let mut advert = capacity_advert(&parts.local, &parts.ledger, &parts.gpus);
@@ -378,17 +383,6 @@ mod tests {
             health: String::new(),
             health_reason: None,
         }
-    }
-
-    #[test]
-    fn the_pool_refreshes_its_adverts_at_a_bounded_rate() {
-        assert_eq!(refresh_period(1), CAPACITY_EVERY);
-        assert_eq!(refresh_period(10), CAPACITY_EVERY);
-        for members in [11, 500, 5_000] {
-            let pool_rate = members as f64 / refresh_period(members).as_secs_f64();
-            assert!(pool_rate <= f64::from(POOL_REFRESHES_PER_S) + 1e-9, "{members}: {pool_rate}");
-        }
-        assert_eq!(refresh_period(5_000), Duration::from_secs(2_500));
     }
 
     #[test]

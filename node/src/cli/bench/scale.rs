@@ -220,8 +220,7 @@ fn hollow_config(root: &std::path::Path, i: usize) -> Config {
         addr.set_ip(ip.into());
     }
     // Four zones, so the voters spread as in a real region.
-    cfg.labels
-        .insert("zone".into(), format!("z{}", i % 4));
+    cfg.labels.insert("zone".into(), format!("z{}", i % 4));
     cfg
 }
 
@@ -285,7 +284,11 @@ fn cost(nodes: &[Hollow], leader: NodeId, from: &Mark, to: &Mark) -> Cost {
 }
 
 /// Polls `check` every 20 ms until it holds or `limit` passes.
-async fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> anyhow::Result<Duration> {
+async fn wait_for(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> bool,
+) -> anyhow::Result<Duration> {
     let t0 = Instant::now();
     loop {
         if check() {
@@ -348,7 +351,8 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
         StartMode::Bootstrap,
     )
     .await?;
-    let admin_token = admin.ok_or_else(|| anyhow::anyhow!("the bootstrap returned no admin token"))?;
+    let admin_token =
+        admin.ok_or_else(|| anyhow::anyhow!("the bootstrap returned no admin token"))?;
     let ledger = first.node.ledger().clone();
     let caller = auth::caller(&ledger, &admin_token)
         .ok_or_else(|| anyhow::anyhow!("the admin token is unknown"))?;
@@ -395,7 +399,10 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
         shutdown(&mut nodes);
         return Err(e);
     }
-    eprintln!("scale: all {} nodes alive everywhere after {:.1} s", args.nodes, report.join_all_s);
+    eprintln!(
+        "scale: all {} nodes alive everywhere after {:.1} s",
+        args.nodes, report.join_all_s
+    );
 
     // False downs, watched on the leader's ledger from here on.
     let killed: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
@@ -403,12 +410,13 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
     let watching = Arc::new(AtomicBool::new(true));
     let watcher = {
         let ledgers: Vec<Arc<Node>> = nodes.iter().map(|n| n.node.clone()).collect();
-        let (killed, false_downs, watching) = (killed.clone(), false_downs.clone(), watching.clone());
+        let (killed, false_downs, watching) =
+            (killed.clone(), false_downs.clone(), watching.clone());
         tokio::spawn(async move {
             while watching.load(Ordering::Relaxed) {
-                let leader = ledgers
-                    .iter()
-                    .find(|n| n.ledger().is_leader() && !killed.lock().is_ok_and(|k| k.contains(&n.id())));
+                let leader = ledgers.iter().find(|n| {
+                    n.ledger().is_leader() && !killed.lock().is_ok_and(|k| k.contains(&n.id()))
+                });
                 if let Some(l) = leader {
                     if let Ok(d) = l.ledger().read() {
                         let killed = killed.lock().map(|k| k.clone()).unwrap_or_default();
@@ -462,7 +470,11 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
             let mut i = 0u64;
             while writing.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                if client.put_attr(&format!("scale/{}", i % 64), "v").await.is_ok() {
+                if client
+                    .put_attr(&format!("scale/{}", i % 64), "v")
+                    .await
+                    .is_ok()
+                {
                     lat.push(t.elapsed().as_secs_f64() * 1e3);
                 }
                 i += 1;
@@ -485,8 +497,10 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
             .id;
         let mut on = Vec::new();
         wait_for("the gang placed", Duration::from_secs(30), || {
-            leader_node.ledger().read().is_ok_and(|d| {
-                match d.ledger.workload.jobs.get(&job) {
+            leader_node
+                .ledger()
+                .read()
+                .is_ok_and(|d| match d.ledger.workload.jobs.get(&job) {
                     Some(j) if j.state == JobState::Running => {
                         on = j
                             .alloc
@@ -496,39 +510,46 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
                         true
                     }
                     _ => false,
-                }
-            })
+                })
         })
         .await?;
         placed.push(t0.elapsed().as_secs_f64() * 1e3);
-        wait_for("the gang known on its nodes", Duration::from_secs(30), || {
-            on.iter().all(|id| {
-                by_id.get(id).is_some_and(|n| {
-                    n.ledger().read().is_ok_and(|d| {
-                        d.ledger
-                            .workload
-                            .jobs
-                            .get(&job)
-                            .is_some_and(|j| j.state == JobState::Running)
+        wait_for(
+            "the gang known on its nodes",
+            Duration::from_secs(30),
+            || {
+                on.iter().all(|id| {
+                    by_id.get(id).is_some_and(|n| {
+                        n.ledger().read().is_ok_and(|d| {
+                            d.ledger
+                                .workload
+                                .jobs
+                                .get(&job)
+                                .is_some_and(|j| j.state == JobState::Running)
+                        })
                     })
                 })
-            })
-        })
+            },
+        )
         .await?;
         known.push(t0.elapsed().as_secs_f64() * 1e3);
         client
             .cancel_job(job)
             .await
             .map_err(|e| anyhow::anyhow!("cancel: {e}"))?;
-        wait_for("the gang's GPUs free again", Duration::from_secs(30), || {
-            leader_node.ledger().read().is_ok_and(|d| {
-                d.ledger
-                    .workload
-                    .jobs
-                    .get(&job)
-                    .is_some_and(|j| j.state.is_final() && j.alloc.is_none())
-            })
-        })
+        wait_for(
+            "the gang's GPUs free again",
+            Duration::from_secs(30),
+            || {
+                leader_node.ledger().read().is_ok_and(|d| {
+                    d.ledger
+                        .workload
+                        .jobs
+                        .get(&job)
+                        .is_some_and(|j| j.state.is_final() && j.alloc.is_none())
+                })
+            },
+        )
         .await?;
     }
     writing.store(false, Ordering::Relaxed);
@@ -549,7 +570,9 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
     let kill = (args.nodes / 100).max(1);
     let victims: Vec<usize> = {
         let leader_id = nodes[leader].id;
-        let candidates: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].id != leader_id).collect();
+        let candidates: Vec<usize> = (0..nodes.len())
+            .filter(|&i| nodes[i].id != leader_id)
+            .collect();
         // Spread over the range rather than random: reproducible runs.
         (0..kill)
             .map(|k| candidates[(k * candidates.len()) / kill + candidates.len() / (2 * kill)])
@@ -568,13 +591,17 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
         .filter(|n| !victim_ids.contains(&n.id))
         .map(|n| n.node.clone())
         .collect();
-    wait_for("the killed nodes down everywhere", Duration::from_secs(60), || {
-        survivors.iter().all(|s| {
-            victim_ids
-                .iter()
-                .all(|v| state_in(s, *v) == Some(MemberState::Down))
-        })
-    })
+    wait_for(
+        "the killed nodes down everywhere",
+        Duration::from_secs(60),
+        || {
+            survivors.iter().all(|s| {
+                victim_ids
+                    .iter()
+                    .all(|v| state_in(s, *v) == Some(MemberState::Down))
+            })
+        },
+    )
     .await?;
     report.killed = kill;
     report.down_everywhere_s = t0.elapsed().as_secs_f64();
@@ -606,7 +633,11 @@ pub fn print(r: &ScaleReport) {
     );
     println!(
         "  gang {}: placed p50 {:.1} ms p99 {:.1} ms, known on its nodes p50 {:.1} ms p99 {:.1} ms",
-        r.gangs, r.gang_placed_p50_ms, r.gang_placed_p99_ms, r.gang_known_p50_ms, r.gang_known_p99_ms
+        r.gangs,
+        r.gang_placed_p50_ms,
+        r.gang_placed_p99_ms,
+        r.gang_known_p50_ms,
+        r.gang_known_p99_ms
     );
     println!(
         "  ledger writes {}: p50 {:.1} ms p99 {:.1} ms",
