@@ -59,6 +59,97 @@ async fn three_and_five_node_clusters_agree_on_leader_and_voters() {
     }
 }
 
+/// Only the leader judges liveness, and a new leader starts judging
+/// afresh: a node that died before the leader did must stay `down` in the
+/// ledger through the change (it is judged again only once heard), while
+/// the live ones stay alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_stays_down_when_the_leader_changes() {
+    let _serial = common::one_at_a_time();
+    let c = LocalCluster::start(5, |_, _| {}).await.expect("cluster");
+    c.wait_all_alive(Duration::from_secs(60))
+        .await
+        .expect("all alive");
+    let leader = agreed(&c, 5).await;
+    let victim = c
+        .agents
+        .iter()
+        .position(|a| a.id() != leader)
+        .expect("a follower");
+    let victim_id = c.agents[victim].id();
+    c.agents[victim].shutdown().await;
+    let state_of = |a: &shoal_node::Agent, id| {
+        a.ledger()
+            .read()
+            .ok()
+            .and_then(|d| d.ledger.members.get(&id).map(|m| m.state))
+    };
+    c.wait_until("the victim down", Duration::from_secs(30), |c| {
+        let ok = c
+            .agents
+            .iter()
+            .filter(|a| a.id() != victim_id)
+            .all(|a| state_of(a, victim_id) == Some(shoal_sdk::MemberState::Down));
+        async move { ok }
+    })
+    .await
+    .expect("victim down");
+    let old = c
+        .agents
+        .iter()
+        .position(|a| a.id() == leader)
+        .expect("leader");
+    c.agents[old].shutdown().await;
+    let survivors: Vec<usize> = (0..5).filter(|i| *i != old && *i != victim).collect();
+    // Watched throughout: a revival undone a moment later counts too.
+    let mut revived = false;
+    let mut watch_victim = |c: &LocalCluster| {
+        revived |= survivors
+            .iter()
+            .any(|i| state_of(&c.agents[*i], victim_id) != Some(shoal_sdk::MemberState::Down));
+    };
+    c.wait_until("a new leader", Duration::from_secs(30), |c| {
+        watch_victim(c);
+        let ok = c.agents[survivors[0]]
+            .current_leader()
+            .is_some_and(|l| l != leader);
+        async move { ok }
+    })
+    .await
+    .expect("new leader");
+    // Long enough for the new leader to judge every member, and to
+    // declare the old one down.
+    c.wait_until("the old leader down", Duration::from_secs(30), |c| {
+        watch_victim(c);
+        let ok = survivors
+            .iter()
+            .all(|i| state_of(&c.agents[*i], leader) == Some(shoal_sdk::MemberState::Down));
+        async move { ok }
+    })
+    .await
+    .expect("old leader down");
+    assert!(
+        !revived,
+        "the dead node was alive again in a ledger meanwhile"
+    );
+    for i in &survivors {
+        let a = &c.agents[*i];
+        assert_eq!(
+            state_of(a, victim_id),
+            Some(shoal_sdk::MemberState::Down),
+            "the dead node was revived in node {}'s ledger",
+            a.id()
+        );
+        for j in &survivors {
+            assert_eq!(
+                state_of(a, c.agents[*j].id()),
+                Some(shoal_sdk::MemberState::Alive)
+            );
+        }
+    }
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn voters_span_zones_and_a_dead_voter_is_replaced_without_a_human() {
     let _serial = common::one_at_a_time();

@@ -112,8 +112,8 @@ pub struct MemberRow {
 }
 
 /// The member states to commit: this node is alive (it is running this),
-/// every other member is what this node's detector says (alive when the
-/// detector does not know it yet).
+/// every other member is what this node's detector says (unchanged where
+/// the detector does not judge it).
 pub fn plan_liveness(
     members: &[MemberRow],
     me: NodeId,
@@ -122,10 +122,14 @@ pub fn plan_liveness(
     members
         .iter()
         .filter_map(|m| {
+            // A member the detector does not judge (yet) keeps its state:
+            // one in its grace after joining is alive from admission, and
+            // one held down stays down until it is heard again — a leader
+            // that has only just started judging revives no one.
             let want = if m.id == me {
                 MemberState::Alive
             } else {
-                detected(m.id).unwrap_or(MemberState::Alive)
+                detected(m.id)?
             };
             (want != m.state).then_some((m.id, want))
         })
@@ -401,11 +405,8 @@ mod tests {
         };
         assert_eq!(
             plan_liveness(&members, 1, detected),
-            vec![
-                (1, MemberState::Alive),
-                (2, MemberState::Down),
-                (4, MemberState::Alive)
-            ]
+            vec![(1, MemberState::Alive), (2, MemberState::Down)],
+            "member 4, down and not judged, stays down"
         );
     }
 
