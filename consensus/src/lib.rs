@@ -24,6 +24,7 @@ pub mod namespace;
 pub mod network;
 pub mod once;
 pub mod recovery;
+pub mod replicas;
 pub mod sched;
 pub mod store;
 pub mod tokens;

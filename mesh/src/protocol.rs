@@ -40,7 +40,10 @@ use std::sync::OnceLock;
 /// place of a status query, and the leader judges liveness from those
 /// renewals instead of every member hearing every other's gossiped
 /// heartbeat; used towards a leader once every member speaks 7.
-pub const PROTOCOL: u16 = 7;
+/// Version 8: a member outside the Raft replicas follows the committed log
+/// from a replica (`Request::FollowLog`); the leader bounds its learners
+/// (`replicas::SINCE_PROTOCOL`) once every member speaks 8.
+pub const PROTOCOL: u16 = 8;
 /// The oldest protocol version this build still speaks.
 pub const MIN_PROTOCOL: u16 = 1;
 /// Test only: overrides the range a process speaks (`min..max`).

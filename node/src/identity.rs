@@ -198,6 +198,25 @@ pub fn load_identity(dir: &Path) -> Result<Option<Identity>, String> {
     }
 }
 
+/// The member a node joined through: where it first asks for the log
+/// while its own ledger names no replica yet (`workers::log_follow`).
+pub const JOIN_SEED_FILE: &str = "join-seed";
+
+pub fn save_join_seed(dir: &Path, seed: std::net::SocketAddr) -> Result<(), String> {
+    let p = dir.join(JOIN_SEED_FILE);
+    std::fs::write(&p, seed.to_string()).map_err(|e| format!("cannot write {}: {e}", p.display()))
+}
+
+/// The saved join seed; `None` for a node that bootstrapped its cluster
+/// or whose file is missing or unreadable (it then waits for its replicas).
+pub fn load_join_seed(dir: &Path) -> Option<std::net::SocketAddr> {
+    std::fs::read_to_string(dir.join(JOIN_SEED_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 pub fn save_identity(dir: &Path, id: &Identity) -> Result<(), String> {
     let bytes = serde_json::to_vec_pretty(id).map_err(|e| e.to_string())?;
     write_private(&identity_path(dir), &bytes, 0o600)

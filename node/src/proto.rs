@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use shoal_consensus::network::{RaftRpc, RaftRpcReply};
+use shoal_consensus::types::{Entry, LogId, SnapshotMeta, Vote};
 use shoal_consensus::{Command, LedgerResponse, MemberSpec};
 use shoal_sdk::{NodeInfo, StatusResponse};
 
@@ -91,6 +92,15 @@ pub enum Request {
     /// it counts its ledger current. Protocol 7; a member whose leader
     /// speaks less asks `Query::Status` instead.
     Renew,
+    /// The committed log after `after` (the asker's applied entry), served
+    /// by any member from what it has applied, to a member of its ledger:
+    /// how a member outside the Raft replicas keeps its own ledger
+    /// (`shoal_consensus::replicas`). Held up to `wait_ms` while there is
+    /// nothing newer. Protocol 8.
+    FollowLog {
+        after: Option<LogId>,
+        wait_ms: u32,
+    },
 }
 
 /// A user's API token on its way to the leader. Only its holder and the
@@ -201,6 +211,21 @@ pub enum Response {
     /// The read index a renewal was answered with.
     Renewed {
         read_index: u64,
+    },
+    /// Committed entries following the asked one (none when nothing newer
+    /// came within the wait), under the vote of the leader that committed
+    /// them as far as the server knows.
+    LogEntries {
+        vote: Vote,
+        entries: Vec<Entry>,
+    },
+    /// The server no longer holds the entries after the asked one: its
+    /// latest snapshot instead.
+    LogSnapshot {
+        vote: Vote,
+        meta: SnapshotMeta,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
     },
 }
 

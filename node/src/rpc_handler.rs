@@ -160,6 +160,15 @@ impl NodeService {
             Request::ElectNow => self.elect_now(member).await,
             Request::StillMember => Ok(Response::Holds(true)),
             Request::Renew => self.renew_lease(member).await,
+            Request::FollowLog { after, wait_ms } => {
+                self.ledger
+                    .serve_log(
+                        member,
+                        after,
+                        std::time::Duration::from_millis(u64::from(wait_ms)),
+                    )
+                    .await
+            }
             other => self.serve_as_leader(other).await,
         };
         result.unwrap_or_else(Response::Error)
@@ -218,15 +227,18 @@ impl NodeService {
                 "member {member} sent a Raft message in the name of node {}",
                 claimed.map_or_else(|| "?".to_string(), |c| c.to_string())
             )
-        } else if self.is_learner(member) && self.is_voter(self.ledger.me()) {
-            // Only voters campaign and lead. A learner that claims to would
+        } else if !self.is_voter(member) && self.is_voter(self.ledger.me()) {
+            // Only voters campaign and lead. A learner, or a member outside
+            // Raft that follows the log from a replica, that claims to would
             // bypass every check on what members may propose. Only a voter
             // judges: a node that is no voter in its own view may hold a
             // stale one (a snapshot taken before the sender was promoted,
             // the first thing a joining node receives) and would refuse
             // its real leader for good; it decides nothing the cluster
             // commits, and follows whoever leads.
-            format!("member {member} is a learner here and may not campaign or lead")
+            format!(
+                "member {member} is not a voter here (a learner or a relayed member) and may not campaign or lead"
+            )
         } else {
             return Ok(());
         };
@@ -234,21 +246,10 @@ impl NodeService {
         Err(WireError::new(ErrorCode::Forbidden, why))
     }
 
-    /// Whether this node's membership has `member` as a learner. A learner
+    /// Whether this node's membership has `member` as a voter. A member
     /// promoted in an entry this voter has not received yet is refused
     /// until it does: this voter then starts an election itself, and
     /// catches up from whichever voter it knows wins.
-    fn is_learner(&self, member: NodeId) -> bool {
-        self.ledger
-            .raft_metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .learner_ids()
-            .any(|id| id == member)
-    }
-
-    /// Whether this node's membership has `member` as a voter.
     fn is_voter(&self, member: NodeId) -> bool {
         self.ledger
             .raft_metrics()
@@ -476,6 +477,10 @@ impl NodeService {
             Request::StillMember => Err(WireError::new(
                 ErrorCode::Invalid,
                 "a membership probe is served by the node asked, not routed",
+            )),
+            Request::FollowLog { .. } => Err(WireError::new(
+                ErrorCode::Invalid,
+                "the log is served by the node asked, not routed",
             )),
             // The leader's own renewal, routed to itself.
             Request::Renew => Ok(Response::Renewed {

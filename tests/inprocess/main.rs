@@ -15,4 +15,5 @@ mod job_files;
 mod mesh_scale;
 mod node_trust;
 mod partition;
+mod relayed;
 mod tenancy;

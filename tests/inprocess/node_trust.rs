@@ -713,3 +713,88 @@ async fn a_peer_regions_secret_is_handed_only_to_current_members() {
         "a removed member was still handed the secret"
     );
 }
+
+/// A member outside the Raft replicas (it follows the log from one) is
+/// still only a member: its certificate does not let it campaign or claim
+/// to lead, and the log it follows is handed to no one the cluster never
+/// admitted, even with a certificate the CA signed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_member_may_not_lead_and_a_stranger_gets_no_log() {
+    let _serial = common::one_at_a_time();
+    // Nine nodes: five voters, two learners, two relayed members.
+    let c = LocalCluster::start(9, |_, _| {}).await.expect("cluster");
+    c.wait_all_alive(TIMEOUT).await.expect("alive");
+    let mut relayed_id = None;
+    c.wait_until("bounded replicas", TIMEOUT, |c| {
+        relayed_id = c.agreed_leader().and_then(|l| {
+            let m = l.node().ledger().raft_metrics();
+            let m = m.borrow();
+            let membership = m.membership_config.membership();
+            let in_raft: Vec<u64> = membership.nodes().map(|(id, _)| *id).collect();
+            (membership.voter_ids().count() == 5 && in_raft.len() == 7)
+                .then(|| c.agents.iter().find(|a| !in_raft.contains(&a.id())))
+                .flatten()
+                .map(|a| a.id())
+        });
+        let ok = relayed_id.is_some();
+        async move { ok }
+    })
+    .await
+    .expect("a relayed member");
+    let relayed = c.agent(relayed_id.expect("id")).expect("agent");
+    let leader = c.agreed_leader().expect("leader");
+    let voters = leader.voters();
+    let rogue = impersonate(&c, relayed.id(), relayed.name());
+    let term = leader.node().ledger().raft_metrics().borrow().current_term;
+    let campaign = openraft::raft::VoteRequest {
+        vote: openraft::Vote::new(term + 1, relayed.id()),
+        last_log_id: leader.node().ledger().raft_metrics().borrow().last_applied,
+    };
+    let mut claim = openraft::Vote::new(term + 1, relayed.id());
+    claim.commit();
+    let lead = openraft::raft::AppendEntriesRequest::<shoal_consensus::types::TypeConfig> {
+        vote: claim,
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    for voter in c.agents.iter().filter(|a| voters.contains(&a.id())) {
+        for req in [
+            Request::Raft(RaftRpc::Vote(campaign.clone())),
+            Request::Raft(RaftRpc::AppendEntries(lead.clone())),
+        ] {
+            let answer = call(&rogue, voter.rpc_addr(), &req).await;
+            assert!(
+                matches!(&answer, Response::Error(e) if e.code == ErrorCode::Forbidden && e.message.contains("not a voter")),
+                "node {} served a relayed member's bid to lead: {answer:?}",
+                voter.id()
+            );
+        }
+    }
+    rogue.shutdown().await;
+    // Its own certificate does get it the log.
+    let member = impersonate(&c, relayed.id(), relayed.name());
+    let follow = Request::FollowLog {
+        after: None,
+        wait_ms: 0,
+    };
+    let answer = call(&member, leader.rpc_addr(), &follow).await;
+    assert!(
+        matches!(&answer, Response::LogEntries { entries, .. } if !entries.is_empty())
+            || matches!(&answer, Response::LogSnapshot { .. }),
+        "a member's log request: {answer:?}"
+    );
+    member.shutdown().await;
+    // An id the CA signed but the cluster never admitted gets nothing.
+    let stranger = impersonate(&c, 999, "stranger");
+    for a in &c.agents {
+        let answer = call(&stranger, a.rpc_addr(), &follow).await;
+        assert!(
+            matches!(&answer, Response::Error(e) if e.code == ErrorCode::Forbidden),
+            "node {} handed its log to a stranger: {answer:?}",
+            a.id()
+        );
+    }
+    stranger.shutdown().await;
+    c.shutdown().await;
+}

@@ -252,6 +252,7 @@ impl Agent {
             }
             (StartMode::Join { addr, token }, None) => {
                 let id = join_cluster(addr, &token, &spec).await?;
+                identity::save_join_seed(&data_dir, addr).map_err(AgentError::Io)?;
                 identity::save_identity(&data_dir, &id).map_err(AgentError::Io)?;
                 (id, None)
             }
@@ -317,6 +318,7 @@ impl Agent {
         }
         .validate()
         .map_err(|e| AgentError::Config(format!("raft settings: {e}")))?;
+        let log_reader = log.clone();
         let raft = Raft::new(ident.node_id, Arc::new(raft_cfg), network, log, sm)
             .await
             .map_err(|e| AgentError::Raft(e.to_string()))?;
@@ -325,6 +327,7 @@ impl Agent {
             ident.node_id,
             raft.clone(),
             ledger_state,
+            log_reader,
             metrics.clone(),
             crate::ledger_client::client::PeerLinks {
                 rpc: rpc.clone(),
@@ -797,6 +800,13 @@ fn spawn_workers(
     );
     worker::spawn(
         crate::workers::peer_secrets::PeerSecrets::new(node.clone()),
+        node.shutdown_signal(),
+    );
+    worker::spawn(
+        crate::workers::log_follow::LogFollower::new(
+            ledger.clone(),
+            crate::identity::load_join_seed(node.data_dir()),
+        ),
         node.shutdown_signal(),
     );
     worker::spawn(

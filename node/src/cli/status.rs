@@ -57,8 +57,10 @@ pub(super) fn format_status(s: &StatusResponse) -> String {
             "leader"
         } else if s.voters.contains(&m.id) {
             "voter"
-        } else {
+        } else if s.learners.contains(&m.id) {
             "learner"
+        } else {
+            "relayed"
         };
         let dash = |v: &str| {
             if v.is_empty() {

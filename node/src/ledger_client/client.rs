@@ -12,7 +12,7 @@ use crate::proto::{self, ErrorCode, Query, Request, Response, UserToken, WireErr
 use futures::future::BoxFuture;
 use openraft::error::{ChangeMembershipError, CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState};
-use shoal_consensus::store::{LedgerHandle, StateMachineData};
+use shoal_consensus::store::{LedgerHandle, LogStore, StateMachineData};
 use shoal_consensus::types::Raft;
 use shoal_consensus::{Command, LedgerResponse, NodeId};
 use shoal_mesh::RpcEndpoint;
@@ -72,6 +72,8 @@ struct Shared {
     me: NodeId,
     raft: Raft,
     state: LedgerHandle,
+    /// A reader of this node's Raft log, for the members it relays to.
+    log: LogStore,
     rpc: RpcEndpoint,
     batcher: Batcher,
     read_rounds: ReadRounds,
@@ -106,6 +108,7 @@ impl LedgerClient {
         me: NodeId,
         raft: Raft,
         state: LedgerHandle,
+        log: LogStore,
         metrics: Arc<Metrics>,
         links: PeerLinks,
     ) -> Self {
@@ -121,6 +124,7 @@ impl LedgerClient {
                 me,
                 raft,
                 state,
+                log,
                 rpc,
                 batcher,
                 read_rounds: ReadRounds::default(),
@@ -228,9 +232,17 @@ impl LedgerClient {
     }
 
     /// Sends `req` to member `id` itself (not routed to the leader), at the
-    /// RPC address the Raft membership has for it.
+    /// RPC address the Raft membership has for it, or for a member outside
+    /// the Raft replicas the one its ledger record publishes.
     pub async fn call_member(&self, id: NodeId, req: &Request) -> Result<Response, WireError> {
-        let addr = self
+        let addr = self.member_addr(id)?;
+        self.call_at(Some(id), addr, req, self.shared.request_timeout)
+            .await
+    }
+
+    /// Where member `id` serves RPC, as this node knows it.
+    pub fn member_addr(&self, id: NodeId) -> Result<SocketAddr, WireError> {
+        let from_raft = self
             .shared
             .raft
             .metrics()
@@ -238,34 +250,62 @@ impl LedgerClient {
             .membership_config
             .membership()
             .get_node(&id)
-            .map(|n| n.addr.clone())
-            .ok_or_else(|| {
-                WireError::new(
-                    ErrorCode::Invalid,
-                    format!("node {id} is not in the membership"),
-                )
-            })?;
-        let addr: SocketAddr = addr.parse().map_err(|_| {
+            .map(|n| n.addr.clone());
+        let addr = match from_raft {
+            Some(a) => a,
+            None => self
+                .read()?
+                .ledger
+                .members
+                .get(&id)
+                .map(|m| m.spec.rpc_addr.clone())
+                .ok_or_else(|| {
+                    WireError::new(ErrorCode::Invalid, format!("node {id} is not a member"))
+                })?,
+        };
+        addr.parse().map_err(|_| {
             WireError::new(
                 ErrorCode::Invalid,
                 format!("node {id} has an invalid address '{addr}'"),
             )
-        })?;
-        self.pass_faults(id, self.shared.request_timeout, "node")
-            .await?;
+        })
+    }
+
+    /// Sends `req` to the node at `addr` itself, member `id` when known (a
+    /// fault filter judges the link, and a refusal as removed is noted).
+    pub async fn call_at(
+        &self,
+        id: Option<NodeId>,
+        addr: SocketAddr,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Response, WireError> {
+        let who = id.map_or_else(|| addr.to_string(), |id| id.to_string());
+        if let Some(id) = id {
+            self.pass_faults(id, timeout, "node").await?;
+        }
         let reply = self
             .shared
             .rpc
-            .call(addr, &proto::encode(req), self.shared.request_timeout)
+            .call(addr, &proto::encode(req), timeout)
             .await
-            .map_err(|e| WireError::new(ErrorCode::Unavailable, format!("node {id}: {e}")))?;
+            .map_err(|e| WireError::new(ErrorCode::Unavailable, format!("node {who}: {e}")))?;
         match proto::decode::<Response>(&reply)? {
             Response::Error(e) => {
-                self.shared.removal.note_refusal(id, &e);
+                self.shared.removal.note_refusal(&who, &e);
                 Err(e)
             }
             ok => Ok(ok),
         }
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        self.shared.request_timeout
+    }
+
+    /// A reader of this node's Raft log.
+    pub fn log_reader(&self) -> LogStore {
+        self.shared.log.clone()
     }
 
     /// Sends `req` to the leader (or serves it here when this node leads),

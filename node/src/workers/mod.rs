@@ -12,6 +12,7 @@ pub mod global_caps;
 pub mod gossip;
 pub mod gpu_health;
 pub mod job_files;
+pub mod log_follow;
 pub mod member_record;
 pub mod own_removal;
 pub mod peer_secrets;

@@ -4,7 +4,10 @@
 //! 1. commits the member states (alive/suspect/down) of its own failure
 //!    detector — fed by gossip heartbeats on every node, and on the leader
 //!    also by Raft acknowledgements — so every node agrees;
-//! 2. makes sure every ledger member is at least a Raft learner;
+//! 2. makes sure every ledger member is at least a Raft learner — or,
+//!    once every member speaks `replicas::SINCE_PROTOCOL`, that a bounded
+//!    set of members are (`shoal_consensus::replicas`), the others
+//!    following the log from them;
 //! 3. converges the voter set to the pure policy in `shoal_consensus::voters`
 //!    (3 or 5 voters across failure domains, dead voters replaced after
 //!    `membership.voter_replace_after_ms`).
@@ -14,6 +17,7 @@ use crate::peers::SharedPeerView;
 use crate::worker::Worker;
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use shoal_consensus::network::ContactTracker;
+use shoal_consensus::replicas::{self, choose_learners, ReplicaCandidate};
 use shoal_consensus::voters::{change_keeps_a_quorum, choose_voters, VoterCandidate};
 use shoal_consensus::{Command, NodeId};
 use shoal_sdk::MemberState;
@@ -157,6 +161,9 @@ pub enum MembershipStep {
     AddLearner { id: NodeId, rpc_addr: String },
     /// Converge the voters to the policy's choice.
     ReplaceVoters(BTreeSet<NodeId>),
+    /// Learners beyond the bounded replicas: out of Raft, to follow the
+    /// log from a replica.
+    RemoveLearners(BTreeSet<NodeId>),
 }
 
 /// The next membership change, if any. `left` are the Raft nodes the ledger
@@ -166,7 +173,10 @@ pub enum MembershipStep {
 /// been down for `replace_after`; a learner only while alive and
 /// answering. A new voter set is proposed only while a majority of both
 /// it and the current set answers, since a joint configuration that
-/// cannot commit cannot be taken back either.
+/// cannot commit cannot be taken back either. With `learner_target`
+/// (every member speaks the relay's protocol), only that many members
+/// beside the voters stay in Raft; without it, every member does.
+#[allow(clippy::too_many_arguments)]
 pub fn plan_membership(
     members: &[MemberRow],
     raft: &RaftMembers,
@@ -175,6 +185,7 @@ pub fn plan_membership(
     answering: &BTreeSet<NodeId>,
     replace_after: Duration,
     me: NodeId,
+    learner_target: Option<usize>,
 ) -> Option<MembershipStep> {
     if !left.is_empty() {
         return Some(MembershipStep::RemoveLeft {
@@ -182,7 +193,35 @@ pub fn plan_membership(
             nodes: left.clone(),
         });
     }
-    if let Some(m) = members.iter().find(|m| !raft.nodes.contains(&m.id)) {
+    let learners = learner_target.map(|target| {
+        let candidates: Vec<ReplicaCandidate> = members
+            .iter()
+            .map(|m| {
+                let is_learner = raft.nodes.contains(&m.id) && !raft.voters.contains(&m.id);
+                // A learner keeps its place until it is down (a moment of
+                // silence churns no membership); a member takes one only
+                // while alive.
+                let healthy = if is_learner {
+                    m.state != MemberState::Down
+                } else {
+                    m.state == MemberState::Alive
+                };
+                ReplicaCandidate {
+                    id: m.id,
+                    zone: m.zone.clone(),
+                    healthy,
+                    is_learner,
+                    voter_eligible: m.voter_eligible,
+                }
+            })
+            .collect();
+        choose_learners(&candidates, &raft.voters, target)
+    });
+    let wanted_in_raft = |id: NodeId| learners.as_ref().is_none_or(|l| l.contains(&id));
+    if let Some(m) = members
+        .iter()
+        .find(|m| !raft.nodes.contains(&m.id) && wanted_in_raft(m.id))
+    {
         return Some(MembershipStep::AddLearner {
             id: m.id,
             rpc_addr: m.rpc_addr.clone(),
@@ -211,12 +250,20 @@ pub fn plan_membership(
             }
         })
         .collect();
-    let desired = choose_voters(&candidates, me).filter(|desired| *desired != raft.voters)?;
-    if let Err(risk) = change_keeps_a_quorum(&raft.voters, &desired, answering) {
-        tracing::debug!(from = ?raft.voters, to = ?desired, %risk, "voter change waits");
-        return None;
+    if let Some(desired) = choose_voters(&candidates, me).filter(|d| *d != raft.voters) {
+        if let Err(risk) = change_keeps_a_quorum(&raft.voters, &desired, answering) {
+            tracing::debug!(from = ?raft.voters, to = ?desired, %risk, "voter change waits");
+            return None;
+        }
+        return Some(MembershipStep::ReplaceVoters(desired));
     }
-    Some(MembershipStep::ReplaceVoters(desired))
+    let surplus: BTreeSet<NodeId> = raft
+        .nodes
+        .iter()
+        .copied()
+        .filter(|id| !raft.voters.contains(id) && *id != me && !wanted_in_raft(*id))
+        .collect();
+    (!surplus.is_empty()).then_some(MembershipStep::RemoveLearners(surplus))
 }
 
 /// A Raft member whose address in the membership is not the one its
@@ -317,6 +364,14 @@ impl Housekeeping {
                         })
                 })
                 .collect();
+        let learner_target = self
+            .ledger
+            .read()
+            .map_err(|e| e.message)?
+            .ledger
+            .effective_protocol()
+            .filter(|p| *p >= replicas::SINCE_PROTOCOL)
+            .map(|_| replicas::learner_target(members.len()));
         let step = plan_membership(
             &members,
             &raft,
@@ -325,6 +380,7 @@ impl Housekeeping {
             &answering,
             self.replace_after,
             me,
+            learner_target,
         );
         match step {
             None => {
@@ -353,6 +409,13 @@ impl Housekeeping {
             Some(MembershipStep::AddLearner { id, rpc_addr }) => {
                 self.ledger
                     .add_learner(id, rpc_addr)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Some(MembershipStep::RemoveLearners(nodes)) => {
+                tracing::info!(learners = ?nodes, "leaving learners beyond the bounded replicas to follow the log from one");
+                self.ledger
+                    .change_membership(ChangeMembers::RemoveNodes(nodes), false)
                     .await
                     .map_err(|e| e.to_string())?;
             }
@@ -428,7 +491,8 @@ mod tests {
                 |_| None,
                 &ids(&[1, 2]),
                 AFTER,
-                1
+                1,
+                None
             ),
             Some(MembershipStep::RemoveLeft {
                 voters: ids(&[3]),
@@ -447,7 +511,8 @@ mod tests {
                 |_| None,
                 &ids(&[1, 2]),
                 AFTER,
-                1
+                1,
+                None
             ),
             Some(MembershipStep::AddLearner {
                 id: 2,
@@ -477,7 +542,7 @@ mod tests {
         let none = BTreeSet::new();
         let long = |id| (id == 2).then_some(AFTER);
         let answering = ids(&[1, 3, 4, 5]);
-        let step = plan_membership(&members, &raft, &none, long, &answering, AFTER, 1);
+        let step = plan_membership(&members, &raft, &none, long, &answering, AFTER, 1, None);
         assert!(
             !matches!(&step, Some(MembershipStep::ReplaceVoters(v)) if v.contains(&4) || v.contains(&5)),
             "{step:?}"
@@ -491,7 +556,7 @@ mod tests {
         };
         members[1].state = MemberState::Alive;
         let all = ids(&[1, 2, 3, 4, 5]);
-        let step = plan_membership(&members, &raft, &none, |_| None, &all, AFTER, 1);
+        let step = plan_membership(&members, &raft, &none, |_| None, &all, AFTER, 1, None);
         assert_eq!(step, Some(MembershipStep::ReplaceVoters(ids(&[1, 2, 4]))));
     }
 
@@ -510,18 +575,36 @@ mod tests {
         let none = BTreeSet::new();
         let soon = |id| (id == 2).then_some(AFTER / 2);
         assert_eq!(
-            plan_membership(&members, &raft, &none, soon, &ids(&[1, 3, 4]), AFTER, 1),
+            plan_membership(
+                &members,
+                &raft,
+                &none,
+                soon,
+                &ids(&[1, 3, 4]),
+                AFTER,
+                1,
+                None
+            ),
             None
         );
         let long = |id| (id == 2).then_some(AFTER);
         assert_eq!(
-            plan_membership(&members, &raft, &none, long, &ids(&[1, 3, 4]), AFTER, 1),
+            plan_membership(
+                &members,
+                &raft,
+                &none,
+                long,
+                &ids(&[1, 3, 4]),
+                AFTER,
+                1,
+                None
+            ),
             Some(MembershipStep::ReplaceVoters(ids(&[1, 3, 4])))
         );
         // A learner the ledger calls alive but that does not answer the
         // leader's Raft is no candidate.
         assert_eq!(
-            plan_membership(&members, &raft, &none, long, &ids(&[1, 3]), AFTER, 1),
+            plan_membership(&members, &raft, &none, long, &ids(&[1, 3]), AFTER, 1, None),
             None
         );
     }
@@ -542,7 +625,16 @@ mod tests {
         };
         let none = BTreeSet::new();
         assert_eq!(
-            plan_membership(&members, &raft, &none, |_| None, &ids(&[1, 2, 6]), AFTER, 1),
+            plan_membership(
+                &members,
+                &raft,
+                &none,
+                |_| None,
+                &ids(&[1, 2, 6]),
+                AFTER,
+                1,
+                None
+            ),
             Some(MembershipStep::ReplaceVoters(ids(&[1, 2, 6])))
         );
         // Voters that lost their majority are not reshuffled: no new set
@@ -553,7 +645,16 @@ mod tests {
         };
         let long = |id| (id == 2 || id == 4).then_some(AFTER);
         assert_eq!(
-            plan_membership(&members, &raft, &none, long, &ids(&[1, 5, 6]), AFTER, 1),
+            plan_membership(
+                &members,
+                &raft,
+                &none,
+                long,
+                &ids(&[1, 5, 6]),
+                AFTER,
+                1,
+                None
+            ),
             None
         );
     }
@@ -612,7 +713,7 @@ mod tests {
             // Converges in a few steps, each keeping the leader a voter and
             // each able to commit with the members that answer.
             let mut steps = 0;
-            while let Some(step) = plan_membership(&members, &raft, &BTreeSet::new(), down_for, &answering, AFTER, 1) {
+            while let Some(step) = plan_membership(&members, &raft, &BTreeSet::new(), down_for, &answering, AFTER, 1, None) {
                 match step {
                     MembershipStep::ReplaceVoters(v) => {
                         prop_assert!(v.contains(&1));
@@ -627,6 +728,65 @@ mod tests {
                 }
                 steps += 1;
                 prop_assert!(steps < 5, "did not settle");
+            }
+        }
+
+        /// Once the learners are bounded: whatever the pool, housekeeping
+        /// settles on the voters plus `learner_target` healthy learners,
+        /// never takes a voter out as a surplus learner, and adds a member
+        /// that joins only when the replicas lack one.
+        #[test]
+        fn bounded_replicas_settle_on_the_voters_and_the_learner_target(
+            n in 1u64..200,
+            down in proptest::collection::btree_set(2u64..200, 0..20),
+            zones in proptest::collection::vec(0u8..3, 200),
+        ) {
+            let members: Vec<MemberRow> = (1..=n)
+                .map(|id| {
+                    let state = if down.contains(&id) { MemberState::Down } else { MemberState::Alive };
+                    row(id, state, &zones[id as usize % zones.len()].to_string())
+                })
+                .collect();
+            let all: BTreeSet<NodeId> = (1..=n).collect();
+            let answering: BTreeSet<NodeId> = all.iter().copied().filter(|id| !down.contains(id)).collect();
+            let target = replicas::learner_target(members.len());
+            let down_for = |id| down.contains(&id).then_some(AFTER * 2);
+            let mut raft = RaftMembers { voters: ids(&[1]), nodes: all.clone() };
+            let mut steps = 0;
+            while let Some(step) = plan_membership(&members, &raft, &BTreeSet::new(), down_for, &answering, AFTER, 1, Some(target)) {
+                match step {
+                    MembershipStep::ReplaceVoters(v) => {
+                        prop_assert!(v.contains(&1));
+                        raft.voters = v;
+                    }
+                    MembershipStep::RemoveLearners(gone) => {
+                        prop_assert!(gone.is_disjoint(&raft.voters), "voters {:?} removed as learners", raft.voters);
+                        raft.nodes.retain(|id| !gone.contains(id));
+                    }
+                    MembershipStep::AddLearner { id, .. } => {
+                        prop_assert!(!down.contains(&id));
+                        raft.nodes.insert(id);
+                    }
+                    other => prop_assert!(false, "unexpected {other:?}"),
+                }
+                steps += 1;
+                prop_assert!(steps < 10, "did not settle");
+            }
+            let learners: BTreeSet<NodeId> = raft.nodes.difference(&raft.voters).copied().collect();
+            let healthy_others = answering.difference(&raft.voters).count();
+            prop_assert_eq!(learners.len(), target.min(healthy_others));
+            prop_assert!(learners.iter().all(|id| !down.contains(id)));
+            // A newcomer is left to follow the log while the replicas are full.
+            let mut grown = members.clone();
+            grown.push(row(n + 1, MemberState::Alive, "a"));
+            let grown_target = replicas::learner_target(grown.len());
+            let mut answering = answering.clone();
+            answering.insert(n + 1);
+            let next = plan_membership(&grown, &raft, &BTreeSet::new(), down_for, &answering, AFTER, 1, Some(grown_target));
+            let full = learners.len() >= grown_target;
+            if full {
+                let adds_newcomer = matches!(next, Some(MembershipStep::AddLearner { id, .. }) if id == n + 1);
+                prop_assert!(!adds_newcomer, "a newcomer added to full replicas");
             }
         }
     }

@@ -1,0 +1,135 @@
+//! A member outside the Raft replicas keeps its ledger by following the
+//! committed log from a replica (`shoal_consensus::replicas`,
+//! `ledger_client::relay`): one long poll after another, to the replica
+//! its rendezvous order names first, passing over for a while one that
+//! does not answer. A learner follows too, with a longer poll, in case the
+//! leader dropped it from Raft while it was away (the leader then sends it
+//! nothing more, not even its removal); a voter hears the leader itself.
+//! A node whose ledger names no replica yet (it has only just joined)
+//! asks the member it joined through.
+
+use crate::ledger_client::relay::Followed;
+use crate::ledger_client::LedgerClient;
+use crate::worker::Worker;
+use shoal_consensus::replicas::{relay_order, SINCE_PROTOCOL};
+use shoal_consensus::NodeId;
+use shoal_sdk::MemberState;
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+/// How long a relayed member's question is held while nothing is newer:
+/// its ledger still moves within one hop of the relay's, and an idle
+/// member asks once per wait.
+const RELAYED_WAIT: Duration = Duration::from_secs(2);
+/// A learner's question, held longer: the leader feeds it, and this is
+/// only the way back for one dropped from Raft while it was away.
+const LEARNER_WAIT: Duration = Duration::from_secs(5);
+/// How long a replica that did not answer is passed over.
+const PASS_OVER: Duration = Duration::from_secs(5);
+/// Pause after a failed question, or while there is no one to ask.
+const RETRY: Duration = Duration::from_millis(200);
+/// How often a voter looks again whether it still is one.
+const VOTER_RECHECK: Duration = Duration::from_secs(1);
+
+pub struct LogFollower {
+    ledger: LedgerClient,
+    seed: Option<SocketAddr>,
+    passed_over: HashMap<NodeId, Instant>,
+}
+
+impl LogFollower {
+    pub fn new(ledger: LedgerClient, seed: Option<SocketAddr>) -> Self {
+        LogFollower {
+            ledger,
+            seed,
+            passed_over: HashMap::new(),
+        }
+    }
+}
+
+/// This node's place in Raft, as its own log says.
+#[derive(Debug, PartialEq, Eq)]
+enum Role {
+    Voter,
+    Learner,
+    Relayed,
+}
+
+impl Worker for LogFollower {
+    fn period(&self) -> Duration {
+        Duration::from_millis(10)
+    }
+
+    async fn tick(&mut self) -> ControlFlow<()> {
+        let me = self.ledger.me();
+        let (role, replicas, leader) = {
+            let m = self.ledger.raft_metrics();
+            let m = m.borrow();
+            let membership = m.membership_config.membership();
+            let role = if membership.voter_ids().any(|id| id == me) {
+                Role::Voter
+            } else if membership.learner_ids().any(|id| id == me) {
+                Role::Learner
+            } else {
+                Role::Relayed
+            };
+            let replicas: Vec<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
+            (role, replicas, m.current_leader)
+        };
+        if role == Role::Voter {
+            tokio::time::sleep(VOTER_RECHECK).await;
+            return ControlFlow::Continue(());
+        }
+        let (bounded, down) = match self.ledger.read() {
+            Ok(d) => (
+                d.ledger
+                    .effective_protocol()
+                    .is_some_and(|p| p >= SINCE_PROTOCOL),
+                d.ledger
+                    .members
+                    .values()
+                    .filter(|m| m.state == MemberState::Down)
+                    .map(|m| m.id)
+                    .collect::<BTreeSet<NodeId>>(),
+            ),
+            Err(_) => (false, BTreeSet::new()),
+        };
+        // Until every member speaks the relay's protocol, the leader keeps
+        // every member a learner and feeds it itself.
+        if role == Role::Learner && !bounded {
+            tokio::time::sleep(VOTER_RECHECK).await;
+            return ControlFlow::Continue(());
+        }
+        let wait = match role {
+            Role::Learner => LEARNER_WAIT,
+            _ => RELAYED_WAIT,
+        };
+        let now = Instant::now();
+        self.passed_over.retain(|_, until| *until > now);
+        let relay = relay_order(me, replicas, leader)
+            .into_iter()
+            .filter(|id| !down.contains(id) && !self.passed_over.contains_key(id))
+            .find_map(|id| self.ledger.member_addr(id).ok().map(|a| (Some(id), a)))
+            .or_else(|| self.seed.map(|a| (None, a)));
+        let Some((relay, addr)) = relay else {
+            tokio::time::sleep(RETRY).await;
+            return ControlFlow::Continue(());
+        };
+        match self.ledger.follow(relay, addr, wait).await {
+            Ok(Followed::Nothing | Followed::Entries(_)) => {}
+            Ok(Followed::Snapshot) => {
+                tracing::info!(from = %addr, "installed the ledger snapshot a replica relayed");
+            }
+            Err(e) => {
+                tracing::debug!(from = %addr, error = %e, "following the log failed; asking another replica");
+                if let Some(id) = relay {
+                    self.passed_over.insert(id, now + PASS_OVER);
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}

@@ -1,0 +1,145 @@
+//! Bounded Raft replicas: past the voters and a few learners, a member is
+//! relayed — it follows the committed log from a replica instead of the
+//! leader shipping it every entry. A relayed member's own ledger keeps up
+//! with every write, keeps up when its replica dies, and the leader puts
+//! a new learner in the dead one's place.
+
+// See `common::one_at_a_time`: its guard is held across awaits on purpose.
+#![allow(clippy::await_holding_lock)]
+
+use crate::common;
+use shoal_consensus::replicas::learner_target;
+use shoal_consensus::{Command, NodeId};
+use shoal_node::agent::testkit::LocalCluster;
+use shoal_node::Agent;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// (voters, learners) in `a`'s own Raft membership.
+fn replicas_of(a: &Agent) -> (BTreeSet<NodeId>, BTreeSet<NodeId>) {
+    let m = a.node().ledger().raft_metrics();
+    let m = m.borrow();
+    let membership = m.membership_config.membership();
+    (
+        membership.voter_ids().collect(),
+        membership.learner_ids().collect(),
+    )
+}
+
+fn applied(a: &Agent) -> u64 {
+    a.node()
+        .ledger()
+        .raft_metrics()
+        .borrow()
+        .last_applied
+        .map_or(0, |l| l.index)
+}
+
+/// A write of `a`'s own member record (the one change a node may make on
+/// its own); returns its log index.
+async fn touch(a: &Agent, label: &str) -> u64 {
+    let mut spec = a
+        .ledger()
+        .read()
+        .expect("ledger")
+        .ledger
+        .members
+        .get(&a.id())
+        .expect("member")
+        .spec
+        .clone();
+    spec.labels.insert("touched".into(), label.into());
+    a.write(Command::UpdateMember { id: a.id(), spec })
+        .await
+        .expect("write")
+        .1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_beyond_the_replicas_follow_the_log_from_one() {
+    let _serial = common::one_at_a_time();
+    let n = 10;
+    let c = LocalCluster::start(n, |_, _| {}).await.expect("cluster");
+    let learners = learner_target(n);
+    let leader = c
+        .wait_until(
+            "5 voters and the bounded learners everywhere",
+            Duration::from_secs(90),
+            |c| {
+                let ok = c.agreed_leader().is_some()
+                    && c.agents.iter().all(|a| {
+                        let (v, l) = replicas_of(a);
+                        v.len() == 5 && l.len() == learners
+                    });
+                async move { ok }
+            },
+        )
+        .await
+        .map(|_| c.agreed_leader().expect("leader").id())
+        .expect("bounded replicas");
+    let (voters, learner_ids) = replicas_of(c.agent(leader).expect("leader agent"));
+    let relayed: Vec<&Agent> = c
+        .agents
+        .iter()
+        .filter(|a| !voters.contains(&a.id()) && !learner_ids.contains(&a.id()))
+        .collect();
+    assert_eq!(relayed.len(), n - 5 - learners, "members outside Raft");
+
+    // A write from a relayed member reaches every member's own ledger.
+    let index = touch(relayed[0], "one").await;
+    c.wait_until(
+        "every ledger to apply the write",
+        Duration::from_secs(10),
+        |c| {
+            let ok = c.agents.iter().all(|a| applied(a) >= index);
+            async move { ok }
+        },
+    )
+    .await
+    .expect("applied everywhere");
+    for a in &relayed {
+        let labels = a.ledger().read().expect("ledger").ledger.members[&relayed[0].id()]
+            .spec
+            .labels
+            .clone();
+        assert_eq!(labels.get("touched").map(String::as_str), Some("one"));
+    }
+
+    // The status says who is relayed.
+    let status = c.client(0).status().await.expect("status");
+    assert_eq!(status.learners.len(), learners);
+    assert_eq!(status.members.len(), n);
+
+    // A learner dies: the members it relayed to follow another replica,
+    // and the leader puts a live member in its place.
+    let dead = *learner_ids.iter().next().expect("a learner");
+    c.agent(dead).expect("learner agent").shutdown().await;
+    let alive: Vec<&Agent> = c.agents.iter().filter(|a| a.id() != dead).collect();
+    let index = touch(relayed[1], "two").await;
+    let took = c
+        .wait_until(
+            "every live ledger to apply a write after a replica died",
+            Duration::from_secs(15),
+            |_| {
+                let ok = alive.iter().all(|a| applied(a) >= index);
+                async move { ok }
+            },
+        )
+        .await
+        .expect("applied by the live members");
+    println!("a write reached every live member {took:?} after its replica died");
+    c.wait_until(
+        "a live learner in the dead one's place",
+        Duration::from_secs(60),
+        |_| {
+            let (_, l) = replicas_of(alive[0]);
+            let ok = l.len() == learners && !l.contains(&dead);
+            async move { ok }
+        },
+    )
+    .await
+    .expect("learner replaced");
+    for a in alive {
+        a.shutdown().await;
+    }
+}
