@@ -90,6 +90,8 @@ struct Shared {
     faults: Option<FaultRouter>,
     /// Set when a peer refuses this node as removed.
     removal: RemovalNotice,
+    /// See [`LedgerClient::renewed_index`].
+    renewed_index: std::sync::atomic::AtomicU64,
 }
 
 /// How the ledger client reaches the other members.
@@ -134,6 +136,7 @@ impl LedgerClient {
                 stepping_down: std::sync::atomic::AtomicBool::new(false),
                 faults,
                 removal,
+                renewed_index: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -555,13 +558,27 @@ impl LedgerClient {
             .ok()
             .and_then(|d| d.ledger.effective_protocol())
             .is_some_and(|p| p >= proto::RENEW_SINCE_PROTOCOL);
-        if !renews {
-            return Ok(self.status().await?.commit_index);
-        }
-        match self.route(Request::Renew).await? {
-            Response::Renewed { read_index } => Ok(read_index),
-            _ => Err(unexpected("a renewal")),
-        }
+        let read_index = if renews {
+            match self.route(Request::Renew).await? {
+                Response::Renewed { read_index } => read_index,
+                _ => return Err(unexpected("a renewal")),
+            }
+        } else {
+            self.status().await?.commit_index
+        };
+        self.shared
+            .renewed_index
+            .fetch_max(read_index, std::sync::atomic::Ordering::Relaxed);
+        Ok(read_index)
+    }
+
+    /// The highest read index a renewal of this node's lease was answered
+    /// with: what the leader had committed not long ago, so a ledger that
+    /// stays behind it is not being fed.
+    pub fn renewed_index(&self) -> u64 {
+        self.shared
+            .renewed_index
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A read of the ledger on the leader (linearizable).

@@ -62,22 +62,26 @@ impl LedgerClient {
             ));
         }
         let deadline = Instant::now() + wait.min(MAX_WAIT);
-        let mut metrics = self.raft_metrics();
+        // Woken by what the log and the vote do, not by the leader's
+        // replication metrics, which change with every acknowledgement.
+        let mut data = self.raft().data_metrics();
+        let mut server = self.raft().server_metrics();
         let (vote, applied, purged) = loop {
-            let (vote, applied, purged) = {
-                let m = metrics.borrow_and_update();
-                (m.vote, m.last_applied, m.purged)
+            let (applied, purged) = {
+                let d = data.borrow_and_update();
+                (d.last_applied, d.purged)
             };
+            let vote = server.borrow_and_update().vote;
             let newer = applied.map(|a| a.index) > after.map(|a| a.index);
             // Entries go out under the vote of a leader that committed
             // them; mid-election there is none to name, so they wait.
             if newer && vote.is_committed() {
                 break (vote, applied, purged);
             }
+            let stopped = || WireError::new(ErrorCode::Unavailable, "the ledger has stopped");
             tokio::select! {
-                changed = metrics.changed() => if changed.is_err() {
-                    return Err(WireError::new(ErrorCode::Unavailable, "the ledger has stopped"));
-                },
+                changed = data.changed() => changed.map_err(|_| stopped())?,
+                changed = server.changed() => changed.map_err(|_| stopped())?,
                 _ = tokio::time::sleep_until(deadline.into()) => {
                     return Ok(Response::LogEntries { vote, entries: Vec::new() });
                 }

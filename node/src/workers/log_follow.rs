@@ -30,6 +30,10 @@ const LEARNER_WAIT: Duration = Duration::from_secs(5);
 const PASS_OVER: Duration = Duration::from_secs(5);
 /// Pause after a failed question, or while there is no one to ask.
 const RETRY: Duration = Duration::from_millis(200);
+/// How long this node's ledger may stay behind what its lease renewals
+/// say the leader committed before it gives up on the relay it asks (a
+/// dead relay's question would otherwise hang until its timeout).
+const STALL: Duration = Duration::from_millis(500);
 /// How often a voter looks again whether it still is one.
 const VOTER_RECHECK: Duration = Duration::from_secs(1);
 
@@ -117,19 +121,54 @@ impl Worker for LogFollower {
             tokio::time::sleep(RETRY).await;
             return ControlFlow::Continue(());
         };
-        match self.ledger.follow(relay, addr, wait).await {
-            Ok(Followed::Nothing | Followed::Entries(_)) => {}
+        let followed = tokio::select! {
+            r = self.ledger.follow(relay, addr, wait) => r,
+            () = stalled(&self.ledger) => Err(crate::proto::WireError::new(
+                crate::proto::ErrorCode::Unavailable,
+                "the relay does not pass on what the leader committed",
+            )),
+        };
+        match followed {
+            Ok(Followed::Nothing) => {
+                tracing::trace!(node = me, from = %addr, "nothing newer");
+            }
+            Ok(Followed::Entries(n)) => {
+                tracing::trace!(node = me, from = %addr, entries = n, "followed");
+            }
             Ok(Followed::Snapshot) => {
                 tracing::info!(from = %addr, "installed the ledger snapshot a replica relayed");
             }
             Err(e) => {
-                tracing::debug!(from = %addr, error = %e, "following the log failed; asking another replica");
+                tracing::debug!(node = me, from = %addr, error = %e, "following the log failed; asking another replica");
+                // From the failure, not the question: a dead relay's
+                // connection attempt alone can take seconds.
                 if let Some(id) = relay {
-                    self.passed_over.insert(id, now + PASS_OVER);
+                    self.passed_over.insert(id, Instant::now() + PASS_OVER);
                 }
                 tokio::time::sleep(RETRY).await;
             }
         }
         ControlFlow::Continue(())
+    }
+}
+
+/// Returns once this node's applied index has stayed below the read index
+/// of its lease renewals for [`STALL`].
+async fn stalled(ledger: &LedgerClient) {
+    let mut behind_since: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let applied = ledger
+            .raft_metrics()
+            .borrow()
+            .last_applied
+            .map_or(0, |l| l.index);
+        if ledger.renewed_index() > applied {
+            if behind_since.get_or_insert_with(Instant::now).elapsed() >= STALL {
+                return;
+            }
+        } else {
+            behind_since = None;
+        }
     }
 }

@@ -57,6 +57,14 @@ pub struct Cost {
     pub node_cpu_pct: f64,
     /// The busiest node other than the leader, % of one core.
     pub node_cpu_max_pct: f64,
+    /// Mean over the Raft replicas other than the leader (voters and
+    /// learners), and how many.
+    pub replica_cpu_pct: f64,
+    pub replicas: usize,
+    /// Mean over the members that follow the log from a replica, and how
+    /// many.
+    pub relayed_cpu_pct: f64,
+    pub relayed: usize,
     pub leader_cpu_pct: f64,
     /// RPC and gossip bytes per second, in and out together.
     pub node_bytes_per_s: f64,
@@ -239,7 +247,13 @@ fn mark(nodes: &[Hollow]) -> Mark {
     }
 }
 
-fn cost(nodes: &[Hollow], leader: NodeId, from: &Mark, to: &Mark) -> Cost {
+fn cost(
+    nodes: &[Hollow],
+    leader: NodeId,
+    replicas: &BTreeSet<NodeId>,
+    from: &Mark,
+    to: &Mark,
+) -> Cost {
     let secs = to.at.duration_since(from.at).as_secs_f64().max(1e-9);
     let used = |name: &str| {
         to.cpu.get(name).copied().unwrap_or(0.0) - from.cpu.get(name).copied().unwrap_or(0.0)
@@ -248,6 +262,7 @@ fn cost(nodes: &[Hollow], leader: NodeId, from: &Mark, to: &Mark) -> Cost {
     let (mut cpu, mut bytes, mut gossip, mut max_cpu) =
         (Vec::new(), Vec::new(), Vec::new(), 0.0f64);
     let (mut leader_cpu, mut leader_bytes, mut leader_gossip) = (0.0, 0.0, 0.0);
+    let (mut replica_cpu, mut relayed_cpu) = (Vec::new(), Vec::new());
     for (i, n) in nodes.iter().enumerate() {
         let c = pct(used(&n.thread));
         let rate = |a: u64, b: u64| b.saturating_sub(a) as f64 / secs;
@@ -256,6 +271,11 @@ fn cost(nodes: &[Hollow], leader: NodeId, from: &Mark, to: &Mark) -> Cost {
         if n.id == leader {
             (leader_cpu, leader_bytes, leader_gossip) = (c, b, g);
         } else {
+            if replicas.contains(&n.id) {
+                replica_cpu.push(c);
+            } else {
+                relayed_cpu.push(c);
+            }
             cpu.push(c);
             bytes.push(b);
             gossip.push(g);
@@ -274,6 +294,10 @@ fn cost(nodes: &[Hollow], leader: NodeId, from: &Mark, to: &Mark) -> Cost {
         seconds: secs,
         node_cpu_pct: mean(&cpu),
         node_cpu_max_pct: max_cpu,
+        replica_cpu_pct: mean(&replica_cpu),
+        replicas: replica_cpu.len(),
+        relayed_cpu_pct: mean(&relayed_cpu),
+        relayed: relayed_cpu.len(),
         leader_cpu_pct: leader_cpu,
         node_bytes_per_s: mean(&bytes),
         node_gossip_bytes_per_s: mean(&gossip),
@@ -299,6 +323,22 @@ async fn wait_for(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A node's place in Raft as its own metrics say, for a failure's report.
+fn describe_raft(node: &Node) -> String {
+    let m = node.ledger().raft_metrics();
+    let m = m.borrow();
+    let membership = m.membership_config.membership();
+    format!(
+        "node {} applied {:?} leader {:?} vote {} voters {:?} learners {:?}",
+        node.local().id,
+        m.last_applied.map(|l| l.index),
+        m.current_leader,
+        m.vote,
+        membership.voter_ids().collect::<Vec<_>>(),
+        membership.learner_ids().collect::<Vec<_>>(),
+    )
 }
 
 fn state_in(node: &Node, of: NodeId) -> Option<MemberState> {
@@ -452,7 +492,17 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
     let after = mark(&nodes);
     report.idle_entries_per_s = (applied(&nodes[leader]) - entries_before) as f64
         / after.at.duration_since(before.at).as_secs_f64();
-    report.idle = cost(&nodes, nodes[leader].id, &before, &after);
+    let replicas: BTreeSet<NodeId> = nodes[leader]
+        .node
+        .ledger()
+        .raft_metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .nodes()
+        .map(|(id, _)| *id)
+        .collect();
+    report.idle = cost(&nodes, nodes[leader].id, &replicas, &before, &after);
     report.rss_per_node_mb = crate::procstat::read_self()
         .map(|p| p.resident_bytes as f64 / 1_048_576.0 / args.nodes as f64)
         .unwrap_or(0.0);
@@ -591,7 +641,7 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
         .filter(|n| !victim_ids.contains(&n.id))
         .map(|n| n.node.clone())
         .collect();
-    wait_for(
+    let everywhere = wait_for(
         "the killed nodes down everywhere",
         Duration::from_secs(60),
         || {
@@ -602,7 +652,19 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
             })
         },
     )
-    .await?;
+    .await;
+    if let Err(e) = everywhere {
+        let behind: Vec<String> = survivors
+            .iter()
+            .filter(|s| {
+                victim_ids
+                    .iter()
+                    .any(|v| state_in(s, *v) != Some(MemberState::Down))
+            })
+            .map(|s| describe_raft(s))
+            .collect();
+        anyhow::bail!("{e}; survivors that do not see it: {}", behind.join("; "));
+    }
     report.killed = kill;
     report.down_everywhere_s = t0.elapsed().as_secs_f64();
 
@@ -626,6 +688,10 @@ pub fn print(r: &ScaleReport) {
     println!(
         "  idle, per node:            {:.2} % of a core (max {:.2} %), {:.0} B/s ({:.0} gossip), RSS {:.1} MB (process / nodes)",
         c.node_cpu_pct, c.node_cpu_max_pct, c.node_bytes_per_s, c.node_gossip_bytes_per_s, r.rss_per_node_mb
+    );
+    println!(
+        "  idle, by role:             {} other replicas {:.2} %, {} relayed {:.2} %",
+        c.replicas, c.replica_cpu_pct, c.relayed, c.relayed_cpu_pct
     );
     println!(
         "  idle, leader:              {:.2} % of a core, {:.0} B/s ({:.0} gossip) (harness {:.1} %); {:.1} ledger entries/s",
