@@ -235,6 +235,7 @@ pub struct Metrics {
     pub gossip_advert_delay: Histogram,
     pub gossip_bytes: Family<Labels, Counter>,
     pub rpc_bytes: Family<Labels, Counter>,
+    pub lease_renewals: Family<Labels, Counter>,
     pub gossip_peers_heard: Gauge,
     pub fd_peers: Family<Labels, Gauge>,
     pub fd_transitions: Family<Labels, Counter>,
@@ -290,6 +291,7 @@ impl Metrics {
             gossip_advert_delay: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             gossip_bytes: Family::default(),
             rpc_bytes: Family::default(),
+            lease_renewals: Family::default(),
             gossip_peers_heard: Gauge::default(),
             fd_peers: Family::default(),
             fd_transitions: Family::default(),
@@ -419,6 +421,11 @@ impl Metrics {
             m.rpc_bytes.clone(),
         );
         registry.register(
+            "lease_renewals",
+            "This node's lease renewals that succeeded, by the way they went: straight to the leader, or through the replica it follows the log from",
+            m.lease_renewals.clone(),
+        );
+        registry.register(
             "gossip_peers_heard",
             "Members this node heard from within the last second",
             m.gossip_peers_heard.clone(),
@@ -484,6 +491,12 @@ impl Metrics {
     pub fn count_checkpoint_part(&self, outcome: &str) {
         self.ckpt_parts
             .get_or_create(&vec![("outcome".into(), outcome.to_string())])
+            .inc();
+    }
+
+    pub fn count_lease_renewal(&self, via: &str) {
+        self.lease_renewals
+            .get_or_create(&vec![("via".into(), via.to_string())])
             .inc();
     }
 

@@ -90,7 +90,9 @@ pub enum Request {
     /// with a read index (its commit index, its leadership confirmed by a
     /// quorum after the request arrived) which the member applies before
     /// it counts its ledger current. Protocol 7; a member whose leader
-    /// speaks less asks `Query::Status` instead.
+    /// speaks less asks `Query::Status` instead. From protocol 8 a relayed
+    /// member renews through the replica it follows the log from, which
+    /// passes the renewals of a round on together (`RenewFor`).
     Renew,
     /// The committed log after `after` (the asker's applied entry), served
     /// by any member from what it has applied, to a member of its ledger:
@@ -100,6 +102,13 @@ pub enum Request {
     FollowLog {
         after: Option<LogId>,
         wait_ms: u32,
+    },
+    /// A Raft replica renews the leases of the members that renewed
+    /// through it since its last such call (leader only, from a replica
+    /// the leader's membership names): one call per round for all of
+    /// them, answered as `Request::Renew` is. Protocol 8.
+    RenewFor {
+        members: Vec<u64>,
     },
 }
 

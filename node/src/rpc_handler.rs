@@ -160,6 +160,7 @@ impl NodeService {
             Request::ElectNow => self.elect_now(member).await,
             Request::StillMember => Ok(Response::Holds(true)),
             Request::Renew => self.renew_lease(member).await,
+            Request::RenewFor { members } => self.renew_leases_for(member, members).await,
             Request::FollowLog { after, wait_ms } => {
                 self.ledger
                     .serve_log(
@@ -176,9 +177,15 @@ impl NodeService {
 
     /// A member's lease renewal: a sign of life for this leader's failure
     /// detector (the certificate names the member, whatever it wrote), then
-    /// a read index from a round shared with the other renewals.
+    /// a read index from a round shared with the other renewals. On a Raft
+    /// replica that is not the leader: passed on with the others of its
+    /// round (`Request::RenewFor`), for the members it relays the log to.
     async fn renew_lease(&self, member: NodeId) -> Result<Response, WireError> {
         if !self.ledger.is_leader() {
+            if self.is_replica(self.ledger.me()) && self.relays_renewals() {
+                let read_index = self.ledger.renew_for(member).await?;
+                return Ok(Response::Renewed { read_index });
+            }
             return Err(WireError::new(ErrorCode::NotLeader, "not the leader"));
         }
         if let Ok(mut peers) = self.peers.lock() {
@@ -186,6 +193,75 @@ impl NodeService {
         }
         let read_index = self.ledger.shared_read_index().await?;
         Ok(Response::Renewed { read_index })
+    }
+
+    /// The leases of `members`, renewed through replica `relay`: signs of
+    /// life for this leader's detector, taken only from a replica this
+    /// leader's membership names (it chose them; any other member's word
+    /// for others is refused), and only for members of the ledger that have
+    /// not left.
+    async fn renew_leases_for(
+        &self,
+        relay: NodeId,
+        members: Vec<NodeId>,
+    ) -> Result<Response, WireError> {
+        if !self.ledger.is_leader() {
+            return Err(WireError::new(ErrorCode::NotLeader, "not the leader"));
+        }
+        if !self.is_replica(relay) {
+            let why =
+                format!("member {relay} is not a Raft replica and may not renew others' leases");
+            self.audit(format!("refused a request: {why}"));
+            return Err(WireError::new(ErrorCode::Forbidden, why));
+        }
+        self.mark_heard(&members);
+        let read_index = self.ledger.shared_read_index().await?;
+        Ok(Response::Renewed { read_index })
+    }
+
+    /// Counts a renewal of each of `members` (of this ledger, not left) as
+    /// a sign of life now.
+    fn mark_heard(&self, members: &[NodeId]) {
+        let known: Vec<NodeId> = match self.ledger.read() {
+            Ok(d) => members
+                .iter()
+                .copied()
+                .filter(|m| {
+                    d.ledger
+                        .members
+                        .get(m)
+                        .is_some_and(|r| r.state != MemberState::Left)
+                })
+                .collect(),
+            Err(_) => return,
+        };
+        if let Ok(mut peers) = self.peers.lock() {
+            let now = std::time::Instant::now();
+            for m in known {
+                peers.heard(m, now);
+            }
+        }
+    }
+
+    /// Whether this node's membership has `member` in Raft (a voter or a
+    /// learner).
+    fn is_replica(&self, member: NodeId) -> bool {
+        self.ledger
+            .raft_metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&member)
+            .is_some()
+    }
+
+    /// Whether every member speaks the protocol of relayed renewals.
+    fn relays_renewals(&self) -> bool {
+        self.ledger.read().is_ok_and(|d| {
+            d.ledger
+                .effective_protocol()
+                .is_some_and(|p| p >= shoal_consensus::replicas::SINCE_PROTOCOL)
+        })
     }
 
     /// A stopping leader hands its leadership over: this voter stands for
@@ -486,6 +562,15 @@ impl NodeService {
             Request::Renew => Ok(Response::Renewed {
                 read_index: self.ledger.shared_read_index().await?,
             }),
+            // A replica's batch, routed to itself after it became leader:
+            // only this node's own route gets here (a member's is served
+            // by `renew_leases_for`).
+            Request::RenewFor { members } => {
+                self.mark_heard(&members);
+                Ok(Response::Renewed {
+                    read_index: self.ledger.shared_read_index().await?,
+                })
+            }
             Request::Raft(_) | Request::Chunk(_) => Err(WireError::new(
                 ErrorCode::Invalid,
                 "Raft and chunk RPCs are not routed",

@@ -715,8 +715,8 @@ async fn a_peer_regions_secret_is_handed_only_to_current_members() {
 }
 
 /// A member outside the Raft replicas (it follows the log from one) is
-/// still only a member: its certificate does not let it campaign or claim
-/// to lead, and the log it follows is handed to no one the cluster never
+/// still only a member: its certificate does not let it campaign, claim
+/// to lead or renew another member's lease, and the log it follows is handed to no one the cluster never
 /// admitted, even with a certificate the CA signed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relayed_member_may_not_lead_and_a_stranger_gets_no_log() {
@@ -771,6 +771,16 @@ async fn a_relayed_member_may_not_lead_and_a_stranger_gets_no_log() {
             );
         }
     }
+    // Nor may it vouch for another member's lease: only a replica the
+    // leader chose passes renewals on.
+    let vouch = Request::RenewFor {
+        members: vec![leader.id()],
+    };
+    let answer = call(&rogue, leader.rpc_addr(), &vouch).await;
+    assert!(
+        matches!(&answer, Response::Error(e) if e.code == ErrorCode::Forbidden),
+        "the leader took a relayed member's word for another's lease: {answer:?}"
+    );
     rogue.shutdown().await;
     // Its own certificate does get it the log.
     let member = impersonate(&c, relayed.id(), relayed.name());

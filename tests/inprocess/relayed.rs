@@ -35,6 +35,18 @@ fn applied(a: &Agent) -> u64 {
         .map_or(0, |l| l.index)
 }
 
+/// How many of `a`'s lease renewals went `via` ("relay" or "leader").
+fn renewals_via(a: &Agent, via: &str) -> f64 {
+    let prefix = format!("shoal_lease_renewals_total{{via=\"{via}\"}} ");
+    a.node()
+        .metrics()
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// A write of `a`'s own member record (the one change a node may make on
 /// its own); returns its log index.
 async fn touch(a: &Agent, label: &str) -> u64 {
@@ -104,6 +116,18 @@ async fn members_beyond_the_replicas_follow_the_log_from_one() {
             .clone();
         assert_eq!(labels.get("touched").map(String::as_str), Some("one"));
     }
+
+    // Their leases are renewed through their replica, in batches.
+    c.wait_until(
+        "relayed members renewing through their replica",
+        Duration::from_secs(10),
+        |_| {
+            let ok = relayed.iter().all(|a| renewals_via(a, "relay") > 0.0);
+            async move { ok }
+        },
+    )
+    .await
+    .expect("relayed renewals");
 
     // The status says who is relayed.
     let status = c.client(0).status().await.expect("status");

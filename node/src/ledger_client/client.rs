@@ -62,6 +62,10 @@ impl AppliedWatch {
     }
 }
 
+/// How long a renewal through a relay may take before the node asks the
+/// leader itself.
+const RELAYED_RENEWAL_TIMEOUT: Duration = Duration::from_millis(600);
+
 /// A cheap handle on this node's ledger and its route to the leader.
 #[derive(Clone)]
 pub struct LedgerClient {
@@ -92,6 +96,19 @@ struct Shared {
     removal: RemovalNotice,
     /// See [`LedgerClient::renewed_index`].
     renewed_index: std::sync::atomic::AtomicU64,
+    /// The replica this node follows the log from, when relayed: its
+    /// renewals go there.
+    relay: std::sync::Mutex<Option<(NodeId, SocketAddr)>>,
+    /// On a replica: the renewals it passes on to the leader together.
+    relayed_renewals: RelayedRenewals,
+}
+
+/// The members that renewed through this replica since its last call to
+/// the leader, and the rounds those calls are shared in.
+#[derive(Default)]
+struct RelayedRenewals {
+    members: Arc<std::sync::Mutex<BTreeSet<NodeId>>>,
+    rounds: ReadRounds,
 }
 
 /// How the ledger client reaches the other members.
@@ -137,6 +154,8 @@ impl LedgerClient {
                 faults,
                 removal,
                 renewed_index: std::sync::atomic::AtomicU64::new(0),
+                relay: std::sync::Mutex::new(None),
+                relayed_renewals: RelayedRenewals::default(),
             }),
         }
     }
@@ -559,9 +578,18 @@ impl LedgerClient {
             .and_then(|d| d.ledger.effective_protocol())
             .is_some_and(|p| p >= proto::RENEW_SINCE_PROTOCOL);
         let read_index = if renews {
-            match self.route(Request::Renew).await? {
-                Response::Renewed { read_index } => read_index,
-                _ => return Err(unexpected("a renewal")),
+            match self.renew_through_relay().await {
+                Some(read_index) => {
+                    self.shared.metrics.count_lease_renewal("relay");
+                    read_index
+                }
+                None => match self.route(Request::Renew).await? {
+                    Response::Renewed { read_index } => {
+                        self.shared.metrics.count_lease_renewal("leader");
+                        read_index
+                    }
+                    _ => return Err(unexpected("a renewal")),
+                },
             }
         } else {
             self.status().await?.commit_index
@@ -570,6 +598,77 @@ impl LedgerClient {
             .renewed_index
             .fetch_max(read_index, std::sync::atomic::Ordering::Relaxed);
         Ok(read_index)
+    }
+
+    /// A renewal through the replica this node follows the log from, once
+    /// every member speaks protocol 8; `None` when there is none or it did
+    /// not answer (the renewal then goes straight to the leader).
+    async fn renew_through_relay(&self) -> Option<u64> {
+        let relay = *self.shared.relay.lock().unwrap_or_else(|p| p.into_inner());
+        let (id, addr) = relay?;
+        let relays = self
+            .read()
+            .ok()?
+            .ledger
+            .effective_protocol()
+            .is_some_and(|p| p >= shoal_consensus::replicas::SINCE_PROTOCOL);
+        if !relays {
+            return None;
+        }
+        // Short: the fence needs a renewal within its 2.5 s, and the
+        // leader is still there to ask.
+        match self
+            .call_at(Some(id), addr, &Request::Renew, RELAYED_RENEWAL_TIMEOUT)
+            .await
+        {
+            Ok(Response::Renewed { read_index }) => Some(read_index),
+            _ => {
+                // Straight to the leader until the log follower finds a
+                // relay that answers again.
+                self.set_relay(None);
+                None
+            }
+        }
+    }
+
+    /// Records the replica this node follows the log from (`None`: none,
+    /// or this node is a replica itself).
+    pub fn set_relay(&self, relay: Option<(NodeId, SocketAddr)>) {
+        *self.shared.relay.lock().unwrap_or_else(|p| p.into_inner()) = relay;
+    }
+
+    /// On a replica: renews `member`'s lease on the leader together with
+    /// the other members that renew through this replica (one
+    /// `Request::RenewFor` per round, rounds at most every
+    /// [`read_rounds::ROUND_SPACING`](super::read_rounds::ROUND_SPACING)).
+    /// The leader's read index answers every renewal of the round: its
+    /// round starts after this replica's call, which starts after the
+    /// member asked.
+    pub async fn renew_for(&self, member: NodeId) -> Result<u64, WireError> {
+        let pending = &self.shared.relayed_renewals;
+        pending
+            .members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(member);
+        let client = self.clone();
+        let members = pending.members.clone();
+        pending
+            .rounds
+            .read(move || {
+                let client = client.clone();
+                let members: Vec<NodeId> =
+                    std::mem::take(&mut *members.lock().unwrap_or_else(|p| p.into_inner()))
+                        .into_iter()
+                        .collect();
+                async move {
+                    match client.route(Request::RenewFor { members }).await? {
+                        Response::Renewed { read_index } => Ok(read_index),
+                        _ => Err(unexpected("a relayed renewal")),
+                    }
+                }
+            })
+            .await
     }
 
     /// The highest read index a renewal of this node's lease was answered

@@ -83,6 +83,7 @@ impl Worker for LogFollower {
             (role, replicas, m.current_leader)
         };
         if role == Role::Voter {
+            self.ledger.set_relay(None);
             tokio::time::sleep(VOTER_RECHECK).await;
             return ControlFlow::Continue(());
         }
@@ -128,6 +129,14 @@ impl Worker for LogFollower {
                 "the relay does not pass on what the leader committed",
             )),
         };
+        // A relayed member renews its lease through the replica it
+        // follows; a learner renews with the leader itself.
+        let renew_via = |ok: bool| {
+            (ok && role == Role::Relayed)
+                .then_some(())
+                .and(relay.map(|id| (id, addr)))
+        };
+        self.ledger.set_relay(renew_via(followed.is_ok()));
         match followed {
             Ok(Followed::Nothing) => {
                 tracing::trace!(node = me, from = %addr, "nothing newer");
