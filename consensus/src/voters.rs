@@ -2,7 +2,7 @@
 //! voters spread across failure domains: 3 voters survive one loss, 5 survive
 //! two, and voters in distinct zones (then racks) survive a zone outage.
 //! Everyone else receives the log but does not vote: as a learner, or
-//! relayed by one of the replicas (`crate::replicas`).
+//! relayed by one of the ledger's replicas (the replicas module).
 //!
 //! This module is pure: the leader feeds it the members it knows and how
 //! healthy they are, and gets the voter set it should converge to.

@@ -330,7 +330,15 @@ const CONSENSUS_LAYERS: &[(&str, &[&str])] = &[
     ("pure cores", &["ids", "sched", "escrow"]),
     (
         "records",
-        &["members", "events", "namespace", "voters", "tokens", "once"],
+        &[
+            "members",
+            "events",
+            "namespace",
+            "voters",
+            "replicas",
+            "tokens",
+            "once",
+        ],
     ),
     ("concerns", &["ca", "workload"]),
     ("regions", &["federation"]),
