@@ -684,6 +684,21 @@ mod tests {
         assert_eq!(stale_address(&[odd], raft), None);
     }
 
+    /// Members 1..=n, down where `down` says, in zones cycling through
+    /// `zones`.
+    fn rows(n: NodeId, down: &BTreeSet<NodeId>, zones: &[u8]) -> Vec<MemberRow> {
+        (1..=n)
+            .map(|id| {
+                let state = if down.contains(&id) {
+                    MemberState::Down
+                } else {
+                    MemberState::Alive
+                };
+                row(id, state, &zones[id as usize % zones.len()].to_string())
+            })
+            .collect()
+    }
+
     proptest! {
         /// Whatever the cluster: a step never drops the leader from the
         /// voters, never adds a member that left, and a healthy cluster
@@ -695,12 +710,7 @@ mod tests {
             silent in proptest::collection::btree_set(2u64..8, 0..3),
             zones in proptest::collection::vec(0u8..3, 8),
         ) {
-            let members: Vec<MemberRow> = (1..=n)
-                .map(|id| {
-                    let state = if down.contains(&id) { MemberState::Down } else { MemberState::Alive };
-                    row(id, state, &zones[id as usize % zones.len()].to_string())
-                })
-                .collect();
+            let members = rows(n, &down, &zones);
             let all: BTreeSet<NodeId> = (1..=n).collect();
             let mut raft = RaftMembers { voters: ids(&[1]), nodes: all.clone() };
             let down_for = |id| down.contains(&id).then_some(AFTER * 2);
@@ -741,12 +751,7 @@ mod tests {
             down in proptest::collection::btree_set(2u64..200, 0..20),
             zones in proptest::collection::vec(0u8..3, 200),
         ) {
-            let members: Vec<MemberRow> = (1..=n)
-                .map(|id| {
-                    let state = if down.contains(&id) { MemberState::Down } else { MemberState::Alive };
-                    row(id, state, &zones[id as usize % zones.len()].to_string())
-                })
-                .collect();
+            let members = rows(n, &down, &zones);
             let all: BTreeSet<NodeId> = (1..=n).collect();
             let answering: BTreeSet<NodeId> = all.iter().copied().filter(|id| !down.contains(id)).collect();
             let target = replicas::learner_target(members.len());
