@@ -125,19 +125,23 @@ pub struct GossipConfig {
     pub keypair: Keypair,
     /// UDP socket for QUIC; port 0 picks a free port (see [`GossipHandle::listen_addr`]).
     pub listen: SocketAddr,
-    /// Gossipsub heartbeat (mesh maintenance and IHAVE gossip). 100 ms: a
-    /// message missed by flood-publish and mesh forwarding is recovered via
-    /// IHAVE/IWANT within ~1-2 heartbeats, and mesh repair after churn is fast.
-    /// Cost is a few control messages per peer per heartbeat.
+    /// Gossipsub heartbeat (mesh maintenance and IHAVE gossip). 1 s, as
+    /// libp2p's default: a message missed by flood-publish and mesh
+    /// forwarding is recovered via IHAVE/IWANT within a heartbeat or two.
+    /// Gossip carries only capacity adverts (liveness goes through the
+    /// ledger's lease renewals), so a second's repair is soon enough, and
+    /// every heartbeat costs each node control messages to its peers.
     pub heartbeat: Duration,
     /// Ping interval; each successful ping yields a [`GossipEvent::Rtt`].
     pub ping_interval: Duration,
     /// How often the task re-dials members it is not connected to.
     pub redial_interval: Duration,
     /// The task dials members until this many member connections are up.
-    /// Gossipsub needs only `mesh_n_high` (12) peers; extra connections
-    /// shorten flood-publish paths. 64 keeps a 1,000-node mesh at most two
-    /// hops from any publisher without 1,000 QUIC connections per node.
+    /// Others dial it too, so a node ends up with about twice as many
+    /// (16 at 8): more than gossipsub's `mesh_n` (6), and enough for a
+    /// 5,000-node mesh to reach every node within about three hops. Every
+    /// connection costs keep-alives, pings and a copy of every message,
+    /// so more would make a node's cost grow with the pool.
     pub target_member_connections: usize,
     /// Capacity of the event channel. When full, events are dropped (counted
     /// in [`GossipStatus::dropped_events`]) rather than stalling the swarm.
@@ -154,10 +158,10 @@ impl GossipConfig {
         Self {
             keypair,
             listen,
-            heartbeat: Duration::from_millis(100),
+            heartbeat: Duration::from_secs(1),
             ping_interval: Duration::from_secs(5),
             redial_interval: Duration::from_secs(2),
-            target_member_connections: 64,
+            target_member_connections: 8,
             event_buffer: 4096,
             non_member_policy: NonMemberPolicy::Disconnect,
             idle_connection_timeout: Duration::from_secs(60),

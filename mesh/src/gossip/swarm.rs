@@ -98,9 +98,9 @@ pub(super) fn gossipsub_config(config: &GossipConfig) -> Result<gossipsub::Confi
         // not just its mesh: one hop to everyone it is connected to.
         .flood_publish(true)
         // mesh_n/low/high/lazy: defaults (6/5/12/6), proven for large meshes.
-        // Keep 10 heartbeats (1 s at 100 ms) of messages for IWANT replies and
-        // advertise the last 3 in IHAVE; long enough to repair a loss on a LAN.
-        .history_length(10)
+        // Keep 5 heartbeats (5 s at 1 s) of messages for IWANT replies and
+        // advertise the last 3 in IHAVE (libp2p's defaults).
+        .history_length(5)
         .history_gossip(3)
         .duplicate_cache_time(Duration::from_secs(60))
         // A PRUNE (e.g. of a peer our ledger replica had not admitted yet)

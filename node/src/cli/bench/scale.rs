@@ -583,10 +583,25 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
         )
         .await?;
         known.push(t0.elapsed().as_secs_f64() * 1e3);
-        client
-            .cancel_job(job)
-            .await
-            .map_err(|e| anyhow::anyhow!("cancel: {e}"))?;
+        // On a saturated machine a forwarded write can time out after it
+        // committed; ask again until it answers or the job is over.
+        let cancel_from = Instant::now();
+        while let Err(e) = client.cancel_job(job).await {
+            let over = leader_node.ledger().read().is_ok_and(|d| {
+                d.ledger
+                    .workload
+                    .jobs
+                    .get(&job)
+                    .is_some_and(|j| j.state.is_final())
+            });
+            if over {
+                break;
+            }
+            if cancel_from.elapsed() > Duration::from_secs(30) {
+                anyhow::bail!("cancel: {e}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         wait_for(
             "the gang's GPUs free again",
             Duration::from_secs(30),
