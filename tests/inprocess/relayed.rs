@@ -59,7 +59,13 @@ async fn put_through(a: &Agent, admin_token: &str, key: &str, value: &str) -> u6
 }
 
 fn attr(a: &Agent, key: &str) -> Option<String> {
-    a.ledger().read().expect("ledger").ledger.attrs.get(key).cloned()
+    a.ledger()
+        .read()
+        .expect("ledger")
+        .ledger
+        .attrs
+        .get(key)
+        .cloned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
