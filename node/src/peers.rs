@@ -23,7 +23,7 @@ use shoal_mesh::failure_detector::{FailureDetector, FailureDetectorConfig, PeerS
 use shoal_mesh::gossip::CapacityView;
 use shoal_mesh::vivaldi::{estimate_rtt, Coordinate, VivaldiClient, VivaldiConfig};
 use shoal_sdk::MemberState;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -176,8 +176,9 @@ impl PeerView {
                 }
             }
         }
+        let member_ids: HashSet<NodeId> = members.iter().map(|(id, _, _)| *id).collect();
         if !judging {
-            self.forget_removed(members);
+            self.forget_removed(&member_ids);
             return Vec::new();
         }
         for (id, _, _) in members {
@@ -189,25 +190,27 @@ impl PeerView {
                 }
             }
         }
-        let known: Vec<NodeId> = self.detector.peers().map(|(k, _)| *k).collect();
-        for k in known {
-            if !members.iter().any(|(id, _, _)| *id == k) {
-                self.detector.remove_peer(&k);
-            }
+        let gone: Vec<NodeId> = self
+            .detector
+            .peers()
+            .map(|(k, _)| *k)
+            .filter(|k| !member_ids.contains(k))
+            .collect();
+        for k in gone {
+            self.detector.remove_peer(&k);
         }
-        self.unheard_since
-            .retain(|id, _| members.iter().any(|(m, _, _)| m == id));
-        self.forget_removed(members);
+        self.unheard_since.retain(|id, _| member_ids.contains(id));
+        self.forget_removed(&member_ids);
         self.detector.tick(now)
     }
 
     /// Forgets the adverts and contact times of nodes no longer members.
-    fn forget_removed(&mut self, members: &[(NodeId, PeerId, MemberState)]) {
+    fn forget_removed(&mut self, members: &HashSet<NodeId>) {
         let gone: Vec<NodeId> = self
             .last_heard
             .keys()
             .copied()
-            .filter(|k| !members.iter().any(|(id, _, _)| id == k))
+            .filter(|k| !members.contains(k))
             .collect();
         for k in gone {
             self.capacity.remove(k);

@@ -10,7 +10,9 @@ use tokio::sync::watch;
 
 /// A periodic loop of the node.
 pub trait Worker: Send + 'static {
-    /// Time between the starts of two ticks.
+    /// Time between the starts of two ticks; asked again after every
+    /// tick, so a loop that has less to do in some roles (a leader-only
+    /// task on a follower) can tick less often there.
     fn period(&self) -> Duration;
 
     /// One round of work; `Break` ends the loop.
@@ -29,6 +31,11 @@ pub trait Worker: Send + 'static {
     }
 }
 
+/// How often a loop that works only on the leader ticks on a node that
+/// does not lead: it has nothing to do there, and its leadership wakeup
+/// ([`Wakeup::on_leadership`]) starts it at once when the node is elected.
+pub const OFF_LEADER_PERIOD: Duration = Duration::from_secs(1);
+
 /// The least time between two ticks a wakeup starts: a ledger applying
 /// thousands of entries a second costs a loop at most this many ticks.
 pub const WAKE_GAP: Duration = Duration::from_millis(2);
@@ -38,15 +45,36 @@ pub const WAKE_GAP: Duration = Duration::from_millis(2);
 pub struct Wakeup {
     applied: Option<AppliedWatch>,
     child_exits: Option<tokio::signal::unix::Signal>,
+    leadership: Option<LeadershipWatch>,
 }
+
+/// Changes of this node's Raft role, leader or vote (not of its log).
+type LeadershipWatch = watch::Receiver<
+    openraft::metrics::RaftServerMetrics<shoal_consensus::NodeId, openraft::BasicNode>,
+>;
 
 impl Wakeup {
     /// Every entry this node applies.
     pub fn on_apply(applied: AppliedWatch) -> Wakeup {
         Wakeup {
             applied: Some(applied),
-            child_exits: None,
+            ..Wakeup::default()
         }
+    }
+
+    /// Every change of who leads, or of this node's role: a loop that
+    /// works only on the leader ticks slowly elsewhere and starts at once
+    /// when its node is elected.
+    pub fn on_leadership(raft: &shoal_consensus::types::Raft) -> Wakeup {
+        Wakeup::default().and_leadership(raft)
+    }
+
+    /// [`Wakeup::on_leadership`] as well.
+    pub fn and_leadership(mut self, raft: &shoal_consensus::types::Raft) -> Wakeup {
+        let mut rx = raft.server_metrics();
+        rx.borrow_and_update();
+        self.leadership = Some(rx);
+        self
     }
 
     /// And every exit of a child process (SIGCHLD); without the signal
@@ -76,9 +104,20 @@ impl Wakeup {
                 None => std::future::pending().await,
             }
         };
+        let leadership = async {
+            match &mut self.leadership {
+                Some(rx) => {
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = applied => {}
             _ = exits => {}
+            _ = leadership => {}
         }
     }
 }
@@ -91,11 +130,18 @@ async fn woken(wake: &mut Wakeup, last: tokio::time::Instant) {
 
 /// Runs `worker` until it breaks or the node shuts down (or is dropped).
 pub async fn run<W: Worker>(mut worker: W, mut shutdown: watch::Receiver<bool>) {
-    let mut interval = tokio::time::interval(worker.period());
+    let mut period = worker.period();
+    let mut interval = tokio::time::interval(period);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut wake = worker.wakeup();
     let mut last = tokio::time::Instant::now();
     loop {
+        let wanted = worker.period();
+        if wanted != period {
+            period = wanted;
+            interval = tokio::time::interval_at(last + period, period);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
         tokio::select! {
             _ = interval.tick() => {}
             _ = woken(&mut wake, last) => {}

@@ -33,7 +33,12 @@ use tokio::sync::{mpsc, watch};
 
 /// Adverts a node publishes at [`CAPACITY_EVERY`] after it starts.
 const WARM_UP_ADVERTS: u64 = 3;
+/// The leader's tick: its failure detector judges every member on it.
 const TICK: Duration = Duration::from_millis(100);
+/// Elsewhere the loop only keeps the gossip membership in step with the
+/// ledger and sends this node's adverts: within a second is soon enough,
+/// and a tick costs a pass over every member.
+const MEMBER_TICK: Duration = Duration::from_secs(1);
 
 /// The handles the gossip loops use.
 #[derive(Clone)]
@@ -199,7 +204,15 @@ impl Publisher {
 
 impl Worker for Publisher {
     fn period(&self) -> Duration {
-        TICK
+        if self.parts.ledger.is_leader() {
+            TICK
+        } else {
+            MEMBER_TICK
+        }
+    }
+
+    fn wakeup(&self) -> crate::worker::Wakeup {
+        crate::worker::Wakeup::on_leadership(self.parts.ledger.raft())
     }
 
     async fn stop(&mut self) {
@@ -218,7 +231,8 @@ impl Worker for Publisher {
                 .iter()
                 .map(|(id, peer, _, state)| (*id, *peer, *state))
                 .collect();
-            for t in v.tick(&ids, judging, TICK, now) {
+            let expected_tick = if judging { TICK } else { MEMBER_TICK };
+            for t in v.tick(&ids, judging, expected_tick, now) {
                 let to = match t.to {
                     PeerState::Alive => "alive",
                     PeerState::Suspect => "suspect",

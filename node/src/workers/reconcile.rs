@@ -68,7 +68,15 @@ impl Housekeeping {
 
 impl Worker for Housekeeping {
     fn period(&self) -> Duration {
-        TICK
+        if self.ledger.is_leader() {
+            TICK
+        } else {
+            crate::worker::OFF_LEADER_PERIOD
+        }
+    }
+
+    fn wakeup(&self) -> crate::worker::Wakeup {
+        crate::worker::Wakeup::on_leadership(self.ledger.raft())
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {

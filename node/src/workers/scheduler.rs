@@ -42,12 +42,18 @@ pub struct Scheduler {
 
 impl Worker for Scheduler {
     fn period(&self) -> Duration {
-        self.period
+        if self.ledger.is_leader() {
+            self.period
+        } else {
+            crate::worker::OFF_LEADER_PERIOD.max(self.period)
+        }
     }
 
-    /// A pass as soon as a submit, an end or a node change is applied.
+    /// A pass as soon as a submit, an end or a node change is applied,
+    /// and as soon as this node is elected.
     fn wakeup(&self) -> crate::worker::Wakeup {
         crate::worker::Wakeup::on_apply(self.ledger.applied_watch())
+            .and_leadership(self.ledger.raft())
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {
