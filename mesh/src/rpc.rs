@@ -101,12 +101,21 @@ fn transport_config() -> Arc<TransportConfig> {
     Arc::new(base_transport())
 }
 
+/// How long a connection with nothing to carry stays open.
+const IDLE: Duration = Duration::from_secs(30);
+
 fn base_transport() -> TransportConfig {
     let mut t = TransportConfig::default();
-    // Keep-alives well inside the idle timeout so a quiet but healthy
-    // connection never expires, while a dead peer is noticed in seconds.
-    t.keep_alive_interval(Some(Duration::from_millis(500)));
-    if let Ok(idle) = Duration::from_secs(5).try_into() {
+    // No keep-alives: a connection in use (Raft heartbeats, lease
+    // renewals every 200 ms) never goes quiet, and one that does (a relayed
+    // member's to the leader, used only when its relay fails) should cost
+    // nothing: it closes after IDLE and the next call dials again. Every
+    // call has a timeout of its own, so a dead peer costs a call its
+    // timeout, after which the connection is dropped (`settle`); a peer
+    // that restarted answers the old connection with a stateless reset.
+    // IDLE is longer than any long poll (`Request::FollowLog`, 5 s).
+    t.keep_alive_interval(None);
+    if let Ok(idle) = IDLE.try_into() {
         t.max_idle_timeout(Some(idle));
     }
     t.max_concurrent_bidi_streams(MEMBER_STREAMS.into());
