@@ -146,15 +146,6 @@ impl Driver {
 
     pub(super) fn set_members(&mut self, mut members: BTreeMap<PeerId, Multiaddr>) {
         members.remove(&self.local_peer_id);
-        let removed: Vec<PeerId> = self
-            .members
-            .keys()
-            .filter(|p| !members.contains_key(p))
-            .copied()
-            .collect();
-        for peer in &removed {
-            self.swarm.behaviour_mut().kad.remove_peer(peer);
-        }
         // Forget node_id bindings (and their seq floors) of departed members,
         // so a node re-admitted under a new key is not locked out.
         let departed: Vec<u64> = self
@@ -167,17 +158,6 @@ impl Driver {
             self.node_owner.remove(&node_id);
             self.last_capacity_seq.remove(&node_id);
             self.last_heartbeat_seq.remove(&node_id);
-        }
-        for (peer, addr) in &members {
-            // A member that came back elsewhere is not to be looked up at
-            // its old address any more.
-            if let Some(old) = self.members.get(peer).filter(|old| *old != addr) {
-                self.swarm.behaviour_mut().kad.remove_address(peer, old);
-            }
-            self.swarm
-                .behaviour_mut()
-                .kad
-                .add_address(peer, addr.clone());
         }
         self.members = members;
         if self.config.non_member_policy == NonMemberPolicy::Disconnect && !self.members.is_empty()

@@ -3,7 +3,7 @@
 //!
 //! # Shape
 //! [`Gossip::start`] builds a libp2p swarm (QUIC only; gossipsub + identify +
-//! ping + kad) and spawns one tokio task that owns it. The caller talks to the
+//! ping) and spawns one tokio task that owns it. The caller talks to the
 //! task through a cloneable [`GossipHandle`] and receives [`GossipEvent`]s on a
 //! bounded channel. [`CapacityView`] is a pure helper that folds events into
 //! "latest advert per node".
@@ -73,7 +73,7 @@ use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance, MessageAuthenticity
 use libp2p::identity::KeyType;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
-use libp2p::{identify, kad, ping, StreamProtocol, Swarm, Transport};
+use libp2p::{identify, ping, Swarm, Transport};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -91,7 +91,6 @@ pub const CAPACITY_TOPIC: &str = "shoal/capacity/1";
 /// Topic carrying [`HeartbeatPayload`]s.
 pub const HEARTBEAT_TOPIC: &str = "shoal/heartbeat/1";
 
-const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/shoal/kad/1.0.0");
 const IDENTIFY_PROTOCOL: &str = "/shoal/id/1.0.0";
 /// Prefix of identify's agent version; the rest names the incarnation
 /// (see the module docs, Restarted peers).
@@ -116,6 +115,10 @@ pub enum NonMemberPolicy {
     /// score sinks until gossipsub graylists them.
     Tolerate,
 }
+
+/// The members a node dials by default
+/// ([`GossipConfig::target_member_connections`]).
+pub const DIALLED_MEMBERS: usize = 8;
 
 /// Configuration for [`Gossip::start`]. Build with [`GossipConfig::new`] and
 /// adjust fields; the defaults target a LAN mesh of up to ~1,000 nodes.
@@ -161,7 +164,7 @@ impl GossipConfig {
             heartbeat: Duration::from_secs(1),
             ping_interval: Duration::from_secs(5),
             redial_interval: Duration::from_secs(2),
-            target_member_connections: 8,
+            target_member_connections: DIALLED_MEMBERS,
             event_buffer: 4096,
             non_member_policy: NonMemberPolicy::Disconnect,
             idle_connection_timeout: Duration::from_secs(60),
@@ -394,7 +397,7 @@ impl GossipHandle {
     }
 
     /// Replaces the admitted member set. Members we are not connected to are
-    /// dialed and added to kad; from now on only their messages are accepted.
+    /// dialed (up to the target); from now on only their messages are accepted.
     /// Our own PeerId may be included; it is ignored.
     pub async fn set_members(
         &self,
@@ -494,7 +497,6 @@ struct ShoalBehaviour {
     gossipsub: gossipsub::Behaviour,
     identify: identify::Behaviour,
     ping: ping::Behaviour,
-    kad: kad::Behaviour<kad::store::MemoryStore>,
 }
 
 /// Entry point; see the module docs.

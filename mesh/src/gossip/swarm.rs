@@ -191,7 +191,6 @@ pub(super) fn build_swarm(
         .map_err(|e| GossipError::Build(format!("QUIC transport: {e}")))?
         .with_behaviour(
             |key| -> Result<ShoalBehaviour, Box<dyn std::error::Error + Send + Sync>> {
-                let local_peer_id = key.public().to_peer_id();
                 let mut gossipsub = gossipsub::Behaviour::new(
                     MessageAuthenticity::Signed(key.clone()),
                     gossipsub_config,
@@ -205,23 +204,10 @@ pub(super) fn build_swarm(
                 );
                 let ping = ping::Behaviour::new(ping::Config::new().with_interval(ping_interval));
 
-                let mut kad_config = kad::Config::new(KAD_PROTOCOL);
-                // Members come from the ledger; kad only indexes them, so no
-                // periodic random walks eating bandwidth.
-                kad_config.set_periodic_bootstrap_interval(None);
-                let mut kad = kad::Behaviour::with_config(
-                    local_peer_id,
-                    kad::store::MemoryStore::new(local_peer_id),
-                    kad_config,
-                );
-                // Loopback/LAN addresses are never "confirmed external", so
-                // force server mode or kad would stay client-only.
-                kad.set_mode(Some(kad::Mode::Server));
                 Ok(ShoalBehaviour {
                     gossipsub,
                     identify,
                     ping,
-                    kad,
                 })
             },
         )

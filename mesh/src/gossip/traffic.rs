@@ -1,6 +1,6 @@
 //! Byte counting for every libp2p substream, wrapped around the QUIC muxer.
 //!
-//! Counts application-level stream bytes (gossipsub, identify, ping, kad and
+//! Counts application-level stream bytes (gossipsub, identify, ping and
 //! their framing), not QUIC/TLS/UDP overhead, which quinn does not expose per
 //! connection through libp2p. Good enough to compare gossip settings and to
 //! size the mesh's background traffic.
