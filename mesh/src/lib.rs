@@ -12,6 +12,7 @@ pub mod gossip;
 pub mod protocol;
 pub mod rpc;
 mod rpc_traffic;
+mod rpc_transport;
 pub mod tls;
 pub mod vivaldi;
 

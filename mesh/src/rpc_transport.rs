@@ -1,0 +1,78 @@
+//! The QUIC transport settings of the RPC endpoint ([`crate::rpc`]):
+//! what a connection may carry before and after its peer proves it is a
+//! member, how long a quiet one stays open, and the largest packet.
+
+use crate::rpc::MAX_FRAME;
+use quinn::TransportConfig;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a client that has not shown a certificate may open at first: a few
+/// streams and a small window. `rpc::serve_connection` raises both for members.
+pub(crate) const FIRST_STREAMS: u32 = 4;
+pub(crate) const FIRST_WINDOW: u32 = 4 << 20;
+/// A member's streams and window, once its certificate is checked.
+pub(crate) const MEMBER_STREAMS: u32 = 256;
+pub(crate) const MEMBER_WINDOW: u32 = 4 * MAX_FRAME as u32;
+
+/// The transport of connections this endpoint accepts: small until the
+/// peer has proved it is a member.
+pub(crate) fn server_transport_config() -> Arc<TransportConfig> {
+    let mut t = base_transport();
+    t.max_concurrent_bidi_streams(FIRST_STREAMS.into());
+    t.receive_window(FIRST_WINDOW.into());
+    Arc::new(t)
+}
+
+pub(crate) fn transport_config() -> Arc<TransportConfig> {
+    Arc::new(base_transport())
+}
+
+/// How long a connection with nothing to carry stays open.
+const IDLE: Duration = Duration::from_secs(30);
+
+fn base_transport() -> TransportConfig {
+    let mut t = TransportConfig::default();
+    // No keep-alives: a connection in use (Raft heartbeats, lease
+    // renewals every 200 ms) never goes quiet, and one that does (a relayed
+    // member's to the leader, used only when its relay fails) should cost
+    // nothing: it closes after IDLE and the next call dials again. Every
+    // call has a timeout of its own, so a dead peer costs a call its
+    // timeout, after which the connection is dropped (`settle`); a peer
+    // that restarted answers the old connection with a stateless reset.
+    // IDLE is longer than any long poll (`Request::FollowLog`, 5 s).
+    t.keep_alive_interval(None);
+    if let Ok(idle) = IDLE.try_into() {
+        t.max_idle_timeout(Some(idle));
+    }
+    t.max_concurrent_bidi_streams(MEMBER_STREAMS.into());
+    // Bound what one connection can make this node buffer: a few frames in
+    // flight, not every stream's window at once.
+    t.receive_window(MEMBER_WINDOW.into());
+    // Let MTU discovery climb past Ethernet's 1500 bytes where the path
+    // allows it (loopback, jumbo-frame fabrics): bulk chunk transfers are
+    // bound by packets per second, not bytes. Probes that get no answer
+    // simply leave the MTU where it was, so this is safe on any network.
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(MAX_UDP_PAYLOAD);
+    t.mtu_discovery_config(Some(mtu));
+    t
+}
+
+/// The largest UDP payload a member sends or accepts. MTU discovery only
+/// climbs as high as both the path and the peer's advertised limit allow,
+/// and quinn's default limit (1472) kept bulk transfers at Ethernet-sized
+/// packets even on loopback and jumbo-frame fabrics, where per-packet costs
+/// (kernel send and receive, packet protection set-up) are much of a
+/// checkpoint replica's CPU. The bound is what ten segments of one GSO send
+/// (quinn sends up to ten) can carry within a UDP datagram's 64 KiB: above
+/// it those sends fail with EMSGSIZE, the losses look like a black hole and
+/// the MTU falls back to 1200.
+pub(crate) const MAX_UDP_PAYLOAD: u16 = 6_500;
+
+pub(crate) fn endpoint_config() -> quinn::EndpointConfig {
+    let mut config = quinn::EndpointConfig::default();
+    // Within quinn's accepted range (1200..=65527), so this cannot fail.
+    let _ = config.max_udp_payload_size(MAX_UDP_PAYLOAD);
+    config
+}
