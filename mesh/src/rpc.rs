@@ -704,45 +704,32 @@ pub async fn call_as_joiner(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(Vec<u8>, Vec<u8>), RpcError> {
-    call_as_joiner_speaking(addr, ca_pin, body, timeout, protocol::local()).await
+    call_as_joiner_from(None, addr, ca_pin, body, timeout).await
 }
 
-/// [`call_as_joiner`] from the local address `from` (the one the joining
-/// node will serve on), so that the member asked sees the joiner's own
-/// address, not whichever the system would pick, and counts what it
-/// allows per source against that node.
+/// [`call_as_joiner`] from the local address `from` where one is given
+/// (the one the joining node will serve on), so that the member asked sees
+/// the joiner's own address, not whichever the system would pick, and
+/// counts what it allows per source against that node.
 pub async fn call_as_joiner_from(
-    from: std::net::IpAddr,
+    from: Option<std::net::IpAddr>,
     addr: SocketAddr,
     ca_pin: &str,
     body: &[u8],
     timeout: Duration,
 ) -> Result<(Vec<u8>, Vec<u8>), RpcError> {
-    joiner_call(
-        SocketAddr::new(from, 0),
-        addr,
-        ca_pin,
-        body,
-        timeout,
-        protocol::local(),
-    )
-    .await
+    let bind = joiner_bind(from, addr);
+    joiner_call(bind, addr, ca_pin, body, timeout, protocol::local()).await
 }
 
-/// [`call_as_joiner`] offering the protocol versions of `speaks`.
-pub async fn call_as_joiner_speaking(
-    addr: SocketAddr,
-    ca_pin: &str,
-    body: &[u8],
-    timeout: Duration,
-    speaks: Range,
-) -> Result<(Vec<u8>, Vec<u8>), RpcError> {
-    let bind: SocketAddr = if addr.is_ipv4() {
-        SocketAddr::from(([0, 0, 0, 0], 0))
-    } else {
-        SocketAddr::from(([0u16; 8], 0))
-    };
-    joiner_call(bind, addr, ca_pin, body, timeout, speaks).await
+/// The local address a joiner's call to `to` goes from: `from`, else any
+/// address of `to`'s family.
+fn joiner_bind(from: Option<std::net::IpAddr>, to: SocketAddr) -> SocketAddr {
+    match from {
+        Some(ip) => SocketAddr::new(ip, 0),
+        None if to.is_ipv4() => SocketAddr::from(([0, 0, 0, 0], 0)),
+        None => SocketAddr::from(([0u16; 8], 0)),
+    }
 }
 
 async fn joiner_call(
@@ -785,6 +772,16 @@ mod tests {
     use super::*;
     use crate::rpc_transport::MAX_UDP_PAYLOAD;
     use crate::tls::CaBundle;
+
+    /// A joiner's call (`b"v"`) offering the protocol versions of `speaks`.
+    async fn call_as_joiner_speaking(
+        addr: SocketAddr,
+        ca_pin: &str,
+        timeout: Duration,
+        speaks: Range,
+    ) -> Result<(Vec<u8>, Vec<u8>), RpcError> {
+        joiner_call(joiner_bind(None, addr), addr, ca_pin, b"v", timeout, speaks).await
+    }
 
     struct Echo;
     impl RpcHandler for Echo {
@@ -1050,7 +1047,7 @@ mod tests {
         // A joiner negotiates too.
         let pin = ca.fingerprint().expect("fp");
         let (answer, _) =
-            call_as_joiner_speaking(a_addr, &pin, b"v", t, Range::new(2, 2).expect("range"))
+            call_as_joiner_speaking(a_addr, &pin, t, Range::new(2, 2).expect("range"))
                 .await
                 .expect("join call");
         assert_eq!(answer, 2u16.to_be_bytes());
@@ -1095,7 +1092,7 @@ mod tests {
         assert!(err.to_string().contains("newer release"), "{err}");
         // The same for a node asking to join.
         let pin = ca.fingerprint().expect("fp");
-        let err = call_as_joiner_speaking(old_addr, &pin, b"v", t, Range::new(3, 3).expect("r"))
+        let err = call_as_joiner_speaking(old_addr, &pin, t, Range::new(3, 3).expect("r"))
             .await
             .expect_err("a joiner without a common version");
         assert!(

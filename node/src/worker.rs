@@ -46,6 +46,7 @@ pub struct Wakeup {
     applied: Option<AppliedWatch>,
     child_exits: Option<tokio::signal::unix::Signal>,
     leadership: Option<LeadershipWatch>,
+    notified: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 /// Changes of this node's Raft role, leader or vote (not of its log).
@@ -75,6 +76,15 @@ impl Wakeup {
         rx.borrow_and_update();
         self.leadership = Some(rx);
         self
+    }
+
+    /// Every `notify_one` of `notify` (one given while the loop works is
+    /// kept for its next wait).
+    pub fn on_notify(notify: std::sync::Arc<tokio::sync::Notify>) -> Wakeup {
+        Wakeup {
+            notified: Some(notify),
+            ..Wakeup::default()
+        }
     }
 
     /// And every exit of a child process (SIGCHLD); without the signal
@@ -114,10 +124,17 @@ impl Wakeup {
                 None => std::future::pending().await,
             }
         };
+        let notified = async {
+            match &self.notified {
+                Some(n) => n.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = applied => {}
             _ = exits => {}
             _ = leadership => {}
+            _ = notified => {}
         }
     }
 }

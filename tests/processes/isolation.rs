@@ -261,7 +261,10 @@ fn root_with_cgroup2() -> PathBuf {
     );
     let mount = cgroup2_mount()
         .expect("this test needs a cgroup v2 hierarchy (no cgroup2 mount in /proc/self/mounts)");
-    let probe = mount.join(format!("shoal-test-probe-{}", std::process::id()));
+    // Tests of this binary run at once: each probe has a name of its own.
+    static PROBES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = mount.join(format!("shoal-test-probe-{}-{n}", std::process::id()));
     if let Err(e) = std::fs::create_dir(&probe) {
         panic!(
             "this test needs a writable cgroup v2 hierarchy: cannot create {}: {e}",

@@ -41,12 +41,8 @@ pub async fn join_cluster(
     let reply = loop {
         let body = proto::encode(&req);
         let timeout = Duration::from_secs(30);
-        let called = match from {
-            Some(ip) => {
-                shoal_mesh::rpc::call_as_joiner_from(ip, addr, &parsed.ca_pin, &body, timeout).await
-            }
-            None => shoal_mesh::rpc::call_as_joiner(addr, &parsed.ca_pin, &body, timeout).await,
-        };
+        let called =
+            shoal_mesh::rpc::call_as_joiner_from(from, addr, &parsed.ca_pin, &body, timeout).await;
         let (reply, _ca) =
             called.map_err(|e| AgentError::Join(format!("cannot join via {addr}: {e}")))?;
         match proto::decode::<Response>(&reply) {

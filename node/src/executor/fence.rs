@@ -48,12 +48,20 @@ impl RankFence {
 #[derive(Clone, Default)]
 pub struct RankGroups {
     groups: Arc<Mutex<BTreeMap<super::RankKey, RankFence>>>,
+    /// Told of every rank added, so an idle guard starts watching at once.
+    added: Arc<tokio::sync::Notify>,
 }
 
 impl RankGroups {
     /// The map, locked; a panic elsewhere leaves it usable.
     pub(super) fn lock(&self) -> MutexGuard<'_, BTreeMap<super::RankKey, RankFence>> {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A rank started: the guard watches it from now on.
+    pub(super) fn add(&self, key: super::RankKey, fence: RankFence) {
+        self.lock().insert(key, fence);
+        self.added.notify_one();
     }
 }
 
@@ -69,6 +77,11 @@ pub struct FenceGuard {
     current: Box<dyn Fn(&super::RankKey) -> bool + Send>,
     period: Duration,
 }
+
+/// How often the guard ticks while no rank runs here: it has nothing to
+/// kill, and the lease it renews is renewed again before every launch
+/// ([`super::Executor`]), which also wakes it ([`RankGroups::add`]).
+pub const IDLE_PERIOD: Duration = Duration::from_secs(1);
 
 impl FenceGuard {
     pub(super) fn new(
@@ -88,7 +101,15 @@ impl FenceGuard {
 
 impl Worker for FenceGuard {
     fn period(&self) -> Duration {
-        self.period
+        if self.groups.lock().is_empty() {
+            IDLE_PERIOD
+        } else {
+            self.period
+        }
+    }
+
+    fn wakeup(&self) -> crate::worker::Wakeup {
+        crate::worker::Wakeup::on_notify(self.groups.added.clone())
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {

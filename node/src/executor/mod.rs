@@ -69,6 +69,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const TICK: Duration = Duration::from_millis(100);
+/// The tick while nothing is assigned to this node and nothing of an
+/// earlier rank is left to do: new allocations wake the loop when they are
+/// applied ([`Worker::wakeup`]), so the tick is only a safety net then.
+const IDLE_TICK: Duration = Duration::from_secs(1);
 /// Base of the rendezvous port handed to rank 0 (torchrun's default is 29500).
 const MASTER_PORT_BASE: u64 = 29_400;
 /// The exit code reported for a rank that died with a previous run of this
@@ -257,6 +261,8 @@ pub struct Executor {
     exited_guards: Vec<spawn::Process>,
     /// When this node's ledger was last known to be current.
     freshness: LedgerFreshness,
+    /// The last tick found nothing assigned here and nothing left over.
+    idle: bool,
 }
 
 impl Executor {
@@ -287,6 +293,7 @@ impl Executor {
                 }
             },
             freshness: LedgerFreshness::default(),
+            idle: false,
         }
     }
 
@@ -325,7 +332,11 @@ impl Executor {
 
 impl Worker for Executor {
     fn period(&self) -> Duration {
-        TICK
+        if self.idle {
+            IDLE_TICK
+        } else {
+            TICK
+        }
     }
 
     /// New allocations launch, and stops are signalled, as soon as this
@@ -355,6 +366,7 @@ impl Worker for Executor {
 
     async fn tick(&mut self) -> ControlFlow<()> {
         let Some(seen) = self.observe() else {
+            self.idle = false;
             return ControlFlow::Continue(());
         };
         self.deliver_signals(&seen);
@@ -365,6 +377,7 @@ impl Worker for Executor {
         self.reap(&seen).await;
         self.report_exits(&seen).await;
         self.tidy(&seen);
+        self.idle = self.nothing_to_do(&seen);
         ControlFlow::Continue(())
     }
 }

@@ -80,6 +80,16 @@ impl Executor {
         })
     }
 
+    /// Nothing is assigned to this node and nothing of an earlier rank is
+    /// left to do: until the ledger changes, a tick would find nothing.
+    pub(super) fn nothing_to_do(&self, seen: &Observed) -> bool {
+        seen.assigned.is_empty()
+            && self.ranks.is_empty()
+            && self.exited.is_empty()
+            && self.draining.is_empty()
+            && self.exited_guards.is_empty()
+    }
+
     /// `scancel --signal`: each new one to every rank here, in order.
     pub(super) fn deliver_signals(&mut self, seen: &Observed) {
         let assigned = &seen.assigned;
@@ -182,6 +192,12 @@ impl Executor {
                         }
                         continue;
                     }
+                    // The guard may have slept a second while no rank
+                    // ran: the lease the new rank's guard reads is renewed
+                    // now.
+                    if let Some(lease) = &self.lease {
+                        renew_lease(host, &self.freshness, lease, Instant::now());
+                    }
                     let guarding = self.lease.clone().map(|lease| lease::Guarding {
                         lease,
                         program: self.guard_program.clone(),
@@ -189,7 +205,7 @@ impl Executor {
                     match prepare_and_launch(host, &key, a, guarding).await {
                         Ok(rank) => {
                             if let Some(fence) = rank.fence() {
-                                self.groups.lock().insert(key.clone(), fence);
+                                self.groups.add(key.clone(), fence);
                             }
                             if !rank.unenforced.is_empty() && self.warned.insert(key.job) {
                                 tracing::warn!(

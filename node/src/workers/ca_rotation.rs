@@ -83,7 +83,15 @@ impl CaRotationDriver {
 
 impl Worker for CaRotationDriver {
     fn period(&self) -> Duration {
-        Duration::from_millis(500)
+        if self.ledger.is_leader() {
+            Duration::from_millis(500)
+        } else {
+            crate::worker::OFF_LEADER_PERIOD
+        }
+    }
+
+    fn wakeup(&self) -> crate::worker::Wakeup {
+        crate::worker::Wakeup::on_leadership(self.ledger.raft())
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {

@@ -43,6 +43,34 @@ pub struct CertRenewal {
     rank_ca_file: Option<PathBuf>,
     renew_retry: Retry,
     report_retry: Retry,
+    signer: SignerMemo,
+}
+
+/// The last answer of [`signer`] and what it was asked: checking a
+/// signature every second on every node, for credentials that change
+/// once in months, was a tenth of an idle node's CPU.
+#[derive(Default)]
+struct SignerMemo {
+    asked: Option<(String, String, Option<String>)>,
+    answer: Option<String>,
+}
+
+impl SignerMemo {
+    fn signer(&mut self, cert_pem: &str, bundle: &str, skip: Option<&str>) -> Option<String> {
+        let same = self
+            .asked
+            .as_ref()
+            .is_some_and(|(c, b, s)| c == cert_pem && b == bundle && s.as_deref() == skip);
+        if !same {
+            self.answer = signer(cert_pem, bundle, skip);
+            self.asked = Some((
+                cert_pem.to_owned(),
+                bundle.to_owned(),
+                skip.map(str::to_owned),
+            ));
+        }
+        self.answer.clone()
+    }
 }
 
 /// Backoff after failures.
@@ -141,6 +169,7 @@ impl CertRenewal {
             rank_ca_file,
             renew_retry: Retry::default(),
             report_retry: Retry::default(),
+            signer: SignerMemo::default(),
         }
     }
 
@@ -273,7 +302,7 @@ impl Worker for CertRenewal {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)
             .unwrap_or_default();
-        let cert_ca = signer(&creds.cert_pem, &creds.ca_pem, cross);
+        let cert_ca = self.signer.signer(&creds.cert_pem, &creds.ca_pem, cross);
         let reason = renewal_reason(
             validity,
             now,
@@ -299,7 +328,10 @@ impl Worker for CertRenewal {
         // Tell the ledger, when it does not know.
         let creds = &self.identity.credentials;
         let trusted = fingerprints(&creds.ca_pem, cross);
-        let cert_ca = signer(&creds.cert_pem, &creds.ca_pem, cross).unwrap_or_default();
+        let cert_ca = self
+            .signer
+            .signer(&creds.cert_pem, &creds.ca_pem, cross)
+            .unwrap_or_default();
         let current = (trusted, cert_ca);
         if wanted.reported.as_ref() != Some(&current) && self.report_retry.ready() {
             self.report(current.0, current.1).await;

@@ -34,6 +34,9 @@ const RETRY: Duration = Duration::from_millis(200);
 /// say the leader committed before it gives up on the relay it asks (a
 /// dead relay's question would otherwise hang until its timeout).
 const STALL: Duration = Duration::from_millis(500);
+/// How often a follower looks whether it is stalled: a wake-up on every
+/// relayed member, so no more often than the lag it may add is worth.
+const STALL_CHECK: Duration = Duration::from_millis(250);
 /// How often a voter looks again whether it still is one.
 const VOTER_RECHECK: Duration = Duration::from_secs(1);
 
@@ -162,11 +165,11 @@ impl Worker for LogFollower {
 }
 
 /// Returns once this node's applied index has stayed below the read index
-/// of its lease renewals for [`STALL`].
+/// of its lease renewals for [`STALL`] (give or take [`STALL_CHECK`]).
 async fn stalled(ledger: &LedgerClient) {
     let mut behind_since: Option<Instant> = None;
     loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(STALL_CHECK).await;
         let applied = ledger
             .raft_metrics()
             .borrow()

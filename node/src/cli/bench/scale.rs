@@ -193,6 +193,14 @@ async fn launch(
     ))
 }
 
+/// A node the run did not stop — a phase failed and the run returns early
+/// — is killed, so no hollow node outlives the run that started it.
+impl Drop for Hollow {
+    fn drop(&mut self) {
+        self.stop(Stop::Kill);
+    }
+}
+
 impl Hollow {
     fn stop(&mut self, how: Stop) {
         let _ = self.stop.send(how);
