@@ -257,11 +257,8 @@ impl NodeService {
 
     /// Whether every member speaks the protocol of relayed renewals.
     fn relays_renewals(&self) -> bool {
-        self.ledger.read().is_ok_and(|d| {
-            d.ledger
-                .effective_protocol()
-                .is_some_and(|p| p >= shoal_consensus::replicas::SINCE_PROTOCOL)
-        })
+        self.ledger
+            .all_speak(shoal_consensus::replicas::SINCE_PROTOCOL)
     }
 
     /// A stopping leader hands its leadership over: this voter stands for

@@ -101,6 +101,8 @@ struct Shared {
     relay: std::sync::Mutex<Option<(NodeId, SocketAddr)>>,
     /// On a replica: the renewals it passes on to the leader together.
     relayed_renewals: RelayedRenewals,
+    /// See [`LedgerClient::effective_protocol`].
+    protocol_memo: std::sync::Mutex<Option<(Option<shoal_consensus::types::LogId>, Option<u16>)>>,
 }
 
 /// The members that renewed through this replica since its last call to
@@ -156,6 +158,7 @@ impl LedgerClient {
                 renewed_index: std::sync::atomic::AtomicU64::new(0),
                 relay: std::sync::Mutex::new(None),
                 relayed_renewals: RelayedRenewals::default(),
+                protocol_memo: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -186,6 +189,34 @@ impl LedgerClient {
             .state
             .read()
             .map_err(|_| WireError::new(ErrorCode::Internal, "ledger lock poisoned"))
+    }
+
+    /// The protocol every member speaks (the ledger's
+    /// `effective_protocol`), worked out once per applied entry: every
+    /// renewal, relayed renewal and forwarded write asks, and the ledger's
+    /// answer walks every member — a cost per call that grew with the pool.
+    pub fn effective_protocol(&self) -> Option<u16> {
+        let Ok(d) = self.read() else {
+            return None;
+        };
+        let mut memo = self
+            .shared
+            .protocol_memo
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match *memo {
+            Some((at, spoken)) if at == d.last_applied => spoken,
+            _ => {
+                let spoken = d.ledger.effective_protocol();
+                *memo = Some((d.last_applied, spoken));
+                spoken
+            }
+        }
+    }
+
+    /// Whether every member speaks `protocol` or later.
+    pub fn all_speak(&self, protocol: u16) -> bool {
+        self.effective_protocol().is_some_and(|p| p >= protocol)
     }
 
     pub fn handle(&self) -> LedgerHandle {
@@ -339,11 +370,7 @@ impl LedgerClient {
         // the link broke while it was in flight); its retry carries the same
         // id, so the leader answers it from the record instead of applying
         // it twice.
-        let ids_spoken = self
-            .read()
-            .ok()
-            .and_then(|d| d.ledger.effective_protocol())
-            .is_some_and(|p| p >= shoal_consensus::once::SINCE_PROTOCOL);
+        let ids_spoken = self.all_speak(shoal_consensus::once::SINCE_PROTOCOL);
         let req = match req {
             write @ (Request::Write(_) | Request::WriteAs { .. }) if ids_spoken => Request::Once {
                 nonce: rand::random(),
@@ -572,11 +599,7 @@ impl LedgerClient {
     /// which some member does not speak protocol 7 yet, a status query
     /// (confirmed the same way, one round per query) instead.
     pub async fn renew(&self) -> Result<u64, WireError> {
-        let renews = self
-            .read()
-            .ok()
-            .and_then(|d| d.ledger.effective_protocol())
-            .is_some_and(|p| p >= proto::RENEW_SINCE_PROTOCOL);
+        let renews = self.all_speak(proto::RENEW_SINCE_PROTOCOL);
         let read_index = if renews {
             match self.renew_through_relay().await {
                 Some(read_index) => {
@@ -606,13 +629,7 @@ impl LedgerClient {
     async fn renew_through_relay(&self) -> Option<u64> {
         let relay = *self.shared.relay.lock().unwrap_or_else(|p| p.into_inner());
         let (id, addr) = relay?;
-        let relays = self
-            .read()
-            .ok()?
-            .ledger
-            .effective_protocol()
-            .is_some_and(|p| p >= shoal_consensus::replicas::SINCE_PROTOCOL);
-        if !relays {
+        if !self.all_speak(shoal_consensus::replicas::SINCE_PROTOCOL) {
             return None;
         }
         // Short: the fence needs a renewal within its 2.5 s, and the

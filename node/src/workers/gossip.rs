@@ -165,6 +165,13 @@ struct Publisher {
     adverts_sent: u64,
     last_capacity: Option<(Instant, CapacityAdvert)>,
     members_sent: BTreeMap<PeerId, Multiaddr>,
+    /// The member list `members_sent` was last checked against.
+    members_told: Arc<Vec<GossipMember>>,
+    /// See [`Publisher::gossip_members`].
+    members_memo: Option<(
+        Option<shoal_consensus::types::LogId>,
+        Arc<Vec<GossipMember>>,
+    )>,
 }
 
 impl Publisher {
@@ -182,25 +189,42 @@ impl Publisher {
             adverts_sent: 0,
             last_capacity: None,
             members_sent: BTreeMap::new(),
+            members_memo: None,
+            members_told: Arc::default(),
         }
     }
 
-    /// Members' gossip identities and ledger states (this node excluded).
-    fn gossip_members(&self) -> Vec<(NodeId, PeerId, Multiaddr, MemberState)> {
+    /// Members' gossip identities and ledger states (this node excluded),
+    /// parsed again only when the ledger has applied something since: the
+    /// loop ticks every second on every node, and parsing every member's
+    /// peer id each time was a cost per node that grew with the pool.
+    fn gossip_members(&mut self) -> Arc<Vec<GossipMember>> {
         let Ok(d) = self.parts.ledger.read() else {
-            return Vec::new();
+            return Arc::default();
         };
-        d.ledger
-            .active_members()
-            .filter(|m| m.id != self.parts.local.id)
-            .filter_map(|m| {
-                let peer = m.spec.gossip_peer_id.parse().ok()?;
-                let addr = m.spec.gossip_addr.parse().ok()?;
-                Some((m.id, peer, addr, m.state))
-            })
-            .collect()
+        if let Some((at, members)) = &self.members_memo {
+            if *at == d.last_applied {
+                return members.clone();
+            }
+        }
+        let members: Arc<Vec<GossipMember>> = Arc::new(
+            d.ledger
+                .active_members()
+                .filter(|m| m.id != self.parts.local.id)
+                .filter_map(|m| {
+                    let peer = m.spec.gossip_peer_id.parse().ok()?;
+                    let addr = m.spec.gossip_addr.parse().ok()?;
+                    Some((m.id, peer, addr, m.state))
+                })
+                .collect(),
+        );
+        self.members_memo = Some((d.last_applied, members.clone()));
+        members
     }
 }
+
+/// A member as the gossip layer knows it: id, peer id, address, state.
+type GossipMember = (NodeId, PeerId, Multiaddr, MemberState);
 
 impl Worker for Publisher {
     fn period(&self) -> Duration {
@@ -220,11 +244,10 @@ impl Worker for Publisher {
     }
 
     async fn tick(&mut self) -> ControlFlow<()> {
-        let parts = &self.parts;
-        let now = Instant::now();
-
         // Members from the ledger.
         let members = self.gossip_members();
+        let parts = &self.parts;
+        let now = Instant::now();
         let judging = parts.ledger.is_leader();
         if let Ok(mut v) = parts.view.lock() {
             let ids: Vec<(NodeId, PeerId, MemberState)> = members
@@ -257,19 +280,22 @@ impl Worker for Publisher {
                 counter.inc_by(total - seen);
             }
         }
-        let wanted: BTreeMap<PeerId, Multiaddr> =
-            members.iter().map(|(_, p, a, _)| (*p, a.clone())).collect();
-        if wanted != self.members_sent && self.handle.set_members(wanted.clone()).await.is_ok() {
-            self.members_sent = wanted;
+        if !Arc::ptr_eq(&members, &self.members_told) {
+            let wanted: BTreeMap<PeerId, Multiaddr> =
+                members.iter().map(|(_, p, a, _)| (*p, a.clone())).collect();
+            if wanted == self.members_sent {
+                self.members_told = members.clone();
+            } else if self.handle.set_members(wanted.clone()).await.is_ok() {
+                self.members_sent = wanted;
+                self.members_told = members.clone();
+            }
         }
 
         // A member of an older release judges every peer itself, from
         // gossiped heartbeats: while one is a member, keep sending them.
         let older_members = parts
             .ledger
-            .read()
-            .ok()
-            .and_then(|d| d.ledger.effective_protocol())
+            .effective_protocol()
             .is_some_and(|p| p < crate::proto::RENEW_SINCE_PROTOCOL);
         if older_members && now.duration_since(self.last_heartbeat) >= RENEW_EVERY {
             self.heartbeat_seq += 1;

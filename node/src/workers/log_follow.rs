@@ -90,19 +90,16 @@ impl Worker for LogFollower {
             tokio::time::sleep(VOTER_RECHECK).await;
             return ControlFlow::Continue(());
         }
-        let (bounded, down) = match self.ledger.read() {
-            Ok(d) => (
-                d.ledger
-                    .effective_protocol()
-                    .is_some_and(|p| p >= SINCE_PROTOCOL),
-                d.ledger
-                    .members
-                    .values()
-                    .filter(|m| m.state == MemberState::Down)
-                    .map(|m| m.id)
-                    .collect::<BTreeSet<NodeId>>(),
-            ),
-            Err(_) => (false, BTreeSet::new()),
+        let bounded = self.ledger.all_speak(SINCE_PROTOCOL);
+        let down = match self.ledger.read() {
+            Ok(d) => d
+                .ledger
+                .members
+                .values()
+                .filter(|m| m.state == MemberState::Down)
+                .map(|m| m.id)
+                .collect::<BTreeSet<NodeId>>(),
+            Err(_) => BTreeSet::new(),
         };
         // Until every member speaks the relay's protocol, the leader keeps
         // every member a learner and feeds it itself.

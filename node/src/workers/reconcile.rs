@@ -374,9 +374,6 @@ impl Housekeeping {
                 .collect();
         let learner_target = self
             .ledger
-            .read()
-            .map_err(|e| e.message)?
-            .ledger
             .effective_protocol()
             .filter(|p| *p >= replicas::SINCE_PROTOCOL)
             .map(|_| replicas::learner_target(members.len()));
