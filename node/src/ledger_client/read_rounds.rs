@@ -17,8 +17,11 @@ use tokio::sync::oneshot;
 
 type Waiter = oneshot::Sender<Result<u64, WireError>>;
 
-/// The shortest time between the starts of two rounds.
-pub const ROUND_SPACING: Duration = Duration::from_millis(50);
+/// The shortest time between the starts of two rounds: half the period
+/// of a member's renewals ([`crate::peers::RENEW_EVERY`]), so a renewal
+/// waits at most that long for its round, and the voters (and, on a
+/// replica, the leader) hear at most ten rounds a second.
+pub const ROUND_SPACING: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct Pending {
