@@ -137,6 +137,7 @@ mod tests {
     use crate::executor::RankKey;
     use std::os::unix::process::CommandExt;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
 
     /// A process leading its own group, as ranks are started.
     fn group_leader() -> std::process::Child {
@@ -181,5 +182,70 @@ mod tests {
         let status = child.wait().expect("wait");
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(libc::SIGKILL));
+    }
+
+    /// An idle guard sleeps a second between ticks, and the lease a new
+    /// rank's guard reads is renewed right before its launch: the rank's
+    /// start must wake the guard at once, not a second later.
+    #[tokio::test]
+    async fn an_idle_guard_is_woken_by_a_rank_start_not_its_idle_period() {
+        let groups = RankGroups::default();
+        let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = ticks.clone();
+        let guard = FenceGuard::new(
+            groups.clone(),
+            Duration::from_millis(100),
+            move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                false
+            },
+            |_| true,
+        );
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        tokio::spawn(crate::worker::run(guard, shutdown));
+        let tick_after = |seen: usize| {
+            let ticks = ticks.clone();
+            async move {
+                let started = Instant::now();
+                while ticks.load(Ordering::SeqCst) <= seen {
+                    assert!(
+                        started.elapsed() < IDLE_PERIOD * 3,
+                        "the guard stopped ticking"
+                    );
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                started.elapsed()
+            }
+        };
+        // The first tick comes at once, the next a whole idle period later:
+        // add the rank just after that one, a second before the next.
+        tick_after(0).await;
+        let idle_gap = tick_after(1).await;
+        assert!(idle_gap >= IDLE_PERIOD / 2, "idle ticks {idle_gap:?} apart");
+
+        let mut child = group_leader();
+        groups.add(
+            RankKey {
+                job: 1,
+                epoch: 1,
+                rank: 0,
+            },
+            RankFence {
+                group: child.id() as libc::pid_t,
+                cgroup: None,
+            },
+        );
+        let woken_after = tick_after(2).await;
+        // From then on at its rank period.
+        let busy_from = ticks.load(Ordering::SeqCst);
+        tokio::time::sleep(IDLE_PERIOD).await;
+        let busy = ticks.load(Ordering::SeqCst) - busy_from;
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            woken_after < IDLE_PERIOD / 2,
+            "the rank's start woke the guard only after {woken_after:?}"
+        );
+        assert!(busy >= 5, "{busy} ticks in {IDLE_PERIOD:?} with a rank");
     }
 }

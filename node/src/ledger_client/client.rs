@@ -96,13 +96,15 @@ struct Shared {
     removal: RemovalNotice,
     /// See [`LedgerClient::renewed_index`].
     renewed_index: std::sync::atomic::AtomicU64,
+    /// See [`LedgerClient::last_renewed`].
+    last_renewed: std::sync::Mutex<Option<Instant>>,
     /// The replica this node follows the log from, when relayed: its
     /// renewals go there.
     relay: std::sync::Mutex<Option<(NodeId, SocketAddr)>>,
     /// On a replica: the renewals it passes on to the leader together.
     relayed_renewals: RelayedRenewals,
     /// See [`LedgerClient::effective_protocol`].
-    protocol_memo: std::sync::Mutex<Option<(Option<shoal_consensus::types::LogId>, Option<u16>)>>,
+    protocol_memo: super::per_applied::PerApplied<Option<u16>>,
 }
 
 /// The members that renewed through this replica since its last call to
@@ -156,9 +158,10 @@ impl LedgerClient {
                 faults,
                 removal,
                 renewed_index: std::sync::atomic::AtomicU64::new(0),
+                last_renewed: std::sync::Mutex::new(None),
                 relay: std::sync::Mutex::new(None),
                 relayed_renewals: RelayedRenewals::default(),
-                protocol_memo: std::sync::Mutex::new(None),
+                protocol_memo: Default::default(),
             }),
         }
     }
@@ -166,6 +169,11 @@ impl LedgerClient {
     /// Installs what serves routed requests when this node is the leader.
     pub fn serve_leader_requests_with(&self, service: Weak<dyn LeaderService>) {
         let _ = self.shared.leader_service.set(service);
+    }
+
+    /// The node's metrics, for what the RPC service counts.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
     }
 
     /// Bytes this node's RPC socket moved (Raft, routed writes, chunks:
@@ -199,19 +207,9 @@ impl LedgerClient {
         let Ok(d) = self.read() else {
             return None;
         };
-        let mut memo = self
-            .shared
+        self.shared
             .protocol_memo
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match *memo {
-            Some((at, spoken)) if at == d.last_applied => spoken,
-            _ => {
-                let spoken = d.ledger.effective_protocol();
-                *memo = Some((d.last_applied, spoken));
-                spoken
-            }
-        }
+            .get(d.last_applied, || d.ledger.effective_protocol())
     }
 
     /// Whether every member speaks `protocol` or later.
@@ -620,6 +618,11 @@ impl LedgerClient {
         self.shared
             .renewed_index
             .fetch_max(read_index, std::sync::atomic::Ordering::Relaxed);
+        *self
+            .shared
+            .last_renewed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         Ok(read_index)
     }
 
@@ -695,6 +698,16 @@ impl LedgerClient {
         self.shared
             .renewed_index
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// When a renewal of this node's lease was last answered: a member
+    /// that left would have been refused.
+    pub fn last_renewed(&self) -> Option<Instant> {
+        *self
+            .shared
+            .last_renewed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// A read of the ledger on the leader (linearizable).

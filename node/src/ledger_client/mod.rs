@@ -7,6 +7,7 @@
 pub mod batcher;
 pub mod client;
 pub mod handover;
+pub mod per_applied;
 pub mod read_rounds;
 pub mod relay;
 pub mod removal;

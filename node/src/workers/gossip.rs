@@ -14,6 +14,7 @@
 use crate::clock::wall_ms;
 use crate::faults::{Channel, FaultRouter, Verdict};
 use crate::gpu::Gpus;
+use crate::ledger_client::per_applied::PerApplied;
 use crate::ledger_client::LedgerClient;
 use crate::metrics::Metrics;
 use crate::node::LocalMember;
@@ -164,14 +165,16 @@ struct Publisher {
     /// Adverts published since this node started.
     adverts_sent: u64,
     last_capacity: Option<(Instant, CapacityAdvert)>,
+    /// This refresh's share of the refresh period, drawn anew after each
+    /// advert: members that started together (a pool's first start, a
+    /// restart after maintenance) would otherwise refresh together, in
+    /// bursts of the whole pool, for as long as they run.
+    refresh_spread: f64,
     members_sent: BTreeMap<PeerId, Multiaddr>,
     /// The member list `members_sent` was last checked against.
     members_told: Arc<Vec<GossipMember>>,
     /// See [`Publisher::gossip_members`].
-    members_memo: Option<(
-        Option<shoal_consensus::types::LogId>,
-        Arc<Vec<GossipMember>>,
-    )>,
+    members_memo: PerApplied<Arc<Vec<GossipMember>>>,
 }
 
 impl Publisher {
@@ -188,8 +191,9 @@ impl Publisher {
             last_heartbeat: Instant::now() - RENEW_EVERY,
             adverts_sent: 0,
             last_capacity: None,
+            refresh_spread: 1.0,
             members_sent: BTreeMap::new(),
-            members_memo: None,
+            members_memo: PerApplied::default(),
             members_told: Arc::default(),
         }
     }
@@ -198,28 +202,24 @@ impl Publisher {
     /// parsed again only when the ledger has applied something since: the
     /// loop ticks every second on every node, and parsing every member's
     /// peer id each time was a cost per node that grew with the pool.
-    fn gossip_members(&mut self) -> Arc<Vec<GossipMember>> {
+    fn gossip_members(&self) -> Arc<Vec<GossipMember>> {
         let Ok(d) = self.parts.ledger.read() else {
             return Arc::default();
         };
-        if let Some((at, members)) = &self.members_memo {
-            if *at == d.last_applied {
-                return members.clone();
-            }
-        }
-        let members: Arc<Vec<GossipMember>> = Arc::new(
-            d.ledger
-                .active_members()
-                .filter(|m| m.id != self.parts.local.id)
-                .filter_map(|m| {
-                    let peer = m.spec.gossip_peer_id.parse().ok()?;
-                    let addr = m.spec.gossip_addr.parse().ok()?;
-                    Some((m.id, peer, addr, m.state))
-                })
-                .collect(),
-        );
-        self.members_memo = Some((d.last_applied, members.clone()));
-        members
+        let me = self.parts.local.id;
+        self.members_memo.get(d.last_applied, || {
+            Arc::new(
+                d.ledger
+                    .active_members()
+                    .filter(|m| m.id != me)
+                    .filter_map(|m| {
+                        let peer = m.spec.gossip_peer_id.parse().ok()?;
+                        let addr = m.spec.gossip_addr.parse().ok()?;
+                        Some((m.id, peer, addr, m.state))
+                    })
+                    .collect(),
+            )
+        })
     }
 }
 
@@ -319,7 +319,7 @@ impl Worker for Publisher {
                 let period = if self.adverts_sent < WARM_UP_ADVERTS {
                     CAPACITY_EVERY
                 } else {
-                    refresh_period(members.len() + 1)
+                    refresh_period(members.len() + 1).mul_f64(self.refresh_spread)
                 };
                 now.duration_since(*at) >= period
                     || prev.gpus_free_by_model != advert.gpus_free_by_model
@@ -336,6 +336,7 @@ impl Worker for Publisher {
                 tracing::trace!(error = %e, "capacity advert not published");
             }
             self.last_capacity = Some((now, advert));
+            self.refresh_spread = rand::random_range(0.5..1.5);
         }
         ControlFlow::Continue(())
     }
