@@ -235,6 +235,7 @@ pub struct Metrics {
     pub gossip_advert_delay: Histogram,
     pub gossip_bytes: Family<Labels, Counter>,
     pub rpc_bytes: Family<Labels, Counter>,
+    pub rpc_requests: Family<Labels, Counter>,
     pub lease_renewals: Family<Labels, Counter>,
     pub gossip_peers_heard: Gauge,
     pub fd_peers: Family<Labels, Gauge>,
@@ -291,6 +292,7 @@ impl Metrics {
             gossip_advert_delay: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             gossip_bytes: Family::default(),
             rpc_bytes: Family::default(),
+            rpc_requests: Family::default(),
             lease_renewals: Family::default(),
             gossip_peers_heard: Gauge::default(),
             fd_peers: Family::default(),
@@ -421,6 +423,11 @@ impl Metrics {
             m.rpc_bytes.clone(),
         );
         registry.register(
+            "rpc_requests",
+            "Member RPC requests this node served, by request",
+            m.rpc_requests.clone(),
+        );
+        registry.register(
             "lease_renewals",
             "This node's lease renewals that succeeded, by the way they went: straight to the leader, or through the replica it follows the log from",
             m.lease_renewals.clone(),
@@ -491,6 +498,12 @@ impl Metrics {
     pub fn count_checkpoint_part(&self, outcome: &str) {
         self.ckpt_parts
             .get_or_create(&vec![("outcome".into(), outcome.to_string())])
+            .inc();
+    }
+
+    pub fn count_rpc_request(&self, request: &'static str) {
+        self.rpc_requests
+            .get_or_create(&vec![("request".into(), request.into())])
             .inc();
     }
 

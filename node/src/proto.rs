@@ -112,6 +112,55 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Every name [`Request::kind`] gives.
+    pub const KINDS: [&'static str; 18] = [
+        "raft",
+        "join",
+        "write",
+        "write_as",
+        "query",
+        "remove_member",
+        "chunk",
+        "renew_certificate",
+        "fetch_ca_key",
+        "holds_ca_key",
+        "rotate_ca",
+        "gpu_telemetry",
+        "elect_now",
+        "still_member",
+        "fetch_peer_secret",
+        "renew",
+        "follow_log",
+        "renew_for",
+    ];
+
+    /// The request's name, as the `shoal_rpc_requests_total` metric labels it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Request::Raft(_) => "raft",
+            Request::Join(_) => "join",
+            Request::Write(_) => "write",
+            Request::WriteAs { .. } => "write_as",
+            Request::Query(_) => "query",
+            Request::RemoveMember { .. } => "remove_member",
+            Request::Chunk(_) => "chunk",
+            Request::RenewCertificate { .. } => "renew_certificate",
+            Request::FetchCaKey { .. } => "fetch_ca_key",
+            Request::HoldsCaKey => "holds_ca_key",
+            Request::RotateCa { .. } => "rotate_ca",
+            Request::GpuTelemetry => "gpu_telemetry",
+            Request::ElectNow => "elect_now",
+            Request::StillMember => "still_member",
+            Request::Once { req, .. } => req.kind(),
+            Request::FetchPeerSecret { .. } => "fetch_peer_secret",
+            Request::Renew => "renew",
+            Request::FollowLog { .. } => "follow_log",
+            Request::RenewFor { .. } => "renew_for",
+        }
+    }
+}
+
 /// A user's API token on its way to the leader. Only its holder and the
 /// leader see it (the link is mutual TLS); it is never printed.
 #[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]

@@ -59,6 +59,7 @@ impl NodeService {
     }
 
     async fn serve_rpc(self: &Arc<Self>, peer: PeerInfo, req: Request) -> Response {
+        self.ledger.metrics().count_rpc_request(req.kind());
         let member = match (peer.authenticated, peer.member) {
             (true, Some(member)) => member,
             _ => {

@@ -3,6 +3,12 @@
 //! voter now and then (it was cut off then, and a learner never campaigns,
 //! so no peer would tell it otherwise). A peer's refusal is recorded by the
 //! ledger client that carried the call (see [`crate::ledger_client::removal`]).
+//!
+//! Every member renews its lease several times a second, and a node that
+//! applied the removal refuses those renewals as it would the probe, so
+//! the probe is only for a node whose renewals are not getting through:
+//! asked by every member every few seconds, it was a load on each voter
+//! that grew with the pool.
 
 use crate::ledger_client::LedgerClient;
 use crate::proto::Request;
@@ -83,7 +89,11 @@ impl Worker for OwnRemoval {
             return ControlFlow::Break(());
         }
         let due = self.last_probe.is_none_or(|t| t.elapsed() >= PROBE_EVERY);
-        if due && !self.ledger.is_leader() {
+        let renewing = self
+            .ledger
+            .last_renewed()
+            .is_some_and(|t| t.elapsed() < PROBE_EVERY);
+        if due && !renewing && !self.ledger.is_leader() {
             self.last_probe = Some(Instant::now());
             self.probe().await;
         }

@@ -70,10 +70,16 @@ pub struct Cost {
     pub node_bytes_per_s: f64,
     /// Of which gossip.
     pub node_gossip_bytes_per_s: f64,
+    /// The same mean over the Raft replicas and over the relayed members.
+    pub replica_bytes_per_s: f64,
+    pub relayed_bytes_per_s: f64,
     pub leader_bytes_per_s: f64,
     pub leader_gossip_bytes_per_s: f64,
     /// Everything outside the nodes' threads (this harness), % of a core.
     pub harness_cpu_pct: f64,
+    /// RPC requests served per second, by role (`leader`, `replica`: mean
+    /// over the other replicas, `relayed`: mean over those) and request.
+    pub served_per_s: BTreeMap<&'static str, BTreeMap<&'static str, f64>>,
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -209,6 +215,19 @@ impl Hollow {
         }
     }
 
+    /// RPC requests served so far, by request.
+    fn served(&self) -> Vec<u64> {
+        let m = self.node.metrics();
+        crate::proto::Request::KINDS
+            .iter()
+            .map(|k| {
+                m.rpc_requests
+                    .get_or_create(&vec![("request".into(), (*k).into())])
+                    .get()
+            })
+            .collect()
+    }
+
     /// (RPC, gossip) bytes in and out together.
     fn bytes(&self) -> (u64, u64) {
         let rpc = self.node.ledger().rpc_traffic();
@@ -245,6 +264,7 @@ struct Mark {
     at: Instant,
     cpu: std::collections::HashMap<String, f64>,
     bytes: Vec<(u64, u64)>,
+    served: Vec<Vec<u64>>,
 }
 
 fn mark(nodes: &[Hollow]) -> Mark {
@@ -252,6 +272,7 @@ fn mark(nodes: &[Hollow]) -> Mark {
         at: Instant::now(),
         cpu: crate::procstat::cpu_seconds_by_thread_name(),
         bytes: nodes.iter().map(Hollow::bytes).collect(),
+        served: nodes.iter().map(Hollow::served).collect(),
     }
 }
 
@@ -271,7 +292,23 @@ fn cost(
         (Vec::new(), Vec::new(), Vec::new(), 0.0f64);
     let (mut leader_cpu, mut leader_bytes, mut leader_gossip) = (0.0, 0.0, 0.0);
     let (mut replica_cpu, mut relayed_cpu) = (Vec::new(), Vec::new());
+    let (mut replica_bytes, mut relayed_bytes) = (Vec::new(), Vec::new());
+    let mut served: BTreeMap<&'static str, (usize, Vec<f64>)> = BTreeMap::new();
     for (i, n) in nodes.iter().enumerate() {
+        let role = if n.id == leader {
+            "leader"
+        } else if replicas.contains(&n.id) {
+            "replica"
+        } else {
+            "relayed"
+        };
+        let (count, sums) = served
+            .entry(role)
+            .or_insert_with(|| (0, vec![0.0; crate::proto::Request::KINDS.len()]));
+        *count += 1;
+        for (k, sum) in sums.iter_mut().enumerate() {
+            *sum += to.served[i][k].saturating_sub(from.served[i][k]) as f64 / secs;
+        }
         let c = pct(used(&n.thread));
         let rate = |a: u64, b: u64| b.saturating_sub(a) as f64 / secs;
         let g = rate(from.bytes[i].1, to.bytes[i].1);
@@ -281,8 +318,10 @@ fn cost(
         } else {
             if replicas.contains(&n.id) {
                 replica_cpu.push(c);
+                replica_bytes.push(b);
             } else {
                 relayed_cpu.push(c);
+                relayed_bytes.push(b);
             }
             cpu.push(c);
             bytes.push(b);
@@ -309,9 +348,23 @@ fn cost(
         leader_cpu_pct: leader_cpu,
         node_bytes_per_s: mean(&bytes),
         node_gossip_bytes_per_s: mean(&gossip),
+        replica_bytes_per_s: mean(&replica_bytes),
+        relayed_bytes_per_s: mean(&relayed_bytes),
         leader_bytes_per_s: leader_bytes,
         leader_gossip_bytes_per_s: leader_gossip,
         harness_cpu_pct: pct(harness),
+        served_per_s: served
+            .into_iter()
+            .map(|(role, (count, sums))| {
+                let by_kind = crate::proto::Request::KINDS
+                    .iter()
+                    .zip(sums)
+                    .filter(|(_, sum)| *sum > 0.0)
+                    .map(|(k, sum)| (*k, sum / count as f64))
+                    .collect();
+                (role, by_kind)
+            })
+            .collect(),
     }
 }
 
@@ -514,6 +567,11 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
     report.rss_per_node_mb = crate::procstat::read_self()
         .map(|p| p.resident_bytes as f64 / 1_048_576.0 / args.nodes as f64)
         .unwrap_or(0.0);
+    // Kept even if a later phase fails on an overloaded machine.
+    eprintln!(
+        "scale: idle {}",
+        serde_json::to_string(&report.idle).unwrap_or_default()
+    );
 
     // Gangs, with sequential writes beside them.
     let client = Arc::new(shoal_sdk::Client::new(
@@ -713,8 +771,13 @@ pub fn print(r: &ScaleReport) {
         c.node_cpu_pct, c.node_cpu_max_pct, c.node_bytes_per_s, c.node_gossip_bytes_per_s, r.rss_per_node_mb
     );
     println!(
-        "  idle, by role:             {} other replicas {:.2} %, {} relayed {:.2} %",
-        c.replicas, c.replica_cpu_pct, c.relayed, c.relayed_cpu_pct
+        "  idle, by role:             {} other replicas {:.2} % {:.0} B/s, {} relayed {:.2} % {:.0} B/s",
+        c.replicas,
+        c.replica_cpu_pct,
+        c.replica_bytes_per_s,
+        c.relayed,
+        c.relayed_cpu_pct,
+        c.relayed_bytes_per_s
     );
     println!(
         "  idle, leader:              {:.2} % of a core, {:.0} B/s ({:.0} gossip) (harness {:.1} %); {:.1} ledger entries/s",
