@@ -26,7 +26,7 @@ use shoal_consensus::NodeId;
 use shoal_mesh::failure_detector::PeerState;
 use shoal_mesh::gossip::{CapacityAdvert, GossipEvent, GossipHandle, RejectReason, WireError};
 use shoal_sdk::MemberState;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -175,6 +175,17 @@ struct Publisher {
     members_told: Arc<Vec<GossipMember>>,
     /// See [`Publisher::gossip_members`].
     members_memo: PerApplied<Arc<Vec<GossipMember>>>,
+    /// Each member's gossip identity as last parsed, with the ledger's
+    /// text it was parsed from.
+    parsed: HashMap<NodeId, ParsedPeer>,
+}
+
+/// A member's peer id and gossip address, and the ledger's text of them.
+struct ParsedPeer {
+    peer_id_text: String,
+    addr_text: String,
+    peer: PeerId,
+    addr: Multiaddr,
 }
 
 impl Publisher {
@@ -195,30 +206,48 @@ impl Publisher {
             members_sent: BTreeMap::new(),
             members_memo: PerApplied::default(),
             members_told: Arc::default(),
+            parsed: HashMap::new(),
         }
     }
 
     /// Members' gossip identities and ledger states (this node excluded),
-    /// parsed again only when the ledger has applied something since: the
-    /// loop ticks every second on every node, and parsing every member's
-    /// peer id each time was a cost per node that grew with the pool.
-    fn gossip_members(&self) -> Arc<Vec<GossipMember>> {
+    /// listed again only when the ledger has applied something since, and
+    /// each member's peer id and address parsed only when the ledger's text
+    /// of them changed: the loop ticks every second on every node, and
+    /// while a pool forms every join is an entry, so parsing every member
+    /// each time made a pool's formation cost grow with the cube of its size.
+    fn gossip_members(&mut self) -> Arc<Vec<GossipMember>> {
         let Ok(d) = self.parts.ledger.read() else {
             return Arc::default();
         };
         let me = self.parts.local.id;
+        let parsed = &mut self.parsed;
         self.members_memo.get(d.last_applied, || {
-            Arc::new(
-                d.ledger
-                    .active_members()
-                    .filter(|m| m.id != me)
-                    .filter_map(|m| {
-                        let peer = m.spec.gossip_peer_id.parse().ok()?;
-                        let addr = m.spec.gossip_addr.parse().ok()?;
-                        Some((m.id, peer, addr, m.state))
-                    })
-                    .collect(),
-            )
+            let mut listed = HashMap::with_capacity(parsed.len());
+            let members = d
+                .ledger
+                .active_members()
+                .filter(|m| m.id != me)
+                .filter_map(|m| {
+                    let known = parsed.remove(&m.id).filter(|p| {
+                        p.peer_id_text == m.spec.gossip_peer_id && p.addr_text == m.spec.gossip_addr
+                    });
+                    let p = match known {
+                        Some(p) => p,
+                        None => ParsedPeer {
+                            peer: m.spec.gossip_peer_id.parse().ok()?,
+                            addr: m.spec.gossip_addr.parse().ok()?,
+                            peer_id_text: m.spec.gossip_peer_id.clone(),
+                            addr_text: m.spec.gossip_addr.clone(),
+                        },
+                    };
+                    let member = (m.id, p.peer, p.addr.clone(), m.state);
+                    listed.insert(m.id, p);
+                    Some(member)
+                })
+                .collect();
+            *parsed = listed;
+            Arc::new(members)
         })
     }
 }

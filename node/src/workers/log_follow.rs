@@ -31,8 +31,9 @@ const PASS_OVER: Duration = Duration::from_secs(5);
 /// Pause after a failed question, or while there is no one to ask.
 const RETRY: Duration = Duration::from_millis(200);
 /// How long this node's ledger may stay behind what its lease renewals
-/// say the leader committed before it gives up on the relay it asks (a
-/// dead relay's question would otherwise hang until its timeout).
+/// say the leader committed, without moving, before it gives up on the
+/// relay it asks (a dead relay's question would otherwise hang until its
+/// timeout).
 const STALL: Duration = Duration::from_millis(500);
 /// How often a follower looks whether it is stalled: a wake-up on every
 /// relayed member, so no more often than the lag it may add is worth.
@@ -161,10 +162,11 @@ impl Worker for LogFollower {
     }
 }
 
-/// Returns once this node's applied index has stayed below the read index
-/// of its lease renewals for [`STALL`] (give or take [`STALL_CHECK`]).
+/// Returns once this node's ledger has stayed behind the read index of its
+/// lease renewals without moving for [`STALL`] (give or take
+/// [`STALL_CHECK`]).
 async fn stalled(ledger: &LedgerClient) {
-    let mut behind_since: Option<Instant> = None;
+    let mut watch = StallWatch::default();
     loop {
         tokio::time::sleep(STALL_CHECK).await;
         let applied = ledger
@@ -172,12 +174,65 @@ async fn stalled(ledger: &LedgerClient) {
             .borrow()
             .last_applied
             .map_or(0, |l| l.index);
-        if ledger.renewed_index() > applied {
-            if behind_since.get_or_insert_with(Instant::now).elapsed() >= STALL {
-                return;
-            }
-        } else {
-            behind_since = None;
+        if watch.stalled(Instant::now(), applied, ledger.renewed_index()) {
+            return;
         }
+    }
+}
+
+/// Whether a follower's relay has stopped feeding it: its ledger is behind
+/// what the leader committed and has not moved for [`STALL`]. Behind alone
+/// is not enough: a member catching up after a pause, or whose relay is
+/// busy, is behind for a while yet fed, and giving up on that relay throws
+/// away the batch it is sending and puts the same work on the next one —
+/// under load, every member doing so kept a 200-node pool from settling.
+#[derive(Debug, Default)]
+struct StallWatch {
+    /// Since when the ledger is behind at the applied index seen then.
+    behind: Option<(Instant, u64)>,
+}
+
+impl StallWatch {
+    fn stalled(&mut self, now: Instant, applied: u64, renewed: u64) -> bool {
+        if renewed <= applied {
+            self.behind = None;
+            return false;
+        }
+        match self.behind {
+            Some((since, at)) if at == applied => now.duration_since(since) >= STALL,
+            _ => {
+                self.behind = Some((now, applied));
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ledger_behind_and_still_is_stalled_one_behind_but_moving_is_not() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut w = StallWatch::default();
+        assert!(!w.stalled(at(0), 10, 10), "current");
+        assert!(!w.stalled(at(100), 10, 20));
+        assert!(!w.stalled(at(400), 10, 20), "behind for less than STALL");
+        assert!(w.stalled(at(600), 10, 25), "behind and still for STALL");
+
+        let mut w = StallWatch::default();
+        // Catching up: behind the whole time, but every look finds it moved.
+        for (i, ms) in (0..20u64).map(|i| (i, i * 250)) {
+            assert!(!w.stalled(at(ms), 10 + i, 100), "moving at {ms} ms");
+        }
+        // Then it stops moving.
+        assert!(!w.stalled(at(5_000), 29, 100));
+        assert!(w.stalled(at(5_500), 29, 100));
+        // Caught up: forgotten.
+        assert!(!w.stalled(at(5_750), 100, 100));
+        assert!(!w.stalled(at(6_000), 100, 101));
+        assert!(!w.stalled(at(6_250), 100, 101));
     }
 }
