@@ -726,6 +726,16 @@ impl Workload {
         self.gpu_faults.get(&node).and_then(|g| g.get(&gpu))
     }
 
+    /// Whether a scheduling pass has nothing to decide: no job waits and
+    /// none holds GPUs, so there is nothing to place, preempt, time out or
+    /// release. The leader then skips its pass, which reads every member:
+    /// ten times a second, a cost that grew with the pool while idle.
+    pub fn nothing_to_schedule(&self) -> bool {
+        self.jobs
+            .values()
+            .all(|job| job.state.is_final() && job.alloc.is_none())
+    }
+
     /// Jobs holding GPUs, in id order.
     pub fn holding(&self) -> impl Iterator<Item = (&Job, &Allocation)> {
         self.jobs

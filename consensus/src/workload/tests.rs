@@ -157,6 +157,37 @@ fn limits(max_gpus: Option<u32>, hours: Option<u64>, weight: u32) -> TenantLimit
 }
 
 #[test]
+fn nothing_to_schedule_only_while_no_job_waits_or_holds_gpus() {
+    let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
+    let idle = |r: &Replica| {
+        let nothing = r.ledger.workload.nothing_to_schedule();
+        if nothing {
+            assert!(
+                r.plan(Policy::HdrfPreempt).is_empty(),
+                "a skipped pass had work"
+            );
+        }
+        nothing
+    };
+    assert!(idle(&r), "no jobs");
+    let id = r.submit(job(DEFAULT_TENANT, 2, 4));
+    assert!(!idle(&r), "a job waits");
+    r.pass(Policy::HdrfPreempt);
+    assert!(r.job(id).alloc.is_some());
+    assert!(!idle(&r), "a job holds GPUs");
+    r.now_ms += 60_000;
+    r.exit_all(id, 0);
+    assert_eq!(r.job(id).state, JobState::Completed);
+    assert!(idle(&r), "only a finished job");
+    // One past its time limit still has work for the pass: timing it out.
+    let id = r.submit(job(DEFAULT_TENANT, 1, 8));
+    r.pass(Policy::HdrfPreempt);
+    r.now_ms += r.job(id).spec.time_limit_s * 1000 + 1;
+    assert!(!idle(&r));
+    assert!(!r.plan(Policy::HdrfPreempt).is_empty(), "the time-out");
+}
+
+#[test]
 fn a_job_runs_completes_and_charges_its_tenant() {
     let mut r = Replica::new(&[("n1", "r1", 8), ("n2", "r1", 8)]);
     let id = r.submit(job(DEFAULT_TENANT, 2, 4));

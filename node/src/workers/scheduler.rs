@@ -86,6 +86,9 @@ impl Scheduler {
         let (plan, overdue) = {
             let data = self.ledger.read()?;
             let ledger = &data.ledger;
+            if ledger.workload.nothing_to_schedule() {
+                return Ok(PassOutcome::default());
+            }
             let planning = Instant::now();
             let snapshot = SchedSnapshot::new(ledger, now_ms, policy);
             let members: Vec<NodeId> = snapshot.input.nodes.iter().map(|n| n.id).collect();
