@@ -182,10 +182,11 @@ async fn stalled(ledger: &LedgerClient) {
 
 /// Whether a follower's relay has stopped feeding it: its ledger is behind
 /// what the leader committed and has not moved for [`STALL`]. Behind alone
-/// is not enough: a member catching up after a pause, or whose relay is
-/// busy, is behind for a while yet fed, and giving up on that relay throws
-/// away the batch it is sending and puts the same work on the next one —
-/// under load, every member doing so kept a 200-node pool from settling.
+/// is not enough: a member still applying the last batch while its next
+/// question is out is being fed, and giving up on that relay throws away
+/// the answer on its way and puts the same work on the next one. The watch
+/// starts afresh with each question, so a relay slower than [`STALL`] to
+/// answer at all is still given up.
 #[derive(Debug, Default)]
 struct StallWatch {
     /// Since when the ledger is behind at the applied index seen then.
