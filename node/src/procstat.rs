@@ -66,6 +66,27 @@ pub fn cpu_seconds_by_thread_name() -> std::collections::HashMap<String, f64> {
     by_name
 }
 
+/// The ids of this process's threads, by thread name.
+pub fn thread_ids_by_name() -> std::collections::HashMap<String, Vec<i32>> {
+    let mut by_name: std::collections::HashMap<String, Vec<i32>> = Default::default();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return by_name;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        let Ok(name) = std::fs::read_to_string(task.path().join("comm")) else {
+            continue; // the thread ended meanwhile
+        };
+        by_name
+            .entry(name.trim_end_matches('\n').to_string())
+            .or_default()
+            .push(tid);
+    }
+    by_name
+}
+
 /// A thread's name and CPU seconds from its `stat` line.
 fn thread_cpu(text: &str, ticks_per_s: f64) -> Option<(String, f64)> {
     let name = &text[text.find('(')? + 1..text.rfind(')')?];
@@ -152,6 +173,28 @@ mod tests {
                 100.0
             ),
             Some(("hn 3".to_string(), 4.0))
+        );
+    }
+
+    #[test]
+    fn a_thread_is_found_by_its_name_with_its_own_id() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (id_tx, id_rx) = std::sync::mpsc::channel();
+        let named = std::thread::Builder::new()
+            .name("procstat-named".into())
+            .spawn(move || {
+                let _ = id_tx.send(rustix::thread::gettid().as_raw_nonzero().get());
+                let _ = rx.recv();
+            })
+            .expect("spawn");
+        let tid = id_rx.recv().expect("tid");
+        let by_name = thread_ids_by_name();
+        let _ = tx.send(());
+        let _ = named.join();
+        assert_eq!(
+            by_name.get("procstat-named"),
+            Some(&vec![tid]),
+            "{by_name:?}"
         );
     }
 

@@ -218,6 +218,9 @@ async fn a_hollow_region_forms_places_a_gang_and_finds_its_dead() {
         gangs: 2,
         join_parallel: 8,
         data_dir: None,
+        // As measured before the bench gave the replicas the cores first:
+        // in a debug build the relayed members need theirs to renew.
+        replicas_first: false,
     })
     .await
     .expect("the hollow region runs");
@@ -226,9 +229,9 @@ async fn a_hollow_region_forms_places_a_gang_and_finds_its_dead() {
     assert!(report.gang_placed_p99_ms > 0.0, "{report:?}");
     assert_eq!(report.killed, 1);
     assert!(
-        report.down_everywhere_s <= 10.0,
+        report.down_detect_s <= 10.0,
         "down everywhere after {} s",
-        report.down_everywhere_s
+        report.down_detect_s
     );
     assert_eq!(report.false_downs, 0, "live nodes declared down");
     // The leader feeds four other voters and two learners (one per 64

@@ -126,7 +126,7 @@ pub enum BenchCmd {
         #[arg(long, default_value = "20s")]
         settle: String,
         /// How long the idle cost is measured
-        #[arg(long, default_value = "20s")]
+        #[arg(long, visible_alias = "duration", default_value = "20s")]
         idle: String,
         /// Gangs of 8 nodes × 8 GPUs, one at a time, each cancelled once placed
         #[arg(long, default_value_t = 20)]
@@ -137,6 +137,12 @@ pub enum BenchCmd {
         /// Where the nodes' data directories go (default /dev/shm)
         #[arg(long)]
         data_dir: Option<std::path::PathBuf>,
+        /// Keep every hollow node at the same CPU priority (by default the
+        /// relayed members run at nice 10 once the region has formed, so
+        /// the leader and replicas get the cores first, as on machines of
+        /// their own)
+        #[arg(long)]
+        same_priority: bool,
     },
     /// Gang placement: pure decisions/s and p99, one full pass, and placements/s through Raft
     Place {
@@ -267,6 +273,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
             gangs,
             join_parallel,
             data_dir,
+            same_priority,
         } => {
             let args = crate::cli::bench::scale::ScaleArgs {
                 nodes: *nodes,
@@ -275,6 +282,7 @@ pub async fn run(cmd: &BenchCmd, json: bool) -> anyhow::Result<()> {
                 gangs: *gangs,
                 join_parallel: *join_parallel,
                 data_dir: data_dir.clone(),
+                replicas_first: !same_priority,
             };
             let report = crate::cli::bench::scale::run(args).await?;
             if json {
