@@ -120,6 +120,9 @@ pub struct ScaleReport {
     /// Until every survivor's ledger holds every killed node `down`.
     pub down_detect_s: f64,
     pub false_downs: usize,
+    /// The phase (`settle`, `idle`, `gangs`, `kill`) in which each live
+    /// node was first seen `down`, counted per phase.
+    pub false_downs_by_phase: BTreeMap<&'static str, usize>,
 }
 
 /// How a hollow node stops.
@@ -528,12 +531,17 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
 
     // False downs, watched on the leader's ledger from here on.
     let killed: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
-    let false_downs: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
+    let false_downs: Arc<Mutex<BTreeMap<NodeId, &'static str>>> = Arc::default();
+    let phase: Arc<Mutex<&'static str>> = Arc::new(Mutex::new("settle"));
     let watching = Arc::new(AtomicBool::new(true));
     let watcher = {
         let ledgers: Vec<Arc<Node>> = nodes.iter().map(|n| n.node.clone()).collect();
-        let (killed, false_downs, watching) =
-            (killed.clone(), false_downs.clone(), watching.clone());
+        let (killed, false_downs, watching, phase) = (
+            killed.clone(),
+            false_downs.clone(),
+            watching.clone(),
+            phase.clone(),
+        );
         tokio::spawn(async move {
             while watching.load(Ordering::Relaxed) {
                 let leader = ledgers.iter().find(|n| {
@@ -544,8 +552,9 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
                         let killed = killed.lock().map(|k| k.clone()).unwrap_or_default();
                         for m in d.ledger.members.values() {
                             if m.state == MemberState::Down && !killed.contains(&m.id) {
+                                let now = phase.lock().map(|p| *p).unwrap_or("?");
                                 if let Ok(mut f) = false_downs.lock() {
-                                    f.insert(m.id);
+                                    f.entry(m.id).or_insert(now);
                                 }
                             }
                         }
@@ -556,8 +565,14 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
         })
     };
 
+    let enter = |name: &'static str| {
+        if let Ok(mut p) = phase.lock() {
+            *p = name;
+        }
+    };
     // Idle.
     tokio::time::sleep(args.settle).await;
+    enter("idle");
     let leader = leader_of(&nodes).ok_or_else(|| anyhow::anyhow!("no leader"))?;
     let applied = |n: &Hollow| {
         n.node
@@ -599,6 +614,7 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
     );
 
     // Gangs, with sequential writes beside them.
+    enter("gangs");
     let client = Arc::new(shoal_sdk::Client::new(
         nodes[leader].api_url.clone(),
         Some(admin_token.clone()),
@@ -723,6 +739,7 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
     report.ledger_write_p99_ms = percentile(&writes, 0.99);
 
     // Kill 1 % at once (never the leader).
+    enter("kill");
     let kill = (args.nodes / 100).max(1);
     let victims: Vec<usize> = {
         let leader_id = nodes[leader].id;
@@ -776,7 +793,12 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
 
     watching.store(false, Ordering::Relaxed);
     let _ = watcher.await;
-    report.false_downs = false_downs.lock().map(|f| f.len()).unwrap_or(0);
+    if let Ok(f) = false_downs.lock() {
+        report.false_downs = f.len();
+        for phase in f.values() {
+            *report.false_downs_by_phase.entry(phase).or_default() += 1;
+        }
+    }
     shutdown(&mut nodes);
     Ok(report)
 }
@@ -865,7 +887,7 @@ pub fn print(r: &ScaleReport) {
         r.writes, r.ledger_write_p50_ms, r.ledger_write_p99_ms
     );
     println!(
-        "  {} killed: down in every survivor's ledger after {:.2} s; false downs {}",
-        r.killed, r.down_detect_s, r.false_downs
+        "  {} killed: down in every survivor's ledger after {:.2} s; false downs {} {:?}",
+        r.killed, r.down_detect_s, r.false_downs, r.false_downs_by_phase
     );
 }
