@@ -20,10 +20,6 @@ cleanup() { { kill -9 "${pids[@]}"; wait "${pids[@]}"; } 2>/dev/null || true; rm
 trap cleanup EXIT
 ticks=$(getconf CLK_TCK)
 
-cpu_ticks() { # pid -> utime + stime in clock ticks
-  awk '{print $14 + $15}' "/proc/$1/stat"
-}
-
 start_shoal_cluster "$nodes" --sim-gpus 8xH100-80GB
 sleep "$warm"
 before=()

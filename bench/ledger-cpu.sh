@@ -25,10 +25,6 @@ cleanup() { { kill -9 "${pids[@]}"; wait "${pids[@]}"; } 2>/dev/null || true; rm
 trap cleanup EXIT
 ticks=$(getconf CLK_TCK)
 
-cpu_ticks() { # pid -> utime + stime in clock ticks
-  awk '{print $14 + $15}' "/proc/$1/stat"
-}
-
 ctx_switches() { # pid -> context switches of all its threads
   cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {print s + 0}'
 }

@@ -5,6 +5,13 @@
 # `leader` (its node id), `port` (the leader's API port) and `leader_pid`.
 # Expects `shoal`, `root` and the array `pids` (every agent started is
 # appended to it).
+
+# `cpu_ticks PID`: the process's CPU so far (utime + stime), in clock ticks
+# (`getconf CLK_TCK` a second).
+cpu_ticks() {
+  awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
 start_shoal_cluster() {
   local nodes=${1:-3}
   [ $# -gt 0 ] && shift

@@ -526,7 +526,13 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
     );
 
     if args.replicas_first {
-        report.relayed_threads_niced = replicas_first(&nodes)?;
+        match replicas_first(&nodes) {
+            Ok(niced) => report.relayed_threads_niced = niced,
+            Err(e) => {
+                shutdown(&mut nodes);
+                return Err(e);
+            }
+        }
     }
 
     // False downs, watched on the leader's ledger from here on.
@@ -589,16 +595,7 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
     let after = mark(&nodes);
     report.idle_entries_per_s = (applied(&nodes[leader]) - entries_before) as f64
         / after.at.duration_since(before.at).as_secs_f64();
-    let replicas: BTreeSet<NodeId> = nodes[leader]
-        .node
-        .ledger()
-        .raft_metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .nodes()
-        .map(|(id, _)| *id)
-        .collect();
+    let replicas = replica_ids(&nodes[leader]);
     report.idle = cost(&nodes, nodes[leader].id, &replicas, &before, &after);
     report.leader_cpu_pct = report.idle.leader_cpu_pct;
     report.leader_bytes_per_s = report.idle.leader_bytes_per_s;
@@ -817,9 +814,9 @@ pub const RELAYED_NICE: i32 = 10;
 /// nodes. The members still get all the CPU the control plane leaves, so
 /// their own costs are measured as before. A member made a replica later
 /// (one replacing a killed replica) keeps the lower priority.
-fn replicas_first(nodes: &[Hollow]) -> anyhow::Result<usize> {
-    let leader = leader_of(nodes).ok_or_else(|| anyhow::anyhow!("no leader"))?;
-    let replicas: BTreeSet<NodeId> = nodes[leader]
+/// The Raft replicas (voters and learners) in `leader`'s membership.
+fn replica_ids(leader: &Hollow) -> BTreeSet<NodeId> {
+    leader
         .node
         .ledger()
         .raft_metrics()
@@ -828,7 +825,12 @@ fn replicas_first(nodes: &[Hollow]) -> anyhow::Result<usize> {
         .membership()
         .nodes()
         .map(|(id, _)| *id)
-        .collect();
+        .collect()
+}
+
+fn replicas_first(nodes: &[Hollow]) -> anyhow::Result<usize> {
+    let leader = leader_of(nodes).ok_or_else(|| anyhow::anyhow!("no leader"))?;
+    let replicas = replica_ids(&nodes[leader]);
     let threads = crate::procstat::thread_ids_by_name();
     let mut niced = 0;
     for n in nodes.iter().filter(|n| !replicas.contains(&n.id)) {
