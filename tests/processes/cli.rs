@@ -43,6 +43,44 @@ fn unreachable_api_is_one_error_line_and_exit_1() {
     assert!(stderr.contains("cannot reach"), "{stderr}");
 }
 
+/// `shoal sim --json | head -c 10`: a reader that goes away early ends
+/// the command as it ends `cat`, by SIGPIPE, with no panic on stderr.
+/// The pipe's read end is closed before the command starts, so its first
+/// write is refused every time.
+#[test]
+fn a_closed_stdout_ends_a_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = dir.path().join("trace.csv");
+    std::fs::write(
+        &trace,
+        "submit_time,gpus,duration,tenant,status\n0,8,600,t0,Pass\n",
+    )
+    .expect("write trace");
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(shoal_bin())
+        .args([
+            "sim",
+            "--trace",
+            trace.to_str().expect("utf8"),
+            "--nodes",
+            "1",
+        ])
+        .args(["--gpus-per-node", "8", "--json"])
+        .stdout(writer)
+        .output()
+        .expect("run shoal");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
+    assert!(stderr.is_empty(), "{stderr}");
+}
+
 #[test]
 fn bad_usage_exits_2() {
     let (code, _, stderr) = run(&["no-such-command"], &[]);

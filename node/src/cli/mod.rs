@@ -437,11 +437,17 @@ pub fn main() -> i32 {
         // Before any runtime: a plain process that waits for its tasks.
         return exec_tasks(*label, *ntasks_per_node, command);
     }
+    if prints_and_exits(&cli.command) {
+        die_quietly_on_closed_stdout();
+    }
     let mut builder = if answers_in_one_exchange(&cli.command) {
         tokio::runtime::Builder::new_current_thread()
     } else {
         tokio::runtime::Builder::new_multi_thread()
     };
+    if matches!(cli.command, Cmd::Agent(_)) && std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        builder.worker_threads(agent_runtime_threads());
+    }
     let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -466,6 +472,50 @@ pub fn main() -> i32 {
 /// a single-threaded runtime: starting a worker thread per core is most of
 /// what such a call costs beyond the process itself, and scripts call them
 /// in loops (`shoal submit` 500 times: see docs/BENCHMARKS.md).
+/// Threads of an agent's runtime: at most [`AGENT_RUNTIME_THREADS`]. The
+/// runtime would otherwise start one per core, and a GPU server has a
+/// hundred or more: each costs the agent memory (about 0.15 MB resident
+/// each, measured with 16) and takes nothing from the ranks only while it
+/// sleeps. The agent's work is control traffic and checkpoint copies, which
+/// a few threads carry: on two cores, three replicas of 1 GiB take 0.7–1.05×
+/// the time of three `cp`s (docs/BENCHMARKS.md).
+fn agent_runtime_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(AGENT_RUNTIME_THREADS)
+}
+
+/// See [`agent_runtime_threads`]; `TOKIO_WORKER_THREADS` overrides it.
+const AGENT_RUNTIME_THREADS: usize = 4;
+
+/// Commands that print what they were asked for and exit, so that
+/// `shoal queue | head -1` may close their output early. The others serve
+/// (an agent, a dev cluster, a benchmark's nodes, the dashboard) or hold
+/// an allocation, and must outlive a reader that goes away.
+fn prints_and_exits(cmd: &Cmd) -> bool {
+    !matches!(
+        cmd,
+        Cmd::Agent(_)
+            | Cmd::Demo
+            | Cmd::Dev { .. }
+            | Cmd::Bench { .. }
+            | Cmd::Top(_)
+            | Cmd::Alloc(_)
+    )
+}
+
+/// The Rust runtime ignores SIGPIPE, so writing to a closed pipe fails and
+/// `println!` panics on it. A command whose reader has gone has nothing
+/// left to do: it ends the way `cat` and `ls` do, from the signal, with
+/// nothing on stderr.
+fn die_quietly_on_closed_stdout() {
+    // SAFETY: resets one signal's disposition to the default before any
+    // thread is started; no handler is installed.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn answers_in_one_exchange(cmd: &Cmd) -> bool {
     matches!(
         cmd,
