@@ -33,8 +33,10 @@ pub trait Worker: Send + 'static {
 
 /// How often a loop that works only on the leader ticks on a node that
 /// does not lead: it has nothing to do there, and its leadership wakeup
-/// ([`Wakeup::on_leadership`]) starts it at once when the node is elected.
-pub const OFF_LEADER_PERIOD: Duration = Duration::from_secs(1);
+/// ([`Wakeup::on_leadership`]) starts it at once when the node is elected
+/// (and again when it is not), so this is only a safety net. Every tick is
+/// a wake-up of an idle member.
+pub const OFF_LEADER_PERIOD: Duration = Duration::from_secs(10);
 
 /// The least time between two ticks a wakeup starts: a ledger applying
 /// thousands of entries a second costs a loop at most this many ticks.

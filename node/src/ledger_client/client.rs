@@ -96,6 +96,8 @@ struct Shared {
     removal: RemovalNotice,
     /// See [`LedgerClient::renewed_index`].
     renewed_index: std::sync::atomic::AtomicU64,
+    /// Woken whenever `renewed_index` rises.
+    renewed_index_rose: tokio::sync::Notify,
     /// See [`LedgerClient::last_renewed`].
     last_renewed: std::sync::Mutex<Option<Instant>>,
     /// The replica this node follows the log from, when relayed: its
@@ -158,6 +160,7 @@ impl LedgerClient {
                 faults,
                 removal,
                 renewed_index: std::sync::atomic::AtomicU64::new(0),
+                renewed_index_rose: tokio::sync::Notify::new(),
                 last_renewed: std::sync::Mutex::new(None),
                 relay: std::sync::Mutex::new(None),
                 relayed_renewals: RelayedRenewals::default(),
@@ -615,9 +618,13 @@ impl LedgerClient {
         } else {
             self.status().await?.commit_index
         };
-        self.shared
+        let before = self
+            .shared
             .renewed_index
             .fetch_max(read_index, std::sync::atomic::Ordering::Relaxed);
+        if read_index > before {
+            self.shared.renewed_index_rose.notify_waiters();
+        }
         *self
             .shared
             .last_renewed
@@ -698,6 +705,22 @@ impl LedgerClient {
         self.shared
             .renewed_index
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Returns once [`LedgerClient::renewed_index`] is above `index`: at
+    /// once if it is, else when a renewal raises it there.
+    pub async fn renewed_index_above(&self, index: u64) {
+        loop {
+            let rose = self.shared.renewed_index_rose.notified();
+            tokio::pin!(rose);
+            // Registered before the look, so a rise between the look and
+            // the wait still wakes it.
+            rose.as_mut().enable();
+            if self.renewed_index() > index {
+                return;
+            }
+            rose.await;
+        }
     }
 
     /// When a renewal of this node's lease was last answered: a member

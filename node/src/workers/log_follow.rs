@@ -35,8 +35,8 @@ const RETRY: Duration = Duration::from_millis(200);
 /// relay it asks (a dead relay's question would otherwise hang until its
 /// timeout).
 const STALL: Duration = Duration::from_millis(500);
-/// How often a follower looks whether it is stalled: a wake-up on every
-/// relayed member, so no more often than the lag it may add is worth.
+/// How often a follower whose ledger is behind looks whether it still
+/// moves; one that is not behind sleeps until a renewal says it is.
 const STALL_CHECK: Duration = Duration::from_millis(250);
 /// How often a voter looks again whether it still is one.
 const VOTER_RECHECK: Duration = Duration::from_secs(1);
@@ -164,17 +164,23 @@ impl Worker for LogFollower {
 
 /// Returns once this node's ledger has stayed behind the read index of its
 /// lease renewals without moving for [`STALL`] (give or take
-/// [`STALL_CHECK`]).
+/// [`STALL_CHECK`]). While it is not behind, as at idle, this waits for
+/// a renewal to say it is, and costs no wake-ups.
 async fn stalled(ledger: &LedgerClient) {
-    let mut watch = StallWatch::default();
-    loop {
-        tokio::time::sleep(STALL_CHECK).await;
-        let applied = ledger
+    let applied = || {
+        ledger
             .raft_metrics()
             .borrow()
             .last_applied
-            .map_or(0, |l| l.index);
-        if watch.stalled(Instant::now(), applied, ledger.renewed_index()) {
+            .map_or(0, |l| l.index)
+    };
+    let mut watch = StallWatch::default();
+    loop {
+        if ledger.renewed_index() <= applied() {
+            ledger.renewed_index_above(applied()).await;
+        }
+        tokio::time::sleep(STALL_CHECK).await;
+        if watch.stalled(Instant::now(), applied(), ledger.renewed_index()) {
             return;
         }
     }
