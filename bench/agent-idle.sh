@@ -16,13 +16,9 @@ set -euo pipefail
 nodes=${1:-4}
 warm=${2:-40}
 secs=${3:-30}
-root=$(mktemp -d /tmp/shoal-idle-XXXX)
 shoal=${SHOAL_BIN:-$(dirname "$0")/../target/release/shoal}
 . "$(dirname "$0")/shoal-cluster.sh"
-pids=()
-cleanup() { { kill -9 "${pids[@]}"; wait "${pids[@]}"; } 2>/dev/null || true; rm -rf "$root"; }
-trap cleanup EXIT
-ticks=$(getconf CLK_TCK)
+cluster_workdir idle
 
 start_shoal_cluster "$nodes" --sim-gpus 8xH100-80GB
 sleep "$warm"

@@ -17,13 +17,9 @@ secs=${1:-10}
 shift || true
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(1 64)
-root=$(mktemp -d /tmp/shoal-cpu-XXXX)
 shoal=${SHOAL_BIN:-$(dirname "$0")/../target/release/shoal}
 . "$(dirname "$0")/shoal-cluster.sh"
-pids=()
-cleanup() { { kill -9 "${pids[@]}"; wait "${pids[@]}"; } 2>/dev/null || true; rm -rf "$root"; }
-trap cleanup EXIT
-ticks=$(getconf CLK_TCK)
+cluster_workdir cpu
 
 ctx_switches() { # pid -> context switches of all its threads
   cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {print s + 0}'

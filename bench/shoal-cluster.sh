@@ -8,6 +8,16 @@
 
 # `cpu_ticks PID`: the process's CPU so far (utime + stime), in clock ticks
 # (`getconf CLK_TCK` a second).
+# `cluster_workdir NAME`: sets `root` to a fresh directory, removed with
+# every agent started (`pids`) when the script exits, and `ticks` (clock
+# ticks a second, for `cpu_ticks`).
+cluster_workdir() {
+  root=$(mktemp -d "/tmp/shoal-$1-XXXX")
+  pids=()
+  trap '{ kill -9 "${pids[@]}"; wait "${pids[@]}"; } 2>/dev/null || true; rm -rf "$root"' EXIT
+  ticks=$(getconf CLK_TCK)
+}
+
 # `api_port N`: node sN's API port (its RPC port is the next one up).
 api_port() {
   if [ "$1" = 1 ]; then echo 27070; else echo $((28000 + 100 * $1 + 70)); fi
