@@ -750,16 +750,9 @@ async fn a_node_cut_off_while_it_was_removed_hears_of_it_once_healed() {
         "the removed node to leave the leader's Raft membership",
         TIMEOUT,
         |c| {
-            let listed = c.agreed_leader().is_some_and(|l| {
-                l.node()
-                    .ledger()
-                    .raft_metrics()
-                    .borrow()
-                    .membership_config
-                    .membership()
-                    .nodes()
-                    .any(|(id, _)| *id == gone)
-            });
+            let listed = c
+                .agreed_leader()
+                .is_some_and(|l| l.node().ledger().replicas().contains(&gone));
             async move { !listed }
         },
     )

@@ -285,6 +285,20 @@ impl LedgerClient {
             .collect()
     }
 
+    /// The Raft replicas (voters and learners) as this node knows them;
+    /// every other member is relayed.
+    pub fn replicas(&self) -> BTreeSet<NodeId> {
+        self.shared
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Sends `req` to member `id` itself (not routed to the leader), at the
     /// RPC address the Raft membership has for it, or for a member outside
     /// the Raft replicas the one its ledger record publishes.

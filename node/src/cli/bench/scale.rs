@@ -595,7 +595,7 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<ScaleReport> {
     let after = mark(&nodes);
     report.idle_entries_per_s = (applied(&nodes[leader]) - entries_before) as f64
         / after.at.duration_since(before.at).as_secs_f64();
-    let replicas = replica_ids(&nodes[leader]);
+    let replicas = nodes[leader].node.ledger().replicas();
     report.idle = cost(&nodes, nodes[leader].id, &replicas, &before, &after);
     report.leader_cpu_pct = report.idle.leader_cpu_pct;
     report.leader_bytes_per_s = report.idle.leader_bytes_per_s;
@@ -814,23 +814,9 @@ pub const RELAYED_NICE: i32 = 10;
 /// nodes. The members still get all the CPU the control plane leaves, so
 /// their own costs are measured as before. A member made a replica later
 /// (one replacing a killed replica) keeps the lower priority.
-/// The Raft replicas (voters and learners) in `leader`'s membership.
-fn replica_ids(leader: &Hollow) -> BTreeSet<NodeId> {
-    leader
-        .node
-        .ledger()
-        .raft_metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .nodes()
-        .map(|(id, _)| *id)
-        .collect()
-}
-
 fn replicas_first(nodes: &[Hollow]) -> anyhow::Result<usize> {
     let leader = leader_of(nodes).ok_or_else(|| anyhow::anyhow!("no leader"))?;
-    let replicas = replica_ids(&nodes[leader]);
+    let replicas = nodes[leader].node.ledger().replicas();
     let threads = crate::procstat::thread_ids_by_name();
     let mut niced = 0;
     for n in nodes.iter().filter(|n| !replicas.contains(&n.id)) {
