@@ -468,10 +468,6 @@ pub fn main() -> i32 {
     }
 }
 
-/// Commands that send a request or two and print the answer. They run on
-/// a single-threaded runtime: starting a worker thread per core is most of
-/// what such a call costs beyond the process itself, and scripts call them
-/// in loops (`shoal submit` 500 times: see docs/BENCHMARKS.md).
 /// Threads of an agent's runtime: at most [`AGENT_RUNTIME_THREADS`]. The
 /// runtime would otherwise start one per core, and a GPU server has a
 /// hundred or more: each costs the agent memory (about 0.15 MB resident
@@ -516,6 +512,10 @@ fn die_quietly_on_closed_stdout() {
     }
 }
 
+/// Commands that send a request or two and print the answer. They run on
+/// a single-threaded runtime: starting a worker thread per core is most of
+/// what such a call costs beyond the process itself, and scripts call them
+/// in loops (`shoal submit` 500 times: see docs/BENCHMARKS.md).
 fn answers_in_one_exchange(cmd: &Cmd) -> bool {
     matches!(
         cmd,

@@ -177,6 +177,7 @@ async fn stalled(ledger: &LedgerClient) {
     let mut watch = StallWatch::default();
     loop {
         if ledger.renewed_index() <= applied() {
+            watch = StallWatch::default();
             ledger.renewed_index_above(applied()).await;
         }
         tokio::time::sleep(STALL_CHECK).await;
