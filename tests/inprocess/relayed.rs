@@ -2,7 +2,7 @@
 //! relayed — it follows the committed log from a replica instead of the
 //! leader shipping it every entry. A relayed member's own ledger keeps up
 //! with every write, keeps up when its replica dies, and the leader puts
-//! a new learner in the dead one's place.
+//! a new learner in the dead one's place. Raft's timer does not run on it.
 
 // See `common::one_at_a_time`: its guard is held across awaits on purpose.
 #![allow(clippy::await_holding_lock)]
@@ -68,6 +68,27 @@ fn attr(a: &Agent, key: &str) -> Option<String> {
         .cloned()
 }
 
+/// How many times `a`'s Raft published its metrics (one per turn of its
+/// loop that was not coalesced with the next) in a 2 s window in which `a`
+/// applied no entry; `None` if ten windows in a row each saw an entry.
+async fn raft_turns_in_a_quiet_window(a: &Agent) -> Option<usize> {
+    for _ in 0..10 {
+        let mut metrics = a.node().ledger().raft_metrics();
+        metrics.borrow_and_update();
+        let before = applied(a);
+        let end = tokio::time::Instant::now() + Duration::from_secs(2);
+        let mut turns = 0;
+        while let Ok(Ok(())) = tokio::time::timeout_at(end, metrics.changed()).await {
+            metrics.borrow_and_update();
+            turns += 1;
+        }
+        if applied(a) == before {
+            return Some(turns);
+        }
+    }
+    None
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_beyond_the_replicas_follow_the_log_from_one() {
     let _serial = common::one_at_a_time();
@@ -125,6 +146,17 @@ async fn members_beyond_the_replicas_follow_the_log_from_one() {
     )
     .await
     .expect("relayed renewals");
+
+    // Raft's timer runs only where it is needed: a relayed member's Raft
+    // does not turn at all while no entry comes (its ticks were four turns
+    // a second, each waking every loop that waits for an entry).
+    let turns = raft_turns_in_a_quiet_window(relayed[0])
+        .await
+        .expect("a 2 s window without an entry applied, in ten tries");
+    assert!(
+        turns <= 1,
+        "a relayed member's Raft turned {turns} times in 2 s without an entry"
+    );
 
     // The status says who is relayed.
     let status = c.client(0).status().await.expect("status");

@@ -536,14 +536,21 @@ impl Agent {
     /// exits and its supervisor starts it again (systemd's
     /// `Restart=on-failure`): a node whose disk was full comes back once
     /// it has room, from what it had written.
+    ///
+    /// It waits on Raft's server metrics, published only when they change:
+    /// its full metrics are published on every turn of its loop. A stop is
+    /// published in the full metrics alone, and Raft's loop drops every
+    /// sender as it ends, so the wait ends then too.
     pub async fn ledger_stopped_for_good(&self) -> String {
-        let mut metrics = self.node.ledger().raft_metrics();
+        let mut server = self.node.ledger().raft().server_metrics();
         loop {
             if let Some(why) = self.ledger_stopped() {
                 return why;
             }
-            if metrics.changed().await.is_err() {
-                return "Raft has shut down".into();
+            if server.changed().await.is_err() {
+                return self
+                    .ledger_stopped()
+                    .unwrap_or_else(|| "Raft has shut down".into());
             }
         }
     }

@@ -38,10 +38,15 @@ pub trait LeaderService: Send + Sync + 'static {
 pub type RaftWatch = watch::Receiver<RaftMetrics<NodeId, BasicNode>>;
 
 /// Changes of this node's applied index, for loops that act on what the
-/// ledger says as soon as it says it (Raft's other metrics, such as a
-/// leader's quorum acknowledgements, change far more often and are skipped).
+/// ledger says as soon as it says it. It watches Raft's data metrics, which
+/// are published only when they change: the full metrics are published on
+/// every turn of Raft's loop, its timer's ticks included (about four a
+/// second on every node, idle or not), and each publication woke every
+/// loop waiting for an entry (docs/BENCHMARKS.md, "Ninth run"). A leader's
+/// quorum acknowledgements still change its data metrics often, and are
+/// skipped here.
 pub struct AppliedWatch {
-    rx: RaftWatch,
+    rx: watch::Receiver<openraft::metrics::RaftDataMetrics<NodeId>>,
     last: Option<openraft::LogId<NodeId>>,
 }
 
@@ -144,6 +149,7 @@ impl LedgerClient {
             removal,
         } = links;
         let batcher = Batcher::spawn(raft.clone(), me);
+        tokio::spawn(super::raft_timer::tick_only_where_needed(raft.clone(), me));
         LedgerClient {
             shared: Arc::new(Shared {
                 me,
@@ -231,7 +237,7 @@ impl LedgerClient {
 
     /// Wakes on every change of this node's applied index.
     pub fn applied_watch(&self) -> AppliedWatch {
-        let rx = self.raft_metrics();
+        let rx = self.shared.raft.data_metrics();
         let last = rx.borrow().last_applied;
         AppliedWatch { rx, last }
     }
