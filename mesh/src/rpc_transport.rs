@@ -70,8 +70,30 @@ fn base_transport() -> TransportConfig {
 /// the MTU falls back to 1200.
 pub(crate) const MAX_UDP_PAYLOAD: u16 = 6_500;
 
-pub(crate) fn endpoint_config() -> quinn::EndpointConfig {
-    let mut config = quinn::EndpointConfig::default();
+/// The endpoint of a member whose secret key is `key_pem`.
+///
+/// Its stateless-reset key and the key that signs its connection ids are
+/// derived from that secret, so both stay the same when the member restarts
+/// on the same address. A peer still holding a connection to the member's
+/// previous process then gets, for the first packet it sends, a reset it
+/// can verify (the new process recognises the old connection ids as its
+/// own, and answers them with the tokens the old one handed out), drops the
+/// connection and dials again. With quinn's random keys the packet was
+/// dropped unanswered, and every call on the dead connection waited for its
+/// own timeout: a survivor that forwarded writes to a restarted leader was
+/// refused writes for up to 21 s after the next failover
+/// (docs/BENCHMARKS.md, "Leader failure").
+pub(crate) fn endpoint_config(key_pem: &str) -> quinn::EndpointConfig {
+    let reset_secret = blake3::derive_key("shoal rpc stateless reset key v1", key_pem.as_bytes());
+    let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &reset_secret);
+    let cid_secret = blake3::derive_key("shoal rpc connection id key v1", key_pem.as_bytes());
+    let mut cid_key = [0u8; 8];
+    cid_key.copy_from_slice(&cid_secret[..8]);
+    let cid_key = u64::from_le_bytes(cid_key);
+    let mut config = quinn::EndpointConfig::new(Arc::new(reset_key));
+    config.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+    });
     // Within quinn's accepted range (1200..=65527), so this cannot fail.
     let _ = config.max_udp_payload_size(MAX_UDP_PAYLOAD);
     config
