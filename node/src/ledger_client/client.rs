@@ -281,28 +281,28 @@ impl LedgerClient {
 
     /// The voter set as this node knows it.
     pub fn voters(&self) -> BTreeSet<NodeId> {
-        self.shared
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect()
+        self.with_membership(|m| m.voter_ids().collect())
     }
 
     /// The Raft replicas (voters and learners) as this node knows them;
     /// every other member is relayed.
     pub fn replicas(&self) -> BTreeSet<NodeId> {
-        self.shared
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .nodes()
-            .map(|(id, _)| *id)
-            .collect()
+        self.with_membership(|m| m.nodes().map(|(id, _)| *id).collect())
+    }
+
+    /// `read` of this node's effective Raft membership.
+    fn with_membership<T>(
+        &self,
+        read: impl FnOnce(&openraft::Membership<NodeId, BasicNode>) -> T,
+    ) -> T {
+        read(
+            self.shared
+                .raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership(),
+        )
     }
 
     /// Sends `req` to member `id` itself (not routed to the leader), at the
