@@ -816,68 +816,6 @@ mod tests {
         (a, b, addr)
     }
 
-    /// A member killed without a word (no CONNECTION_CLOSE) and started
-    /// again on its address answers its peers' old connections with a
-    /// stateless reset they can verify, so a peer's next calls reach the new
-    /// process at once instead of waiting out their timeouts on the dead
-    /// connection (before, every call on it waited its full timeout).
-    #[test]
-    fn a_member_restarted_on_its_address_resets_the_connections_of_its_past() {
-        let runtime = |what: &str| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap_or_else(|e| panic!("{what}'s runtime: {e}"))
-        };
-        let (rt, a_rt) = (runtime("b"), runtime("a"));
-        let ca = CaBundle::generate("c").expect("ca");
-        let a_creds = ca.issue("a", 1).expect("a");
-        let b_creds = ca.issue("b", 2).expect("b");
-        let b = rt
-            .block_on(async { RpcEndpoint::serve(localhost(), &b_creds, Arc::new(Echo)) })
-            .expect("b");
-        let a = a_rt
-            .block_on(async { RpcEndpoint::serve(localhost(), &a_creds, Arc::new(Echo)) })
-            .expect("a");
-        let addr = a.local_addr().expect("addr");
-        rt.block_on(b.call(addr, b"1", Duration::from_secs(5)))
-            .expect("a call before the crash");
-
-        // Like kill -9: a's tasks stop without sending anything more.
-        a_rt.shutdown_background();
-        drop(a);
-        // Its socket closes once its runtime's threads have dropped it.
-        let bind_by = std::time::Instant::now() + Duration::from_secs(10);
-        let _a_again = loop {
-            match rt.block_on(async { RpcEndpoint::serve(addr, &a_creds, Arc::new(Echo)) }) {
-                Ok(a) => break a,
-                Err(e) if std::time::Instant::now() < bind_by => {
-                    tracing::debug!(error = %e, "a's old socket is still open");
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => panic!("a again, on its address: {e}"),
-            }
-        };
-
-        let call_timeout = Duration::from_secs(10);
-        let started = std::time::Instant::now();
-        let answer = rt.block_on(async {
-            for _ in 0..3 {
-                if let Ok(answer) = b.call(addr, b"2", call_timeout).await {
-                    return Some(answer);
-                }
-            }
-            None
-        });
-        let took = started.elapsed();
-        assert_eq!(answer.as_deref(), Some(&b"\x01\x022"[..]), "after {took:?}");
-        assert!(
-            took < Duration::from_secs(3),
-            "the restarted member was reached {took:?} after its restart (calls time out after {call_timeout:?})"
-        );
-    }
-
     #[tokio::test]
     async fn each_endpoint_counts_the_bytes_its_socket_moves() {
         let (a, b, addr) = two_members();
