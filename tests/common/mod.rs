@@ -432,8 +432,10 @@ impl NodeProc {
             .expect("run shoal token create");
         assert!(
             out.status.success(),
-            "shoal token create --uses {uses} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "shoal token create --uses {uses} failed: {}\n{}'s log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.name,
+            self.log()
         );
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
