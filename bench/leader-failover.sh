@@ -57,6 +57,15 @@ restart() { # sN: start that agent again from its data dir
   pids[$((i - 1))]=$!
 }
 now_ms() { date +%s%3N; }
+term_now() { # s1's Raft term, asked until it answers (it may be slow under load)
+  local t
+  for _ in $(seq 1 30); do
+    t=$(field "$(status_at "$(api_of s1)")" term)
+    [ -n "$t" ] && { echo "$t"; return; }
+  done
+  echo "error: s1 did not say its term" >&2
+  exit 1
+}
 
 times=()
 for run in $(seq 1 "$runs"); do
@@ -90,11 +99,11 @@ sorted=$(printf '%s\n' "${times[@]}" | sort -n)
 echo "kill -9 of the leader -> write accepted, ms: $(echo $sorted) (median $(echo "$sorted" | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'))"
 
 agreed_leader > /dev/null
-term_before=$(field "$(status_at "$(api_of s1)")" term)
+term_before=$(term_now)
 for _ in $(seq 1 "$busy"); do
   (while :; do :; done) &
   pids+=($!)
 done
 sleep "$starved"
-term_after=$(field "$(status_at "$(api_of s1)")" term)
+term_after=$(term_now)
 echo "with $busy busy loops on $(nproc) cores for $starved s: $(( term_after - term_before )) elections (term $term_before -> $term_after)"
